@@ -2,5 +2,16 @@
 
 from .constants import GGUFValueType
 from .reader import GGUFError, GGUFField, GGUFReader, TensorInfo
+from .split import GGUFModelFiles, open_model
+from .writer import GGUFWriter
 
-__all__ = ["GGUFError", "GGUFField", "GGUFReader", "GGUFValueType", "TensorInfo"]
+__all__ = [
+    "GGUFError",
+    "GGUFField",
+    "GGUFModelFiles",
+    "GGUFReader",
+    "GGUFValueType",
+    "GGUFWriter",
+    "TensorInfo",
+    "open_model",
+]

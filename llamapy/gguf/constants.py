@@ -10,6 +10,7 @@ GGUF_DEFAULT_ALIGNMENT = 32
 # An alignment above this is refused as hostile (llama.cpp accepts any power of two; files use 32).
 GGUF_MAX_ALIGNMENT = 1 << 16
 GGUF_MAX_DIMS = 4
+GGML_MAX_NAME = 64  # tensor names are shorter than this (ggml's fixed name buffer)
 # Sanity limits on lengths read from the file; they are also bounded by the remaining bytes.
 MAX_STRING_LENGTH = 1 << 30
 MAX_ARRAY_LENGTH = 1 << 31

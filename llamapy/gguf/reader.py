@@ -21,6 +21,7 @@ import numpy as np
 
 from ..ggml.types import TRAITS, GGMLType
 from .constants import (
+    GGML_MAX_NAME,
     GGUF_DEFAULT_ALIGNMENT,
     GGUF_MAGIC,
     GGUF_MAX_ALIGNMENT,
@@ -53,7 +54,8 @@ class GGUFField:
     type: GGUFValueType
     value: Any
     sub_type: GGUFValueType | None = None
-    offset: int = 0
+    offset: int = 0  # where the record (its key) starts
+    value_range: tuple[int, int] = (0, 0)  # [start, end) of the encoded value, after the type tag
 
 
 @dataclass
@@ -95,7 +97,9 @@ class _Cursor:
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
-            raise GGUFError(f"{what} at offset {self.pos}: needs {n} bytes, only {self.size - self.pos} left in the file")
+            raise GGUFError(
+                f"{what} at offset {self.pos}: needs {n} bytes, only {self.size - self.pos} left in the file"
+            )
 
     def unpack(self, fmt: str, n: int, what: str) -> Any:
         self.need(n, what)
@@ -116,7 +120,9 @@ class _Cursor:
         start = self.pos
         n = self.u64(f"length of {what}")
         if n > MAX_STRING_LENGTH:
-            raise GGUFError(f"{what} at offset {start}: string length {n} is above the limit {MAX_STRING_LENGTH}")
+            raise GGUFError(
+                f"{what} at offset {start}: string length {n} is above the limit {MAX_STRING_LENGTH}"
+            )
         self.need(n, what)
         raw = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
@@ -170,7 +176,9 @@ def _value(cur: _Cursor, vtype: int, what: str, depth: int = 0) -> tuple[Any, GG
             ln = unpack("<Q", buf, pos)[0]
             pos += 8
             if ln > size - pos:
-                raise GGUFError(f"{what}[{i}] at offset {pos - 8}: string of {ln} bytes runs past the end of the file")
+                raise GGUFError(
+                    f"{what}[{i}] at offset {pos - 8}: string of {ln} bytes runs past the end of the file"
+                )
             out.append(bytes(buf[pos : pos + ln]).decode("utf-8", errors="surrogateescape"))
             pos += ln
         cur.pos = pos
@@ -188,23 +196,30 @@ class GGUFReader:
 
     def __init__(self, path: str | os.PathLike, mmap: bool = True) -> None:
         self.path = os.fspath(path)
+        self._mm: _mmap.mmap | None = None
         try:
-            size = os.path.getsize(self.path)
-        except OSError as e:
-            raise GGUFError(f"{self.path}: cannot open: {e.strerror or e}") from None
-        if size < 24:
-            raise GGUFError(f"{self.path}: file of {size} bytes is too short for a GGUF header (24 bytes)")
-        self.file_size = size
-        if mmap:
             with open(self.path, "rb") as f:
-                self._mm = _mmap.mmap(f.fileno(), 0, access=_mmap.ACCESS_READ)
-            self._buf = np.frombuffer(self._mm, dtype=np.uint8)
-        else:
-            self._mm = None
-            self._buf = np.fromfile(self.path, dtype=np.uint8)
+                size = os.fstat(f.fileno()).st_size
+                if size < 24:
+                    raise GGUFError(
+                        f"{self.path}: file of {size} bytes is too short for a GGUF header (24 bytes)"
+                    )
+                if mmap:
+                    self._mm = _mmap.mmap(f.fileno(), 0, access=_mmap.ACCESS_READ)
+                    self._buf = np.frombuffer(self._mm, dtype=np.uint8)
+                else:
+                    self._buf = np.fromfile(f, dtype=np.uint8, count=size)
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot read: {e.strerror or e}") from None
+        self.file_size = size
+        if len(self._buf) != size:
+            raise GGUFError(
+                f"{self.path}: read {len(self._buf)} of {size} bytes (file changed while reading?)"
+            )
         try:
             self._parse()
         except GGUFError as e:
+            self.close()
             raise GGUFError(f"{self.path}: {e}") from None
 
     # -- parsing -------------------------------------------------------------------------------
@@ -216,35 +231,50 @@ class GGUFReader:
         cur.pos = 4
         version = cur.u32("version")
         if version not in GGUF_VERSIONS:
+            if version == 1:
+                raise GGUFError("GGUF version 1 at offset 4 is no longer supported (supported: 2, 3)")
             if version & 0xFFFF == 0 and version != 0:
-                raise GGUFError(f"version field {version:#x} at offset 4 looks big-endian; only little-endian GGUF is supported")
+                raise GGUFError(
+                    f"version field {version:#x} at offset 4 looks big-endian; only little-endian GGUF is supported"
+                )
             raise GGUFError(f"unsupported GGUF version {version} at offset 4 (supported: 2, 3)")
         self.version = version
         n_tensors = cur.u64("tensor count")
         n_kv = cur.u64("metadata count")
         if n_tensors > _INT64_MAX or n_tensors * _MIN_TENSOR_INFO_BYTES > self.file_size:
-            raise GGUFError(f"tensor count {n_tensors} at offset 8 cannot fit in a file of {self.file_size} bytes")
+            raise GGUFError(
+                f"tensor count {n_tensors} at offset 8 cannot fit in a file of {self.file_size} bytes"
+            )
         if n_kv > _INT64_MAX or n_kv * _MIN_KV_BYTES > self.file_size:
-            raise GGUFError(f"metadata count {n_kv} at offset 16 cannot fit in a file of {self.file_size} bytes")
+            raise GGUFError(
+                f"metadata count {n_kv} at offset 16 cannot fit in a file of {self.file_size} bytes"
+            )
 
         self.fields: dict[str, GGUFField] = {}
         for i in range(n_kv):
             off = cur.pos
             key = cur.string(f"key of metadata #{i}")
+            if not key:
+                raise GGUFError(f"metadata #{i} at offset {off} has an empty key")
             if key in self.fields:
                 raise GGUFError(f"duplicate metadata key {key!r} at offset {off}")
             vtype = cur.u32(f"value type of {key!r}")
+            vstart = cur.pos
             value, sub = _value(cur, vtype, f"value of {key!r}")
-            self.fields[key] = GGUFField(key, GGUFValueType(vtype), value, sub, off)
+            self.fields[key] = GGUFField(key, GGUFValueType(vtype), value, sub, off, (vstart, cur.pos))
 
         self.alignment = GGUF_DEFAULT_ALIGNMENT
         if KEY_ALIGNMENT in self.fields:
             fa = self.fields[KEY_ALIGNMENT]
             if fa.type != GGUFValueType.UINT32:
-                raise GGUFError(f"{KEY_ALIGNMENT} at offset {fa.offset} has type {fa.type.name}, expected UINT32")
+                raise GGUFError(
+                    f"{KEY_ALIGNMENT} at offset {fa.offset} has type {fa.type.name}, expected UINT32"
+                )
             a = fa.value
             if a == 0 or a & (a - 1) or a > GGUF_MAX_ALIGNMENT:
-                raise GGUFError(f"{KEY_ALIGNMENT} = {a} at offset {fa.offset} is not a power of two in 1..{GGUF_MAX_ALIGNMENT}")
+                raise GGUFError(
+                    f"{KEY_ALIGNMENT} = {a} at offset {fa.offset} is not a power of two in 1..{GGUF_MAX_ALIGNMENT}"
+                )
             self.alignment = a
 
         infos: list[tuple[str, GGMLType, tuple[int, ...], int, int, int]] = []
@@ -252,12 +282,21 @@ class GGUFReader:
         for i in range(n_tensors):
             off = cur.pos
             name = cur.string(f"name of tensor #{i}")
+            name_len = len(name.encode("utf-8", errors="surrogateescape"))
+            if name_len >= GGML_MAX_NAME:
+                raise GGUFError(
+                    f"tensor #{i} at offset {off}: name of {name_len} bytes is too long (max {GGML_MAX_NAME - 1})"
+                )
+            if not name:
+                raise GGUFError(f"tensor #{i} at offset {off} has an empty name")
             if name in names:
                 raise GGUFError(f"duplicate tensor name {name!r} at offset {off}")
             names.add(name)
             n_dims = cur.u32(f"n_dims of tensor {name!r}")
             if not 1 <= n_dims <= GGUF_MAX_DIMS:
-                raise GGUFError(f"tensor {name!r} at offset {off}: n_dims {n_dims} outside 1..{GGUF_MAX_DIMS}")
+                raise GGUFError(
+                    f"tensor {name!r} at offset {off}: n_dims {n_dims} outside 1..{GGUF_MAX_DIMS}"
+                )
             ne = []
             for _ in range(n_dims):
                 d = cur.i64(f"dimension of tensor {name!r}")
@@ -266,18 +305,24 @@ class GGUFReader:
                 ne.append(d)
             tval = cur.u32(f"type of tensor {name!r}")
             if tval in _REMOVED_TYPES:
-                raise GGUFError(f"tensor {name!r} at offset {off}: type {_REMOVED_TYPES[tval]} ({tval}) was removed from ggml")
+                raise GGUFError(
+                    f"tensor {name!r} at offset {off}: type {_REMOVED_TYPES[tval]} ({tval}) was removed from ggml"
+                )
             try:
                 gtype = GGMLType(tval)
             except ValueError:
                 raise GGUFError(f"tensor {name!r} at offset {off}: unknown tensor type {tval}") from None
             toff = cur.u64(f"data offset of tensor {name!r}")
-            tr = TRAITS[gtype]
+            tr = TRAITS.get(gtype)
+            if tr is None:
+                raise GGUFError(f"tensor {name!r} at offset {off}: tensor type {gtype.name} is not supported")
             n_el = 1
             for d in ne:
                 n_el *= d
                 if n_el > _INT64_MAX:
-                    raise GGUFError(f"tensor {name!r} at offset {off}: element count overflows int64 (shape {ne})")
+                    raise GGUFError(
+                        f"tensor {name!r} at offset {off}: element count overflows int64 (shape {ne})"
+                    )
             if ne[0] % tr.block_size:
                 raise GGUFError(
                     f"tensor {name!r} at offset {off}: row of {ne[0]} elements is not a multiple of the "
@@ -285,9 +330,13 @@ class GGUFReader:
                 )
             nbytes = n_el // tr.block_size * tr.type_size
             if nbytes > self.file_size:
-                raise GGUFError(f"tensor {name!r} at offset {off}: {nbytes} bytes of data cannot fit in the file")
+                raise GGUFError(
+                    f"tensor {name!r} at offset {off}: {nbytes} bytes of data cannot fit in the file"
+                )
             if toff % self.alignment:
-                raise GGUFError(f"tensor {name!r} at offset {off}: data offset {toff} is not a multiple of the alignment {self.alignment}")
+                raise GGUFError(
+                    f"tensor {name!r} at offset {off}: data offset {toff} is not a multiple of the alignment {self.alignment}"
+                )
             infos.append((name, gtype, tuple(ne), toff, nbytes, off))
 
         pad = -cur.pos % self.alignment
@@ -319,6 +368,11 @@ class GGUFReader:
     def get(self, key: str, default: Any = None) -> Any:
         f = self.fields.get(key)
         return default if f is None else f.value
+
+    def raw_value(self, key: str) -> bytes:
+        """The encoded bytes of a metadata value (after its type tag), for exact copies."""
+        a, b = self.fields[key].value_range
+        return bytes(self._buf[a:b])
 
     def __iter__(self) -> Iterator[TensorInfo]:
         return iter(self.tensors)
