@@ -1,0 +1,14 @@
+"""Vocabularies and tokenizers identical to llama.cpp's: SPM, BPE (with its pre-tokenizers), WPM, UGM."""
+
+from .vocab import TOKEN_NULL, TokenAttr, TokenizeError, TokenType, Vocab, VocabError, VocabType, load_vocab
+
+__all__ = [
+    "TOKEN_NULL",
+    "TokenAttr",
+    "TokenType",
+    "TokenizeError",
+    "Vocab",
+    "VocabError",
+    "VocabType",
+    "load_vocab",
+]
