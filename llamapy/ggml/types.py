@@ -109,7 +109,9 @@ def row_size(t: GGMLType | int, n: int) -> int:
     """Bytes taken by ``n`` elements of type ``t`` (``n`` must be a multiple of the block size)."""
     tr = traits(t)
     if n % tr.block_size:
-        raise ValueError(f"{GGMLType(t).name}: {n} elements is not a multiple of the block size {tr.block_size}")
+        raise ValueError(
+            f"{GGMLType(t).name}: {n} elements is not a multiple of the block size {tr.block_size}"
+        )
     return n // tr.block_size * tr.type_size
 
 
