@@ -1,0 +1,1 @@
+"""The CPU backend: Numba kernels (compiled lazily, cached) and vectorized NumPy."""

@@ -1,0 +1,178 @@
+"""Numba kernels for the non-matmul ops: norms, rope, activations and gated units, and fast
+KV-cache writes (row quantization to F16 / Q8_0 / Q4_0 is left to NumPy / ``quants``).
+
+All kernels take C-contiguous 2-D ``float32`` arrays of rows (the backend reshapes or copies), work
+in float32, and compile on first use with ``cache=True``. Norms and rope are serial: they are cheap,
+and a parallel launch costs more than their work at decode sizes (and far more on a loaded machine).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..._numba import njit, prange
+
+_F0 = np.float32(0.0)
+_F1 = np.float32(1.0)
+GELU_COEF_A = np.float32(0.044715)
+SQRT_2_OVER_PI = np.float32(0.7978845608028654)
+
+
+@njit(cache=True, fastmath=True)
+def rms_norm_rows(x, eps, out):
+    """out[i] = x[i] / sqrt(mean(x[i]^2) + eps)."""
+    n, d = x.shape
+    for i in range(n):
+        s = 0.0
+        for j in range(d):
+            v = np.float64(x[i, j])
+            s += v * v
+        sc = np.float32(1.0 / math.sqrt(s / d + eps))
+        for j in range(d):
+            out[i, j] = x[i, j] * sc
+
+
+@njit(cache=True, fastmath=True)
+def rms_norm_mul_rows(x, eps, w, out):
+    """Fused ``rms_norm(x) * w`` with ``w`` broadcast over rows (``w.shape == (d,)``)."""
+    n, d = x.shape
+    for i in range(n):
+        s = 0.0
+        for j in range(d):
+            v = np.float64(x[i, j])
+            s += v * v
+        sc = np.float32(1.0 / math.sqrt(s / d + eps))
+        for j in range(d):
+            out[i, j] = x[i, j] * sc * w[j]
+
+
+@njit(cache=True, fastmath=True)
+def rope_rows(x, cos, sin, n_dims, neox, out):
+    """x, out: float32[T, H, D] (any strides); cos, sin: float32[T, n_dims // 2]."""
+    T, H, D = x.shape
+    half = n_dims // 2
+    for t in range(T):
+        for h in range(H):
+            if neox:
+                for i in range(half):
+                    x0 = x[t, h, i]
+                    x1 = x[t, h, i + half]
+                    out[t, h, i] = x0 * cos[t, i] - x1 * sin[t, i]
+                    out[t, h, i + half] = x0 * sin[t, i] + x1 * cos[t, i]
+            else:
+                for i in range(half):
+                    x0 = x[t, h, 2 * i]
+                    x1 = x[t, h, 2 * i + 1]
+                    out[t, h, 2 * i] = x0 * cos[t, i] - x1 * sin[t, i]
+                    out[t, h, 2 * i + 1] = x0 * sin[t, i] + x1 * cos[t, i]
+            for j in range(n_dims, D):
+                out[t, h, j] = x[t, h, j]
+
+
+@njit(inline="always")
+def _gelu(v):
+    return np.float32(0.5) * v * (_F1 + np.tanh(SQRT_2_OVER_PI * v * (_F1 + GELU_COEF_A * v * v)))
+
+
+@njit(inline="always")
+def _silu(v):
+    return v / (_F1 + np.exp(-v))
+
+
+# kind: 0 silu, 1 gelu, 2 gelu_quick, 3 tanh, 4 relu, 5 softcap (p = cap)
+@njit(parallel=True, cache=True, fastmath=True)
+def unary_rows(x, kind, p, out):
+    n, d = x.shape
+    for i in prange(n):
+        if kind == 0:
+            for j in range(d):
+                out[i, j] = _silu(x[i, j])
+        elif kind == 1:
+            for j in range(d):
+                out[i, j] = _gelu(x[i, j])
+        elif kind == 2:
+            for j in range(d):
+                v = x[i, j]
+                out[i, j] = v / (_F1 + np.exp(np.float32(-1.702) * v))
+        elif kind == 3:
+            for j in range(d):
+                out[i, j] = np.tanh(x[i, j])
+        elif kind == 4:
+            for j in range(d):
+                out[i, j] = max(x[i, j], _F0)
+        else:
+            for j in range(d):
+                out[i, j] = p * np.tanh(x[i, j] / p)
+
+
+# kind: 0 swiglu = silu(a) * b, 1 geglu = gelu(a) * b
+@njit(parallel=True, cache=True, fastmath=True)
+def glu_rows(a, b, kind, out):
+    n, d = a.shape
+    for i in prange(n):
+        if kind == 0:
+            for j in range(d):
+                out[i, j] = _silu(a[i, j]) * b[i, j]
+        else:
+            for j in range(d):
+                out[i, j] = _gelu(a[i, j]) * b[i, j]
+
+
+@njit(cache=True)
+def check_ids(ids, n):
+    """Index of the first id outside ``0..n-1`` or -1."""
+    for i in range(ids.shape[0]):
+        if ids[i] < 0 or ids[i] >= n:
+            return i
+    return -1
+
+
+@njit(cache=True, fastmath=True)
+def attn_small(q, k, v, mask, has_mask, scale, cap, slopes, out):
+    """Attention for a few query rows (decode): q[T, H, D], k[KV, Hkv, D], v[KV, Hkv, Dv] (float32,
+    any strides), mask[T, KV] (0 / -inf, times the head's ALiBi slope), out[T, H, Dv]. Serial: a
+    handful of rows is cheaper than a thread launch or a BLAS call. Masked keys are skipped."""
+    T, H, D = q.shape
+    KV, Hkv, _ = k.shape
+    Dv = v.shape[2]
+    g = H // Hkv
+    s = np.empty(KV, np.float32)
+    acc = np.empty(Dv, np.float32)
+    ninf = np.float32(-np.inf)
+    for t in range(T):
+        for h in range(H):
+            kh = h // g
+            mx = ninf
+            for j in range(KV):
+                if has_mask and mask[t, j] == ninf:
+                    s[j] = ninf
+                    continue
+                d = _F0
+                for i in range(D):
+                    d += q[t, h, i] * k[j, kh, i]
+                d *= scale
+                if cap != _F0:
+                    d = cap * np.tanh(d / cap)
+                if has_mask:
+                    d += slopes[h] * mask[t, j]
+                s[j] = d
+                mx = max(mx, d)
+            if mx == ninf:
+                for i in range(Dv):
+                    out[t, h, i] = _F0
+                continue
+            for i in range(Dv):
+                acc[i] = _F0
+            ssum = _F0
+            for j in range(KV):
+                if s[j] == ninf:
+                    continue
+                p = np.exp(s[j] - mx)
+                ssum += p
+                for i in range(Dv):
+                    acc[i] += p * v[j, kh, i]
+            inv = _F1 / ssum
+            for i in range(Dv):
+                out[t, h, i] = acc[i] * inv

@@ -1,0 +1,287 @@
+"""Like llama.cpp's test-backend-ops: every op x type x shape on the CPU backend against the NumPy
+reference backend, by normalized mean squared error. Shapes are small and odd (remainder rows,
+views, broadcasting, 1 and many tokens); compiled kernels are shared through Numba's cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llamapy.ggml import GGMLType as T
+from llamapy.ggml import Graph, NumpyBackend, Scheduler, ops
+from llamapy.ggml.backend import ComputeError
+from llamapy.ggml.cpu.backend import MATVEC_MAX_TOKENS, CPUBackend
+from llamapy.ggml.quants import quantize
+
+RNG = np.random.default_rng(1234)
+CPU = CPUBackend(2)
+
+MATVEC_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+OTHER_TYPES = [T.F32, T.F16, T.BF16, T.Q2_K, T.Q3_K, T.IQ4_NL]
+
+
+def nmse(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.sum((a - b) ** 2) / max(np.sum(b**2), 1e-30))
+
+
+def run_both(outs, feeds):
+    outs = outs if isinstance(outs, list) else [outs]
+    g = Graph(outs)
+    res = []
+    for be in (CPU, NumpyBackend()):
+        s = Scheduler([be])
+        s.compute(g, feeds)
+        res.append([s.get(o) for o in outs])
+    return res
+
+
+def check(outs, feeds, tol=1e-7):
+    got, ref = run_both(outs, feeds)
+    for i, (a, b) in enumerate(zip(got, ref, strict=True)):
+        assert a.shape == b.shape, i
+        if a.dtype.kind in "iu":
+            np.testing.assert_array_equal(a, b)
+        else:
+            assert nmse(a, b) <= tol, (i, nmse(a, b))
+    return got, ref
+
+
+def f32(*shape, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def make_weight(t: T, n: int, k: int):
+    wf = f32(n, k)
+    if t == T.F32:
+        raw = wf
+    elif t == T.F16:
+        raw = wf.astype(np.float16)
+    elif t == T.BF16:
+        raw = (wf.view(np.uint32) >> 16).astype(np.uint16)
+    else:
+        raw = quantize(wf, t)
+    return ops.weight(f"w_{t.name}", t, (n, k), raw), raw
+
+
+@pytest.mark.parametrize("t", MATVEC_TYPES + OTHER_TYPES, ids=lambda t: t.name)
+def test_mul_mat_all_types_few_and_many_tokens(t):
+    n, k = 13, 512  # 13 rows: groups of 4 plus a remainder
+    w, _ = make_weight(t, n, k)
+    outs, feeds = [], {}
+    for m in (1, 3, MATVEC_MAX_TOKENS + 9):
+        x = ops.new_tensor(T.F32, (m, k))
+        feeds[x] = f32(m, k)
+        outs.append(ops.mul_mat(w, x))
+    check(outs, feeds, tol=1e-9)
+
+
+@pytest.mark.parametrize("t", MATVEC_TYPES, ids=lambda t: t.name)
+def test_dequant_kernels_match_gguf_py(t):
+    gguf = pytest.importorskip("gguf")
+    from llamapy.ggml.cpu import matmul_kernels as mk
+
+    w, raw = make_weight(t, 5, 512)
+    y = np.zeros((5, 512), np.float32)
+    mk.DEQUANT[t.name](raw, np.arange(5, dtype=np.int32), y, mk.F16_TABLE)
+    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(t)))
+    np.testing.assert_array_equal(y, ref)
+    x = f32(2, 512)
+    out = np.zeros((2, 5), np.float32)
+    mk.MATVEC[t.name](raw, x, np.empty((2, 512 // 32), np.float32), out, mk.F16_TABLE)
+    assert nmse(out, x @ ref.T) < 1e-10
+
+
+def test_mul_mat_views_and_batches():
+    w, _ = make_weight(T.Q8_0, 9, 64)
+    x = ops.new_tensor(T.F32, (2, 3, 64))
+    xt = ops.new_tensor(T.F32, (64, 5))  # activations through a transposed (non-contiguous) view
+    a = ops.new_tensor(T.F32, (2, 7, 32))  # heads: a broadcast over b's
+    b = ops.new_tensor(T.F32, (4, 3, 32))
+    v1 = ops.new_tensor(T.F32, (64,))
+    outs = [ops.mul_mat(w, x), ops.mul_mat(w, ops.transpose(xt)), ops.mul_mat(a, b), ops.mul_mat(w, v1)]
+    feeds = {x: f32(2, 3, 64), xt: f32(64, 5), a: f32(2, 7, 32), b: f32(4, 3, 32), v1: f32(64)}
+    check(outs, feeds)
+
+
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q8_0, T.Q6_K, T.F16, T.F32, T.Q3_K], ids=lambda t: t.name)
+def test_get_rows(t):
+    w, _ = make_weight(t, 11, 256)
+    ids = ops.new_tensor(T.I32, (4,))
+    check(ops.get_rows(w, ids), {ids: np.array([10, 0, 3, 10], np.int32)}, tol=0)
+
+
+def test_get_rows_bad_id_is_an_error():
+    w, _ = make_weight(T.Q8_0, 3, 32)
+    ids = ops.new_tensor(T.I32, (1,))
+    s = Scheduler([CPU])
+    with pytest.raises(ComputeError, match="row id 3"):
+        s.compute(Graph(ops.get_rows(w, ids)), {ids: np.array([3], np.int32)})
+
+
+def test_elementwise_unary_norms():
+    a = ops.new_tensor(T.F32, (5, 3, 37))
+    b = ops.new_tensor(T.F32, (3, 1))
+    c = ops.new_tensor(T.F32, (37,))
+    at = ops.transpose(a)  # non-contiguous view
+    outs = [a + b, a - c, a * c, ops.div(a, ops.scale(c, 0.5, bias=4.0)), ops.scale(a, -2.0)]
+    outs += [f(a) for f in (ops.silu, ops.gelu, ops.gelu_quick, ops.tanh, ops.relu)]
+    outs += [ops.softcap(at, 1.5), ops.silu(at), ops.rms_norm(a, 1e-6), ops.rms_norm(at, 1e-5)]
+    outs += [ops.norm(a, 1e-5), ops.sum_rows(a), ops.mean(at), ops.argmax(a), ops.top_k(a, 4)]
+    outs += [ops.swiglu(a, a * a), ops.geglu(at, at), ops.cont(at), ops.concat(a, a, 1)]
+    outs += [ops.pad(a, [1, 0, (2, 3)])]
+    check(outs, {a: f32(5, 3, 37), b: f32(3, 1), c: f32(37)}, tol=1e-10)
+
+
+def test_glu_on_views_of_a_fused_tensor():
+    ug = ops.new_tensor(T.F32, (3, 2 * 24))
+    up = ops.view(ug, (3, 24), strides=(2 * 24 * 4, 4), offset=0)
+    gate = ops.view(ug, (3, 24), strides=(2 * 24 * 4, 4), offset=24 * 4)
+    check([ops.swiglu(gate, up), ops.geglu(up, gate)], {ug: f32(3, 48)}, tol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(n_dims=16, mode=0),
+        dict(n_dims=16, mode=2, freq_base=500.0, freq_scale=0.5),
+        dict(n_dims=8, mode=2),  # partial rotary dims
+        dict(n_dims=16, mode=0, n_ctx_orig=64, ext_factor=1.0, freq_scale=0.25, attn_factor=1.1),
+    ],
+)
+def test_rope(kw):
+    qkv = ops.new_tensor(T.F32, (3, 4 * 16 + 2 * 16))  # rope a view of a fused qkv projection
+    q = ops.view(qkv, (3, 4, 16), strides=(qkv.strides[0], 16 * 4, 4))
+    k = ops.reshape(ops.cont(ops.view(qkv, (3, 32), strides=(qkv.strides[0], 4), offset=64 * 4)), (3, 2, 16))
+    pos = ops.new_tensor(T.I32, (3,))
+    ff = ops.weight("ff", T.F32, (kw["n_dims"] // 2,), (1 + RNG.random(kw["n_dims"] // 2)).astype(np.float32))
+    outs = [ops.rope(q, pos, **kw), ops.rope(k, pos, **kw), ops.rope(k, pos, freq_factors=ff, **kw)]
+    check(outs, {qkv: f32(3, 96), pos: np.array([0, 7, 300], np.int32)}, tol=1e-10)
+
+
+def test_soft_max():
+    a = ops.new_tensor(T.F32, (4, 3, 9))
+    m = ops.new_tensor(T.F32, (3, 9))
+    mv = np.where(RNG.random((3, 9)) < 0.3, -np.inf, 0).astype(np.float32)
+    mv[:, 0] = 0
+    outs = [ops.soft_max(a), ops.soft_max(a, m, scale=0.3), ops.soft_max(a, m, scale=0.7, max_bias=8.0)]
+    check(outs, {a: f32(4, 3, 9), m: mv}, tol=1e-10)
+
+
+@pytest.mark.parametrize("kv_type", [T.F16, T.F32, T.Q8_0, T.Q4_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tokens", [1, 5])
+def test_flash_attn_over_a_kv_cache(kv_type, n_tokens):
+    """Write K/V rows into a cache buffer with set_rows, then attend over a view of the first n_kv."""
+    H, Hkv, D, n_ctx, n_kv = 4, 2, 32, 16, 7
+    kc = ops.buffer("k", kv_type, (n_ctx, Hkv * D))
+    vc = ops.buffer("v", kv_type, (n_ctx, Hkv * D))
+    kn = ops.new_tensor(T.F32, (n_tokens, Hkv * D))
+    vn = ops.new_tensor(T.F32, (n_tokens, Hkv * D))
+    idx = ops.new_tensor(T.I32, (n_tokens,))
+    kw_, vw_ = ops.set_rows(kc, kn, idx), ops.set_rows(vc, vn, idx)
+    k = ops.view(kw_, (n_kv, Hkv, D), strides=(kc.strides[0], kc.strides[0] // Hkv, kc.strides[1]))
+    v = ops.view(vw_, (n_kv, Hkv, D), strides=(vc.strides[0], vc.strides[0] // Hkv, vc.strides[1]))
+    q = ops.new_tensor(T.F32, (n_tokens, H, D))
+    mask = ops.new_tensor(T.F32, (n_tokens, n_kv))
+    pos = np.arange(n_kv - n_tokens, n_kv)
+    mv = np.where(np.arange(n_kv)[None, :] <= pos[:, None], 0, -np.inf).astype(np.float32)
+    outs = [
+        ops.flash_attn_ext(q, k, v, mask, 0.2),
+        ops.flash_attn_ext(q, k, v, mask, 0.2, logit_softcap=3.0, max_bias=4.0),
+    ]
+    g = Graph(outs)
+    feeds = {q: f32(n_tokens, H, D), idx: pos.astype(np.int32), mask: mv}
+    feeds |= {kn: f32(n_tokens, Hkv * D), vn: f32(n_tokens, Hkv * D)}
+    res = []
+    for be in (CPU, NumpyBackend()):
+        kc.data[:] = 0
+        vc.data[:] = 0
+        s = Scheduler([be])
+        s.compute(g, feeds)
+        res.append(([s.get(o) for o in outs], kc.data.copy()))
+    (got, kcpu), (ref, kref) = res
+    np.testing.assert_array_equal(kcpu, kref)  # the cache writes agree byte for byte
+    for a, b in zip(got, ref, strict=True):
+        assert nmse(a, b) < 1e-10
+
+
+def test_graph_reuse_gives_identical_results():
+    w, _ = make_weight(T.Q4_K, 32, 256)
+    x = ops.new_tensor(T.F32, (2, 256))
+    h = ops.rms_norm(ops.silu(ops.mul_mat(w, x)), 1e-6)
+    g = Graph(h)
+    s = Scheduler([CPU])
+    xv, xv2 = f32(2, 256), f32(2, 256)
+    s.compute(g, {x: xv})
+    r1 = s.get(h)
+    s.compute(g, {x: xv2})
+    r2 = s.get(h)
+    s.compute(g, {x: xv})
+    np.testing.assert_array_equal(s.get(h), r1)
+    assert not np.array_equal(r1, r2)
+
+
+def test_scheduler_split_across_cpu_and_numpy():
+    w1, _ = make_weight(T.Q6_K, 32, 256)
+    w2, _ = make_weight(T.Q5_0, 256, 32)
+    x = ops.new_tensor(T.F32, (3, 256))
+    h = ops.mul_mat(w1, x)
+    h2 = ops.silu(h)
+    y = ops.rms_norm(ops.mul_mat(w2, h2) + x, 1e-6)
+    g = Graph(y)
+    xv = f32(3, 256)
+    one = Scheduler([CPU])
+    one.compute(g, {x: xv})
+    npb = NumpyBackend()
+    two = Scheduler([CPU, npb])
+    two.set_backend(h2, npb)
+    two.set_backend(w2, CPU)  # the second weight lives on the CPU backend: its user goes back there
+    two.compute(g, {x: xv})
+    splits = two.splits(g)
+    assert [sp.backend.name for sp in splits] == ["cpu", "numpy", "cpu"]
+    assert splits[1].nodes[0] is h2
+    assert nmse(two.get(y), one.get(y)) < 1e-10
+
+
+def test_rms_norm_times_weight_is_fused_and_exact():
+    x = ops.new_tensor(T.F32, (3, 40))
+    w = ops.weight("norm", T.F32, (40,), f32(40))
+    shared = ops.rms_norm(x, 1e-6)  # used twice: not fused
+    outs = [ops.mul(ops.rms_norm(x, 1e-5), w), ops.mul(shared, w) + shared]
+    got, _ = check(outs, {x: f32(3, 40)}, tol=1e-12)
+    s = Scheduler([CPU])
+    s.plan(Graph(outs[0]))
+    assert CPU._fused_muls and CPU._fused_norms
+
+
+def test_fused_norm_input_stays_alive_until_the_fused_step():
+    """The fused step reads the norm's input later than the graph says: the planner must not hand
+    that memory to the mul's output (regression: wrong logits with 2 threads)."""
+    a = ops.new_tensor(T.F32, (7, 64))
+    w = ops.weight("norm", T.F32, (64,), f32(64))
+    h = ops.silu(a)
+    for _ in range(3):
+        h = ops.mul(ops.rms_norm(ops.scale(h, 1.5), 1e-6), w)
+    g = Graph(h)
+    s = Scheduler([CPU])
+    plan = s.plan(g)
+    for n in g.nodes:
+        if n.op == "mul":
+            x = n.src[0].src[0]
+            o1, o2 = plan.offsets[id(x)], plan.offsets[id(n)]
+            assert o1 + x.nbytes <= o2 or o2 + n.nbytes <= o1, "fused output overlaps its input"
+    check(h, {a: f32(7, 64)}, tol=1e-12)
+
+
+@pytest.mark.parametrize("t", [T.Q4_0, T.F32], ids=lambda t: t.name)
+def test_mul_mat_id_experts(t):
+    E, N, K, Tn, U = 4, 6, 64, 5, 2
+    a = ops.weight("experts", t, (E, N, K), quantize(f32(E, N, K), t) if t != T.F32 else f32(E, N, K))
+    b = ops.new_tensor(T.F32, (Tn, 1, K))
+    b2 = ops.new_tensor(T.F32, (Tn, U, K))
+    ids = ops.new_tensor(T.I32, (Tn, U))
+    iv = RNG.integers(0, E, size=(Tn, U)).astype(np.int32)
+    check(
+        [ops.mul_mat_id(a, b, ids), ops.mul_mat_id(a, b2, ids)],
+        {b: f32(Tn, 1, K), b2: f32(Tn, U, K), ids: iv},
+    )
