@@ -13,6 +13,11 @@ if "NUMBA_CACHE_DIR" not in os.environ:
 
     os.environ["NUMBA_CACHE_DIR"] = str(cache_dir() / "numba")
 
+# Numba's OpenMP workers otherwise spin after each kernel and starve BLAS threads and other processes
+# (measured on a loaded 2-core machine: a 2-thread mat-vec took 12-17 ms instead of 0.8 ms). Must be set
+# before the OpenMP runtime starts; the user's setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import numba  # noqa: E402
 from numba import njit, prange  # noqa: E402
 

@@ -30,11 +30,6 @@ ATTN_SMALL_MAX_TOKENS = 4
 #: Numba's and BLAS's thread pools, which fight over 2 cores when they alternate quickly)
 TILE_FLOATS = 8 << 20
 
-# Numba's OpenMP workers otherwise spin after each kernel and starve BLAS threads and other processes
-# (measured on a loaded 2-core machine: a 2-thread mat-vec took 12-17 ms instead of 0.8 ms). Must be set
-# before the first parallel kernel runs; the user's setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-
 _announced = False
 
 

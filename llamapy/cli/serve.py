@@ -1,0 +1,167 @@
+"""``llamapy serve``: the OpenAI-compatible HTTP server (FastAPI + uvicorn) with parallel slots."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server",
+        description="Serve a GGUF model over HTTP: /v1/chat/completions, /v1/completions, /completion, ...",
+    )
+    p.add_argument("-m", "--model", help="GGUF file or known model name (default: SmolLM2-135M-Instruct)")
+    p.add_argument("-a", "--alias", help="model name reported by /v1/models (default: the file name)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--port", type=int, default=8080, help="port to listen on (default 8080; 0 = any free port)"
+    )
+    p.add_argument("-np", "--parallel", type=_positive, default=1, help="number of slots (parallel requests)")
+    p.add_argument(
+        "-c", "--ctx-size", type=_non_negative, default=4096, help="total context, split over slots"
+    )
+    p.add_argument("-b", "--batch-size", type=_positive, default=512, help="max tokens per decode step")
+    p.add_argument("-ub", "--ubatch-size", type=_positive, default=512, help="physical batch size")
+    p.add_argument("-t", "--threads", type=int, default=None, help="compute threads (default: all cores)")
+    p.add_argument("--api-key", action="append", default=[], help="require this API key (repeatable)")
+    p.add_argument("--api-key-file", help="file with one API key per line")
+    p.add_argument(
+        "--cors-origin", action="append", default=[], help="allow browser requests from ORIGIN (or *)"
+    )
+    p.add_argument(
+        "--chat-template", help="built-in template (chatml, llama3, gemma, phi3, mistral) or Jinja source"
+    )
+    p.add_argument("--chat-template-file", help="Jinja chat template to use instead of the model's")
+    p.add_argument("--embeddings", action="store_true", help="serve /v1/embeddings (no completions)")
+    p.add_argument(
+        "--pooling", choices=["none", "mean", "cls", "last"], help="embedding pooling (default: the model's)"
+    )
+    p.add_argument("--metrics", action="store_true", help="expose Prometheus metrics at /metrics")
+    p.add_argument("--no-slots", action="store_true", help="do not expose /slots")
+    p.add_argument("--slots-verbose", action="store_true", help="include prompt and cached text in /slots")
+    p.add_argument("--max-body-size", type=_positive, default=8 << 20, help="largest request body in bytes")
+    p.add_argument(
+        "-n", "--n-predict", type=int, default=-1, help="default max tokens per answer (-1: no limit)"
+    )
+    p.add_argument("--temp", type=float, default=0.8, help="default temperature")
+    p.add_argument("--top-k", type=int, default=40, help="default top-k")
+    p.add_argument("--top-p", type=float, default=0.95, help="default top-p")
+    p.add_argument("--min-p", type=float, default=0.05, help="default min-p")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="default repeat penalty")
+    p.add_argument("--seed", type=int, default=-1, help="default seed (-1: random)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run)
+
+
+def _positive(s: str) -> int:
+    v = int(s)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _non_negative(s: str) -> int:
+    v = int(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
+    return v
+
+
+def _api_keys(args: argparse.Namespace) -> list[str]:
+    keys = [k for k in args.api_key if k]
+    if args.api_key_file:
+        text = Path(args.api_key_file).read_text(encoding="utf-8")
+        keys += [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    return keys
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..hub import resolve_model
+
+    model_path = resolve_model(args.model)  # before the heavy imports: a bad -m fails fast
+    api_keys = _api_keys(args)
+
+    import uvicorn
+
+    from ..sampling import LLAMA_DEFAULT_SEED, SamplingParams
+    from ..server.app import ServerSettings, create_app
+    from ..server.backend import ContextBackend
+    from ..server.params import Defaults
+
+    template = Path(args.chat_template_file).read_text(encoding="utf-8") if args.chat_template_file else None
+    template = template if template is not None else args.chat_template
+    if template is not None:  # a bad template is a startup error, not a 500 on every chat request
+        from ..vocab.chat_template import BUILTIN_TEMPLATES, ChatTemplate, builtin_template
+
+        is_builtin = template.strip().lower() in BUILTIN_TEMPLATES
+        ChatTemplate(builtin_template(template) if is_builtin else template)
+    defaults = Defaults(
+        sampling=SamplingParams(
+            temp=args.temp,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            penalty_repeat=args.repeat_penalty,
+            seed=LLAMA_DEFAULT_SEED if args.seed < 0 else args.seed,
+        ),
+        n_predict=args.n_predict,
+    )
+    settings = ServerSettings(
+        model_path=str(model_path),
+        alias=args.alias,
+        api_keys=api_keys,
+        cors_origins=args.cors_origin,
+        metrics=args.metrics,
+        slots=not args.no_slots,
+        slots_verbose=args.slots_verbose,
+        max_body_bytes=args.max_body_size,
+        n_batch=args.batch_size,
+        defaults=defaults,
+    )
+
+    def factory() -> ContextBackend:
+        return ContextBackend(
+            model_path,
+            n_ctx=args.ctx_size,
+            n_seq_max=args.parallel,
+            n_batch=args.batch_size,
+            n_ubatch=args.ubatch_size,
+            n_threads=args.threads,
+            embeddings=args.embeddings,
+            chat_template=template,
+            pooling=args.pooling,
+        )
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    app = create_app(settings, factory)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    _announce(server, args.host)
+    server.run()
+    return 0
+
+
+def _announce(server: object, host: str) -> None:
+    """Print 'listening on http://HOST:PORT' once the socket is bound (the real port when --port 0)."""
+    orig = server.startup  # type: ignore[attr-defined]
+
+    async def startup(sockets: list | None = None) -> None:
+        await orig(sockets=sockets)
+        for s in getattr(server, "servers", []):
+            for sock in s.sockets:
+                port = sock.getsockname()[1]
+                print(f"llamapy: listening on http://{host}:{port}", file=sys.stderr, flush=True)
+                return
+
+    server.startup = startup  # type: ignore[attr-defined]

@@ -1,0 +1,491 @@
+"""The FastAPI app: OpenAI-compatible and llama.cpp endpoints over one :class:`Engine`.
+
+``create_app(settings, backend_factory)`` returns an app that starts listening at once and loads the
+model in a background thread (``/health`` answers 503 until it is ready). Handlers never touch the
+model: they validate, tokenize, hand a :class:`Task` to the engine thread and relay its events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import __version__
+from . import params as P
+from .backend import Backend
+from .engine import Engine, Event, GenParams, Task
+from .errors import APIError, bad_request
+from .formats import SSE_DONE, ChatFormatter, CompletionFormatter, NativeFormatter, sse
+from .metrics import Metrics
+from .schemas import (
+    ApplyTemplateRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    NativeCompletionRequest,
+    TokenizeRequest,
+    parse_json,
+    validate,
+)
+
+log = logging.getLogger("llamapy.server")
+
+
+@dataclass
+class ServerSettings:
+    model_path: str = ""
+    alias: str | None = None
+    api_keys: list[str] = field(default_factory=list)
+    cors_origins: list[str] = field(default_factory=list)
+    metrics: bool = False
+    slots: bool = True
+    slots_verbose: bool = False
+    max_body_bytes: int = 8 << 20
+    n_batch: int | None = None  # tokens per engine step (default: the backend's n_batch)
+    defaults: P.Defaults = field(default_factory=P.Defaults)
+
+    @property
+    def model_id(self) -> str:
+        return self.alias or Path(self.model_path).name or "model"
+
+
+class ServerState:
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.engine: Engine | None = None
+        self.backend: Backend | None = None
+        self.load_error: str | None = None
+        self.metrics = Metrics()
+        self.created = int(time.time())
+
+    def ready(self) -> tuple[Engine, Backend]:
+        if self.engine is None or self.backend is None:
+            if self.load_error:
+                raise APIError(503, f"the model failed to load: {self.load_error}")
+            raise APIError(503, "Loading model", type="unavailable_error")
+        return self.engine, self.backend
+
+    def attach(self, backend: Backend) -> None:
+        engine = Engine(backend, n_batch=self.settings.n_batch, metrics=self.metrics)
+        engine.start()
+        self.backend, self.engine = backend, engine
+
+
+def create_app(settings: ServerSettings, backend_factory: Callable[[], Backend]) -> FastAPI:
+    state = ServerState(settings)
+
+    def load() -> None:
+        try:
+            state.attach(backend_factory())
+            log.info("model loaded: %s", settings.model_path)
+        except Exception as e:  # reported by /health and every endpoint
+            log.exception("model load failed")
+            state.load_error = f"{type(e).__name__}: {e}"
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        threading.Thread(target=load, name="llamapy-load", daemon=True).start()
+        yield
+        if state.engine is not None:
+            state.engine.stop()
+
+    app = FastAPI(title="llamapy", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.server = state
+    _install_errors(app)
+    _routes(app, state)
+    from .guard import GuardMiddleware
+
+    app.add_middleware(GuardMiddleware, api_keys=settings.api_keys, max_body_bytes=settings.max_body_bytes)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            allow_credentials="*" not in settings.cors_origins,
+        )
+    return app
+
+
+def _install_errors(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        msg = f"{request.method} {request.url.path}: " + (
+            "no such endpoint" if exc.status_code == 404 else str(exc.detail)
+        )
+        return JSONResponse(APIError(exc.status_code, msg).body(), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        body = APIError(500, f"internal error: {type(exc).__name__}: {exc}").body()
+        return JSONResponse(body, status_code=500)
+
+
+async def _body(request: Request, model: type) -> Any:
+    return validate(model, parse_json(await request.body()))
+
+
+def _routes(app: FastAPI, state: ServerState) -> None:
+    s = state.settings
+
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health() -> JSONResponse:
+        state.ready()
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def models() -> dict[str, Any]:
+        _, backend = state.ready()
+        info = backend.info()
+        meta = {k: info[k] for k in ("n_vocab", "n_ctx_train", "n_embd", "size") if k in info}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": s.model_id,
+                    "object": "model",
+                    "created": state.created,
+                    "owned_by": "llamapy",
+                    "meta": meta,
+                }
+            ],
+        }
+
+    @app.get("/props")
+    async def props() -> dict[str, Any]:
+        engine, backend = state.ready()
+        info = backend.info()
+        return {
+            "default_generation_settings": {
+                "n_ctx": engine.n_ctx_slot,
+                "params": _settings_dict(s.defaults.sampling, s.defaults.n_predict),
+            },
+            "total_slots": engine.n_parallel,
+            "model_path": s.model_path,
+            "model_alias": s.model_id,
+            "chat_template": info.get("chat_template", ""),
+            "bos_token": info.get("bos_token", ""),
+            "eos_token": info.get("eos_token", ""),
+            "embeddings": backend.embeddings,
+            "modalities": {"vision": False, "audio": False},
+            "build_info": f"llamapy {__version__}",
+        }
+
+    @app.get("/slots")
+    async def slots() -> list[dict[str, Any]]:
+        if not s.slots:
+            raise APIError(501, "this server does not expose slots (started with --no-slots)")
+        engine, _ = state.ready()
+        return engine.slots_info(verbose=s.slots_verbose)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        if not s.metrics:
+            raise APIError(501, "this server does not expose metrics; start it with --metrics")
+        engine, _ = state.ready()
+        engine._update_gauges()
+        return PlainTextResponse(state.metrics.prometheus(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        _, backend = state.ready()
+        req: TokenizeRequest = await _body(request, TokenizeRequest)
+        toks = await run_in_threadpool(backend.tokenize, req.content, req.add_special, req.parse_special)
+        if not req.with_pieces:
+            return {"tokens": toks}
+        out = []
+        for t in toks:
+            piece = backend.token_to_piece(t, special=True)
+            try:
+                out.append({"id": t, "piece": piece.decode("utf-8")})
+            except UnicodeDecodeError:
+                out.append({"id": t, "piece": list(piece)})
+        return {"tokens": out}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        _, backend = state.ready()
+        req: DetokenizeRequest = await _body(request, DetokenizeRequest)
+        P.check_tokens(req.tokens, backend.n_vocab, "tokens")
+        return {"content": await run_in_threadpool(backend.detokenize, req.tokens)}
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request) -> dict[str, Any]:
+        _, backend = state.ready()
+        req: ApplyTemplateRequest = await _body(request, ApplyTemplateRequest)
+        creq = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt)
+        text, _ = await run_in_threadpool(P.chat_prompt, creq, backend)
+        return {"prompt": text}
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        engine, backend = state.ready()
+        _no_completions(backend)
+        req: ChatCompletionRequest = await _body(request, ChatCompletionRequest)
+        P.check_unsupported(req)
+        n_predict = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        n_predict = P.n_predict_from(
+            n_predict, name, engine.n_ctx_slot, s.defaults.n_predict, allow_unlimited=False
+        )
+        gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel)
+        if req.logprobs:
+            gp.logprobs, gp.n_probs = True, req.top_logprobs or 0
+        elif req.top_logprobs:
+            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        _, tokens = await run_in_threadpool(P.chat_prompt, req, backend)
+        fmt = ChatFormatter(s.model_id, bool(req.logprobs))
+        return await _generate(request, engine, tokens, gp, fmt, req.stream, _include_usage(req))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        engine, backend = state.ready()
+        _no_completions(backend)
+        req: CompletionRequest = await _body(request, CompletionRequest)
+        P.check_unsupported(req)
+        n_predict = P.n_predict_from(
+            req.max_tokens, "max_tokens", engine.n_ctx_slot, 16, allow_unlimited=False
+        )
+        gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel)
+        if req.logprobs is not None:
+            gp.logprobs, gp.n_probs = True, req.logprobs
+        tokens = await run_in_threadpool(P.tokenize_prompt, req.prompt, backend)
+        echo = ""
+        if req.echo:
+            echo = req.prompt if isinstance(req.prompt, str) else backend.detokenize(tokens)
+        fmt = CompletionFormatter(s.model_id, req.logprobs is not None, echo)
+        return await _generate(request, engine, tokens, gp, fmt, req.stream, _include_usage(req))
+
+    @app.post("/completion")
+    @app.post("/completions")
+    async def completion_native(request: Request) -> Any:
+        engine, backend = state.ready()
+        _no_completions(backend)
+        req: NativeCompletionRequest = await _body(request, NativeCompletionRequest)
+        n_predict = P.native_n_predict(req, engine.n_ctx_slot, s.defaults)
+        gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel)
+        tokens = await run_in_threadpool(P.tokenize_prompt, req.prompt, backend)
+        prompt_text = req.prompt if isinstance(req.prompt, str) else backend.detokenize(tokens)
+        settings = _settings_dict(gp.sampling, gp.n_predict) | {"stop": gp.stop, "n_probs": gp.n_probs}
+        fmt = NativeFormatter(s.model_id, prompt_text, settings, gp.n_probs, req.return_tokens)
+        return await _generate(request, engine, tokens, gp, fmt, req.stream, False, done_marker=False)
+
+    @app.post("/v1/embeddings")
+    @app.post("/embeddings")
+    async def embeddings(request: Request) -> dict[str, Any]:
+        engine, backend = state.ready()
+        if not backend.embeddings:
+            raise APIError(501, "this server does not compute embeddings; start it with --embeddings")
+        if getattr(backend, "pooling_type", 1) == 0:
+            raise bad_request(
+                "this model's embeddings are per token (pooling 'none'), which /v1/embeddings cannot return; "
+                "start the server with --pooling mean (or cls, last)"
+            )
+        req: EmbeddingRequest = await _body(request, EmbeddingRequest)
+        if req.dimensions is not None:
+            raise P.not_supported("'dimensions' (shortened embeddings)", param="dimensions")
+        inputs: list[Any] = [req.input] if isinstance(req.input, str) else list(req.input)
+        if inputs and all(isinstance(x, int) for x in inputs):
+            inputs = [inputs]
+        if not inputs:
+            raise bad_request("'input' is empty", "input")
+        token_lists = []
+        for i, x in enumerate(inputs):
+            toks = await run_in_threadpool(P.tokenize_prompt, x, backend, f"input[{i}]")
+            limit = min(engine.n_ctx_slot - 1, engine.n_batch)
+            if not toks or len(toks) > limit:
+                raise bad_request(
+                    f"input[{i}] has {len(toks)} tokens; an embedding input must have 1 to {limit}", "input"
+                )
+            token_lists.append(toks)
+        results = await asyncio.gather(
+            *(_collect(request, engine, t, GenParams(), "embedding") for t in token_lists)
+        )
+        data = []
+        n_tokens = 0
+        for i, (_, _, _, final) in enumerate(results):
+            v = final.embedding
+            assert v is not None
+            norm = float(np.linalg.norm(v))
+            v = v / norm if norm > 0 else v
+            emb: Any = (
+                base64.b64encode(v.astype("<f4").tobytes()).decode()
+                if req.encoding_format == "base64"
+                else v.tolist()
+            )
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+            n_tokens += final.n_prompt
+        return {
+            "object": "list",
+            "data": data,
+            "model": s.model_id,
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        }
+
+
+def _no_completions(backend: Backend) -> None:
+    if backend.embeddings:
+        raise APIError(
+            501, "this server computes embeddings only; start it without --embeddings for completions"
+        )
+
+
+def _include_usage(req: Any) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
+
+
+def _settings_dict(cfg: Any, n_predict: int) -> dict[str, Any]:
+    d = asdict(cfg)
+    d["logit_bias"] = [[k, v] for k, v in cfg.logit_bias.items()]
+    d["samplers"] = list(cfg.samplers)
+    d["n_predict"] = n_predict
+    return d
+
+
+class _Stream:
+    """Relays a task's events from the engine thread to this request's event loop."""
+
+    def __init__(self, engine: Engine, tokens: list[int], gp: GenParams, kind: str = "completion") -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.engine = engine
+        self.task = Task(tokens, gp, self._sink, kind)
+        self.done = False
+
+    def _sink(self, ev: Event) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
+
+    def start(self) -> None:
+        if len(self.task.prompt) >= self.engine.n_ctx_slot:
+            from .engine import _prompt_error
+
+            raise _prompt_error(len(self.task.prompt), self.engine.n_ctx_slot)
+        if not self.task.prompt:
+            raise bad_request("the prompt is empty (it tokenized to no tokens)", "prompt")
+        self.engine.submit(self.task)
+
+    async def next(self) -> Event:
+        ev = await self.queue.get()
+        if ev.done:
+            self.done = True
+        if ev.error is not None:
+            raise ev.error
+        return ev
+
+    def close(self) -> None:
+        """Abandon the task (client gone, or the handler ended); wakes a pending :meth:`next`."""
+        if not self.done:
+            self.engine.cancel(self.task)
+            self.done = True
+            self.queue.put_nowait(Event(done=True, error=APIError(499, "the client closed the request")))
+
+
+async def _watch_disconnect(request: Request, stream: _Stream) -> None:
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            stream.close()
+            return
+
+
+async def _collect(
+    request: Request, engine: Engine, tokens: list[int], gp: GenParams, kind: str = "completion"
+):
+    st = _Stream(engine, tokens, gp, kind)
+    st.start()
+    watcher = asyncio.create_task(_watch_disconnect(request, st))
+    try:
+        text, probs, tokens = [], [], []
+        while True:
+            ev = await st.next()
+            text.append(ev.text)
+            probs += ev.probs
+            tokens += ev.tokens
+            if ev.done:
+                return "".join(text), probs, tokens, ev
+    finally:
+        watcher.cancel()
+        st.close()
+
+
+async def _generate(
+    request: Request,
+    engine: Engine,
+    tokens: list[int],
+    gp: GenParams,
+    fmt: Any,
+    stream: bool,
+    include_usage: bool,
+    done_marker: bool = True,
+) -> Any:
+    if not stream:
+        text, probs, out_tokens, final = await _collect(request, engine, tokens, gp)
+        return JSONResponse(fmt.response(text, probs, final, tokens=out_tokens))
+    st = _Stream(engine, tokens, gp)
+    st.start()
+    # errors before the first token are plain HTTP errors; a client that leaves while its prompt is
+    # evaluated is noticed here (after that, the streaming response watches for the disconnect)
+    watcher = asyncio.create_task(_watch_disconnect(request, st))
+    try:
+        first = await st.next()
+    except BaseException:
+        st.close()
+        raise
+    finally:
+        watcher.cancel()
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            head = fmt.first_chunk()
+            if head is not None:
+                yield sse(head)
+            ev = first
+            while True:
+                if ev.done:
+                    last = fmt.chunk(ev) if ev.text or ev.probs else None
+                    if last is not None and not isinstance(fmt, NativeFormatter):
+                        yield sse(last)
+                    yield sse(fmt.final_chunk(ev))
+                    if include_usage:
+                        yield sse(fmt.usage_chunk(ev))
+                    break
+                c = fmt.chunk(ev)
+                if c is not None:
+                    yield sse(c)
+                ev = await st.next()
+            if done_marker:
+                yield SSE_DONE
+        except APIError as e:
+            yield sse(e.body())
+        finally:
+            st.close()
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

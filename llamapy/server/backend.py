@@ -1,0 +1,147 @@
+"""What the server engine needs from a model: a narrow interface, and its implementation over
+:class:`llamapy.model.Model` + :class:`llamapy.context.Context` (one multi-sequence context whose
+``n_seq_max`` is the number of slots).
+
+Tests drive the engine with a small fake that implements the same :class:`Backend` protocol.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import LlamapyError
+
+
+class Backend(Protocol):
+    model_path: str
+    n_ctx: int  # total KV cells, shared by all sequences
+    n_seq_max: int
+    n_batch: int
+    n_vocab: int
+    embeddings: bool
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+    def token_to_piece(self, token: int, special: bool = False) -> bytes: ...
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+    def is_eog(self, token: int) -> bool: ...
+
+    def decode(
+        self, tokens: Sequence[int], pos: Sequence[int], seq_ids: Sequence[int], outputs: Sequence[bool]
+    ) -> np.ndarray:
+        """Evaluate one mixed batch; return the logits of the ``outputs`` tokens, in batch order."""
+        ...
+
+    def embeddings_seq(self, seq: int) -> np.ndarray: ...
+    def seq_rm(self, seq: int, p0: int, p1: int) -> bool: ...
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str: ...
+    def info(self) -> dict[str, Any]: ...
+
+
+class ChatTemplateError(LlamapyError):
+    """The chat template failed to render the conversation."""
+
+
+class ContextBackend:
+    """The real model: one :class:`llamapy.context.Context` with ``n_seq_max`` sequences.
+
+    ``chat_template`` overrides the model's template: Jinja source or a built-in name (chatml, llama3,
+    gemma, phi3, mistral).
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        n_ctx: int = 4096,
+        n_seq_max: int = 1,
+        n_batch: int = 512,
+        n_ubatch: int = 512,
+        n_threads: int | None = None,
+        embeddings: bool = False,
+        chat_template: str | None = None,
+        pooling: str | None = None,
+    ) -> None:
+        from ..context import Context, ContextParams
+        from ..model import Model
+        from ..vocab.chat_template import template_for_model
+
+        self.model_path = str(model_path)
+        self.model = Model.load(self.model_path)
+        params = ContextParams(
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_ubatch=min(n_ubatch, n_batch),
+            n_seq_max=n_seq_max,
+            n_threads=n_threads,
+            embeddings=embeddings,
+            pooling_type=pooling,
+        )
+        self.ctx = Context(self.model, params)
+        self.pooling_type = int(getattr(self.ctx, "pooling_type", 0))  # 0: none (per-token, not OpenAI's)
+        self.vocab = self.model.vocab
+        self.n_ctx = int(self.ctx.n_ctx)
+        self.n_seq_max = int(self.ctx.n_seq_max)
+        self.n_batch = int(self.ctx.n_batch)
+        self.n_vocab = int(self.model.n_vocab)
+        self.embeddings = embeddings
+        v = self.vocab
+        self.bos_text = v.token_text(v.bos) if v.bos >= 0 else ""
+        self.eos_text = v.token_text(v.eos) if v.eos >= 0 else ""
+        self._template = template_for_model(self.model.metadata, self.bos_text, self.eos_text, chat_template)
+        self.chat_template_source = self._template.source
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return list(self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special))
+
+    def token_to_piece(self, token: int, special: bool = False) -> bytes:
+        return self.vocab.token_to_piece(token, special=special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.vocab.detokenize(list(tokens))
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self.vocab.is_eog(token))
+
+    def decode(
+        self, tokens: Sequence[int], pos: Sequence[int], seq_ids: Sequence[int], outputs: Sequence[bool]
+    ) -> np.ndarray:
+        from ..batch import Batch
+
+        batch = Batch(token=list(tokens), pos=list(pos), seq_id=[[s] for s in seq_ids], logits=list(outputs))
+        self.ctx.decode(batch)
+        if not self.embeddings:
+            return np.asarray(self.ctx.get_logits())
+        return np.zeros((0, self.n_vocab), np.float32)
+
+    def embeddings_seq(self, seq: int) -> np.ndarray:
+        return np.asarray(self.ctx.get_embeddings_seq(seq), dtype=np.float32)
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> bool:
+        return bool(self.ctx.memory.seq_rm(seq, p0, p1))
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        try:
+            return self._template.render(messages, add_generation_prompt=add_generation_prompt)
+        except Exception as e:  # TemplateError (raise_exception, unsafe access, ...) or a jinja2 error
+            raise ChatTemplateError(f"the chat template failed on these messages: {e}") from e
+
+    def info(self) -> dict[str, Any]:
+        m = self.model
+        return {
+            "n_vocab": self.n_vocab,
+            "n_ctx_train": int(getattr(m, "n_ctx_train", 0) or 0),
+            "n_embd": int(getattr(m, "n_embd", 0) or 0),
+            "size": int(getattr(m, "size", 0) or 0),
+            "desc": str(getattr(m, "desc", "")),
+            "arch": str(getattr(m, "arch", "")),
+            "file": Path(self.model_path).name,
+            "bos_token": self.bos_text,
+            "eos_token": self.eos_text,
+            "chat_template": self.chat_template_source,
+        }

@@ -1,0 +1,259 @@
+"""Response bodies and stream chunks: OpenAI's chat/completions objects and llama.cpp's /completion."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any
+
+from .. import __version__
+from .engine import Event, TokenProb
+
+FINGERPRINT = f"llamapy-{__version__}"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def usage(final: Event) -> dict[str, Any]:
+    return {
+        "prompt_tokens": final.n_prompt,
+        "completion_tokens": final.n_predicted,
+        "total_tokens": final.n_prompt + final.n_predicted,
+        "prompt_tokens_details": {"cached_tokens": final.n_cached},
+    }
+
+
+def timings(final: Event) -> dict[str, Any]:
+    n_pp = final.n_prompt - final.n_cached
+    n_tg = final.n_predicted
+    return {
+        "cache_n": final.n_cached,
+        "prompt_n": n_pp,
+        "prompt_ms": final.prompt_ms,
+        "prompt_per_token_ms": final.prompt_ms / n_pp if n_pp else 0.0,
+        "prompt_per_second": 1e3 * n_pp / final.prompt_ms if final.prompt_ms else 0.0,
+        "predicted_n": n_tg,
+        "predicted_ms": final.predicted_ms,
+        "predicted_per_token_ms": final.predicted_ms / n_tg if n_tg else 0.0,
+        "predicted_per_second": 1e3 * n_tg / final.predicted_ms if final.predicted_ms else 0.0,
+    }
+
+
+def _tok(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="replace")
+
+
+def chat_logprobs(probs: list[TokenProb]) -> dict[str, Any]:
+    return {
+        "content": [
+            {
+                "token": _tok(p.piece),
+                "logprob": p.logprob,
+                "bytes": list(p.piece),
+                "top_logprobs": [{"token": _tok(b), "logprob": lp, "bytes": list(b)} for _, b, lp in p.top],
+            }
+            for p in probs
+        ]
+    }
+
+
+def completion_logprobs(probs: list[TokenProb], offset0: int) -> dict[str, Any]:
+    offsets, off = [], offset0
+    for p in probs:
+        offsets.append(off)
+        off += len(_tok(p.piece))
+    return {
+        "tokens": [_tok(p.piece) for p in probs],
+        "token_logprobs": [p.logprob for p in probs],
+        "top_logprobs": [{_tok(b): lp for _, b, lp in p.top} for p in probs],
+        "text_offset": offsets,
+    }
+
+
+def native_probs(probs: list[TokenProb]) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": p.id,
+            "token": _tok(p.piece),
+            "bytes": list(p.piece),
+            "logprob": p.logprob,
+            "top_logprobs": [
+                {"id": i, "token": _tok(b), "bytes": list(b), "logprob": lp} for i, b, lp in p.top
+            ],
+        }
+        for p in probs
+    ]
+
+
+class ChatFormatter:
+    def __init__(self, model: str, want_logprobs: bool) -> None:
+        self.id, self.created, self.model = new_id("chatcmpl"), int(time.time()), model
+        self.want_logprobs = want_logprobs
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None, probs: list[TokenProb] | None = None) -> dict:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if self.want_logprobs and probs:
+            choice["logprobs"] = chat_logprobs(probs)
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": FINGERPRINT,
+            "choices": [choice],
+        }
+
+    def first_chunk(self) -> dict[str, Any]:
+        return self._chunk({"role": "assistant", "content": ""}, None)
+
+    def chunk(self, ev: Event) -> dict[str, Any] | None:
+        if not ev.text and not (self.want_logprobs and ev.probs):
+            return None
+        return self._chunk({"content": ev.text} if ev.text else {}, None, ev.probs)
+
+    def final_chunk(self, ev: Event) -> dict[str, Any]:
+        return self._chunk({}, ev.finish_reason)
+
+    def usage_chunk(self, ev: Event) -> dict[str, Any]:
+        c = self._chunk({}, None)
+        c["choices"] = []
+        c["usage"] = usage(ev)
+        c["timings"] = timings(ev)
+        return c
+
+    def response(
+        self, text: str, probs: list[TokenProb], final: Event, tokens: list[int] | None = None
+    ) -> dict:
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": FINGERPRINT,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": chat_logprobs(probs) if self.want_logprobs else None,
+                    "finish_reason": final.finish_reason,
+                }
+            ],
+            "usage": usage(final),
+            "timings": timings(final),
+        }
+
+
+class CompletionFormatter:
+    def __init__(self, model: str, want_logprobs: bool, echo_text: str = "") -> None:
+        self.id, self.created, self.model = new_id("cmpl"), int(time.time()), model
+        self.want_logprobs = want_logprobs
+        self.echo_text = echo_text
+        self.offset = len(echo_text)
+
+    def _chunk(self, text: str, finish: str | None, probs: list[TokenProb] | None) -> dict[str, Any]:
+        lp = None
+        if self.want_logprobs:
+            lp = completion_logprobs(probs or [], self.offset)
+        self.offset += len(text)
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": FINGERPRINT,
+            "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}],
+        }
+
+    def first_chunk(self) -> dict[str, Any] | None:
+        return self._chunk(self.echo_text, None, []) if self.echo_text else None
+
+    def chunk(self, ev: Event) -> dict[str, Any] | None:
+        if not ev.text and not (self.want_logprobs and ev.probs):
+            return None
+        return self._chunk(ev.text, None, ev.probs)
+
+    def final_chunk(self, ev: Event) -> dict[str, Any]:
+        return self._chunk("", ev.finish_reason, [])
+
+    def usage_chunk(self, ev: Event) -> dict[str, Any]:
+        c = self._chunk("", None, None)
+        c["choices"] = []
+        c["usage"] = usage(ev)
+        c["timings"] = timings(ev)
+        return c
+
+    def response(
+        self, text: str, probs: list[TokenProb], final: Event, tokens: list[int] | None = None
+    ) -> dict:
+        body = self._chunk(self.echo_text + text, final.finish_reason, probs)
+        body["usage"] = usage(final)
+        body["timings"] = timings(final)
+        return body
+
+
+class NativeFormatter:
+    """llama.cpp's ``/completion``: ``{"content", "stop", ...}``; the stream ends with the full final object."""
+
+    def __init__(
+        self, model: str, prompt: str, settings: dict[str, Any], n_probs: int, return_tokens: bool
+    ) -> None:
+        self.model, self.prompt, self.settings = model, prompt, settings
+        self.n_probs, self.return_tokens = n_probs, return_tokens
+
+    def first_chunk(self) -> None:
+        return None
+
+    def chunk(self, ev: Event) -> dict[str, Any] | None:
+        if not ev.text and not ev.tokens:
+            return None
+        c: dict[str, Any] = {
+            "index": 0,
+            "content": ev.text,
+            "tokens": ev.tokens if self.return_tokens else [],
+            "stop": False,
+            "id_slot": ev.slot_id,
+        }
+        if self.n_probs:
+            c["completion_probabilities"] = native_probs(ev.probs)
+        return c
+
+    def final_chunk(self, ev: Event) -> dict[str, Any]:
+        return self.response(ev.text, ev.probs, ev, tokens=ev.tokens)
+
+    def usage_chunk(self, ev: Event) -> None:
+        return None
+
+    def response(
+        self, text: str, probs: list[TokenProb], final: Event, tokens: list[int] | None = None
+    ) -> dict:
+        body: dict[str, Any] = {
+            "index": 0,
+            "content": text,
+            "tokens": (tokens or []) if self.return_tokens else [],
+            "id_slot": final.slot_id,
+            "stop": True,
+            "model": self.model,
+            "tokens_predicted": final.n_predicted,
+            "tokens_evaluated": final.n_prompt,
+            "generation_settings": self.settings,
+            "prompt": self.prompt,
+            "has_new_line": "\n" in text,
+            "truncated": False,
+            "stop_type": final.stop_type,
+            "stopping_word": final.stopping_word,
+            "tokens_cached": final.n_cached,
+            "timings": timings(final),
+        }
+        if self.n_probs:
+            body["completion_probabilities"] = native_probs(probs)
+        return body

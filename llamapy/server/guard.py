@@ -1,0 +1,105 @@
+"""ASGI middleware in front of the app: API key (401) and request body size (413) checks.
+
+The body is read here, up to the limit, and replayed to the app; a larger body (by Content-Length, or
+counted while streaming in) is refused before the app sees it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from .errors import error_body
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+
+
+class GuardMiddleware:
+    def __init__(
+        self, app: ASGIApp, api_keys: list[str] | None = None, max_body_bytes: int = 8 << 20
+    ) -> None:
+        self.app = app
+        self.api_keys = [k.encode() for k in (api_keys or []) if k]
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", [])}
+        if self.api_keys and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
+            if not self._authorized(headers):
+                why = (
+                    "missing" if not (headers.get("authorization") or headers.get("x-api-key")) else "invalid"
+                )
+                await _reply(
+                    send,
+                    401,
+                    f"{why} API key: send it as 'Authorization: Bearer KEY'",
+                    "authentication_error",
+                )
+                return
+        length = headers.get("content-length")
+        if length is not None:
+            try:
+                n = int(length)
+            except ValueError:
+                await _reply(send, 400, f"invalid Content-Length header {length!r}")
+                return
+            if n > self.max_body_bytes:
+                await _reply(send, 413, self._too_large(n))
+                return
+        if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            body = msg.get("body", b"")
+            size += len(body)
+            if size > self.max_body_bytes:
+                await _reply(send, 413, self._too_large(size, at_least=True))
+                return
+            chunks.append(body)
+            if not msg.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    def _authorized(self, headers: dict[str, bytes]) -> bool:
+        auth = headers.get("authorization", b"")
+        given = auth[7:].strip() if auth[:7].lower() == b"bearer " else headers.get("x-api-key", b"")
+        return bool(given) and any(hmac.compare_digest(given, k) for k in self.api_keys)
+
+    def _too_large(self, n: int, at_least: bool = False) -> str:
+        return (
+            f"request body too large: {'more than ' if at_least else ''}{n} bytes, "
+            f"the limit is {self.max_body_bytes} bytes"
+        )
+
+
+async def _reply(send: Send, status: int, message: str, type: str | None = None) -> None:
+    body = json.dumps(error_body(status, message, type)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

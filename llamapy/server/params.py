@@ -1,0 +1,249 @@
+"""Request bodies -> prompt tokens and :class:`GenParams`, with every limit checked (400 otherwise)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .backend import Backend
+from .engine import GenParams
+from .errors import APIError, bad_request, not_supported
+from .sampling import SamplingError, SamplingParams, parse_samplers
+from .schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    NativeCompletionRequest,
+    SamplingFields,
+)
+
+# fields that would constrain the output with a grammar: refused until llamapy.grammar exists
+_GRAMMAR_FIELDS = ("grammar", "json_schema", "functions", "function_call", "grammar_lazy", "grammar_triggers")
+MAX_STOP_STRINGS = 16
+
+
+@dataclass
+class Defaults:
+    """Server-wide defaults (llama.cpp's), overridable per request."""
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int = -1
+
+
+def check_unsupported(req: SamplingFields) -> None:
+    extra = req.model_extra or {}
+    for name in _GRAMMAR_FIELDS:
+        if extra.get(name) not in (None, "", [], {}):
+            raise not_supported(f"'{name}' (grammar-constrained output)", param=name)
+    if req.n is not None and req.n != 1:
+        raise not_supported(f"n={req.n} (several choices per request); use n=1", param="n")
+    if isinstance(req, ChatCompletionRequest):
+        rf = req.response_format
+        if rf is not None and rf.get("type", "text") != "text":
+            raise not_supported(
+                f"response_format type '{rf.get('type')}' (grammar-constrained output)",
+                param="response_format",
+            )
+        if req.tools and req.tool_choice != "none":
+            raise not_supported("'tools' (tool calls need grammar-constrained output)", param="tools")
+    if isinstance(req, CompletionRequest):
+        if req.suffix:
+            raise not_supported("'suffix' (fill-in-the-middle)", param="suffix")
+        if req.best_of not in (None, 1):
+            raise not_supported(f"best_of={req.best_of}", param="best_of")
+
+
+def n_predict_from(value: int | None, name: str, n_ctx_slot: int, default: int, allow_unlimited: bool) -> int:
+    if value is None:
+        return default
+    if allow_unlimited and value == -1:
+        return -1
+    lo = 0 if allow_unlimited else 1
+    if value < lo:
+        raise bad_request(
+            f"'{name}' must be at least {lo}{' (or -1 for no limit)' if allow_unlimited else ''}, got {value}",
+            name,
+        )
+    if value > n_ctx_slot:
+        raise bad_request(
+            f"'{name}' is {value} but a slot's context holds only {n_ctx_slot} tokens (prompt included)", name
+        )
+    return value
+
+
+def gen_params(
+    req: SamplingFields, backend: Backend, defaults: Defaults, n_ctx_slot: int, n_predict: int, n_slots: int
+) -> GenParams:
+    check_unsupported(req)
+    try:
+        samplers = parse_samplers(req.samplers) if req.samplers is not None else None
+    except SamplingError as e:
+        raise bad_request(str(e), "samplers") from None
+    # request field -> SamplingParams field (llama.cpp's names on the right)
+    mapping = {
+        "temperature": "temp",
+        "top_k": "top_k",
+        "top_p": "top_p",
+        "min_p": "min_p",
+        "typical_p": "typ_p",
+        "min_keep": "min_keep",
+        "top_n_sigma": "top_n_sigma",
+        "xtc_probability": "xtc_probability",
+        "xtc_threshold": "xtc_threshold",
+        "dynatemp_range": "dynatemp_range",
+        "dynatemp_exponent": "dynatemp_exponent",
+        "repeat_penalty": "penalty_repeat",
+        "repeat_last_n": "penalty_last_n",
+        "presence_penalty": "penalty_present",
+        "frequency_penalty": "penalty_freq",
+        "dry_multiplier": "dry_multiplier",
+        "dry_base": "dry_base",
+        "dry_allowed_length": "dry_allowed_length",
+        "dry_penalty_last_n": "dry_penalty_last_n",
+        "dry_sequence_breakers": "dry_sequence_breakers",
+        "mirostat": "mirostat",
+        "mirostat_tau": "mirostat_tau",
+        "mirostat_eta": "mirostat_eta",
+    }
+    changes: dict[str, Any] = {
+        dst: getattr(req, src) for src, dst in mapping.items() if getattr(req, src) is not None
+    }
+    if req.seed is not None and req.seed >= 0:
+        changes["seed"] = req.seed & 0xFFFFFFFF
+    if samplers is not None:
+        changes["samplers"] = samplers
+    changes["logit_bias"] = logit_bias_from(req.logit_bias, backend)
+    cfg = replace(defaults.sampling, **changes)
+    try:
+        cfg.validate()
+    except SamplingError as e:
+        raise bad_request(f"invalid sampling parameters: {e}") from None
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stop) > MAX_STOP_STRINGS:
+        raise bad_request(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stop)}", "stop")
+    if req.id_slot is not None and req.id_slot != -1 and not 0 <= req.id_slot < n_slots:
+        raise bad_request(
+            f"'id_slot' {req.id_slot} does not exist (the server has {n_slots} slots)", "id_slot"
+        )
+    return GenParams(
+        n_predict=n_predict,
+        sampling=cfg,
+        stop=[s for s in stop if s],
+        ignore_eos=req.ignore_eos,
+        n_probs=req.n_probs or 0,
+        cache_prompt=req.cache_prompt,
+        id_slot=-1 if req.id_slot is None else req.id_slot,
+    )
+
+
+def logit_bias_from(lb: Any, backend: Backend) -> dict[int, float]:
+    """OpenAI ``{"id": bias}``, llama.cpp ``[[id, bias | false], ...]`` and ``{"text": bias}`` forms."""
+    if not lb:
+        return {}
+    pairs: list[tuple[Any, Any]] = list(lb.items()) if isinstance(lb, dict) else []
+    if isinstance(lb, list):
+        for i, item in enumerate(lb):
+            if len(item) != 2:
+                raise bad_request(f"logit_bias[{i}] must be a pair [token, bias], got {item!r}", "logit_bias")
+            pairs.append((item[0], item[1]))
+    out: dict[int, float] = {}
+    for key, bias in pairs:
+        if bias is False:
+            value = float("-inf")
+        elif isinstance(bias, bool) or not isinstance(bias, int | float):
+            raise bad_request(f"logit_bias for {key!r} must be a number or false, got {bias!r}", "logit_bias")
+        else:
+            value = float(bias)
+            if not -100.0 <= value <= 100.0:
+                raise bad_request(
+                    f"logit_bias for {key!r} must be between -100 and 100, got {value}", "logit_bias"
+                )
+        if isinstance(key, int) and not isinstance(key, bool):
+            ids = [key]
+        elif isinstance(key, str) and key.lstrip("-").isdigit():
+            ids = [int(key)]
+        elif isinstance(key, str):
+            ids = backend.tokenize(key, add_special=False, parse_special=False)
+        else:
+            raise bad_request(f"logit_bias key {key!r} must be a token id or a string", "logit_bias")
+        for t in ids:
+            if not 0 <= t < backend.n_vocab:
+                raise bad_request(
+                    f"logit_bias token id {t} is out of range [0, {backend.n_vocab})", "logit_bias"
+                )
+            out[t] = value
+    return out
+
+
+def check_tokens(tokens: list[int], n_vocab: int, param: str = "prompt") -> list[int]:
+    for i, t in enumerate(tokens):
+        if not 0 <= t < n_vocab:
+            raise bad_request(f"token id {t} at {param}[{i}] is out of range [0, {n_vocab})", param)
+    return tokens
+
+
+def tokenize_prompt(prompt: Any, backend: Backend, param: str = "prompt") -> list[int]:
+    """A completion prompt: a string, a token list, a one-element list of either, or llama.cpp's mix of
+    token ids and strings."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return backend.tokenize(prompt, add_special=True, parse_special=True)
+    if isinstance(prompt, list) and all(isinstance(x, int) for x in prompt):
+        return check_tokens(list(prompt), backend.n_vocab, param)
+    several = isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(x, str | list) for x in prompt)
+    if not several and isinstance(prompt, list) and all(isinstance(x, int | str) for x in prompt):
+        out: list[int] = []
+        for i, x in enumerate(prompt):
+            if isinstance(x, str):
+                out += backend.tokenize(x, add_special=(i == 0), parse_special=True)
+            else:
+                out += check_tokens([x], backend.n_vocab, f"{param}[{i}]")
+        return out
+    raise not_supported("several prompts in one request (send one request per prompt)", param=param)
+
+
+def messages_to_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    out = []
+    for i, m in enumerate(messages):
+        d: dict[str, Any] = {"role": m.role}
+        if isinstance(m.content, list):
+            texts = []
+            for j, part in enumerate(m.content):
+                if part.type != "text":
+                    raise not_supported(f"content part type '{part.type}'", param=f"messages.{i}.content.{j}")
+                if part.text is None:
+                    raise bad_request(
+                        f"messages.{i}.content.{j} has type 'text' but no 'text'", f"messages.{i}.content"
+                    )
+                texts.append(part.text)
+            d["content"] = "".join(texts)
+        elif m.content is None:
+            if m.role != "assistant" or not m.tool_calls:
+                raise bad_request(f"messages.{i} ({m.role}) has no content", f"messages.{i}.content")
+            d["content"] = ""
+        else:
+            d["content"] = m.content
+        for k in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
+            v = getattr(m, k)
+            if v is not None:
+                d[k] = v
+        out.append(d)
+    return out
+
+
+def chat_prompt(req: ChatCompletionRequest, backend: Backend) -> tuple[str, list[int]]:
+    from .backend import ChatTemplateError
+
+    try:
+        text = backend.apply_chat_template(messages_to_dicts(req.messages), req.add_generation_prompt)
+    except ChatTemplateError as e:
+        raise APIError(400, str(e), param="messages") from None
+    tokens = backend.tokenize(text, add_special=True, parse_special=True)
+    if len(tokens) >= 2 and tokens[0] == tokens[1] and backend.tokenize("", True, False)[:1] == tokens[:1]:
+        tokens = tokens[1:]  # the template wrote BOS and the tokenizer added another one
+    return text, tokens
+
+
+def native_n_predict(req: NativeCompletionRequest, n_ctx_slot: int, defaults: Defaults) -> int:
+    return n_predict_from(req.n_predict, "n_predict", n_ctx_slot, defaults.n_predict, allow_unlimited=True)

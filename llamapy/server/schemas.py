@@ -1,0 +1,193 @@
+"""Request bodies of the OpenAI and llama.cpp endpoints, validated strictly (wrong types -> 400).
+
+Unknown fields are accepted and ignored (clients send many), except the ones that would change the
+answer and that llamapy cannot honour yet (``response_format``, ``tools``, ``grammar`` ...): those are
+refused by :mod:`llamapy.server.params` with a 400 "not supported yet".
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import APIError, bad_request
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+StopField = str | list[str] | None
+# OpenAI: {"50256": -100}; llama.cpp also: [[id, bias | false], ...] and {"text": bias}
+LogitBiasField = dict[str, float | bool] | list[list[int | float | bool | str]] | None
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class ContentPart(_Body):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Body):
+    role: Role
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class SamplingFields(_Body):
+    """Fields common to every generating endpoint (OpenAI names and llama.cpp extras)."""
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0.0, le=100.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    typical_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repeat_penalty: float | None = Field(None, ge=0.0, le=10.0)
+    repeat_last_n: int | None = Field(None, ge=-1)
+    stop: StopField = None
+    logit_bias: LogitBiasField = None
+    n_probs: int | None = Field(None, ge=0, le=100)
+    min_keep: int | None = Field(None, ge=0)
+    top_n_sigma: float | None = None
+    xtc_probability: float | None = Field(None, ge=0.0, le=1.0)
+    xtc_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    dynatemp_range: float | None = Field(None, ge=0.0)
+    dynatemp_exponent: float | None = Field(None, ge=0.0)
+    dry_multiplier: float | None = Field(None, ge=0.0)
+    dry_base: float | None = Field(None, ge=1.0)
+    dry_allowed_length: int | None = Field(None, ge=0)
+    dry_penalty_last_n: int | None = Field(None, ge=-1)
+    dry_sequence_breakers: list[str] | None = None
+    mirostat: Literal[0, 1, 2] | None = None
+    mirostat_tau: float | None = Field(None, ge=0.0)
+    mirostat_eta: float | None = Field(None, ge=0.0)
+    cache_prompt: bool = True
+    samplers: list[str] | str | None = None
+    ignore_eos: bool = False
+    id_slot: int | None = None
+    n: int | None = None
+    user: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+PromptField = str | list[int] | list[str] | list[list[int]]
+
+
+class CompletionRequest(SamplingFields):
+    prompt: PromptField
+    max_tokens: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class NativeCompletionRequest(SamplingFields):
+    """llama.cpp's ``/completion`` body."""
+
+    prompt: str | list[int | str]
+    n_predict: int | None = None
+    n_keep: int | None = None
+    return_tokens: bool = False
+
+
+class EmbeddingRequest(_Body):
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+class TokenizeRequest(_Body):
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Body):
+    tokens: list[int]
+
+
+class ApplyTemplateRequest(_Body):
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_json(raw: bytes) -> Any:
+    """Parse a request body; anything but a JSON object is a 400 that says where it broke."""
+    if not raw.strip():
+        raise bad_request("the request body is empty; expected a JSON object")
+    try:
+        obj = json.loads(raw)
+    except UnicodeDecodeError as e:
+        raise bad_request(f"the request body is not UTF-8 ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise bad_request(
+            f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
+    if not isinstance(obj, dict):
+        raise bad_request(f"the request body must be a JSON object, not {type(obj).__name__}")
+    return obj
+
+
+def validate(model: type[M], obj: Any) -> M:
+    """Validate a parsed body; the first problem becomes a 400 naming the field and what was wrong."""
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        errors = e.errors()
+        err = errors[0]
+        loc = _loc(err["loc"])
+        got = err.get("input")
+        got_s = "" if err["type"] == "missing" else f" (got {json.dumps(got)[:80]})" if _jsonable(got) else ""
+        n_more = len({_loc(x["loc"]) for x in errors} - {loc})
+        more = f" (and {n_more} more problems)" if n_more else ""
+        raise APIError(400, f"invalid field '{loc}': {err['msg']}{got_s}{more}", param=loc) from None
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "none", "dict", "list", "ContentPart", "StreamOptions"}
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    """``('stop', 'list[str]', 0)`` -> ``stop.0``: drop pydantic's union-member tags."""
+    parts = [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
+    return ".".join(parts) or "body"
+
+
+def _jsonable(x: Any) -> bool:
+    try:
+        json.dumps(x)
+        return True
+    except (TypeError, ValueError):
+        return False

@@ -1,0 +1,132 @@
+"""Request -> GenParams conversion: limits, logit bias forms, samplers, unsupported features."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from llamapy.server import params as P
+from llamapy.server.errors import APIError
+from llamapy.server.schemas import ChatCompletionRequest, CompletionRequest, NativeCompletionRequest, validate
+from tests.server.fake_backend import FakeBackend
+
+B = FakeBackend()
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def gen(model, **body):
+    req = validate(model, body)
+    return P.gen_params(req, B, P.Defaults(), 128, -1, 2)
+
+
+def test_sampling_fields_map_to_llama_cpp_names():
+    gp = gen(
+        ChatCompletionRequest,
+        messages=MSG,
+        temperature=0.5,
+        top_k=7,
+        top_p=0.9,
+        min_p=0.1,
+        presence_penalty=0.5,
+        frequency_penalty=0.25,
+        repeat_penalty=1.1,
+        repeat_last_n=32,
+        seed=42,
+        stop="\n",
+        samplers="kt",
+        dry_multiplier=0.8,
+        mirostat=2,
+    )
+    s = gp.sampling
+    assert (s.temp, s.top_k, s.top_p, s.min_p, s.seed) == (0.5, 7, 0.9, 0.1, 42)
+    assert (s.penalty_present, s.penalty_freq, s.penalty_repeat, s.penalty_last_n) == (0.5, 0.25, 1.1, 32)
+    assert (s.samplers, s.dry_multiplier, s.mirostat) == (["top_k", "temperature"], 0.8, 2)
+    assert gp.stop == ["\n"]
+    defaults = gen(ChatCompletionRequest, messages=MSG).sampling
+    assert (defaults.temp, defaults.top_k, defaults.top_p) == (0.8, 40, 0.95)  # llama.cpp's defaults
+
+
+def test_logit_bias_forms():
+    assert P.logit_bias_from({"65": 5}, B) == {65: 5.0}
+    assert P.logit_bias_from([[65, -1.5], [66, False]], B) == {65: -1.5, 66: -math.inf}
+    assert P.logit_bias_from({"AB": 2}, B) == {65: 2.0, 66: 2.0}  # text keys: each of its tokens
+    for bad, msg in [
+        ({"999": 1}, "out of range"),
+        ({"65": 500}, "between -100 and 100"),
+        ([[1, 2, 3]], "pair"),
+    ]:
+        with pytest.raises(APIError, match=msg):
+            P.logit_bias_from(bad, B)
+
+
+@pytest.mark.parametrize(
+    "model, body, fragment",
+    [
+        (ChatCompletionRequest, {"samplers": ["top_k", "bogus"]}, "unknown sampler"),
+        (
+            ChatCompletionRequest,
+            {"response_format": {"type": "json_schema", "json_schema": {}}},
+            "not supported yet",
+        ),
+        (ChatCompletionRequest, {"json_schema": {"type": "object"}}, "not supported yet"),
+        (ChatCompletionRequest, {"functions": [{"name": "f"}]}, "not supported yet"),
+        (ChatCompletionRequest, {"id_slot": 5}, "does not exist"),
+        (ChatCompletionRequest, {"stop": [str(i) for i in range(20)]}, "at most 16"),
+        (ChatCompletionRequest, {"repeat_penalty": 0.0}, "penalty_repeat"),
+        (CompletionRequest, {"suffix": "x"}, "not supported yet"),
+        (CompletionRequest, {"best_of": 3}, "not supported yet"),
+    ],
+)
+def test_refused(model, body, fragment):
+    base = {"messages": MSG} if model is ChatCompletionRequest else {"prompt": "x"}
+    with pytest.raises(APIError, match=fragment) as e:
+        gen(model, **base, **body)
+    assert e.value.status == 400
+
+
+def test_response_format_text_and_tool_choice_none_are_fine():
+    gen(ChatCompletionRequest, messages=MSG, response_format={"type": "text"})
+    gen(ChatCompletionRequest, messages=MSG, tools=[{"type": "function"}], tool_choice="none")
+
+
+def test_max_tokens_limits():
+    assert P.n_predict_from(None, "max_tokens", 128, -1, False) == -1
+    assert P.n_predict_from(5, "max_tokens", 128, -1, False) == 5
+    for v, msg in [(0, "at least 1"), (-1, "at least 1"), (129, "holds only 128")]:
+        with pytest.raises(APIError, match=msg):
+            P.n_predict_from(v, "max_tokens", 128, -1, False)
+    assert P.n_predict_from(-1, "n_predict", 128, -1, True) == -1
+    assert P.n_predict_from(0, "n_predict", 128, -1, True) == 0
+    with pytest.raises(APIError, match="at least 0"):
+        P.n_predict_from(-2, "n_predict", 128, -1, True)
+
+
+def test_prompts():
+    assert P.tokenize_prompt("ab", B) == [256, 97, 98]
+    assert P.tokenize_prompt([1, 2], B) == [1, 2]
+    assert P.tokenize_prompt(["ab"], B) == [256, 97, 98]
+    assert P.tokenize_prompt([[5, 6]], B) == [5, 6]
+    assert P.tokenize_prompt([5, "ab"], B) == [5, 97, 98]  # llama.cpp's mixed form
+    with pytest.raises(APIError, match="out of range"):
+        P.tokenize_prompt([1, 9999], B)
+    with pytest.raises(APIError, match="several prompts"):
+        P.tokenize_prompt(["a", "b"], B)
+    req = validate(NativeCompletionRequest, {"prompt": [1, "x"]})
+    assert P.tokenize_prompt(req.prompt, B) == [1, 120]
+
+
+def test_chat_messages():
+    req = validate(
+        ChatCompletionRequest,
+        {
+            "messages": [
+                {"role": "system", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "user", "content": "q"},
+            ]
+        },
+    )
+    text, toks = P.chat_prompt(req, B)
+    assert text == "<system>ab\n<user>q\n<assistant>" and toks[0] == 256 and toks[1] != 256
+    with pytest.raises(APIError, match="has no content"):
+        P.chat_prompt(validate(ChatCompletionRequest, {"messages": [{"role": "user", "content": None}]}), B)
