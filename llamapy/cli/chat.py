@@ -1,0 +1,132 @@
+"""``llamapy chat``: a conversation through the model's chat template.
+
+On a terminal: line editing (readline), ``/exit``, ``/clear``, a line ending in ``\\`` continues on the
+next one, Ctrl-C stops the current answer (at the prompt it ends the chat). On a pipe every input line
+is one user message; each answer is printed followed by a newline, and the chat ends with the input.
+The KV cache of the conversation so far is reused from turn to turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from .common import add_generation_args, add_model_args, add_sampling_args, log
+from .run import build_sampler, write_out
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "chat",
+        help="chat with a model (interactive, or one message per line on a pipe)",
+        description="Chat with a model through its chat template. Commands: /exit, /clear.",
+        allow_abbrev=False,
+    )
+    g = p.add_argument_group("chat")
+    g.add_argument("-sys", "--system-prompt", metavar="TEXT", help="system message")
+    g.add_argument(
+        "--chat-template", metavar="NAME", help="built-in template (chatml, llama3, gemma, phi3, mistral)"
+    )
+    g.add_argument("--chat-template-file", metavar="FNAME", help="Jinja chat template file")
+    add_generation_args(p)
+    add_model_args(p)
+    add_sampling_args(p)
+    p.set_defaults(func=run)
+
+
+def read_messages(stream: Any, interactive: bool) -> Iterator[str]:
+    """User messages: one per line (``\\`` at the end of a line continues the message)."""
+    parts: list[str] = []
+    while True:
+        if interactive:
+            try:
+                line = input("> " if not parts else "  ")
+            except EOFError:
+                return
+        else:
+            line = stream.readline()
+            if not line:
+                if parts:
+                    yield "\n".join(parts)
+                return
+            line = line.rstrip("\r\n")
+        if line.endswith("\\"):
+            parts.append(line[:-1])
+            continue
+        parts.append(line)
+        yield "\n".join(parts)
+        parts = []
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..generation import GenerationParams, generate
+    from .common import load_llama
+
+    template = None
+    if args.chat_template_file:
+        with open(args.chat_template_file, "rb") as f:
+            data = f.read()
+        try:
+            template = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            from ..errors import LlamapyError
+
+            raise LlamapyError(f"{args.chat_template_file}: not UTF-8 text (byte {e.start})") from None
+    llm = load_llama(args)
+    if template is not None:
+        llm.chat_template = template
+    elif args.chat_template:
+        llm.chat_format = args.chat_template
+    seq = llm._need_ctx()
+    chain = build_sampler(llm, args)
+    params = GenerationParams(max_tokens=args.n_predict, stop=args.reverse_prompt, ignore_eos=args.ignore_eos,
+                              special=args.special)  # fmt: skip
+    interactive = sys.stdin.isatty()
+    if hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(errors="replace")  # undecodable input bytes become U+FFFD, not a crash
+    if interactive:
+        try:
+            import readline  # noqa: F401  (line editing and history for input())
+        except ImportError:  # pragma: no cover - platform without readline
+            pass
+        log("llamapy: chat; /exit to quit, /clear to start over, Ctrl-C stops an answer")
+    system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
+    messages: list[dict[str, str]] = list(system)
+    n_accepted = 0
+    try:
+        for text in read_messages(sys.stdin, interactive):
+            cmd = text.strip()
+            if cmd == "/exit":
+                break
+            if cmd == "/clear":
+                messages = list(system)
+                chain.reset()
+                n_accepted = 0
+                log("llamapy: conversation cleared")
+                continue
+            if not cmd:
+                continue
+            messages.append({"role": "user", "content": text})
+            prompt = llm.apply_chat_template(messages)
+            for t in prompt[n_accepted:]:
+                chain.accept(t)
+            answer = []
+            try:
+                for step in generate(seq, chain.sample, llm.vocab, prompt, params, accept=chain.accept):
+                    if step.text:
+                        answer.append(step.text)
+                        write_out(step.text)
+            except KeyboardInterrupt:
+                if not interactive:
+                    raise
+                log("\nllamapy: answer stopped")
+            write_out("\n")
+            messages.append({"role": "assistant", "content": "".join(answer)})
+            n_accepted = len(seq.tokens)
+    except KeyboardInterrupt:
+        if not interactive:
+            raise
+        write_out("\n")
+    return 0

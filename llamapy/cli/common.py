@@ -1,0 +1,227 @@
+"""Flags shared by ``run``, ``chat`` (and other subcommands): model, context and sampling, with
+llama.cpp's names (``-m -c -b -ub -t -ctk -ctv --temp --top-k ...``).
+
+Values are checked while parsing, so a bad value is a usage error (exit status 2) before anything is
+loaded. Heavy modules are imported only inside the helpers that load a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+# ---------------------------------------------------------------------------------------------------
+# value types (argparse turns their ArgumentTypeError into a usage error)
+
+
+def _number(
+    kind: Callable[[str], Any], lo: float | None = None, hi: float | None = None, what: str = "value"
+):
+    def parse(s: str) -> Any:
+        try:
+            v = kind(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not a valid {what}") from None
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+            raise argparse.ArgumentTypeError(f"{s!r} is out of range ({what} must be {rng})")
+        return v
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def _logit_bias(s: str) -> tuple[int, float]:
+    """llama.cpp's ``-l TOKEN_ID(+/-)BIAS``, e.g. ``15043+1`` or ``15043-inf``."""
+    for i in range(1, len(s)):
+        if s[i] in "+-":
+            try:
+                return int(s[:i]), float(s[i:])
+            except ValueError:
+                break
+    raise argparse.ArgumentTypeError(f"{s!r} is not TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf")
+
+
+def _on_off(s: str) -> bool | None:
+    v = s.lower()
+    if v in ("on", "1", "true", "yes"):
+        return True
+    if v in ("off", "0", "false", "no"):
+        return False
+    if v == "auto":
+        return None
+    raise argparse.ArgumentTypeError(f"{s!r} is not one of on, off, auto")
+
+
+uint = _number(int, 0, what="count")
+int_ = _number(int, what="integer")
+float_ = _number(float, what="number")
+prob = _number(float, 0.0, 1.0, what="probability")
+
+
+# ---------------------------------------------------------------------------------------------------
+# flag groups
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and context")
+    g.add_argument(
+        "-m",
+        "--model",
+        metavar="FNAME",
+        help="GGUF file or known model name (default: smollm2-135m-instruct)",
+    )
+    g.add_argument(
+        "-c", "--ctx-size", type=uint, default=4096, metavar="N", help="context size (0 = from the model)"
+    )
+    g.add_argument("-b", "--batch-size", type=_number(int, 1, what="batch size"), default=2048, metavar="N")
+    g.add_argument("-ub", "--ubatch-size", type=_number(int, 1, what="batch size"), default=512, metavar="N")
+    g.add_argument("-t", "--threads", type=int_, default=-1, metavar="N", help="threads (-1 = all cores)")
+    g.add_argument("-ctk", "--cache-type-k", choices=CACHE_TYPES, default="f16", metavar="TYPE")
+    g.add_argument("-ctv", "--cache-type-v", choices=CACHE_TYPES, default="f16", metavar="TYPE")
+    g.add_argument("-fa", "--flash-attn", type=_on_off, default=None, metavar="on|off|auto")
+    g.add_argument(
+        "-ngl", "--n-gpu-layers", "--gpu-layers", type=int_, default=0, metavar="N", help="(ignored: CPU)"
+    )
+    g.add_argument(
+        "--no-mmap", dest="use_mmap", action="store_false", help="read the file instead of mapping it"
+    )
+    g.add_argument("--mlock", action="store_true", help="keep the model in RAM")
+    g.add_argument("--context-shift", action="store_true", help="when the context is full, drop old tokens")
+    g.add_argument(
+        "--keep", type=int_, default=0, metavar="N", help="tokens of the prompt kept on a shift (-1 = all)"
+    )
+    g.add_argument("-v", "--verbose", action="store_true", help="more logs on stderr")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling (llama.cpp's flags and defaults)")
+    g.add_argument("-s", "--seed", type=int_, default=-1, metavar="SEED", help="RNG seed (-1 = random)")
+    g.add_argument("--samplers", default=None, metavar="LIST", help="sampler order, ';'-separated names")
+    g.add_argument(
+        "--sampling-seq", "--sampler-seq", default=None, metavar="SEQ", help="sampler order as letters"
+    )
+    g.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-generation tokens")
+    g.add_argument("--temp", type=float_, default=0.8, metavar="T")
+    g.add_argument("--top-k", type=int_, default=40, metavar="N")
+    g.add_argument("--top-p", type=float_, default=0.95, metavar="P")
+    g.add_argument("--min-p", type=float_, default=0.05, metavar="P")
+    g.add_argument("--top-nsigma", "--top-n-sigma", type=float_, default=-1.0, metavar="N")
+    g.add_argument("--xtc-probability", type=prob, default=0.0, metavar="P")
+    g.add_argument("--xtc-threshold", type=float_, default=0.1, metavar="T")
+    g.add_argument("--typical", "--typical-p", type=float_, default=1.0, metavar="P")
+    g.add_argument("--repeat-last-n", type=_number(int, -1, what="count"), default=64, metavar="N")
+    g.add_argument("--repeat-penalty", type=float_, default=1.0, metavar="X")
+    g.add_argument("--presence-penalty", type=float_, default=0.0, metavar="X")
+    g.add_argument("--frequency-penalty", type=float_, default=0.0, metavar="X")
+    g.add_argument("--dry-multiplier", type=float_, default=0.0, metavar="X")
+    g.add_argument("--dry-base", type=float_, default=1.75, metavar="X")
+    g.add_argument("--dry-allowed-length", type=int_, default=2, metavar="N")
+    g.add_argument("--dry-penalty-last-n", type=_number(int, -1, what="count"), default=-1, metavar="N")
+    g.add_argument("--dry-sequence-breaker", action="append", default=None, metavar="STR")
+    g.add_argument("--dynatemp-range", type=float_, default=0.0, metavar="X")
+    g.add_argument("--dynatemp-exp", type=float_, default=1.0, metavar="X")
+    g.add_argument("--mirostat", type=_number(int, 0, 2, what="mirostat mode"), default=0, metavar="N")
+    g.add_argument("--mirostat-lr", type=float_, default=0.1, metavar="ETA")
+    g.add_argument("--mirostat-ent", type=float_, default=5.0, metavar="TAU")
+    g.add_argument(
+        "-l", "--logit-bias", type=_logit_bias, action="append", default=[], metavar="TOKEN(+/-)BIAS"
+    )
+
+
+def add_generation_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("generation")
+    g.add_argument("-n", "--n-predict", "--predict", type=_number(int, -1, what="count"), default=-1, metavar="N",
+                   help="tokens to generate (-1 = until the end of generation)")  # fmt: skip
+    g.add_argument("-r", "--reverse-prompt", action="append", default=[], metavar="TEXT", help="stop at TEXT")
+    g.add_argument("-sp", "--special", action="store_true", help="print special tokens")
+
+
+# ---------------------------------------------------------------------------------------------------
+# from flags to objects
+
+
+def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling flags as llama.cpp's ``common_params_sampling`` field names."""
+    kw: dict[str, Any] = dict(
+        seed=args.seed,
+        temp=args.temp,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        top_n_sigma=args.top_nsigma,
+        xtc_probability=args.xtc_probability,
+        xtc_threshold=args.xtc_threshold,
+        typ_p=args.typical,
+        penalty_last_n=args.repeat_last_n,
+        penalty_repeat=args.repeat_penalty,
+        penalty_freq=args.frequency_penalty,
+        penalty_present=args.presence_penalty,
+        dry_multiplier=args.dry_multiplier,
+        dry_base=args.dry_base,
+        dry_allowed_length=args.dry_allowed_length,
+        dry_penalty_last_n=args.dry_penalty_last_n,
+        dynatemp_range=args.dynatemp_range,
+        dynatemp_exponent=args.dynatemp_exp,
+        mirostat=args.mirostat,
+        mirostat_tau=args.mirostat_ent,
+        mirostat_eta=args.mirostat_lr,
+        ignore_eos=args.ignore_eos,
+        logit_bias=dict(args.logit_bias),
+    )
+    if args.dry_sequence_breaker is not None:
+        kw["dry_sequence_breakers"] = (
+            [] if args.dry_sequence_breaker == ["none"] else args.dry_sequence_breaker
+        )
+    if args.samplers is not None:
+        kw["samplers"] = [s for s in args.samplers.replace(",", ";").split(";") if s]
+    elif args.sampling_seq is not None:
+        kw["samplers"] = args.sampling_seq
+    return kw
+
+
+def llama_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """Model/context flags as :class:`llamapy.api.Llama` constructor arguments."""
+    return dict(
+        n_ctx=args.ctx_size,
+        n_batch=args.batch_size,
+        n_ubatch=args.ubatch_size,
+        n_threads=None if args.threads <= 0 else args.threads,
+        n_gpu_layers=args.n_gpu_layers,
+        use_mmap=args.use_mmap,
+        use_mlock=args.mlock,
+        type_k=args.cache_type_k,
+        type_v=args.cache_type_v,
+        flash_attn=args.flash_attn,
+        context_shift=args.context_shift,
+        seed=args.seed,
+        verbose=args.verbose,
+    )
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def load_llama(args: argparse.Namespace) -> Any:
+    """Resolve ``-m`` (path, known name, or the default model) and load it as a ``Llama``."""
+    from .. import hub
+    from ..api import Llama
+
+    path = hub.resolve_model(args.model)
+    t0 = time.perf_counter()
+    kw = llama_kwargs(args)
+    kw["verbose"] = False  # the one-line summary below instead
+    llm = Llama(str(path), **kw)
+    m = llm.model
+    log(
+        f"llamapy: loaded {path.name} ({m.desc}, {m.size / 2**20:.0f} MiB) in {time.perf_counter() - t0:.2f} s, "
+        f"n_ctx = {llm.n_ctx()}"
+    )
+    return llm

@@ -1,0 +1,131 @@
+"""``llamapy run``: complete a prompt, streaming only the generated text to stdout.
+
+Logs, load progress and timings go to stderr (``--verbose`` for more), so ``llamapy run -p ... > out``
+captures exactly the generated text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from .common import add_generation_args, add_model_args, add_sampling_args, log
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="complete a prompt (streams the generated text to stdout)",
+        description="Complete a prompt with a GGUF model; only the generated text goes to stdout.",
+        allow_abbrev=False,
+    )
+    g = p.add_argument_group("prompt")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("-p", "--prompt", metavar="PROMPT", help="the prompt")
+    src.add_argument("-f", "--file", metavar="FNAME", help="read the prompt from a file ('-' = stdin)")
+    add_generation_args(p)
+    add_model_args(p)
+    add_sampling_args(p)
+    p.set_defaults(func=run, _parser=p)
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    if args.file == "-" or (args.file is None and not sys.stdin.isatty()):
+        if hasattr(sys.stdin, "reconfigure"):
+            sys.stdin.reconfigure(errors="replace")
+        return sys.stdin.read()
+    if args.file is not None:
+        with open(args.file, "rb") as f:
+            data = f.read()
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            from ..errors import LlamapyError
+
+            raise LlamapyError(
+                f"{args.file}: not UTF-8 text (byte {e.start}: {data[e.start : e.start + 1]!r})"
+            ) from None
+    args._parser.error("give a prompt with -p PROMPT or -f FILE (or on stdin)")
+    raise AssertionError  # unreachable: error() exits
+
+
+def build_sampler(llm: Any, args: argparse.Namespace) -> Any:
+    from ..sampling import SamplingParams, build_chain, sampler_chars
+    from .common import sampling_kwargs
+
+    kw = sampling_kwargs(args)
+    if isinstance(kw.get("samplers"), str):  # --sampling-seq letters
+        kw["samplers"] = sampler_chars(kw["samplers"])
+    if kw["seed"] < 0:
+        kw["seed"] = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
+    params = SamplingParams(**kw)
+    chain = build_chain(params, n_vocab=llm.n_vocab(), vocab=llm.vocab, n_ctx=llm.n_ctx())
+    if args.verbose:
+        log(f"llamapy: sampling params:\n{params.print()}")
+        log(f"llamapy: sampler chain: {chain.describe()}")
+    return chain
+
+
+def write_out(text: str) -> None:
+    out = sys.stdout
+    buf = getattr(out, "buffer", None)
+    if buf is not None:
+        out.flush()
+        buf.write(text.encode("utf-8"))
+        buf.flush()
+    else:
+        out.write(text)
+        out.flush()
+
+
+def keep_tokens(args: argparse.Namespace, prompt: list[int], vocab: Any) -> int:
+    """llama.cpp's ``--keep``: -1 = the whole prompt, else N prompt tokens (plus the BOS)."""
+    if args.keep < 0 or args.keep > len(prompt):
+        return len(prompt)
+    has_bos = bool(prompt) and prompt[0] == vocab.bos and vocab.bos >= 0
+    return args.keep + int(has_bos)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..generation import GenerationParams, generate
+    from .common import load_llama
+
+    text = read_prompt(args)
+    llm = load_llama(args)
+    seq = llm._need_ctx()
+    prompt = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+    seq.n_keep = keep_tokens(args, prompt, llm.vocab)
+    if args.verbose:
+        log(f"llamapy: prompt has {len(prompt)} tokens: {prompt[:32]}{' ...' if len(prompt) > 32 else ''}")
+    chain = build_sampler(llm, args)
+    for t in prompt:
+        chain.accept(t)
+    params = GenerationParams(max_tokens=args.n_predict, stop=args.reverse_prompt, ignore_eos=args.ignore_eos,
+                              special=args.special)  # fmt: skip
+    t0 = time.perf_counter()
+    t_first = None
+    n_gen = 0
+    finish = None
+    for step in generate(seq, chain.sample, llm.vocab, prompt, params, accept=chain.accept):
+        if t_first is None:
+            t_first = time.perf_counter()
+        if step.token is not None:
+            n_gen += 1
+        if step.text:
+            write_out(step.text)
+        finish = step.finish_reason or finish
+    t1 = time.perf_counter()
+    if sys.stdout.isatty():
+        write_out("\n")
+    t_first = t_first or t1
+    n_eval = max(n_gen - 1, 0)
+    log(
+        f"llamapy: prompt {len(prompt)} tokens in {t_first - t0:.2f} s "
+        f"({len(prompt) / max(t_first - t0, 1e-9):.1f} t/s), generated {n_gen} tokens in {t1 - t_first:.2f} s "
+        f"({n_eval / max(t1 - t_first, 1e-9):.1f} t/s), stop: {finish}"
+    )
+    return 0
