@@ -556,12 +556,26 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     KV, Hkv, _ = k.shape
     Dv = v.shape[2]
     g = H // Hkv
-    Kf, kconv = _kv_converter(be, k, arrays[id(k)], "fa_k")
-    Vf, vconv = _kv_converter(be, v, arrays[id(v)], "fa_v")
     p = node.params
     scale, cap = np.float32(p["scale"]), np.float32(p["logit_softcap"])
+    small = (
+        T <= ATTN_SMALL_MAX_TOKENS and Q.dtype == np.float32 and (mask is None or mask.dtype == np.float32)
+    )
+    if small and k.type == GGMLType.F16 and v.type == GGMLType.F16:
+        # decode over an F16 cache: read the half bits in place, only the unmasked keys (no conversion step)
+        mk, ok = _kernels()
+        kern16 = ok.attn_small_f16
+        be.need(kern16)
+        K16, V16 = arrays[id(k)].view(np.uint16), arrays[id(v)].view(np.uint16)
+        has_mask = mask is not None
+        mk16 = mask if has_mask else np.zeros((1, 1), np.float32)
+        sl16 = alibi_slopes(H, p["max_bias"])
+        f16 = mk.F16_TABLE
+        return lambda: kern16(Q, K16, V16, mk16, has_mask, scale, cap, sl16, f16, out)
+    Kf, kconv = _kv_converter(be, k, arrays[id(k)], "fa_k")
+    Vf, vconv = _kv_converter(be, v, arrays[id(v)], "fa_v")
     slopes = alibi_slopes(H, p["max_bias"]).reshape(Hkv, g, 1, 1) if p["max_bias"] > 0 else None
-    if T <= ATTN_SMALL_MAX_TOKENS and Q.dtype == np.float32 and (mask is None or mask.dtype == np.float32):
+    if small:
         _, ok = _kernels()
         kern = ok.attn_small
         be.need(kern)

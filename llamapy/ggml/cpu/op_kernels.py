@@ -176,3 +176,55 @@ def attn_small(q, k, v, mask, has_mask, scale, cap, slopes, out):
             inv = _F1 / ssum
             for i in range(Dv):
                 out[t, h, i] = acc[i] * inv
+
+
+@njit(cache=True, fastmath=True)
+def attn_small_f16(q, k, v, mask, has_mask, scale, cap, slopes, f16, out):
+    """``attn_small`` over an F16 KV cache read in place: ``k``/``v`` are the cache views as
+    ``uint16`` (half bits, any strides) and ``f16`` the half -> float table. Only unmasked keys are
+    read and converted, so a decode step never converts the whole (padded) cache to float32."""
+    T, H, D = q.shape
+    KV, Hkv, _ = k.shape
+    Dv = v.shape[2]
+    g = H // Hkv
+    s = np.empty(KV, np.float32)
+    acc = np.empty(Dv, np.float32)
+    kf = np.empty(D, np.float32)
+    ninf = np.float32(-np.inf)
+    for t in range(T):
+        for h in range(H):
+            kh = h // g
+            mx = ninf
+            for j in range(KV):
+                if has_mask and mask[t, j] == ninf:
+                    s[j] = ninf
+                    continue
+                for i in range(D):
+                    kf[i] = f16[k[j, kh, i]]
+                d = _F0
+                for i in range(D):
+                    d += q[t, h, i] * kf[i]
+                d *= scale
+                if cap != _F0:
+                    d = cap * np.tanh(d / cap)
+                if has_mask:
+                    d += slopes[h] * mask[t, j]
+                s[j] = d
+                mx = max(mx, d)
+            if mx == ninf:
+                for i in range(Dv):
+                    out[t, h, i] = _F0
+                continue
+            for i in range(Dv):
+                acc[i] = _F0
+            ssum = _F0
+            for j in range(KV):
+                if s[j] == ninf:
+                    continue
+                p = np.exp(s[j] - mx)
+                ssum += p
+                for i in range(Dv):
+                    acc[i] += p * f16[v[j, kh, i]]
+            inv = _F1 / ssum
+            for i in range(Dv):
+                out[t, h, i] = acc[i] * inv

@@ -1,0 +1,268 @@
+"""Batches of tokens (or embeddings) for ``Context.decode``, their validation, and their split into
+ubatches (llama.cpp's ``llama_batch`` and ``llama_batch_allocr``).
+
+``Batch`` fields: ``token`` (or ``embd``), ``pos``, ``seq_id`` (a list of sequence ids per token) and
+``logits`` (output flags). ``pos``, ``seq_id`` and ``logits`` may be left ``None``: positions then
+continue each sequence in the KV cache, every token goes to sequence 0, and only the last token
+produces an output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import LlamapyError
+
+
+class BatchError(LlamapyError):
+    """A batch is invalid (empty, token out of range, bad sequence id or position, too large)."""
+
+
+@dataclass
+class Batch:
+    token: np.ndarray | None = None  # int32[n]
+    embd: np.ndarray | None = None  # float32[n, n_embd]
+    pos: np.ndarray | None = None  # int32[n]
+    seq_id: list[list[int]] | None = None
+    logits: list[bool] | np.ndarray | None = None
+
+    @classmethod
+    def from_tokens(
+        cls,
+        tokens: Sequence[int] | np.ndarray,
+        pos0: int | None = None,
+        seq_id: int = 0,
+        logits_all: bool = False,
+    ) -> Batch:
+        """One sequence of tokens; positions from ``pos0`` (None: continue the sequence in the cache);
+        output on the last token (every token with ``logits_all``)."""
+        tok = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        n = len(tok)
+        pos = None if pos0 is None else np.arange(pos0, pos0 + n, dtype=np.int32)
+        out = [logits_all] * n
+        if n and not logits_all:
+            out[-1] = True
+        return cls(token=tok, pos=pos, seq_id=[[seq_id] for _ in range(n)], logits=out)
+
+    @classmethod
+    def from_embd(
+        cls, embd: np.ndarray, pos0: int | None = None, seq_id: int = 0, logits_all: bool = False
+    ) -> Batch:
+        e = np.asarray(embd, dtype=np.float32)
+        if e.ndim != 2:
+            raise BatchError(f"embeddings must be [n_tokens, n_embd], got shape {e.shape}")
+        n = e.shape[0]
+        pos = None if pos0 is None else np.arange(pos0, pos0 + n, dtype=np.int32)
+        out = [logits_all] * n
+        if n and not logits_all:
+            out[-1] = True
+        return cls(embd=e, pos=pos, seq_id=[[seq_id] for _ in range(n)], logits=out)
+
+    @property
+    def n_tokens(self) -> int:
+        if self.token is not None:
+            return len(self.token)
+        return 0 if self.embd is None else len(self.embd)
+
+    def add(self, token: int, pos: int, seq_ids: Sequence[int], logits: bool) -> None:
+        """Append one token (like ``common_batch_add``)."""
+        if self.embd is not None:
+            raise BatchError("cannot add a token to an embeddings batch")
+        self.token = np.append(self.token if self.token is not None else np.zeros(0, np.int64), int(token))
+        self.pos = np.append(self.pos if self.pos is not None else np.zeros(0, np.int32), int(pos)).astype(
+            np.int32
+        )
+        self.seq_id = (self.seq_id or []) + [list(seq_ids)]
+        self.logits = list(self.logits if self.logits is not None else []) + [bool(logits)]
+
+
+@dataclass
+class UBatch:
+    """A slice of a validated batch computed in one graph; ``idx`` are the batch indices it holds."""
+
+    idx: np.ndarray  # int64[T], indices into the batch
+    token: np.ndarray | None  # int32[T]
+    embd: np.ndarray | None  # float32[T, n_embd]
+    pos: np.ndarray  # int32[T]
+    seq_first: np.ndarray  # int32[T] (first sequence of each token)
+    seq_bits: np.ndarray  # uint64[T]
+    output: np.ndarray  # bool[T]
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.idx)
+
+    @property
+    def n_outputs(self) -> int:
+        return int(self.output.sum())
+
+
+@dataclass
+class AllocatedBatch:
+    """A validated batch with every field filled in."""
+
+    token: np.ndarray | None
+    embd: np.ndarray | None
+    pos: np.ndarray
+    seq_id: list[list[int]]
+    seq_first: np.ndarray
+    seq_bits: np.ndarray
+    output: np.ndarray
+    out_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # batch index -> output row
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.pos)
+
+    @property
+    def n_outputs(self) -> int:
+        return int(self.output.sum())
+
+    def ubatch(self, idx: np.ndarray) -> UBatch:
+        idx = np.asarray(idx, dtype=np.int64)
+        return UBatch(
+            idx=idx,
+            token=None if self.token is None else self.token[idx],
+            embd=None if self.embd is None else self.embd[idx],
+            pos=self.pos[idx],
+            seq_first=self.seq_first[idx],
+            seq_bits=self.seq_bits[idx],
+            output=self.output[idx],
+        )
+
+    # -- splits ---------------------------------------------------------------------------------------
+    def split_simple(self, n_ubatch: int) -> list[UBatch]:
+        """Consecutive chunks of at most ``n_ubatch`` tokens."""
+        n = self.n_tokens
+        return [self.ubatch(np.arange(i, min(n, i + n_ubatch))) for i in range(0, n, n_ubatch)]
+
+    def split_seq(self, n_ubatch: int) -> list[UBatch]:
+        """Each ubatch holds tokens of one sequence set only (for pooled embeddings), at most n_ubatch."""
+        out: list[UBatch] = []
+        for bits in dict.fromkeys(self.seq_bits.tolist()):
+            sel = np.flatnonzero(self.seq_bits == np.uint64(bits))
+            out += [self.ubatch(sel[i : i + n_ubatch]) for i in range(0, len(sel), n_ubatch)]
+        return out
+
+    def split_equal(self, n_ubatch: int) -> list[UBatch]:
+        """Each ubatch takes the same number of tokens from every sequence set still pending."""
+        groups = [
+            np.flatnonzero(self.seq_bits == np.uint64(b)) for b in dict.fromkeys(self.seq_bits.tolist())
+        ]
+        heads = [0] * len(groups)
+        out: list[UBatch] = []
+        while True:
+            live = [i for i, g in enumerate(groups) if heads[i] < len(g)]
+            if not live:
+                return out
+            live = live[: max(1, n_ubatch)]
+            per = max(1, min(min(len(groups[i]) - heads[i] for i in live), n_ubatch // len(live)))
+            idx = np.concatenate([groups[i][heads[i] : heads[i] + per] for i in live])
+            for i in live:
+                heads[i] += per
+            out.append(self.ubatch(np.sort(idx)))
+
+
+def allocate(
+    batch: Batch,
+    n_vocab: int,
+    n_embd: int,
+    n_seq_max: int,
+    n_batch: int,
+    seq_pos_max: Callable[[int], int],
+    output_all: bool = False,
+) -> AllocatedBatch:
+    """Validate ``batch`` and fill what is missing (llama.cpp's ``llama_batch_allocr::init``)."""
+    if batch.token is not None and batch.embd is not None:
+        raise BatchError("a batch holds either tokens or embeddings, not both")
+    n = batch.n_tokens
+    if n == 0:
+        raise BatchError("the batch is empty (n_tokens = 0)")
+    if n > n_batch:
+        raise BatchError(
+            f"the batch has {n} tokens, more than n_batch = {n_batch} (raise n_batch or split the batch)"
+        )
+    token = embd = None
+    if batch.token is not None:
+        tok = np.asarray(batch.token)
+        if tok.ndim != 1 or tok.dtype.kind not in "iu":
+            raise BatchError(f"batch.token must be a 1-D integer array, got {tok.dtype} of shape {tok.shape}")
+        bad = np.flatnonzero((tok < 0) | (tok >= n_vocab))
+        if len(bad):
+            i = int(bad[0])
+            raise BatchError(
+                f"batch.token[{i}] = {int(tok[i])} is not a valid token id (n_vocab = {n_vocab})"
+            )
+        token = tok.astype(np.int32)
+    else:
+        embd = np.asarray(batch.embd, dtype=np.float32)
+        if embd.ndim != 2 or embd.shape[1] != n_embd:
+            raise BatchError(f"batch.embd must be [n_tokens, {n_embd}], got shape {embd.shape}")
+        if not np.isfinite(embd).all():
+            raise BatchError("batch.embd holds NaN or infinite values")
+    # sequences
+    if batch.seq_id is None:
+        seq_id = [[0] for _ in range(n)]
+    else:
+        if len(batch.seq_id) != n:
+            raise BatchError(f"batch.seq_id has {len(batch.seq_id)} entries for {n} tokens")
+        seq_id = []
+        for i, ss in enumerate(batch.seq_id):
+            ss = [ss] if isinstance(ss, (int, np.integer)) else list(ss)
+            if not ss:
+                raise BatchError(f"batch.seq_id[{i}] is empty: every token needs a sequence id")
+            for s in ss:
+                if not isinstance(s, (int, np.integer)) or not 0 <= s < n_seq_max:
+                    raise BatchError(
+                        f"batch.seq_id[{i}] holds {s!r}, not in 0..{n_seq_max - 1} (n_seq_max = {n_seq_max})"
+                    )
+            seq_id.append([int(s) for s in ss])
+    seq_first = np.array([ss[0] for ss in seq_id], dtype=np.int32)
+    seq_bits = np.array([sum(1 << s for s in set(ss)) for ss in seq_id], dtype=np.uint64)
+    used_seqs = sorted({s for ss in seq_id for s in ss})
+    # positions
+    if batch.pos is None:
+        pos = np.zeros(n, dtype=np.int32)
+        nxt = {s: seq_pos_max(s) + 1 for s in used_seqs}
+        for i, ss in enumerate(seq_id):
+            p = nxt[ss[0]]
+            pos[i] = p
+            for s in ss:
+                nxt[s] = p + 1
+    else:
+        pos = np.asarray(batch.pos)
+        if pos.shape != (n,) or pos.dtype.kind not in "iu":
+            raise BatchError(f"batch.pos must be {n} integers, got {pos.dtype} of shape {pos.shape}")
+        if (pos < 0).any():
+            i = int(np.flatnonzero(pos < 0)[0])
+            raise BatchError(f"batch.pos[{i}] = {int(pos[i])} is negative")
+        pos = pos.astype(np.int32)
+        for s in used_seqs:
+            sel = np.array([s in ss for ss in seq_id])
+            ps = pos[sel]
+            last = seq_pos_max(s)
+            if last >= 0 and int(ps.min()) != last + 1:
+                raise BatchError(
+                    f"sequence {s}: the batch starts at position {int(ps.min())} but the KV cache ends at {last}; "
+                    f"positions must continue the sequence (expected {last + 1})"
+                )
+            if len(np.unique(ps)) != len(ps) or int(ps.max()) - int(ps.min()) + 1 != len(ps):
+                raise BatchError(
+                    f"sequence {s}: positions in the batch are not consecutive: {ps[:16].tolist()}..."
+                )
+    # outputs
+    if output_all:
+        output = np.ones(n, dtype=bool)
+    elif batch.logits is None:
+        output = np.zeros(n, dtype=bool)
+        output[-1] = True
+    else:
+        output = np.asarray(batch.logits, dtype=bool).reshape(-1)
+        if len(output) != n:
+            raise BatchError(f"batch.logits has {len(output)} flags for {n} tokens")
+    out_rows = np.full(n, -1, dtype=np.int64)
+    out_rows[output] = np.arange(int(output.sum()))
+    return AllocatedBatch(token, embd, pos, seq_id, seq_first, seq_bits, output, out_rows)

@@ -1,0 +1,217 @@
+"""``llamapy bench``: llama-bench's tests and output.
+
+pp<N>: one batch of N prompt tokens into an empty cache; tg<N>: N single-token decodes from an empty
+cache. Each test runs once as warm-up and then ``-r`` times; tokens/s per sample, their mean and
+standard deviation are reported as a Markdown table or JSON records with llama-bench's field names.
+``--profile`` adds where the time of generated tokens goes (cProfile of one tg run, by function).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+
+def _cpu_info() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _tokens(model: Any, n: int, rng: np.random.Generator) -> np.ndarray:
+    toks = rng.integers(0, model.n_vocab, size=n)
+    v = model.vocab
+    if v is not None and v.add_bos and v.bos >= 0 and n:
+        toks[0] = v.bos
+    return toks
+
+
+def run_test(ctx: Any, model: Any, n_prompt: int, n_gen: int, reps: int, seed: int = 1) -> list[float]:
+    """Seconds per repetition (after one warm-up run)."""
+    from ..batch import Batch
+
+    rng = np.random.default_rng(seed)
+    times = []
+    for r in range(reps + 1):
+        ctx.memory.clear()
+        t0 = time.perf_counter()
+        if n_prompt:
+            toks = _tokens(model, n_prompt, rng)
+            for i in range(0, n_prompt, ctx.n_batch):
+                ctx.decode(Batch.from_tokens(toks[i : i + ctx.n_batch], pos0=i))
+        if n_gen:
+            tok = _tokens(model, 1, rng)
+            for i in range(n_gen if r else 1):
+                ctx.decode(Batch.from_tokens(tok, pos0=n_prompt + i))
+                tok = rng.integers(0, model.n_vocab, size=1)
+        dt = time.perf_counter() - t0
+        if r:
+            times.append(dt)
+    return times
+
+
+def bench(
+    model_path: str,
+    n_prompt: list[int],
+    n_gen: list[int],
+    reps: int = 5,
+    n_threads: int | None = None,
+    n_batch: int = 2048,
+    n_ubatch: int = 512,
+    type_k: str = "f16",
+    type_v: str = "f16",
+) -> list[dict[str, Any]]:
+    from .._numba import set_num_threads
+    from ..context import Context, ContextParams
+    from ..model import Model
+
+    model = Model.load(model_path)
+    threads = set_num_threads(n_threads)
+    tests = [(p, 0) for p in n_prompt if p > 0] + [(0, g) for g in n_gen if g > 0]
+    records = []
+    for p, g in tests:
+        n_ctx = max(256, p + g)
+        ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=threads,
+                                           type_k=type_k, type_v=type_v))  # fmt: skip
+        secs = run_test(ctx, model, p, g, reps)
+        n_tok = p + g
+        samples_ts = [n_tok / s for s in secs]
+        samples_ns = [int(s * 1e9) for s in secs]
+        records.append({
+            "build_commit": "llamapy",
+            "build_number": 0,
+            "cpu_info": _cpu_info(),
+            "gpu_info": "",
+            "backends": "CPU",
+            "model_filename": os.path.abspath(model_path),
+            "model_type": model.desc,
+            "model_size": model.size,
+            "model_n_params": model.n_params,
+            "n_batch": n_batch,
+            "n_ubatch": n_ubatch,
+            "n_threads": threads,
+            "type_k": type_k,
+            "type_v": type_v,
+            "n_gpu_layers": 0,
+            "flash_attn": True,
+            "test_time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "n_prompt": p,
+            "n_gen": g,
+            "avg_ns": int(statistics.mean(samples_ns)),
+            "stddev_ns": int(statistics.stdev(samples_ns)) if len(samples_ns) > 1 else 0,
+            "avg_ts": statistics.mean(samples_ts),
+            "stddev_ts": statistics.stdev(samples_ts) if len(samples_ts) > 1 else 0.0,
+            "samples_ns": samples_ns,
+            "samples_ts": samples_ts,
+        })  # fmt: skip
+    return records
+
+
+def markdown(records: list[dict[str, Any]]) -> str:
+    head = "| model | size | params | backend | threads | test | t/s |"
+    lines = [
+        head,
+        "| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |",
+    ]
+    for r in records:
+        test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+        if r["n_prompt"] and r["n_gen"]:
+            test = f"pp{r['n_prompt']}+tg{r['n_gen']}"
+        size = f"{r['model_size'] / 2**20:.2f} MiB"
+        params = f"{r['model_n_params'] / 1e6:.2f} M"
+        ts = f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}"
+        lines.append(
+            f"| {r['model_type']} | {size} | {params} | {r['backends']} | {r['n_threads']} | {test} | {ts} |"
+        )
+    return "\n".join(lines)
+
+
+def profile_tg(model_path: str, n_gen: int, n_threads: int | None, top: int = 25) -> str:
+    """cProfile of ``n_gen`` generated tokens, sorted by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    from ..context import Context, ContextParams
+    from ..model import Model
+
+    model = Model.load(model_path)
+    ctx = Context(model, ContextParams(n_ctx=max(256, n_gen), n_threads=n_threads))
+    run_test(ctx, model, 0, 2, 1)  # compile kernels and build the graph first
+    prof = cProfile.Profile()
+    prof.enable()
+    secs = run_test(ctx, model, 0, n_gen, 1)
+    prof.disable()
+    out = io.StringIO()
+    out.write(f"tg{n_gen}: {n_gen / secs[0]:.2f} t/s ({1e3 * secs[0] / n_gen:.2f} ms/token)\n")
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def _int_list(s: str) -> list[int]:
+    try:
+        vals = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a comma-separated list of integers") from None
+    if any(v < 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"{s!r}: values must be >= 0")
+    return vals
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="prompt and generation speed, like llama-bench")
+    p.add_argument("-m", "--model", required=True, help="GGUF model file (or a known model name)")
+    p.add_argument(
+        "-p", "--n-prompt", type=_int_list, default=[512], help="prompt tokens (comma list; default 512)"
+    )
+    p.add_argument(
+        "-n", "--n-gen", type=_int_list, default=[128], help="generated tokens (comma list; default 128)"
+    )
+    p.add_argument("-r", "--repetitions", type=int, default=5, help="repetitions per test (default 5)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: all cores)")
+    p.add_argument("-b", "--batch-size", type=int, default=2048)
+    p.add_argument("-ub", "--ubatch-size", type=int, default=512)
+    p.add_argument("-ctk", "--cache-type-k", default="f16")
+    p.add_argument("-ctv", "--cache-type-v", default="f16")
+    p.add_argument("-o", "--output", choices=("md", "json", "jsonl"), default="md")
+    p.add_argument("--profile", action="store_true", help="also profile a tg run (time by function)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import LlamapyError
+    from .perplexity import _resolve_model
+
+    if args.repetitions < 1:
+        raise LlamapyError(f"-r {args.repetitions}: at least one repetition is needed")
+    path = _resolve_model(args.model)
+    recs = bench(path, args.n_prompt, args.n_gen, args.repetitions, args.threads, args.batch_size,
+                 args.ubatch_size, args.cache_type_k, args.cache_type_v)  # fmt: skip
+    if args.output == "json":
+        print(json.dumps(recs, indent=2))
+    elif args.output == "jsonl":
+        for r in recs:
+            print(json.dumps(r))
+    else:
+        print(markdown(recs))
+    if args.profile:
+        n = max(args.n_gen or [32])
+        print(profile_tg(path, n, args.threads), file=sys.stderr)
+    if any(not math.isfinite(r["avg_ts"]) for r in recs):
+        return 1
+    return 0

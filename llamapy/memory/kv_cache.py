@@ -1,0 +1,315 @@
+"""The KV cache: per-layer K and V buffers over ``n_cells`` cells, and the cells' bookkeeping.
+
+A cell holds one token's keys/values for every layer of the cache; it carries a position and a set of
+sequence ids (a bit mask, so a cell can be shared by several sequences after ``seq_cp``). The buffers
+are ggml ``buffer`` tensors (types F16, F32, Q8_0, Q4_0) that the graphs write with ``set_rows`` and
+read through views of the first ``n_kv`` cells.
+
+A sliding-window cache (``n_swa > 0``) treats cells whose position has left every query's window as
+free, so a local-attention layer never needs more than ``n_swa * n_seq + n_ubatch`` cells.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import LlamapyError
+from ..ggml import ops
+from ..ggml.tensor import Tensor
+from ..ggml.types import GGMLType, row_size
+
+MAX_SEQ = 64  # sequence ids are bits of a uint64
+N_PAD = 256  # n_kv is padded to a multiple of this so graph shapes repeat between decode steps
+KV_TYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
+
+
+class ContextFullError(LlamapyError):
+    """The KV cache has no free cells for a ubatch (the context is full)."""
+
+
+class StateError(LlamapyError):
+    """Saved sequence state does not fit this context (other model, layout or size)."""
+
+
+def kv_type(name: str | GGMLType) -> GGMLType:
+    if isinstance(name, GGMLType):
+        t = name
+    else:
+        t = KV_TYPES.get(str(name).lower())
+        if t is None:
+            raise LlamapyError(f"KV cache type {name!r} is not supported (use one of {', '.join(KV_TYPES)})")
+    if t not in KV_TYPES.values():
+        raise LlamapyError(f"KV cache type {t.name} is not supported (use one of {', '.join(KV_TYPES)})")
+    return t
+
+
+def pad_to(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+@dataclass
+class LayerShape:
+    il: int
+    n_embd_k: int  # n_head_kv * head_dim_k
+    n_embd_v: int
+
+
+class KVCache:
+    """Cells plus per-layer buffers for the layers in ``layers``."""
+
+    def __init__(
+        self,
+        layers: Sequence[LayerShape],
+        n_cells: int,
+        type_k: GGMLType,
+        type_v: GGMLType,
+        n_seq_max: int = 1,
+        n_swa: int = 0,
+        causal: bool = True,
+        name: str = "kv",
+    ) -> None:
+        if n_cells <= 0:
+            raise LlamapyError(f"{name}: a KV cache needs at least one cell, got {n_cells}")
+        if not 1 <= n_seq_max <= MAX_SEQ:
+            raise LlamapyError(f"n_seq_max = {n_seq_max} must be in 1..{MAX_SEQ}")
+        self.name = name
+        self.n_cells = n_cells
+        self.n_seq_max = n_seq_max
+        self.n_swa = n_swa
+        self.causal = causal
+        self.type_k, self.type_v = type_k, type_v
+        self.layers = list(layers)
+        self.k: dict[int, Tensor] = {}
+        self.v: dict[int, Tensor] = {}
+        for ls in self.layers:
+            for what, t, n in (("k", type_k, ls.n_embd_k), ("v", type_v, ls.n_embd_v)):
+                if n % 32 and t in (GGMLType.Q8_0, GGMLType.Q4_0):
+                    raise LlamapyError(
+                        f"layer {ls.il}: {what} row of {n} values cannot use {t.name} (blocks of 32)"
+                    )
+                buf = ops.buffer(f"cache_{what}_l{ls.il}", t, (n_cells, n))
+                (self.k if what == "k" else self.v)[ls.il] = buf
+        self.pos = np.full(n_cells, -1, dtype=np.int64)
+        self.seq = np.zeros(n_cells, dtype=np.uint64)
+        self.shift = np.zeros(n_cells, dtype=np.int64)
+        self.has_shift = False
+
+    # -- bookkeeping ----------------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.k.values()) + sum(t.nbytes for t in self.v.values())
+
+    def used(self) -> int:
+        return int(np.count_nonzero(self.seq))
+
+    def _bit(self, seq_id: int) -> np.uint64:
+        if not 0 <= seq_id < self.n_seq_max:
+            raise LlamapyError(
+                f"seq_id {seq_id} is out of range 0..{self.n_seq_max - 1} (n_seq_max = {self.n_seq_max})"
+            )
+        return np.uint64(1 << seq_id)
+
+    def _seq_cells(self, seq_id: int, p0: int, p1: int) -> np.ndarray:
+        """Cells of ``seq_id`` (-1: any sequence) with position in [p0, p1) (negative bounds: open)."""
+        p0 = 0 if p0 is None or p0 < 0 else p0
+        p1 = np.iinfo(np.int64).max if p1 is None or p1 < 0 else p1
+        sel = (self.pos >= p0) & (self.pos < p1)
+        if seq_id < 0:
+            return sel & (self.seq != 0)
+        return sel & ((self.seq & self._bit(seq_id)) != 0)
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        return self.pos.copy(), self.seq.copy(), self.shift.copy(), self.has_shift
+
+    def restore(self, snap: tuple[np.ndarray, np.ndarray, np.ndarray, bool]) -> None:
+        self.pos, self.seq, self.shift, self.has_shift = (
+            snap[0].copy(),
+            snap[1].copy(),
+            snap[2].copy(),
+            snap[3],
+        )
+
+    def clear(self) -> None:
+        self.pos[:] = -1
+        self.seq[:] = 0
+        self.shift[:] = 0
+        self.has_shift = False
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        sel = self._seq_cells(seq_id, -1, -1)
+        return int(self.pos[sel].min()) if sel.any() else -1
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        sel = self._seq_cells(seq_id, -1, -1)
+        return int(self.pos[sel].max()) if sel.any() else -1
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        sel = self._seq_cells(seq_id, p0, p1)
+        if seq_id < 0:
+            self.seq[sel] = 0
+        else:
+            self.seq[sel] &= ~self._bit(seq_id)
+        self.pos[self.seq == 0] = -1
+        self.shift[self.seq == 0] = 0
+        return True
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        if src == dst:
+            return
+        sel = self._seq_cells(src, p0, p1)
+        self.seq[sel] |= self._bit(dst)
+
+    def seq_keep(self, seq_id: int) -> None:
+        bit = self._bit(seq_id)
+        keep = (self.seq & bit) != 0
+        self.seq[keep] = bit
+        self.seq[~keep] = 0
+        self.pos[~keep] = -1
+        self.shift[~keep] = 0
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Shift positions of ``seq_id`` in [p0, p1) by ``delta``; cells pushed below 0 are freed."""
+        if delta == 0:
+            return
+        sel = self._seq_cells(seq_id, p0, p1)
+        self.pos[sel] += delta
+        self.shift[sel] += delta
+        gone = sel & (self.pos < 0)
+        self.seq[gone] = 0
+        self.pos[gone] = -1
+        self.shift[gone] = 0
+        self.has_shift = bool(np.any(self.shift != 0))
+
+    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+        if d == 1:
+            return
+        if d <= 0:
+            raise LlamapyError(f"seq_div: divisor {d} must be positive")
+        sel = self._seq_cells(seq_id, p0, p1)
+        new = self.pos[sel] // d
+        self.shift[sel] += new - self.pos[sel]
+        self.pos[sel] = new
+        self.has_shift = bool(np.any(self.shift != 0))
+
+    # -- placing a ubatch -----------------------------------------------------------------------------
+    def find_slot(self, pos: np.ndarray, seq_bits: np.ndarray) -> np.ndarray:
+        """Cells for ``len(pos)`` new tokens (lowest free first); raises ContextFullError."""
+        n = len(pos)
+        free = self.seq == 0
+        if self.n_swa > 0:
+            # a cell of one sequence whose position left the window of that sequence's next token
+            single = (self.seq != 0) & ((self.seq & (self.seq - np.uint64(1))) == 0)
+            if single.any():
+                for s in range(self.n_seq_max):
+                    bit = np.uint64(1 << s)
+                    mine = (self.seq & bit) != 0
+                    if not mine.any():
+                        continue
+                    nxt = int(self.pos[mine].max()) + 1
+                    free |= single & mine & (nxt - self.pos >= self.n_swa)
+        idx = np.flatnonzero(free)
+        if len(idx) < n:
+            raise ContextFullError(
+                f"the {self.name} cache is full: {n} tokens need cells, {len(idx)} of {self.n_cells} are free "
+                f"(raise n_ctx, or remove tokens with memory.seq_rm)"
+            )
+        return idx[:n].astype(np.int64)
+
+    def apply(self, idx: np.ndarray, pos: np.ndarray, seq_bits: np.ndarray) -> None:
+        self.pos[idx] = pos
+        self.seq[idx] = seq_bits
+        self.shift[idx] = 0
+
+    def n_kv(self) -> int:
+        """Cells the attention reads: up to the last used cell, padded to N_PAD (shapes repeat)."""
+        used = np.flatnonzero(self.seq)
+        last = int(used[-1]) + 1 if len(used) else 1
+        return min(self.n_cells, pad_to(last, N_PAD))
+
+    def mask(self, pos: np.ndarray, seq_first: np.ndarray, n_kv: int) -> np.ndarray:
+        """F32[T, n_kv]: 0 where token t may attend to cell j (same sequence, causal, in window), -inf else."""
+        cpos = self.pos[:n_kv][None, :]
+        cseq = self.seq[:n_kv][None, :]
+        bits = (np.uint64(1) << seq_first.astype(np.uint64))[:, None]
+        ok = (cseq & bits) != 0
+        p = pos[:, None]
+        if self.causal:
+            ok &= cpos <= p
+        if self.n_swa > 0:
+            ok &= p - cpos < self.n_swa
+        out = np.full(ok.shape, -np.inf, dtype=np.float32)
+        out[ok] = 0.0
+        return out
+
+    # -- state ----------------------------------------------------------------------------------------
+    def _rows(self, t: Tensor) -> np.ndarray:
+        return t.data.reshape(self.n_cells, row_size(t.type, t.shape[1]))
+
+    def state_write(self, seq_id: int) -> bytes:
+        """Cells of ``seq_id`` (or all when -1): count, positions, then K and V rows per layer."""
+        cells = np.flatnonzero(self._seq_cells(seq_id, -1, -1))
+        cells = cells[np.argsort(self.pos[cells], kind="stable")]
+        parts = [
+            struct.pack("<4sIIII", b"KVST", len(cells), len(self.layers), int(self.type_k), int(self.type_v))
+        ]
+        parts.append(self.pos[cells].astype("<i8").tobytes())
+        if seq_id < 0:
+            parts.append(self.seq[cells].astype("<u8").tobytes())
+        for ls in self.layers:
+            parts.append(struct.pack("<III", ls.il, ls.n_embd_k, ls.n_embd_v))
+            parts.append(self._rows(self.k[ls.il])[cells].tobytes())
+            parts.append(self._rows(self.v[ls.il])[cells].tobytes())
+        return b"".join(parts)
+
+    def state_read(self, data: bytes | memoryview, seq_id: int, offset: int = 0) -> int:
+        """Restore what ``state_write`` saved into ``seq_id`` (-1: the saved sequence sets); returns the new offset."""
+        mv = memoryview(data)
+        hdr = struct.calcsize("<4sIIII")
+        if len(mv) - offset < hdr:
+            raise StateError(f"{self.name} state at byte {offset}: truncated header")
+        magic, n, n_layers, tk, tv = struct.unpack_from("<4sIIII", mv, offset)
+        if magic != b"KVST":
+            raise StateError(f"{self.name} state at byte {offset}: bad magic {magic!r}")
+        if n_layers != len(self.layers) or tk != int(self.type_k) or tv != int(self.type_v):
+            raise StateError(
+                f"{self.name} state at byte {offset}: saved {n_layers} layers with K/V types {tk}/{tv}, this cache has "
+                f"{len(self.layers)} layers with {int(self.type_k)}/{int(self.type_v)}"
+            )
+        off = offset + hdr
+
+        def take(nbytes: int, what: str) -> memoryview:
+            nonlocal off
+            if off + nbytes > len(mv):
+                raise StateError(f"{self.name} state at byte {off}: truncated {what}")
+            b = mv[off : off + nbytes]
+            off += nbytes
+            return b
+
+        pos = np.frombuffer(take(8 * n, "positions"), dtype="<i8").astype(np.int64)
+        if seq_id < 0:
+            bits = np.frombuffer(take(8 * n, "sequence sets"), dtype="<u8").astype(np.uint64)
+        else:
+            bits = np.full(n, self._bit(seq_id), dtype=np.uint64)
+        if seq_id >= 0:
+            self.seq_rm(seq_id)
+        else:
+            self.clear()
+        cells = self.find_slot(pos, bits) if n else np.zeros(0, np.int64)
+        for ls in self.layers:
+            il, nk, nv = struct.unpack_from("<III", take(12, "layer header"))
+            if (il, nk, nv) != (ls.il, ls.n_embd_k, ls.n_embd_v):
+                raise StateError(f"{self.name} state: layer {il} ({nk}/{nv}) does not match layer {ls.il}")
+            for buf in (self.k[il], self.v[il]):
+                rows = self._rows(buf)
+                rb = rows.shape[1]
+                rows[cells] = np.frombuffer(take(rb * n, f"layer {il} rows"), dtype=np.uint8).reshape(n, rb)
+        self.apply(cells, pos, bits)
+        return off
+
+
+def seq_bits_of(seq_ids: Iterable[Iterable[int]]) -> np.ndarray:
+    return np.array([sum(1 << s for s in ss) for ss in seq_ids], dtype=np.uint64)

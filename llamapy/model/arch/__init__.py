@@ -1,0 +1,97 @@
+"""Architecture families, one small file each, and their registry.
+
+An architecture reads its hyper-parameters, declares its tensors by GGUF name and builds a graph
+from the shared blocks in ``llamapy.model.blocks``. Adding a family is one file plus a line in
+``_FAMILY_MODULES``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ...ggml.tensor import Tensor
+from ..blocks import GraphBuilder, Rope, TensorLoader, Weights, rope_for_layer
+from ..hparams import HParams, MetaReader, ModelLoadError, read_common
+
+REGISTRY: dict[str, type[Architecture]] = {}
+
+# GGUF general.architecture -> module under llamapy.model.arch
+_FAMILY_MODULES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3moe": "qwen3",
+    "gemma": "gemma",
+    "gemma2": "gemma",
+    "gemma3": "gemma3",
+    "phi3": "phi3",
+}
+
+
+def register(*names: str):
+    def deco(cls: type[Architecture]) -> type[Architecture]:
+        for n in names:
+            REGISTRY[n] = cls
+        cls.names = names
+        return cls
+
+    return deco
+
+
+def get_architecture(name: str) -> type[Architecture]:
+    mod = _FAMILY_MODULES.get(name)
+    if mod is not None:
+        importlib.import_module(f"{__name__}.{mod}")
+    if name not in REGISTRY:
+        known = ", ".join(sorted(_FAMILY_MODULES))
+        raise ModelLoadError(f"unknown model architecture {name!r} (supported: {known})")
+    return REGISTRY[name]
+
+
+class Architecture:
+    """Base class of a family: hparams, tensors, graph."""
+
+    names: tuple[str, ...] = ()
+
+    def __init__(self, hp: HParams) -> None:
+        self.hp = hp
+        self.w: Weights = Weights({})
+        self.blocks: list[Weights] = []
+
+    # -- hparams ----------------------------------------------------------------------------------
+    @classmethod
+    def load_hparams(cls, md: MetaReader, n_vocab: int) -> HParams:
+        hp = read_common(md, n_vocab)
+        cls.adjust_hparams(hp, md)
+        return hp
+
+    @classmethod
+    def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
+        """Family-specific keys and defaults (override)."""
+
+    # -- tensors ----------------------------------------------------------------------------------
+    def load_tensors(self, t: TensorLoader) -> None:
+        """Declare the family's tensors (override); call ``self._finish_tensors(t)`` at the end."""
+        raise NotImplementedError
+
+    def _finish_tensors(self, t: TensorLoader) -> None:
+        self.w = Weights(t.tensors)
+        self.blocks = [Weights(t.tensors, f"blk.{il}.") for il in range(self.hp.n_layer)]
+
+    def output_weight(self) -> Tensor:
+        """``output.weight``, or the token embeddings when the output is tied."""
+        w = self.w.get("output.weight")
+        return w if w is not None else self.w["token_embd.weight"]
+
+    def layer_rope(self, il: int, n_ctx: int = 0) -> Rope | None:
+        """Rope of layer ``il`` (also used to re-rotate cached K after a position shift)."""
+        return rope_for_layer(self.hp, il, freq_factors=self.w.get("rope_freqs.weight"))
+
+    # -- graph ------------------------------------------------------------------------------------
+    def build(self, g: GraphBuilder) -> Tensor:
+        """Logits F32[n_outputs, n_vocab] of one ubatch (override)."""
+        raise NotImplementedError
+
+
+__all__ = ["REGISTRY", "Architecture", "get_architecture", "register"]

@@ -1,0 +1,107 @@
+"""Gemma (embedding scaling, GeGLU, neox rope) and Gemma 2 (adds post-norms, attention and final
+logit soft-capping and sliding-window attention on every other layer)."""
+
+from __future__ import annotations
+
+import math
+
+from ...ggml import ops
+from ...ggml.tensor import Tensor
+from ..blocks import GraphBuilder, TensorLoader, rope_for_layer
+from ..hparams import ROPE_NEOX, HParams, MetaReader, swa_pattern
+from . import Architecture, register
+
+
+def load_gemma_tensors(arch: Architecture, t: TensorLoader, post_norms: bool, qk_norm: bool = False) -> None:
+    hp = arch.hp
+    n_embd = hp.n_embd
+    t("token_embd.weight", (hp.n_vocab, n_embd))
+    t("output_norm.weight", (n_embd,))
+    t("output.weight", (hp.n_vocab, n_embd), required=False)
+    for il in range(hp.n_layer):
+        t.layer(il, "attn_norm.weight", (n_embd,))
+        t.layer(il, "attn_q.weight", (hp.n_head[il] * hp.n_embd_head_k, n_embd))
+        t.layer(il, "attn_k.weight", (hp.n_embd_k_gqa(il), n_embd))
+        t.layer(il, "attn_v.weight", (hp.n_embd_v_gqa(il), n_embd))
+        t.layer(il, "attn_output.weight", (n_embd, hp.n_head[il] * hp.n_embd_head_v))
+        if qk_norm:
+            t.layer(il, "attn_q_norm.weight", (hp.n_embd_head_k,))
+            t.layer(il, "attn_k_norm.weight", (hp.n_embd_head_k,))
+        t.layer(il, "ffn_norm.weight", (n_embd,))
+        t.layer(il, "ffn_gate.weight", (hp.n_ff[il], n_embd))
+        t.layer(il, "ffn_up.weight", (hp.n_ff[il], n_embd))
+        t.layer(il, "ffn_down.weight", (n_embd, hp.n_ff[il]))
+        if post_norms:
+            t.layer(il, "post_attention_norm.weight", (n_embd,))
+            t.layer(il, "post_ffw_norm.weight", (n_embd,))
+
+
+def build_gemma(arch: Architecture, g: GraphBuilder, post_norms: bool, qk_norm: bool = False) -> Tensor:
+    """x = embd * sqrt(n_embd); per layer: [post-normed] attention and GeGLU FFN residuals."""
+    hp = arch.hp
+    x = g.embed(arch.w["token_embd.weight"], scale=math.sqrt(hp.n_embd))
+    for il, blk in enumerate(arch.blocks):
+        h = g.build_norm(x, blk["attn_norm.weight"])
+        h = g.attention(
+            h,
+            blk,
+            il,
+            rope_for_layer(hp, il),
+            qk_norm=qk_norm,
+            q_scale=hp.f_attention_scale,
+            kq_scale=1.0,
+            softcap=hp.f_attn_logit_softcapping,
+        )
+        if post_norms:
+            h = g.build_norm(h, blk["post_attention_norm.weight"])
+        h, x = g.select_outputs(il, h, x)
+        x = ops.add(x, h)
+        h = g.build_norm(x, blk["ffn_norm.weight"])
+        h = g.build_ffn(h, blk, act="gelu")
+        if post_norms:
+            h = g.build_norm(h, blk["post_ffw_norm.weight"])
+        x = ops.add(x, h)
+    return g.output(
+        x, arch.w["output_norm.weight"], arch.output_weight(), softcap=hp.f_final_logit_softcapping
+    )
+
+
+def gemma_attention_scale(hp: HParams) -> float:
+    # the 27B models scale queries by 1/sqrt(n_embd / n_head), the others by 1/sqrt(head size)
+    if hp.arch in ("gemma2", "gemma3") and hp.n_layer in (46, 62):
+        return 1.0 / math.sqrt(hp.n_embd / hp.n_head[0])
+    return 1.0 / math.sqrt(hp.n_embd_head_k)
+
+
+@register("gemma")
+class Gemma(Architecture):
+    @classmethod
+    def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
+        hp.rope_type = ROPE_NEOX
+        hp.f_attention_scale = gemma_attention_scale(hp)
+
+    def load_tensors(self, t: TensorLoader) -> None:
+        load_gemma_tensors(self, t, post_norms=False)
+        self._finish_tensors(t)
+
+    def build(self, g: GraphBuilder) -> Tensor:
+        return build_gemma(self, g, post_norms=False)
+
+
+@register("gemma2")
+class Gemma2(Architecture):
+    @classmethod
+    def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
+        hp.rope_type = ROPE_NEOX
+        hp.f_attention_scale = gemma_attention_scale(hp)
+        hp.n_swa = md.u32("attention.sliding_window", 4096) or 0
+        hp.swa_layers = swa_pattern(md, hp.n_layer, 2)
+        hp.f_attn_logit_softcapping = md.f32("attn_logit_softcapping", 50.0) or 0.0
+        hp.f_final_logit_softcapping = md.f32("final_logit_softcapping", 30.0) or 0.0
+
+    def load_tensors(self, t: TensorLoader) -> None:
+        load_gemma_tensors(self, t, post_norms=True)
+        self._finish_tensors(t)
+
+    def build(self, g: GraphBuilder) -> Tensor:
+        return build_gemma(self, g, post_norms=True)

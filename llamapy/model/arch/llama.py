@@ -1,0 +1,74 @@
+"""LLaMA 1/2/3 (incl. llama3 rope frequency factors), Mistral, SmolLM, TinyLlama."""
+
+from __future__ import annotations
+
+from ...ggml import ops
+from ...ggml.tensor import Tensor
+from ..blocks import GraphBuilder, TensorLoader, rope_for_layer
+from . import Architecture, register
+
+
+def load_dense_tensors(
+    arch: Architecture, t: TensorLoader, biases: bool = False, qk_norm: bool = False
+) -> None:
+    """Token embeddings, output, and per layer: attention (q, k, v, o), RMS norms, a gated FFN."""
+    hp = arch.hp
+    n_embd, n_vocab = hp.n_embd, hp.n_vocab
+    t("token_embd.weight", (n_vocab, n_embd))
+    t("output_norm.weight", (n_embd,))
+    t("output.weight", (n_vocab, n_embd), required=False)
+    t("rope_freqs.weight", (hp.n_rot // 2,), required=False)
+    for il in range(hp.n_layer):
+        nq, nk, nv = hp.n_head[il] * hp.n_embd_head_k, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)
+        t.layer(il, "attn_norm.weight", (n_embd,))
+        t.layer(il, "attn_q.weight", (nq, n_embd))
+        t.layer(il, "attn_k.weight", (nk, n_embd))
+        t.layer(il, "attn_v.weight", (nv, n_embd))
+        t.layer(il, "attn_output.weight", (n_embd, hp.n_head[il] * hp.n_embd_head_v))
+        for name, n in (("attn_q.bias", nq), ("attn_k.bias", nk), ("attn_v.bias", nv)):
+            t.layer(il, name, (n,), required=biases)
+        t.layer(il, "attn_output.bias", (n_embd,), required=False)
+        if qk_norm:
+            t.layer(il, "attn_q_norm.weight", (hp.n_embd_head_k,))
+            t.layer(il, "attn_k_norm.weight", (hp.n_embd_head_k,))
+        t.layer(il, "ffn_norm.weight", (n_embd,))
+        if hp.n_expert == 0:
+            t.layer(il, "ffn_gate.weight", (hp.n_ff[il], n_embd))
+            t.layer(il, "ffn_up.weight", (hp.n_ff[il], n_embd))
+            t.layer(il, "ffn_down.weight", (n_embd, hp.n_ff[il]))
+        else:
+            n_ff = hp.n_ff_exp or hp.n_ff[il]
+            t.layer(il, "ffn_gate_inp.weight", (hp.n_expert, n_embd))
+            t.layer(il, "ffn_gate_exps.weight", (hp.n_expert, n_ff, n_embd))
+            t.layer(il, "ffn_up_exps.weight", (hp.n_expert, n_ff, n_embd))
+            t.layer(il, "ffn_down_exps.weight", (hp.n_expert, n_embd, n_ff))
+
+
+def build_dense(
+    arch: Architecture, g: GraphBuilder, qk_norm: bool = False, moe_norm_w: bool = False
+) -> Tensor:
+    """Pre-norm decoder: x += attn(rms_norm(x)); x += ffn(rms_norm(x)); logits."""
+    hp = arch.hp
+    freq_factors = arch.w.get("rope_freqs.weight")
+    x = g.embed(arch.w["token_embd.weight"])
+    for il, blk in enumerate(arch.blocks):
+        h = g.build_norm(x, blk["attn_norm.weight"])
+        h = g.attention(h, blk, il, rope_for_layer(hp, il, freq_factors=freq_factors), qk_norm=qk_norm)
+        h, x = g.select_outputs(il, h, x)
+        x = ops.add(x, h)
+        h = g.build_norm(x, blk["ffn_norm.weight"])
+        h = g.build_moe_ffn(h, blk, moe_norm_w) if hp.n_expert else g.build_ffn(h, blk, act="silu")
+        x = ops.add(x, h)
+    return g.output(x, arch.w["output_norm.weight"], arch.output_weight())
+
+
+@register("llama", "mistral")
+class Llama(Architecture):
+    """RMSNorm, rotary attention (normal mode) with grouped KV heads, SwiGLU feed-forward."""
+
+    def load_tensors(self, t: TensorLoader) -> None:
+        load_dense_tensors(self, t)
+        self._finish_tensors(t)
+
+    def build(self, g: GraphBuilder) -> Tensor:
+        return build_dense(self, g)

@@ -1,0 +1,24 @@
+"""Qwen3 (RMS-normed q and k per head, neox rope) and Qwen3-MoE (softmax routing, normalized top-k)."""
+
+from __future__ import annotations
+
+from ...ggml.tensor import Tensor
+from ..blocks import GraphBuilder, TensorLoader
+from ..hparams import ROPE_NEOX, HParams, MetaReader
+from . import Architecture, register
+from .llama import build_dense, load_dense_tensors
+
+
+@register("qwen3", "qwen3moe")
+class Qwen3(Architecture):
+    @classmethod
+    def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
+        hp.rope_type = ROPE_NEOX
+        hp.expert_weights_norm = hp.arch == "qwen3moe"
+
+    def load_tensors(self, t: TensorLoader) -> None:
+        load_dense_tensors(self, t, qk_norm=True)
+        self._finish_tensors(t)
+
+    def build(self, g: GraphBuilder) -> Tensor:
+        return build_dense(self, g, qk_norm=True, moe_norm_w=self.hp.expert_weights_norm)

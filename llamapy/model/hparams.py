@@ -1,0 +1,250 @@
+"""Hyper-parameters of a model, read from GGUF metadata with typed getters that name the key.
+
+Keys follow llama.cpp (``{arch}.block_count``, ``{arch}.attention.head_count`` ...). Per-layer values
+(head counts, feed-forward sizes, sliding-window flags) are lists with one entry per layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import LlamapyError
+
+
+class ModelLoadError(LlamapyError):
+    """A model file cannot be loaded: unknown architecture, missing/mis-shaped tensor, bad metadata."""
+
+
+class MetaReader:
+    """Typed access to metadata keys of one architecture, with errors that say which key and why."""
+
+    def __init__(self, metadata: Mapping[str, Any], arch: str, where: str = "") -> None:
+        self.md = metadata
+        self.arch = arch
+        self.where = where
+
+    def _key(self, key: str) -> str:
+        return key.replace("{arch}", self.arch) if "{arch}" in key else f"{self.arch}.{key}"
+
+    def _err(self, msg: str) -> ModelLoadError:
+        return ModelLoadError(f"{self.where}: {msg}" if self.where else msg)
+
+    def has(self, key: str) -> bool:
+        return self._key(key) in self.md
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        return self.md.get(self._key(key), default)
+
+    def u32(self, key: str, default: int | None = None, *, required: bool = False) -> int | None:
+        k = self._key(key)
+        if k not in self.md:
+            if required:
+                raise self._err(f"metadata key {k!r} is missing")
+            return default
+        v = self.md[k]
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise self._err(f"metadata key {k!r} has type {type(v).__name__}, expected an integer")
+        if v < 0:
+            raise self._err(f"metadata key {k!r} = {v} is negative")
+        return int(v)
+
+    def f32(self, key: str, default: float | None = None, *, required: bool = False) -> float | None:
+        k = self._key(key)
+        if k not in self.md:
+            if required:
+                raise self._err(f"metadata key {k!r} is missing")
+            return default
+        v = self.md[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise self._err(f"metadata key {k!r} has type {type(v).__name__}, expected a number")
+        return float(v)
+
+    def string(self, key: str, default: str | None = None) -> str | None:
+        k = self._key(key)
+        v = self.md.get(k, default)
+        if v is not None and not isinstance(v, str):
+            raise self._err(f"metadata key {k!r} has type {type(v).__name__}, expected a string")
+        return v
+
+    def boolean(self, key: str, default: bool | None = None) -> bool | None:
+        k = self._key(key)
+        v = self.md.get(k, default)
+        if v is not None and not isinstance(v, (bool, np.bool_)):
+            raise self._err(f"metadata key {k!r} has type {type(v).__name__}, expected a bool")
+        return None if v is None else bool(v)
+
+    def per_layer(
+        self, key: str, n_layer: int, default: int | None = None, *, required: bool = False
+    ) -> list[int]:
+        """A value that is either one integer for all layers or an array with one entry per layer."""
+        k = self._key(key)
+        if k not in self.md:
+            if required:
+                raise self._err(f"metadata key {k!r} is missing")
+            return [int(default or 0)] * n_layer
+        v = self.md[k]
+        if isinstance(v, (np.ndarray, list)):
+            arr = np.asarray(v)
+            if arr.ndim != 1 or arr.dtype.kind not in "iu":
+                raise self._err(f"metadata key {k!r} must be an integer array, got {arr.dtype}")
+            if len(arr) != n_layer:
+                raise self._err(
+                    f"metadata key {k!r} has {len(arr)} entries, expected one per layer ({n_layer})"
+                )
+            if (arr < 0).any():
+                raise self._err(f"metadata key {k!r} has negative entries")
+            return [int(x) for x in arr]
+        return [self.u32(key, required=True)] * n_layer  # type: ignore[list-item]
+
+
+# rope modes (ggml): normal = adjacent pairs, neox = first/second half
+ROPE_NORM = 0
+ROPE_NEOX = 2
+
+
+@dataclass
+class HParams:
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_head: list[int]
+    n_head_kv: list[int]
+    n_ff: list[int]
+    n_embd_head_k: int
+    n_embd_head_v: int
+    n_rot: int
+    rope_type: int = ROPE_NORM
+    rope_freq_base: float = 10000.0
+    rope_freq_scale: float = 1.0
+    rope_freq_base_swa: float = 10000.0
+    rope_freq_scale_swa: float = 1.0
+    rope_scaling_type: str = "none"  # none | linear | yarn | longrope | llama3
+    n_ctx_orig_yarn: int = 0
+    rope_attn_factor: float = 1.0
+    yarn_ext_factor: float = -1.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    norm_rms_eps: float = 1e-5
+    norm_eps: float = 1e-5
+    n_swa: int = 0
+    swa_layers: list[bool] = field(default_factory=list)
+    f_attn_logit_softcapping: float = 0.0
+    f_final_logit_softcapping: float = 0.0
+    f_attention_scale: float = 0.0  # 0: 1/sqrt(n_embd_head_k)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    expert_weights_norm: bool = False
+    causal_attn: bool = True
+    pooling_type: int = 0
+    n_ctx_orig: int = 0
+
+    def n_embd_k_gqa(self, il: int) -> int:
+        return self.n_embd_head_k * self.n_head_kv[il]
+
+    def n_embd_v_gqa(self, il: int) -> int:
+        return self.n_embd_head_v * self.n_head_kv[il]
+
+    def is_swa(self, il: int) -> bool:
+        return bool(self.swa_layers and self.swa_layers[il])
+
+    @property
+    def has_swa(self) -> bool:
+        return self.n_swa > 0 and any(self.swa_layers)
+
+
+def read_common(md: MetaReader, n_vocab_fallback: int) -> HParams:
+    """Keys shared by all decoder families; an architecture then adjusts its own extras."""
+    n_layer = md.u32("block_count", required=True)
+    if not n_layer or n_layer > 4096:
+        raise md._err(f"metadata key {md._key('block_count')!r} = {n_layer} is out of range")
+    n_embd = md.u32("embedding_length", required=True)
+    if not n_embd:
+        raise md._err(f"metadata key {md._key('embedding_length')!r} is zero")
+    n_head = md.per_layer("attention.head_count", n_layer, required=True)
+    n_head_kv = md.per_layer("attention.head_count_kv", n_layer, default=n_head[0])
+    if not md.has("attention.head_count_kv"):
+        n_head_kv = list(n_head)
+    for il in range(n_layer):
+        if n_head[il] == 0 or n_head_kv[il] == 0 or n_head[il] % n_head_kv[il]:
+            raise md._err(
+                f"layer {il}: attention.head_count {n_head[il]} is not a positive multiple of "
+                f"attention.head_count_kv {n_head_kv[il]}"
+            )
+    n_ff = md.per_layer("feed_forward_length", n_layer, default=0)
+    head_k_default = n_embd // n_head[0]
+    n_embd_head_k = md.u32("attention.key_length", head_k_default)
+    n_embd_head_v = md.u32("attention.value_length", head_k_default)
+    n_rot = md.u32("rope.dimension_count", n_embd_head_k)
+    if n_rot > n_embd_head_k or n_rot % 2:
+        raise md._err(f"rope.dimension_count {n_rot} must be even and at most the head size {n_embd_head_k}")
+    n_vocab = md.u32("vocab_size", 0) or n_vocab_fallback
+    n_ctx_train = md.u32("context_length", required=True)
+
+    hp = HParams(
+        arch=md.arch,
+        n_vocab=n_vocab,
+        n_ctx_train=n_ctx_train,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff,
+        n_embd_head_k=n_embd_head_k,
+        n_embd_head_v=n_embd_head_v,
+        n_rot=n_rot,
+        swa_layers=[False] * n_layer,
+    )
+    hp.norm_rms_eps = md.f32("attention.layer_norm_rms_epsilon", 1e-5)
+    hp.norm_eps = md.f32("attention.layer_norm_epsilon", 1e-5)
+    hp.rope_freq_base = md.f32("rope.freq_base", 10000.0)
+    hp.rope_freq_base_swa = md.f32("rope.freq_base_swa", hp.rope_freq_base)
+    scaling = md.string("rope.scaling.type", "none") or "none"
+    factor = md.f32("rope.scaling.factor", 0.0) or md.f32("rope.scale_linear", 0.0) or 0.0
+    hp.rope_scaling_type = scaling
+    if scaling not in ("none", "linear", "yarn", "longrope", "llama3"):
+        raise md._err(f"metadata key {md._key('rope.scaling.type')!r} = {scaling!r} is not supported")
+    hp.rope_freq_scale = 1.0 / factor if factor and scaling in ("linear", "yarn") else 1.0
+    if not md.has("rope.scaling.type") and md.has("rope.scale_linear") and factor:
+        hp.rope_freq_scale = 1.0 / factor
+    hp.rope_freq_scale_swa = hp.rope_freq_scale
+    hp.n_ctx_orig_yarn = md.u32("rope.scaling.original_context_length", n_ctx_train)
+    hp.rope_attn_factor = md.f32("rope.scaling.attn_factor", 1.0)
+    if scaling == "yarn":
+        hp.yarn_ext_factor = 1.0
+        hp.yarn_beta_fast = md.f32("rope.scaling.yarn_beta_fast", 32.0)
+        hp.yarn_beta_slow = md.f32("rope.scaling.yarn_beta_slow", 1.0)
+    else:
+        hp.yarn_ext_factor = 0.0
+    hp.n_swa = md.u32("attention.sliding_window", 0)
+    hp.f_attn_logit_softcapping = md.f32("attn_logit_softcapping", 0.0)
+    hp.f_final_logit_softcapping = md.f32("final_logit_softcapping", 0.0)
+    hp.n_expert = md.u32("expert_count", 0)
+    hp.n_expert_used = md.u32("expert_used_count", 0)
+    hp.n_ff_exp = md.u32("expert_feed_forward_length", 0)
+    if hp.n_expert and not 0 < hp.n_expert_used <= hp.n_expert:
+        raise md._err(f"expert_used_count {hp.n_expert_used} must be in 1..expert_count ({hp.n_expert})")
+    hp.causal_attn = md.boolean("attention.causal", True)
+    hp.pooling_type = md.u32("pooling_type", 0)
+    return hp
+
+
+def swa_pattern(md: MetaReader, n_layer: int, default_period: int) -> list[bool]:
+    """Which layers use sliding-window attention: ``attention.sliding_window_pattern`` as a per-layer
+    bool array, an integer period (every period-th layer is global), or the family's default period."""
+    v = md.raw("attention.sliding_window_pattern")
+    if isinstance(v, (np.ndarray, list)):
+        arr = np.asarray(v)
+        if len(arr) != n_layer:
+            raise md._err(f"attention.sliding_window_pattern has {len(arr)} entries, expected {n_layer}")
+        return [bool(x) for x in arr]
+    period = int(v) if v is not None else default_period
+    if period <= 0:
+        return [True] * n_layer
+    return [il % period < period - 1 for il in range(n_layer)]

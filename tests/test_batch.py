@@ -1,0 +1,82 @@
+"""Batch validation (messages say what and where), filling of missing fields, ubatch splits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llamapy.batch import Batch, BatchError, allocate
+
+
+def alloc(batch, cache_max=None, n_batch=64, n_seq_max=4, **kw):
+    cache_max = cache_max or {}
+    return allocate(batch, 100, 8, n_seq_max, n_batch, lambda s: cache_max.get(s, -1), **kw)
+
+
+def test_from_tokens_defaults():
+    b = Batch.from_tokens([1, 2, 3])
+    ab = alloc(b, {0: 9})
+    assert ab.pos.tolist() == [10, 11, 12] and ab.output.tolist() == [False, False, True]
+    assert ab.out_rows.tolist() == [-1, -1, 0]
+    ab = alloc(Batch.from_tokens([1, 2], pos0=0, logits_all=True))
+    assert ab.pos.tolist() == [0, 1] and ab.n_outputs == 2
+    assert alloc(Batch(token=np.array([4, 5]))).seq_id == [[0], [0]]
+
+
+def test_positions_fill_per_sequence():
+    b = Batch(token=np.array([1, 2, 3, 4]), seq_id=[[0], [1], [0], [0, 2]])
+    ab = alloc(b, {0: 4, 1: -1, 2: 9})
+    assert ab.pos.tolist() == [5, 0, 6, 7]
+
+
+@pytest.mark.parametrize(
+    "batch, kw, msg",
+    [
+        (Batch(token=np.array([], np.int32)), {}, "empty"),
+        (Batch.from_tokens([1, 100]), {}, r"batch.token\[1\] = 100 is not a valid token id"),
+        (Batch.from_tokens([1, -1]), {}, r"batch.token\[1\] = -1"),
+        (Batch.from_tokens([1] * 65), {}, "more than n_batch = 64"),
+        (Batch.from_tokens([1], seq_id=4), {}, r"seq_id\[0\] holds 4, not in 0..3"),
+        (Batch(token=np.array([1]), seq_id=[[]]), {}, "empty: every token needs"),
+        (Batch(token=np.array([1, 2]), seq_id=[[0]]), {}, "1 entries for 2 tokens"),
+        (Batch.from_tokens([1, 2], pos0=3), {"cache_max": {0: 5}}, "expected 6"),
+        (Batch(token=np.array([1, 2]), pos=np.array([0, 2])), {}, "not consecutive"),
+        (Batch(token=np.array([1]), pos=np.array([-2])), {}, "negative"),
+        (Batch(token=np.array([1]), logits=[True, False]), {}, "2 flags for 1 tokens"),
+        (Batch(embd=np.zeros((2, 5))), {}, r"must be \[n_tokens, 8\]"),
+        (Batch(embd=np.full((1, 8), np.nan)), {}, "NaN"),
+    ],
+)
+def test_invalid_batches(batch, kw, msg):
+    with pytest.raises(BatchError, match=msg):
+        alloc(batch, **kw)
+
+
+def test_add_builds_multi_sequence_batch():
+    b = Batch()
+    b.add(5, 0, [0], False)
+    b.add(6, 0, [1, 2], True)
+    ab = alloc(b)
+    assert ab.seq_bits.tolist() == [1, 6] and ab.output.tolist() == [False, True]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=40), st.integers(1, 9))
+def test_splits_cover_every_token_once(seqs, n_ubatch):
+    b = Batch(token=np.arange(len(seqs)) % 100, seq_id=[[s] for s in seqs])
+    ab = alloc(b)
+    for split in (ab.split_simple, ab.split_seq, ab.split_equal):
+        ubs = split(n_ubatch)
+        idx = np.concatenate([u.idx for u in ubs])
+        assert sorted(idx.tolist()) == list(range(len(seqs)))
+        assert all(0 < u.n_tokens <= n_ubatch for u in ubs)
+        for u in ubs:  # order within a sequence is kept
+            for s in set(u.seq_first.tolist()):
+                assert np.all(np.diff(u.pos[u.seq_first == s]) > 0)
+    for u in ab.split_seq(n_ubatch):
+        assert len(set(u.seq_bits.tolist())) == 1
+    for u in ab.split_equal(n_ubatch):
+        counts = [int((u.seq_bits == b).sum()) for b in set(u.seq_bits.tolist())]
+        assert len(set(counts)) == 1
