@@ -23,7 +23,7 @@ _FAMILY_MODULES = {
     "qwen3": "qwen3",
     "qwen3moe": "qwen3",
     "gemma": "gemma",
-    "gemma2": "gemma",
+    "gemma2": "gemma2",
     "gemma3": "gemma3",
     "phi3": "phi3",
 }

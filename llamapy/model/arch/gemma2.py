@@ -1,0 +1,29 @@
+"""Gemma 2: Gemma plus post-norms, attention and final logit soft-capping, and sliding-window attention
+on every other layer."""
+
+from __future__ import annotations
+
+from ...ggml.tensor import Tensor
+from ..blocks import GraphBuilder, TensorLoader
+from ..hparams import ROPE_NEOX, HParams, MetaReader, swa_pattern
+from . import Architecture, register
+from .gemma import build_gemma, gemma_attention_scale, load_gemma_tensors
+
+
+@register("gemma2")
+class Gemma2(Architecture):
+    @classmethod
+    def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
+        hp.rope_type = ROPE_NEOX
+        hp.f_attention_scale = gemma_attention_scale(hp)
+        hp.n_swa = md.u32("attention.sliding_window", 4096) or 0
+        hp.swa_layers = swa_pattern(md, hp.n_layer, 2)
+        hp.f_attn_logit_softcapping = md.f32("attn_logit_softcapping", 50.0) or 0.0
+        hp.f_final_logit_softcapping = md.f32("final_logit_softcapping", 30.0) or 0.0
+
+    def load_tensors(self, t: TensorLoader) -> None:
+        load_gemma_tensors(self, t, post_norms=True)
+        self._finish_tensors(t)
+
+    def build(self, g: GraphBuilder) -> Tensor:
+        return build_gemma(self, g, post_norms=True)
