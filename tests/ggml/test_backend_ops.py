@@ -77,15 +77,12 @@ def test_mul_mat_all_types_few_and_many_tokens(t):
 
 
 @pytest.mark.parametrize("t", MATVEC_TYPES, ids=lambda t: t.name)
-def test_dequant_kernels_match_gguf_py(t):
+def test_matvec_kernels_match_gguf_py(t):
     gguf = pytest.importorskip("gguf")
     from llamapy.ggml.cpu import matmul_kernels as mk
 
     w, raw = make_weight(t, 5, 512)
-    y = np.zeros((5, 512), np.float32)
-    mk.DEQUANT[t.name](raw, np.arange(5, dtype=np.int32), y, mk.F16_TABLE)
     ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(t)))
-    np.testing.assert_array_equal(y, ref)
     x = f32(2, 512)
     out = np.zeros((2, 5), np.float32)
     mk.MATVEC[t.name](raw, x, np.empty((2, 512 // 32), np.float32), out, mk.F16_TABLE)

@@ -283,13 +283,6 @@ def _expert_f32(t: GGMLType, raw: np.ndarray) -> np.ndarray:
 
 def _row_converter(be: CPUBackend, t: GGMLType, A: np.ndarray) -> Callable[[int, int, np.ndarray], None]:
     """f(r0, r1, dst): rows r0..r1 of the weight ``A`` as float32 into ``dst``."""
-    mk, _ = _kernels()
-    if t.name in mk.DEQUANT and A.flags.c_contiguous:
-        deq = mk.DEQUANT[t.name]
-        be.need(deq)
-        ar = np.arange(A.shape[0], dtype=np.int32)
-        f16 = mk.F16_TABLE
-        return lambda r0, r1, dst: deq(A, ar[r0:r1], dst, f16)
     if TRAITS[t].block_size == 1:
         if t == GGMLType.BF16:
             return lambda r0, r1, dst: np.copyto(dst, (A[r0:r1].astype(np.uint32) << 16).view(np.float32))
@@ -312,19 +305,14 @@ def _get_rows(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     def bad(i: int) -> ComputeError:
         return ComputeError(f"get_rows {nm!r}: row id {int(ids[i])} (at {i}) not in 0..{n - 1}")
 
-    if a.type.name in mk.DEQUANT and A.flags.c_contiguous:
-        deq = mk.DEQUANT[a.type.name]
-        be.need(deq)
-        ids32 = ids if ids.dtype == np.int32 else np.empty(ids.shape, np.int32)
-        f16 = mk.F16_TABLE
+    if TRAITS[a.type].quantized:
+        from ..quants import dequantize_rows_into
 
         def step_q() -> None:
             i = check(ids, n)
             if i >= 0:
                 raise bad(i)
-            if ids32 is not ids:
-                np.copyto(ids32, ids, casting="unsafe")
-            deq(A, ids32, out, f16)
+            dequantize_rows_into(A[ids], a.type, out)
 
         return step_q
     if TRAITS[a.type].block_size == 1 and a.type != GGMLType.BF16:
@@ -533,16 +521,14 @@ def _kv_converter(be: CPUBackend, t: Tensor, arr: np.ndarray, key: str) -> tuple
     if t.type == GGMLType.F16:
         v3 = buf.reshape(KV, H, D)
         return v3, lambda: np.copyto(v3, arr, casting="unsafe")
+    from ..quants import dequantize_rows_into
+
     rows = arr.reshape(KV * H, arr.shape[-1]) if arr.flags.c_contiguous else None
-    mk, _ = _kernels()
-    deq = mk.DEQUANT[t.type.name]
-    be.need(deq)
-    ar = np.arange(KV * H, dtype=np.int32)
-    f16 = mk.F16_TABLE
+    kv_type = t.type
 
     def conv() -> None:
         src = rows if rows is not None else np.ascontiguousarray(arr).reshape(KV * H, -1)
-        deq(src, ar, buf, f16)
+        dequantize_rows_into(src, kv_type, buf)
 
     return buf.reshape(KV, H, D), conv
 
