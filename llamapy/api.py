@@ -29,6 +29,7 @@ from .generation import (
     IncrementalDetokenizer,
     Step,
     TokenSequence,
+    common_prefix_length,
     generate,
 )
 
@@ -805,12 +806,7 @@ class Llama:
 
     @staticmethod
     def longest_token_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-        n = 0
-        for x, y in zip(a, b, strict=False):
-            if x != y:
-                break
-            n += 1
-        return n
+        return common_prefix_length(a, b)
 
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str | None = None, **kwargs: Any) -> Llama:

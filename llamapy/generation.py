@@ -173,6 +173,16 @@ class StopStrings:
 # the KV cache of one sequence, kept in step with a token list
 
 
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Number of leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class TokenSequence:
     """The tokens of one sequence of a :class:`llamapy.context.Context`, evaluated in batches.
 
@@ -213,12 +223,7 @@ class TokenSequence:
         return len(self.tokens)
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
-        n = 0
-        for a, b in zip(self.tokens, tokens, strict=False):
-            if a != b:
-                break
-            n += 1
-        return n
+        return common_prefix_length(self.tokens, tokens)
 
     def truncate(self, n: int) -> None:
         """Keep only the first ``n`` tokens in the cache."""

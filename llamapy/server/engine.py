@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..generation import IncrementalDetokenizer, StopStrings
+from ..generation import IncrementalDetokenizer, StopStrings, common_prefix_length
 from .backend import Backend
 from .errors import APIError
 from .metrics import Metrics
@@ -313,8 +313,8 @@ class Engine:
             # as llama.cpp (--slot-prompt-similarity 0.1): reuse the slot sharing the longest prefix when
             # it covers a tenth of the prompt; otherwise take the least recently used slot, so a slot's
             # cache is not thrown away for a prompt that only shares a BOS token with it
-            best = max(idle, key=lambda s: (_common_prefix(s.cache, task.prompt), -s.last_used))
-            n = _common_prefix(best.cache, task.prompt)
+            best = max(idle, key=lambda s: (common_prefix_length(s.cache, task.prompt), -s.last_used))
+            n = common_prefix_length(best.cache, task.prompt)
             if n > 0 and n >= SLOT_PROMPT_SIMILARITY * len(task.prompt):
                 return best
         return min(idle, key=lambda s: s.last_used)
@@ -329,7 +329,7 @@ class Engine:
         if task.kind == "embedding":
             n_keep = 0
         else:
-            n_keep = _common_prefix(s.cache, task.prompt) if task.params.cache_prompt else 0
+            n_keep = common_prefix_length(s.cache, task.prompt) if task.params.cache_prompt else 0
             n_keep = min(n_keep, len(task.prompt) - 1)  # evaluate at least one token for its logits
         if not self.backend.seq_rm(s.id, n_keep, -1):
             self.backend.seq_rm(s.id, -1, -1)
@@ -482,15 +482,6 @@ class Engine:
             m.requests_deferred = len(self._deferred) + len(self._incoming)
             m.kv_cache_tokens = sum(len(s.cache) for s in self.slots)
             m.kv_cache_usage_ratio = m.kv_cache_tokens / max(1, self.n_ctx_slot * self.n_parallel)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _prompt_error(n_prompt: int, n_ctx_slot: int) -> APIError:
