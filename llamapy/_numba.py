@@ -18,9 +18,52 @@ if "NUMBA_CACHE_DIR" not in os.environ:
 # with PASSIVE (every kernel launch then pays a thread wake-up). On a machine busy with other work,
 # OMP_WAIT_POLICY=PASSIVE avoids spinning against the other processes.
 import numba  # noqa: E402
-from numba import njit, prange  # noqa: E402
+from llvmlite import ir  # noqa: E402
+from numba import njit, prange, types  # noqa: E402
+from numba.core import cgutils  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
 
-__all__ = ["numba", "njit", "prange", "set_num_threads", "max_threads"]
+__all__ = ["numba", "njit", "prange", "set_num_threads", "max_threads", "bitcast_f32", "prefetch"]
+
+
+@intrinsic
+def bitcast_f32(typingctx, v):  # type: ignore[no-untyped-def]
+    """The float32 whose bits are the low 32 bits of the integer ``v`` (vectorizes, unlike a view
+    through an array)."""
+    if not isinstance(v, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        i32 = ir.IntType(32)
+        x = args[0]
+        if x.type.width > 32:
+            x = builder.trunc(x, i32)
+        elif x.type.width < 32:
+            x = builder.sext(x, i32) if signature.args[0].signed else builder.zext(x, i32)
+        return builder.bitcast(x, ir.FloatType())
+
+    return types.float32(v), codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, idx):  # type: ignore[no-untyped-def]
+    """Hint the CPU to fetch the cache line of ``arr.flat[idx]`` (a C-contiguous 1-D array) for reading.
+    Never faults, even out of bounds; the kernels still keep ``idx`` in bounds."""
+    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        i = context.cast(builder, args[1], signature.args[1], types.intp)
+        i8p = ir.IntType(8).as_pointer()
+        ptr = builder.bitcast(builder.gep(ary.data, [i]), i8p)
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, idx), codegen
 
 
 def max_threads() -> int:

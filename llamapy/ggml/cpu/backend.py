@@ -55,6 +55,12 @@ def _kernels() -> tuple[Any, Any]:
     return matmul_kernels, op_kernels
 
 
+def _threads(be: CPUBackend) -> int:
+    from ..._numba import max_threads
+
+    return be.n_threads if be.n_threads and be.n_threads > 0 else max_threads()
+
+
 def _as2d(arr: np.ndarray) -> np.ndarray | None:
     """Drop leading size-1 axes without copying (None if that is not possible)."""
     while arr.ndim > 2:
@@ -201,12 +207,15 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     out2 = out.reshape(M, N)
     mk, _ = _kernels()
     name = a.type.name
+    from .blas import gemm_nt
+
+    threads = _threads(be)
     if a.type == GGMLType.F32:
 
         def step_f32() -> None:
             if pre is not None:
                 pre()
-            np.matmul(x, A.T, out=out2)
+            gemm_nt(x, A, out2, threads)
 
         return step_f32
     if name in mk.MATVEC and M <= MATVEC_MAX_TOKENS and A.flags.c_contiguous:
@@ -233,7 +242,7 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         for r0 in range(0, N, tile):
             n = min(tile, N - r0)
             convert(r0, r0 + n, W[:n])
-            np.matmul(x, W[:n].T, out=out2[:, r0 : r0 + n])
+            gemm_nt(x, W[:n], out2[:, r0 : r0 + n], threads)
 
     return step_tiles
 
@@ -556,8 +565,7 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         has_mask = mask is not None
         mk16 = mask if has_mask else np.zeros((1, 1), np.float32)
         sl16 = alibi_slopes(H, p["max_bias"])
-        f16 = mk.F16_TABLE
-        return lambda: kern16(Q, K16, V16, mk16, has_mask, scale, cap, sl16, f16, out)
+        return lambda: kern16(Q, K16, V16, mk16, has_mask, scale, cap, sl16, out)
     Kf, kconv = _kv_converter(be, k, arrays[id(k)], "fa_k")
     Vf, vconv = _kv_converter(be, v, arrays[id(v)], "fa_v")
     slopes = alibi_slopes(H, p["max_bias"]).reshape(Hkv, g, 1, 1) if p["max_bias"] > 0 else None
@@ -577,6 +585,23 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
             kern(Q, Kf, Vf, mk_, has_mask, scale, cap, sl, out)
 
         return step_small
+    from . import blas
+
+    if blas.attention_supported(Q, Kf, Vf, out) and (
+        mask is None or (mask.dtype == np.float32 and mask.shape == (T, KV))
+    ):
+        nth = _threads(be)
+        scores = be.scratch("fa_scores", (nth, blas.ATTN_CHUNK, KV))
+        sl_all = alibi_slopes(H, p["max_bias"])
+
+        def step_blas() -> None:
+            if kconv is not None:
+                kconv()
+            if vconv is not None:
+                vconv()
+            blas.attention(Q, Kf, Vf, mask, scale, cap, sl_all, scores, out)
+
+        return step_blas
     # scratch shared by all attention nodes (they run one at a time): scores are [Hkv, g*T, KV]
     qh = be.scratch("fa_q", (Hkv, g, T, D))
     S = be.scratch("fa_s", (Hkv, g * T, KV))

@@ -12,12 +12,18 @@ import math
 
 import numpy as np
 
-from ..._numba import njit, prange
+from ..._numba import bitcast_f32, njit, prange
+from .vmath import fexp, ftanh
 
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 GELU_COEF_A = np.float32(0.044715)
 SQRT_2_OVER_PI = np.float32(0.7978845608028654)
+_I8000 = np.int32(0x8000)
+_I7FFF = np.int32(0x7FFF)
+_I13 = np.int32(13)
+_I16 = np.int32(16)
+_P112 = np.float32(2.0**112)
 
 
 @njit(cache=True, fastmath=True)
@@ -73,16 +79,16 @@ def rope_rows(x, cos, sin, n_dims, neox, out):
 
 @njit(inline="always")
 def _gelu(v):
-    return np.float32(0.5) * v * (_F1 + np.tanh(SQRT_2_OVER_PI * v * (_F1 + GELU_COEF_A * v * v)))
+    return np.float32(0.5) * v * (_F1 + ftanh(SQRT_2_OVER_PI * v * (_F1 + GELU_COEF_A * v * v)))
 
 
 @njit(inline="always")
 def _silu(v):
-    return v / (_F1 + np.exp(-v))
+    return v / (_F1 + fexp(-v))
 
 
 # kind: 0 silu, 1 gelu, 2 gelu_quick, 3 tanh, 4 relu, 5 softcap (p = cap)
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, cache=True, fastmath=True, error_model="numpy")
 def unary_rows(x, kind, p, out):
     n, d = x.shape
     for i in prange(n):
@@ -95,20 +101,20 @@ def unary_rows(x, kind, p, out):
         elif kind == 2:
             for j in range(d):
                 v = x[i, j]
-                out[i, j] = v / (_F1 + np.exp(np.float32(-1.702) * v))
+                out[i, j] = v / (_F1 + fexp(np.float32(-1.702) * v))
         elif kind == 3:
             for j in range(d):
-                out[i, j] = np.tanh(x[i, j])
+                out[i, j] = ftanh(x[i, j])
         elif kind == 4:
             for j in range(d):
                 out[i, j] = max(x[i, j], _F0)
         else:
             for j in range(d):
-                out[i, j] = p * np.tanh(x[i, j] / p)
+                out[i, j] = p * ftanh(x[i, j] / p)
 
 
 # kind: 0 swiglu = silu(a) * b, 1 geglu = gelu(a) * b
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, cache=True, fastmath=True, error_model="numpy")
 def glu_rows(a, b, kind, out):
     n, d = a.shape
     for i in prange(n):
@@ -129,7 +135,7 @@ def check_ids(ids, n):
     return -1
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, error_model="numpy")
 def attn_small(q, k, v, mask, has_mask, scale, cap, slopes, out):
     """Attention for a few query rows (decode): q[T, H, D], k[KV, Hkv, D], v[KV, Hkv, Dv] (float32,
     any strides), mask[T, KV] (0 / -inf, times the head's ALiBi slope), out[T, H, Dv]. Serial: a
@@ -154,7 +160,7 @@ def attn_small(q, k, v, mask, has_mask, scale, cap, slopes, out):
                     d += q[t, h, i] * k[j, kh, i]
                 d *= scale
                 if cap != _F0:
-                    d = cap * np.tanh(d / cap)
+                    d = cap * ftanh(d / cap)
                 if has_mask:
                     d += slopes[h] * mask[t, j]
                 s[j] = d
@@ -169,7 +175,7 @@ def attn_small(q, k, v, mask, has_mask, scale, cap, slopes, out):
             for j in range(KV):
                 if s[j] == ninf:
                     continue
-                p = np.exp(s[j] - mx)
+                p = fexp(s[j] - mx)
                 ssum += p
                 for i in range(Dv):
                     acc[i] += p * v[j, kh, i]
@@ -178,35 +184,41 @@ def attn_small(q, k, v, mask, has_mask, scale, cap, slopes, out):
                 out[t, h, i] = acc[i] * inv
 
 
-@njit(cache=True, fastmath=True)
-def attn_small_f16(q, k, v, mask, has_mask, scale, cap, slopes, f16, out):
+@njit(inline="always")
+def h2f(bits):
+    """Half-float bits (an integer, finite halves) -> float32 with bit operations only (vectorizes):
+    sign and the 15 low bits move into a float32 whose exponent is 112 too small, then one multiply
+    rebiases it (which also gets subnormal halves right)."""
+    b = np.int32(bits)
+    return bitcast_f32(((b & _I8000) << _I16) | ((b & _I7FFF) << _I13)) * _P112
+
+
+@njit(parallel=True, cache=True, fastmath=True, error_model="numpy")
+def attn_small_f16(q, k, v, mask, has_mask, scale, cap, slopes, out):
     """``attn_small`` over an F16 KV cache read in place: ``k``/``v`` are the cache views as
-    ``uint16`` (half bits, any strides) and ``f16`` the half -> float table. Only unmasked keys are
-    read and converted, so a decode step never converts the whole (padded) cache to float32."""
+    ``uint16`` (half bits, any strides). Only unmasked keys are read and converted, so a decode step
+    never converts the whole (padded) cache to float32. Parallel over query heads."""
     T, H, D = q.shape
     KV, Hkv, _ = k.shape
     Dv = v.shape[2]
     g = H // Hkv
-    s = np.empty(KV, np.float32)
-    acc = np.empty(Dv, np.float32)
-    kf = np.empty(D, np.float32)
     ninf = np.float32(-np.inf)
-    for t in range(T):
-        for h in range(H):
-            kh = h // g
+    for h in prange(H):
+        kh = h // g
+        s = np.empty(KV, np.float32)
+        acc = np.empty(Dv, np.float32)
+        for t in range(T):
             mx = ninf
             for j in range(KV):
                 if has_mask and mask[t, j] == ninf:
                     s[j] = ninf
                     continue
-                for i in range(D):
-                    kf[i] = f16[k[j, kh, i]]
                 d = _F0
                 for i in range(D):
-                    d += q[t, h, i] * kf[i]
+                    d += q[t, h, i] * h2f(k[j, kh, i])
                 d *= scale
                 if cap != _F0:
-                    d = cap * np.tanh(d / cap)
+                    d = cap * ftanh(d / cap)
                 if has_mask:
                     d += slopes[h] * mask[t, j]
                 s[j] = d
@@ -221,10 +233,10 @@ def attn_small_f16(q, k, v, mask, has_mask, scale, cap, slopes, f16, out):
             for j in range(KV):
                 if s[j] == ninf:
                     continue
-                p = np.exp(s[j] - mx)
+                p = fexp(s[j] - mx)
                 ssum += p
                 for i in range(Dv):
-                    acc[i] += p * f16[v[j, kh, i]]
+                    acc[i] += p * h2f(v[j, kh, i])
             inv = _F1 / ssum
             for i in range(Dv):
                 out[t, h, i] = acc[i] * inv
