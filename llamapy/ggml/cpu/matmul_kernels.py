@@ -131,7 +131,12 @@ BITS16 = np.array([[16.0 * ((v >> j) & 1) for j in range(8)] for v in range(256)
 
 @njit(inline="always")
 def _x16(x):
-    return x * np.float32(1.0 / 16.0)
+    # a plain loop: an array expression here would become a parallel region of its own
+    y = np.empty_like(x)
+    for m in range(x.shape[0]):
+        for k in range(x.shape[1]):
+            y[m, k] = x[m, k] * _S16
+    return y
 
 
 @njit(inline="always")
