@@ -4,7 +4,8 @@
 
 ``mul_mat(W, x)`` with ``x: float32[tokens, K]`` through the CPU backend (dequantize a tile of W into
 a reused scratch buffer, then BLAS sgemm), dequantization included, against ``x @ Wf.T`` with a
-float32 copy of W prepared in advance. Reports GFLOP/s (2*M*N*K / time) and the ratio.
+float32 copy of W prepared in advance (run with OpenBLAS's own thread pool at ``--threads``; llamapy
+runs one-thread sgemm calls inside Numba's pool). Reports GFLOP/s (2*M*N*K / time) and the ratio.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from llamapy.ggml import GGMLType, Graph, Scheduler, ops
 from llamapy.ggml.cpu.backend import CPUBackend
+from llamapy.ggml.cpu.blas import set_blas_threads
 from llamapy.ggml.quants import dequantize
 
 from .bench_matvec import random_weight
@@ -25,7 +27,7 @@ TYPES = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k"]
 SHAPES = ["4864x896", "896x4864", "1536x576"]
 
 
-def best_of(fn, reps: int = 5) -> float:
+def best_of(fn, reps: int = 10) -> float:
     fn()
     best = 1e9
     for _ in range(reps):
@@ -64,7 +66,9 @@ def main() -> None:
             sched.compute(g, {x: xv})
             dt = best_of(lambda g=g: sched.compute(g, {}))
             out = np.empty((args.tokens, n), np.float32)
+            set_blas_threads(args.threads)  # the reference: NumPy's matmul on OpenBLAS's own threads
             dn = best_of(lambda wf=wf, xv=xv, out=out: np.matmul(xv, wf.T, out=out))
+            set_blas_threads(1)
             fl = 2.0 * args.tokens * n * k
             print(
                 f"{tn:6} {sh:>10} {dt * 1e3:8.2f} {fl / dt / 1e9:8.1f} {dn * 1e3:13.2f} {fl / dn / 1e9:8.1f} {dn / dt:6.2f}"

@@ -38,7 +38,9 @@ def test_attention_matches_numpy_reference():
     k = rng.standard_normal((KV, Hkv, D)).astype(np.float32)
     v = rng.standard_normal((KV, Hkv, D)).astype(np.float32)
     mask = np.zeros((T, KV), np.float32)
-    mask[np.arange(KV)[None, :] > np.arange(T)[:, None] + 20] = -np.inf
+    mask[np.arange(KV)[None, :] > np.arange(T)[:, None] + 20] = -np.inf  # causal
+    mask[np.arange(KV)[None, :] < np.arange(T)[:, None] - 40] = -np.inf  # sliding window
+    mask[64:, :] = np.where(np.arange(KV)[None, :] % 3 == 0, -np.inf, mask[64:, :])  # holes in the band
     mask[3] = -np.inf  # a row with every key masked gives zeros
     out = np.empty((T, H, D), np.float32)
     scores = np.empty((2, blas.ATTN_CHUNK, KV), np.float32)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "ATTN_CHUNK", "attention", "attention_supported", "gemm_nt"]
+__all__ = ["AVAILABLE", "ATTN_CHUNK", "attention", "attention_supported", "gemm_nt", "set_blas_threads"]
 
 #: query rows per attention work item (scores scratch: n_threads x ATTN_CHUNK x n_kv floats)
 ATTN_CHUNK = 64
@@ -38,6 +38,19 @@ def _candidates() -> list[str]:
     root = os.path.dirname(os.path.abspath(np.__file__))
     pats = [os.path.join(root, "..", "numpy.libs", "*openblas*"), os.path.join(root, ".dylibs", "*openblas*")]
     return sorted(p for pat in pats for p in glob.glob(pat))
+
+
+def set_blas_threads(n: int) -> bool:
+    """Let NumPy's OpenBLAS use ``n`` threads of its own again (for comparisons with plain NumPy, e.g.
+    in benchmarks; llamapy's kernels assume 1). False where that OpenBLAS was not found."""
+    if _FOUND is None:
+        return False
+    lib = ctypes.CDLL(_FOUND[0])
+    for _, set_threads, _ in _SYMBOLS:
+        if hasattr(lib, set_threads):
+            getattr(lib, set_threads)(int(n))
+            return True
+    return False
 
 
 def _find() -> tuple[str, str, bool] | None:
@@ -89,7 +102,7 @@ def _build(found: tuple[str, str, bool]) -> tuple[Callable[..., None], Callable[
     def _attn(q, k, v, mask, has_mask, scale, cap, slopes, S, out, chunk):
         # q[T, H, D], k[KV, Hkv, D], v[KV, Hkv, Dv], out[T, H, Dv]: unit last stride, row strides free;
         # mask[T, KV] (0 / -inf, times the head's ALiBi slope); S[n_threads, chunk, KV] scratch.
-        # Work items are (query head, chunk of query rows); thread th takes a contiguous run of them.
+        # Work items are (query head, chunk of query rows), dealt round robin to the threads.
         T, H, D = q.shape
         KV, Hkv, _ = k.shape
         Dv = v.shape[2]
@@ -97,47 +110,67 @@ def _build(found: tuple[str, str, bool]) -> tuple[Callable[..., None], Callable[
         nth = S.shape[0]
         nch = (T + chunk - 1) // chunk
         items = H * nch
-        per = (items + nth - 1) // nth
         ninf = -np.inf
         for th in prange(nth):
             s = S[th]
-            for item in range(th * per, min(items, (th + 1) * per)):
+            for item in range(th, items, nth):  # round robin: causal chunks cost more the later they are
                 h = item // nch
                 t0 = (item % nch) * chunk
                 n = min(chunk, T - t0)
                 hk = h // g
-                sgemm(np.int32(101), np.int32(111), np.int32(112), it(n), it(KV), it(D), np.float32(1.0),
+                # only the keys some row of this chunk sees (causal / sliding-window masks: a band)
+                j0 = 0
+                j1 = KV
+                if has_mask:
+                    j0 = KV
+                    j1 = 0
+                    for i in range(n):
+                        for j in range(KV):
+                            if mask[t0 + i, j] != ninf:
+                                j0 = min(j0, j)
+                                break
+                        for j in range(KV - 1, -1, -1):
+                            if mask[t0 + i, j] != ninf:
+                                j1 = max(j1, j + 1)
+                                break
+                if j1 <= j0:  # every key masked for every row: zeros
+                    for i in range(n):
+                        for c in range(Dv):
+                            out[t0 + i, h, c] = 0.0
+                    continue
+                nk = j1 - j0
+                sgemm(np.int32(101), np.int32(111), np.int32(112), it(n), it(nk), it(D), np.float32(1.0),
                       q.ctypes.data + t0 * q.strides[0] + h * q.strides[1], it(q.strides[0] // 4),
-                      k.ctypes.data + hk * k.strides[1], it(k.strides[0] // 4), np.float32(0.0),
-                      s.ctypes.data, it(KV))  # fmt: skip
+                      k.ctypes.data + j0 * k.strides[0] + hk * k.strides[1], it(k.strides[0] // 4),
+                      np.float32(0.0), s.ctypes.data, it(KV))  # fmt: skip
                 sl = slopes[h]
                 for i in range(n):
                     row = s[i]
                     mx = ninf
-                    for j in range(KV):
+                    for j in range(nk):
                         x = row[j] * scale
                         if cap > 0:
                             x = cap * ftanh(x / cap)
                         if has_mask:
-                            x += sl * mask[t0 + i, j]
+                            x += sl * mask[t0 + i, j0 + j]
                         row[j] = x
                         mx = max(mx, x)
                     if mx == ninf:
-                        for j in range(KV):
+                        for j in range(nk):
                             row[j] = 0.0
                         continue
                     tot = np.float32(0.0)
-                    for j in range(KV):
+                    for j in range(nk):
                         e = fexp(row[j] - mx)
                         row[j] = e
                         tot += e
                     inv = np.float32(1.0) / tot
-                    for j in range(KV):
+                    for j in range(nk):
                         row[j] *= inv
-                sgemm(np.int32(101), np.int32(111), np.int32(111), it(n), it(Dv), it(KV), np.float32(1.0),
-                      s.ctypes.data, it(KV), v.ctypes.data + hk * v.strides[1], it(v.strides[0] // 4),
-                      np.float32(0.0), out.ctypes.data + t0 * out.strides[0] + h * out.strides[1],
-                      it(out.strides[0] // 4))  # fmt: skip
+                sgemm(np.int32(101), np.int32(111), np.int32(111), it(n), it(Dv), it(nk), np.float32(1.0),
+                      s.ctypes.data, it(KV), v.ctypes.data + j0 * v.strides[0] + hk * v.strides[1],
+                      it(v.strides[0] // 4), np.float32(0.0),
+                      out.ctypes.data + t0 * out.strides[0] + h * out.strides[1], it(out.strides[0] // 4))  # fmt: skip
 
     return _gemm_nt, _attn
 
