@@ -85,7 +85,7 @@ def test_matvec_kernels_match_gguf_py(t):
     ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(t)))
     x = f32(2, 512)
     out = np.zeros((2, 5), np.float32)
-    mk.MATVEC[t.name](raw, x, np.empty((2, 512 // 32), np.float32), out, mk.F16_TABLE)
+    mk.MATVEC[t.name](raw, x, out, mk.F16_TABLE)
     assert nmse(out, x @ ref.T) < 1e-10
 
 

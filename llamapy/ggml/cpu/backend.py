@@ -221,14 +221,13 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     if name in mk.MATVEC and M <= MATVEC_MAX_TOKENS and A.flags.c_contiguous:
         kern = mk.MATVEC[name]
         be.need(kern)
-        xs = np.empty((M, K // 32), np.float32)
         f16 = mk.F16_TABLE
         if pre is None:
-            return lambda: kern(A, x, xs, out2, f16)
+            return lambda: kern(A, x, out2, f16)
 
         def step_mv() -> None:
             pre()
-            kern(A, x, xs, out2, f16)
+            kern(A, x, out2, f16)
 
         return step_mv
     # large batch (or another type): dequantize a tile of rows into scratch, then BLAS sgemm
@@ -276,7 +275,7 @@ def _mul_mat_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
             x = np.ascontiguousarray(B[t_idx, u_idx if B.shape[1] > 1 else 0], dtype=np.float32)
             y = np.empty((x.shape[0], N), np.float32)
             if kern is not None and x.shape[0] <= MATVEC_MAX_TOKENS:
-                kern(A[e], x, np.empty((x.shape[0], K // 32), np.float32), y, f16)
+                kern(A[e], x, y, f16)
             else:
                 np.matmul(x, _expert_f32(a.type, A[e]).T, out=y)
             out[t_idx, u_idx] = y
