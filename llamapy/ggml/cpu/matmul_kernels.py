@@ -274,11 +274,10 @@ def _scale_min_k4(w, o, j):
 
 
 @njit(inline="always")
-def _k_chunk(acc, wr, o, c, lo, hi, sl, sh, f16):
+def _k_chunk(acc, wr, o, c, lo, hi, sl, sh, d, dmin):
     """Add one 64-element chunk ``c`` of a Q4_K/Q5_K block: ``lo``/``hi`` the quant dot products of
-    its two 32-element halves, ``sl``/``sh`` the sums of x over them."""
-    d = _h(wr, o, f16)
-    dmin = _h(wr, o + 2, f16)
+    its two 32-element halves, ``sl``/``sh`` the sums of x over them, ``d``/``dmin`` the block's
+    super-scales."""
     sc1, mn1 = _scale_min_k4(wr, o + 4, 2 * c)
     sc2, mn2 = _scale_min_k4(wr, o + 4, 2 * c + 1)
     acc = vfma(acc, vsplat(d * sc1), lo)
@@ -317,19 +316,26 @@ def mm_q4_k(w, x, out, f16):
                 if m == 0:
                     _pf(wf, pf + b * 576, 576, N * rb)
                 o = b * 144
+                d0, d1, d2, d3 = _h(w0, o, f16), _h(w1, o, f16), _h(w2, o, f16), _h(w3, o, f16)
+                n0, n1, n2, n3 = (
+                    _h(w0, o + 2, f16),
+                    _h(w1, o + 2, f16),
+                    _h(w2, o + 2, f16),
+                    _h(w3, o + 2, f16),
+                )
                 for c in range(4):
                     x0 = b * 256 + 64 * c
                     sl = _xsum32(xm, x0)
                     sh = _xsum32(xm, x0 + 32)
                     q = o + 16 + 32 * c
                     lo, hi = _q4k_dots(w0, q, xm, x0)
-                    a0 = _k_chunk(a0, w0, o, c, lo, hi, sl, sh, f16)
+                    a0 = _k_chunk(a0, w0, o, c, lo, hi, sl, sh, d0, n0)
                     lo, hi = _q4k_dots(w1, q, xm, x0)
-                    a1 = _k_chunk(a1, w1, o, c, lo, hi, sl, sh, f16)
+                    a1 = _k_chunk(a1, w1, o, c, lo, hi, sl, sh, d1, n1)
                     lo, hi = _q4k_dots(w2, q, xm, x0)
-                    a2 = _k_chunk(a2, w2, o, c, lo, hi, sl, sh, f16)
+                    a2 = _k_chunk(a2, w2, o, c, lo, hi, sl, sh, d2, n2)
                     lo, hi = _q4k_dots(w3, q, xm, x0)
-                    a3 = _k_chunk(a3, w3, o, c, lo, hi, sl, sh, f16)
+                    a3 = _k_chunk(a3, w3, o, c, lo, hi, sl, sh, d3, n3)
             _store4(out, m, g, N, a0, a1, a2, a3)
 
 
@@ -358,19 +364,26 @@ def mm_q5_k(w, x, out, f16):
                 if m == 0:
                     _pf(wf, pf + b * 704, 704, N * rb)
                 o = b * 176
+                d0, d1, d2, d3 = _h(w0, o, f16), _h(w1, o, f16), _h(w2, o, f16), _h(w3, o, f16)
+                n0, n1, n2, n3 = (
+                    _h(w0, o + 2, f16),
+                    _h(w1, o + 2, f16),
+                    _h(w2, o + 2, f16),
+                    _h(w3, o + 2, f16),
+                )
                 for c in range(4):
                     x0 = b * 256 + 64 * c
                     sl = _xsum32(xm, x0)
                     sh = _xsum32(xm, x0 + 32)
                     q = o + 48 + 32 * c
                     lo, hi = _q5k_dots(w0, q, o + 16, c, xm, x0)
-                    a0 = _k_chunk(a0, w0, o, c, lo, hi, sl, sh, f16)
+                    a0 = _k_chunk(a0, w0, o, c, lo, hi, sl, sh, d0, n0)
                     lo, hi = _q5k_dots(w1, q, o + 16, c, xm, x0)
-                    a1 = _k_chunk(a1, w1, o, c, lo, hi, sl, sh, f16)
+                    a1 = _k_chunk(a1, w1, o, c, lo, hi, sl, sh, d1, n1)
                     lo, hi = _q5k_dots(w2, q, o + 16, c, xm, x0)
-                    a2 = _k_chunk(a2, w2, o, c, lo, hi, sl, sh, f16)
+                    a2 = _k_chunk(a2, w2, o, c, lo, hi, sl, sh, d2, n2)
                     lo, hi = _q5k_dots(w3, q, o + 16, c, xm, x0)
-                    a3 = _k_chunk(a3, w3, o, c, lo, hi, sl, sh, f16)
+                    a3 = _k_chunk(a3, w3, o, c, lo, hi, sl, sh, d3, n3)
             _store4(out, m, g, N, a0, a1, a2, a3)
 
 
