@@ -274,20 +274,9 @@ def _scale_min_k4(w, o, j):
 
 
 @njit(inline="always")
-def _k_chunk(acc, wr, o, c, lo, hi, sl, sh, d, dmin):
-    """Add one 64-element chunk ``c`` of a Q4_K/Q5_K block: ``lo``/``hi`` the quant dot products of
-    its two 32-element halves, ``sl``/``sh`` the sums of x over them, ``d``/``dmin`` the block's
-    super-scales."""
-    sc1, mn1 = _scale_min_k4(wr, o + 4, 2 * c)
-    sc2, mn2 = _scale_min_k4(wr, o + 4, 2 * c + 1)
-    acc = vfma(acc, vsplat(d * sc1), lo)
-    acc = vfma(acc, vsplat(d * sc2), hi)
-    acc = vfma(acc, vsplat(-dmin * mn1), sl)
-    return vfma(acc, vsplat(-dmin * mn2), sh)
-
-
-@njit(inline="always")
 def _q4k_dots(wr, q, xm, x0):
+    """Dot products of a 64-element chunk's two halves (low nibbles of the 32 bytes at ``q`` with
+    x[x0:x0+32], high nibbles with x[x0+32:x0+64])."""
     lo = vmul(vq4(wr, q, False), vload(xm, x0))
     hi = vmul(vq4(wr, q, True), vload(xm, x0 + 32))
     for i in range(1, 4):
@@ -297,50 +286,8 @@ def _q4k_dots(wr, q, xm, x0):
 
 
 @njit(inline="always")
-def _xsum32(xm, x0):
-    return vadd(vadd(vload(xm, x0), vload(xm, x0 + 8)), vadd(vload(xm, x0 + 16), vload(xm, x0 + 24)))
-
-
-@njit(parallel=True, cache=True, fastmath=True)
-def mm_q4_k(w, x, out, f16):
-    N, rb = w.shape
-    nb = rb // 144
-    wf = w.reshape(-1)
-    for g in prange((N + 3) // 4):
-        w0, w1, w2, w3 = _rows4(w, g, N)
-        pf = (g * 4 + PREFETCH_ROWS) * rb
-        for m in range(x.shape[0]):
-            xm = x[m]
-            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            for b in range(nb):
-                if m == 0:
-                    _pf(wf, pf + b * 576, 576, N * rb)
-                o = b * 144
-                d0, d1, d2, d3 = _h(w0, o, f16), _h(w1, o, f16), _h(w2, o, f16), _h(w3, o, f16)
-                n0, n1, n2, n3 = (
-                    _h(w0, o + 2, f16),
-                    _h(w1, o + 2, f16),
-                    _h(w2, o + 2, f16),
-                    _h(w3, o + 2, f16),
-                )
-                for c in range(4):
-                    x0 = b * 256 + 64 * c
-                    sl = _xsum32(xm, x0)
-                    sh = _xsum32(xm, x0 + 32)
-                    q = o + 16 + 32 * c
-                    lo, hi = _q4k_dots(w0, q, xm, x0)
-                    a0 = _k_chunk(a0, w0, o, c, lo, hi, sl, sh, d0, n0)
-                    lo, hi = _q4k_dots(w1, q, xm, x0)
-                    a1 = _k_chunk(a1, w1, o, c, lo, hi, sl, sh, d1, n1)
-                    lo, hi = _q4k_dots(w2, q, xm, x0)
-                    a2 = _k_chunk(a2, w2, o, c, lo, hi, sl, sh, d2, n2)
-                    lo, hi = _q4k_dots(w3, q, xm, x0)
-                    a3 = _k_chunk(a3, w3, o, c, lo, hi, sl, sh, d3, n3)
-            _store4(out, m, g, N, a0, a1, a2, a3)
-
-
-@njit(inline="always")
 def _q5k_dots(wr, q, qh, c, xm, x0):
+    """As ``_q4k_dots`` with the fifth bits (bits 2c and 2c+1 of the 32 bytes at ``qh``)."""
     lo = vmul(vq5k(wr, q, False, wr, qh, 2 * c), vload(xm, x0))
     hi = vmul(vq5k(wr, q, True, wr, qh, 2 * c + 1), vload(xm, x0 + 32))
     for i in range(1, 4):
@@ -349,42 +296,117 @@ def _q5k_dots(wr, q, qh, c, xm, x0):
     return lo, hi
 
 
+@njit(inline="always")
+def _k_scaled(acc, wr, o, c, d, lo, hi):
+    """Add the two halves of chunk ``c`` (elements 64c .. 64c+63) of a Q4_K/Q5_K block, times their
+    scales (the mins are applied per block, against the per-32 sums of x, by ``_k_mins``)."""
+    sc1, _ = _scale_min_k4(wr, o + 4, 2 * c)
+    sc2, _ = _scale_min_k4(wr, o + 4, 2 * c + 1)
+    acc = vfma(acc, vsplat(d * sc1), lo)
+    return vfma(acc, vsplat(d * sc2), hi)
+
+
+@njit(inline="always")
+def _k_mins(wr, o, xs, b, f16):
+    s = np.float32(0.0)
+    for j in range(8):
+        _, mn = _scale_min_k4(wr, o + 4, j)
+        s += mn * xs[b * 8 + j]
+    return _h(wr, o + 2, f16) * s
+
+
+@njit(inline="always")
+def _q4k_row(acc, mins, wr, o, xm, xs, b, f16):
+    """One Q4_K block of one row: scaled quants into the vector ``acc``, dmin times the mins into the
+    scalar ``mins`` (subtracted at the end)."""
+    d = _h(wr, o, f16)
+    for c in range(4):
+        lo, hi = _q4k_dots(wr, o + 16 + 32 * c, xm, b * 256 + 64 * c)
+        acc = _k_scaled(acc, wr, o, c, d, lo, hi)
+    return acc, mins + _k_mins(wr, o, xs, b, f16)
+
+
+@njit(inline="always")
+def _q5k_row(acc, mins, wr, o, xm, xs, b, f16):
+    """As ``_q4k_row`` for Q5_K."""
+    d = _h(wr, o, f16)
+    for c in range(4):
+        lo, hi = _q5k_dots(wr, o + 48 + 32 * c, o + 16, c, xm, b * 256 + 64 * c)
+        acc = _k_scaled(acc, wr, o, c, d, lo, hi)
+    return acc, mins + _k_mins(wr, o, xs, b, f16)
+
+
+@njit(inline="always")
+def _xsums32(x):
+    """Sums of x over each 32 elements, float32[M, K // 32] (a plain loop: an array expression here
+    would become a parallel region of its own)."""
+    M, K = x.shape
+    xs = np.empty((M, K // 32), np.float32)
+    for m in range(M):
+        for b in range(K // 32):
+            s = np.float32(0.0)
+            for j in range(32):
+                s += x[m, b * 32 + j]
+            xs[m, b] = s
+    return xs
+
+
 @njit(parallel=True, cache=True, fastmath=True)
-def mm_q5_k(w, x, out, f16):
+def mm_q4_k(w, x, out, f16):
     N, rb = w.shape
-    nb = rb // 176
+    nb = rb // 144
     wf = w.reshape(-1)
+    xs = _xsums32(x)
     for g in prange((N + 3) // 4):
         w0, w1, w2, w3 = _rows4(w, g, N)
         pf = (g * 4 + PREFETCH_ROWS) * rb
         for m in range(x.shape[0]):
             xm = x[m]
+            xsm = xs[m]
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+            c0 = c1 = c2 = c3 = np.float32(0.0)
             for b in range(nb):
                 if m == 0:
-                    _pf(wf, pf + b * 704, 704, N * rb)
+                    _pf(wf, pf + b * 4 * 144, 4 * 144, N * rb)
+                o = b * 144
+                a0, c0 = _q4k_row(a0, c0, w0, o, xm, xsm, b, f16)
+                a1, c1 = _q4k_row(a1, c1, w1, o, xm, xsm, b, f16)
+                a2, c2 = _q4k_row(a2, c2, w2, o, xm, xsm, b, f16)
+                a3, c3 = _q4k_row(a3, c3, w3, o, xm, xsm, b, f16)
+            r0 = g * 4
+            out[m, min(r0 + 3, N - 1)] = vhsum(a3) - c3
+            out[m, min(r0 + 2, N - 1)] = vhsum(a2) - c2
+            out[m, min(r0 + 1, N - 1)] = vhsum(a1) - c1
+            out[m, r0] = vhsum(a0) - c0
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def mm_q5_k(w, x, out, f16):
+    N, rb = w.shape
+    nb = rb // 176
+    wf = w.reshape(-1)
+    xs = _xsums32(x)
+    for g in prange((N + 3) // 4):
+        w0, w1, w2, w3 = _rows4(w, g, N)
+        pf = (g * 4 + PREFETCH_ROWS) * rb
+        for m in range(x.shape[0]):
+            xm = x[m]
+            xsm = xs[m]
+            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+            c0 = c1 = c2 = c3 = np.float32(0.0)
+            for b in range(nb):
+                if m == 0:
+                    _pf(wf, pf + b * 4 * 176, 4 * 176, N * rb)
                 o = b * 176
-                d0, d1, d2, d3 = _h(w0, o, f16), _h(w1, o, f16), _h(w2, o, f16), _h(w3, o, f16)
-                n0, n1, n2, n3 = (
-                    _h(w0, o + 2, f16),
-                    _h(w1, o + 2, f16),
-                    _h(w2, o + 2, f16),
-                    _h(w3, o + 2, f16),
-                )
-                for c in range(4):
-                    x0 = b * 256 + 64 * c
-                    sl = _xsum32(xm, x0)
-                    sh = _xsum32(xm, x0 + 32)
-                    q = o + 48 + 32 * c
-                    lo, hi = _q5k_dots(w0, q, o + 16, c, xm, x0)
-                    a0 = _k_chunk(a0, w0, o, c, lo, hi, sl, sh, d0, n0)
-                    lo, hi = _q5k_dots(w1, q, o + 16, c, xm, x0)
-                    a1 = _k_chunk(a1, w1, o, c, lo, hi, sl, sh, d1, n1)
-                    lo, hi = _q5k_dots(w2, q, o + 16, c, xm, x0)
-                    a2 = _k_chunk(a2, w2, o, c, lo, hi, sl, sh, d2, n2)
-                    lo, hi = _q5k_dots(w3, q, o + 16, c, xm, x0)
-                    a3 = _k_chunk(a3, w3, o, c, lo, hi, sl, sh, d3, n3)
-            _store4(out, m, g, N, a0, a1, a2, a3)
+                a0, c0 = _q5k_row(a0, c0, w0, o, xm, xsm, b, f16)
+                a1, c1 = _q5k_row(a1, c1, w1, o, xm, xsm, b, f16)
+                a2, c2 = _q5k_row(a2, c2, w2, o, xm, xsm, b, f16)
+                a3, c3 = _q5k_row(a3, c3, w3, o, xm, xsm, b, f16)
+            r0 = g * 4
+            out[m, min(r0 + 3, N - 1)] = vhsum(a3) - c3
+            out[m, min(r0 + 2, N - 1)] = vhsum(a2) - c2
+            out[m, min(r0 + 1, N - 1)] = vhsum(a1) - c1
+            out[m, r0] = vhsum(a0) - c0
 
 
 @njit(inline="always")
