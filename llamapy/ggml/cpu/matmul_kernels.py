@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._numba import njit, prange, prefetch
-from .simd import u16at, u32at, vadd, vfma, vhsum, vi8, vload, vmul, vq4, vq5, vq5k, vq6, vsplat, vsub, vzero
+from .simd import u16at, vadd, vfma, vhsum, vi8, vload, vmul, vq4, vq5k, vq6, vsplat, vsub, vzero
 
 F16_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 
@@ -39,11 +39,6 @@ PREFETCH_ROWS = 16
 @njit(inline="always")
 def _h(w, o, f16):
     return f16[u16at(w, o)]
-
-
-@njit(inline="always")
-def _u32(w, o):
-    return u32at(w, o)
 
 
 @njit(inline="always")
@@ -79,13 +74,19 @@ def _nib(wr, q, x0, x1, x2, x3):
     return vfma(t, vq4(wr, q + 8, True), x3)
 
 
+#: BITS16[8 * v + j] = 16.0 if bit j of the byte v is set: the fifth bits of 8 Q5_0/Q5_1 elements
+#: as one vector load (8 KiB, stays in L1), instead of four integer operations per 8 elements
+BITS16 = np.array([16.0 * ((v >> j) & 1) for v in range(256) for j in range(8)], np.float32)
+
+
 @njit(inline="always")
-def _nib5(wr, q, qh, x0, x1, x2, x3):
-    """As ``_nib`` with the fifth bits of the 32-bit ``qh`` (bit j belongs to element j)."""
-    t = vmul(vq5(wr, q, False, qh, 0), x0)
-    t = vfma(t, vq5(wr, q + 8, False, qh, 8), x1)
-    t = vfma(t, vq5(wr, q, True, qh, 16), x2)
-    return vfma(t, vq5(wr, q + 8, True, qh, 24), x3)
+def _nib5(wr, q, qh, x0, x1, x2, x3, bits):
+    """As ``_nib`` with the 32 fifth bits in the 4 bytes at ``qh`` (bit j belongs to element j)."""
+    t = _nib(wr, q, x0, x1, x2, x3)
+    t = vfma(t, vload(bits, np.int64(wr[qh]) * 8), x0)
+    t = vfma(t, vload(bits, np.int64(wr[qh + 1]) * 8), x1)
+    t = vfma(t, vload(bits, np.int64(wr[qh + 2]) * 8), x2)
+    return vfma(t, vload(bits, np.int64(wr[qh + 3]) * 8), x3)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -175,23 +176,23 @@ def mm_q5_0(w, x, out, f16):
                 )
                 c = vmul(vadd(vadd(x0, x1), vadd(x2, x3)), vsplat(_F16))  # the -16 offset
                 a0 = vfma(
-                    a0, vsplat(_h(w0, o, f16)), vsub(_nib5(w0, o + 6, _u32(w0, o + 2), x0, x1, x2, x3), c)
+                    a0, vsplat(_h(w0, o, f16)), vsub(_nib5(w0, o + 6, o + 2, x0, x1, x2, x3, BITS16), c)
                 )
                 a1 = vfma(
-                    a1, vsplat(_h(w1, o, f16)), vsub(_nib5(w1, o + 6, _u32(w1, o + 2), x0, x1, x2, x3), c)
+                    a1, vsplat(_h(w1, o, f16)), vsub(_nib5(w1, o + 6, o + 2, x0, x1, x2, x3, BITS16), c)
                 )
                 a2 = vfma(
-                    a2, vsplat(_h(w2, o, f16)), vsub(_nib5(w2, o + 6, _u32(w2, o + 2), x0, x1, x2, x3), c)
+                    a2, vsplat(_h(w2, o, f16)), vsub(_nib5(w2, o + 6, o + 2, x0, x1, x2, x3, BITS16), c)
                 )
                 a3 = vfma(
-                    a3, vsplat(_h(w3, o, f16)), vsub(_nib5(w3, o + 6, _u32(w3, o + 2), x0, x1, x2, x3), c)
+                    a3, vsplat(_h(w3, o, f16)), vsub(_nib5(w3, o + 6, o + 2, x0, x1, x2, x3, BITS16), c)
                 )
             _store4(out, m, g, N, a0, a1, a2, a3)
 
 
 @njit(inline="always")
 def _q51(acc, wr, o, x0, x1, x2, x3, xsum, f16):
-    acc = vfma(acc, vsplat(_h(wr, o, f16)), _nib5(wr, o + 8, _u32(wr, o + 4), x0, x1, x2, x3))
+    acc = vfma(acc, vsplat(_h(wr, o, f16)), _nib5(wr, o + 8, o + 4, x0, x1, x2, x3, BITS16))
     return vfma(acc, vsplat(_h(wr, o + 2, f16)), xsum)
 
 
@@ -263,17 +264,6 @@ def mm_q8_0(w, x, out, f16):
 
 # -- 256-element super-blocks: Q4_K, Q5_K, Q6_K -----------------------------------------------------
 @njit(inline="always")
-def _scale_min_k4(w, o, j):
-    """6-bit scale and min ``j`` (0..7) of a Q4_K/Q5_K block whose scales start at ``o``."""
-    if j < 4:
-        return np.float32(np.int32(w[o + j]) & _I63), np.float32(np.int32(w[o + j + 4]) & _I63)
-    a = np.int32(w[o + j + 4])
-    sc = (a & _I15) | ((np.int32(w[o + j - 4]) >> _I6) << _I4)
-    mn = (a >> _I4) | ((np.int32(w[o + j]) >> _I6) << _I4)
-    return np.float32(sc), np.float32(mn)
-
-
-@njit(inline="always")
 def _q4k_dots(wr, q, xm, x0):
     """Dot products of a 64-element chunk's two halves (low nibbles of the 32 bytes at ``q`` with
     x[x0:x0+32], high nibbles with x[x0+32:x0+64])."""
@@ -297,43 +287,52 @@ def _q5k_dots(wr, q, qh, c, xm, x0):
 
 
 @njit(inline="always")
-def _k_scaled(acc, wr, o, c, d, lo, hi):
-    """Add the two halves of chunk ``c`` (elements 64c .. 64c+63) of a Q4_K/Q5_K block, times their
-    scales (the mins are applied per block, against the per-32 sums of x, by ``_k_mins``)."""
-    sc1, _ = _scale_min_k4(wr, o + 4, 2 * c)
-    sc2, _ = _scale_min_k4(wr, o + 4, 2 * c + 1)
-    acc = vfma(acc, vsplat(d * sc1), lo)
-    return vfma(acc, vsplat(d * sc2), hi)
+def _k_scales(wr, o, sb):
+    """The 8 six-bit scales (into ``sb[0:8]``) and 8 mins (``sb[8:16]``) of the Q4_K/Q5_K block at
+    ``o``, unpacked once per block and row without branches (``get_scale_min_k4``)."""
+    p = o + 4
+    for j in range(4):
+        lo = np.int32(wr[p + j])
+        mid = np.int32(wr[p + j + 4])
+        hi = np.int32(wr[p + j + 8])
+        sb[j] = np.float32(lo & _I63)
+        sb[8 + j] = np.float32(mid & _I63)
+        sb[4 + j] = np.float32((hi & _I15) | ((lo >> _I6) << _I4))
+        sb[12 + j] = np.float32((hi >> _I4) | ((mid >> _I6) << _I4))
 
 
 @njit(inline="always")
-def _k_mins(wr, o, xs, b, f16):
+def _k_mins(wr, o, sb, xs, b, f16):
+    """dmin times the block's mins against the per-32 sums of x (subtracted once per row)."""
     s = np.float32(0.0)
     for j in range(8):
-        _, mn = _scale_min_k4(wr, o + 4, j)
-        s += mn * xs[b * 8 + j]
+        s += sb[8 + j] * xs[b * 8 + j]
     return _h(wr, o + 2, f16) * s
 
 
 @njit(inline="always")
-def _q4k_row(acc, mins, wr, o, xm, xs, b, f16):
+def _q4k_row(acc, mins, wr, o, xm, xs, b, f16, sb):
     """One Q4_K block of one row: scaled quants into the vector ``acc``, dmin times the mins into the
-    scalar ``mins`` (subtracted at the end)."""
+    scalar ``mins``; ``sb`` is 16 floats of scratch for the unpacked scales."""
+    _k_scales(wr, o, sb)
     d = _h(wr, o, f16)
     for c in range(4):
         lo, hi = _q4k_dots(wr, o + 16 + 32 * c, xm, b * 256 + 64 * c)
-        acc = _k_scaled(acc, wr, o, c, d, lo, hi)
-    return acc, mins + _k_mins(wr, o, xs, b, f16)
+        acc = vfma(acc, vsplat(d * sb[2 * c]), lo)
+        acc = vfma(acc, vsplat(d * sb[2 * c + 1]), hi)
+    return acc, mins + _k_mins(wr, o, sb, xs, b, f16)
 
 
 @njit(inline="always")
-def _q5k_row(acc, mins, wr, o, xm, xs, b, f16):
+def _q5k_row(acc, mins, wr, o, xm, xs, b, f16, sb):
     """As ``_q4k_row`` for Q5_K."""
+    _k_scales(wr, o, sb)
     d = _h(wr, o, f16)
     for c in range(4):
         lo, hi = _q5k_dots(wr, o + 48 + 32 * c, o + 16, c, xm, b * 256 + 64 * c)
-        acc = _k_scaled(acc, wr, o, c, d, lo, hi)
-    return acc, mins + _k_mins(wr, o, xs, b, f16)
+        acc = vfma(acc, vsplat(d * sb[2 * c]), lo)
+        acc = vfma(acc, vsplat(d * sb[2 * c + 1]), hi)
+    return acc, mins + _k_mins(wr, o, sb, xs, b, f16)
 
 
 @njit(inline="always")
@@ -357,8 +356,10 @@ def mm_q4_k(w, x, out, f16):
     nb = rb // 144
     wf = w.reshape(-1)
     xs = _xsums32(x)
+    scales = np.empty(((N + 3) // 4, 16), np.float32)  # one row of scratch per group of rows
     for g in prange((N + 3) // 4):
         w0, w1, w2, w3 = _rows4(w, g, N)
+        sb = scales[g]
         pf = (g * 4 + PREFETCH_ROWS) * rb
         for m in range(x.shape[0]):
             xm = x[m]
@@ -369,10 +370,10 @@ def mm_q4_k(w, x, out, f16):
                 if m == 0:
                     _pf(wf, pf + b * 4 * 144, 4 * 144, N * rb)
                 o = b * 144
-                a0, c0 = _q4k_row(a0, c0, w0, o, xm, xsm, b, f16)
-                a1, c1 = _q4k_row(a1, c1, w1, o, xm, xsm, b, f16)
-                a2, c2 = _q4k_row(a2, c2, w2, o, xm, xsm, b, f16)
-                a3, c3 = _q4k_row(a3, c3, w3, o, xm, xsm, b, f16)
+                a0, c0 = _q4k_row(a0, c0, w0, o, xm, xsm, b, f16, sb)
+                a1, c1 = _q4k_row(a1, c1, w1, o, xm, xsm, b, f16, sb)
+                a2, c2 = _q4k_row(a2, c2, w2, o, xm, xsm, b, f16, sb)
+                a3, c3 = _q4k_row(a3, c3, w3, o, xm, xsm, b, f16, sb)
             r0 = g * 4
             out[m, min(r0 + 3, N - 1)] = vhsum(a3) - c3
             out[m, min(r0 + 2, N - 1)] = vhsum(a2) - c2
@@ -386,8 +387,10 @@ def mm_q5_k(w, x, out, f16):
     nb = rb // 176
     wf = w.reshape(-1)
     xs = _xsums32(x)
+    scales = np.empty(((N + 3) // 4, 16), np.float32)  # one row of scratch per group of rows
     for g in prange((N + 3) // 4):
         w0, w1, w2, w3 = _rows4(w, g, N)
+        sb = scales[g]
         pf = (g * 4 + PREFETCH_ROWS) * rb
         for m in range(x.shape[0]):
             xm = x[m]
@@ -398,10 +401,10 @@ def mm_q5_k(w, x, out, f16):
                 if m == 0:
                     _pf(wf, pf + b * 4 * 176, 4 * 176, N * rb)
                 o = b * 176
-                a0, c0 = _q5k_row(a0, c0, w0, o, xm, xsm, b, f16)
-                a1, c1 = _q5k_row(a1, c1, w1, o, xm, xsm, b, f16)
-                a2, c2 = _q5k_row(a2, c2, w2, o, xm, xsm, b, f16)
-                a3, c3 = _q5k_row(a3, c3, w3, o, xm, xsm, b, f16)
+                a0, c0 = _q5k_row(a0, c0, w0, o, xm, xsm, b, f16, sb)
+                a1, c1 = _q5k_row(a1, c1, w1, o, xm, xsm, b, f16, sb)
+                a2, c2 = _q5k_row(a2, c2, w2, o, xm, xsm, b, f16, sb)
+                a3, c3 = _q5k_row(a3, c3, w3, o, xm, xsm, b, f16, sb)
             r0 = g * 4
             out[m, min(r0 + 3, N - 1)] = vhsum(a3) - c3
             out[m, min(r0 + 2, N - 1)] = vhsum(a2) - c2

@@ -10,7 +10,7 @@ The operations are generic LLVM vector IR (no x86 intrinsics): LLVM lowers them 
 two 128-bit halves on SSE or NEON. Loads are unaligned; index arguments are element offsets into 1-D
 C-contiguous arrays and are not bounds-checked (the kernels keep them in bounds).
 
-Bit unpacking (``vq4``, ``vq5``, ``vq6``...) takes 8 consecutive bytes starting at ``i`` and returns
+Bit unpacking (``vq4``, ``vq5k``, ``vq6``) takes 8 consecutive bytes starting at ``i`` and returns
 their 8 values as floats, so a 32-byte run of quants is four calls.
 """
 
@@ -32,11 +32,9 @@ __all__ = [
     "vhsum",
     "vi8",
     "vq4",
-    "vq5",
     "vq5k",
     "vq6",
     "u16at",
-    "u32at",
 ]
 
 _F = ir.FloatType()
@@ -210,25 +208,6 @@ def vq4(typingctx, arr, idx, hi):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
-def vq5(typingctx, arr, idx, hi, qh, bit0):  # type: ignore[no-untyped-def]
-    """Q5_0/Q5_1: nibbles of 8 bytes (as ``vq4``) plus 16 times bits ``bit0 .. bit0 + 7`` of the
-    32-bit integer ``qh``, as floats 0..31."""
-    if not (_is_bytes(arr) and isinstance(idx, types.Integer) and isinstance(qh, types.Integer)):
-        return None
-
-    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        q = _bytes8(context, builder, sig, args)
-        h = context.cast(builder, args[2], sig.args[2], types.boolean)
-        nib = builder.select(h, builder.lshr(q, _c8([4] * 8)), builder.and_(q, _c8([15] * 8)))
-        qv = _i32x8(builder, args[3], sig.args[3].signed)
-        sh = builder.add(_i32x8(builder, args[4], sig.args[4].signed), _c8(range(8)))
-        b5 = builder.shl(builder.and_(builder.lshr(qv, sh), _c8([1] * 8)), _c8([4] * 8))
-        return builder.sitofp(builder.or_(nib, b5), V8)
-
-    return f32x8(arr, idx, hi, qh, bit0), cg
-
-
-@intrinsic
 def vq5k(typingctx, arr, idx, hi, harr, hidx, bit):  # type: ignore[no-untyped-def]
     """Q5_K: nibbles of 8 bytes at ``idx`` (as ``vq4``) plus 16 times bit ``bit`` of the 8 bytes at
     ``hidx`` of ``harr``, as floats 0..31."""
@@ -286,4 +265,3 @@ def _uload(bits: int):  # type: ignore[no-untyped-def]
 
 
 u16at = _uload(16)
-u32at = _uload(32)
