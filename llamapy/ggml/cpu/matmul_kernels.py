@@ -21,7 +21,23 @@ from __future__ import annotations
 import numpy as np
 
 from ..._numba import njit, prange, prefetch
-from .simd import u16at, vadd, vfma, vhsum, vi8, vload, vmul, vq4, vq5k, vq6, vsplat, vsub, vzero
+from .simd import (
+    bits32,
+    u16at,
+    vadd,
+    vfma,
+    vhsum,
+    vi8,
+    vkscales,
+    vlane,
+    vload,
+    vmul,
+    vq4,
+    vq6,
+    vsplat,
+    vsub,
+    vzero,
+)
 
 F16_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 
@@ -276,63 +292,47 @@ def _q4k_dots(wr, q, xm, x0):
 
 
 @njit(inline="always")
+def _bits_dot(t, bits, mask, xm, x0):
+    """t + 16 * sum of x[x0 + l] over the set bits l of the 32-bit ``mask`` (four table loads)."""
+    for i in range(4):
+        t = vfma(t, vload(bits, ((mask >> (8 * i)) & 255) * 8), vload(xm, x0 + 8 * i))
+    return t
+
+
+@njit(inline="always")
 def _q5k_dots(wr, q, qh, c, xm, x0):
-    """As ``_q4k_dots`` with the fifth bits (bits 2c and 2c+1 of the 32 bytes at ``qh``)."""
-    lo = vmul(vq5k(wr, q, False, wr, qh, 2 * c), vload(xm, x0))
-    hi = vmul(vq5k(wr, q, True, wr, qh, 2 * c + 1), vload(xm, x0 + 32))
-    for i in range(1, 4):
-        lo = vfma(lo, vq5k(wr, q + 8 * i, False, wr, qh + 8 * i, 2 * c), vload(xm, x0 + 8 * i))
-        hi = vfma(hi, vq5k(wr, q + 8 * i, True, wr, qh + 8 * i, 2 * c + 1), vload(xm, x0 + 32 + 8 * i))
+    """As ``_q4k_dots`` with the fifth bits (bits 2c and 2c+1 of the 32 bytes at ``qh``), gathered
+    into two 32-bit masks and added through the ``BITS16`` table."""
+    lo, hi = _q4k_dots(wr, q, xm, x0)
+    lo = _bits_dot(lo, BITS16, bits32(wr, qh, 2 * c), xm, x0)
+    hi = _bits_dot(hi, BITS16, bits32(wr, qh, 2 * c + 1), xm, x0 + 32)
     return lo, hi
 
 
 @njit(inline="always")
-def _k_scales(wr, o, sb):
-    """The 8 six-bit scales (into ``sb[0:8]``) and 8 mins (``sb[8:16]``) of the Q4_K/Q5_K block at
-    ``o``, unpacked once per block and row without branches (``get_scale_min_k4``)."""
-    p = o + 4
-    for j in range(4):
-        lo = np.int32(wr[p + j])
-        mid = np.int32(wr[p + j + 4])
-        hi = np.int32(wr[p + j + 8])
-        sb[j] = np.float32(lo & _I63)
-        sb[8 + j] = np.float32(mid & _I63)
-        sb[4 + j] = np.float32((hi & _I15) | ((lo >> _I6) << _I4))
-        sb[12 + j] = np.float32((hi >> _I4) | ((mid >> _I6) << _I4))
-
-
-@njit(inline="always")
-def _k_mins(wr, o, sb, xs, b, f16):
-    """dmin times the block's mins against the per-32 sums of x (subtracted once per row)."""
-    s = np.float32(0.0)
-    for j in range(8):
-        s += sb[8 + j] * xs[b * 8 + j]
-    return _h(wr, o + 2, f16) * s
-
-
-@njit(inline="always")
-def _q4k_row(acc, mins, wr, o, xm, xs, b, f16, sb):
-    """One Q4_K block of one row: scaled quants into the vector ``acc``, dmin times the mins into the
-    scalar ``mins``; ``sb`` is 16 floats of scratch for the unpacked scales."""
-    _k_scales(wr, o, sb)
-    d = _h(wr, o, f16)
+def _q4k_row(acc, macc, wr, o, xm, x0, xs8, f16):
+    """One Q4_K block of one row (x from ``x0``): the scaled quants into the vector ``acc``; dmin times
+    the mins against the per-32 sums of x (``xs8``, a vector) into the vector ``macc`` (subtracted at
+    the end)."""
+    sc, mn = vkscales(wr, o + 4)
+    dsc = vmul(vsplat(_h(wr, o, f16)), sc)
     for c in range(4):
-        lo, hi = _q4k_dots(wr, o + 16 + 32 * c, xm, b * 256 + 64 * c)
-        acc = vfma(acc, vsplat(d * sb[2 * c]), lo)
-        acc = vfma(acc, vsplat(d * sb[2 * c + 1]), hi)
-    return acc, mins + _k_mins(wr, o, sb, xs, b, f16)
+        lo, hi = _q4k_dots(wr, o + 16 + 32 * c, xm, x0 + 64 * c)
+        acc = vfma(acc, vlane(dsc, 2 * c), lo)
+        acc = vfma(acc, vlane(dsc, 2 * c + 1), hi)
+    return acc, vfma(macc, vsplat(_h(wr, o + 2, f16)), vmul(mn, xs8))
 
 
 @njit(inline="always")
-def _q5k_row(acc, mins, wr, o, xm, xs, b, f16, sb):
+def _q5k_row(acc, macc, wr, o, xm, x0, xs8, f16):
     """As ``_q4k_row`` for Q5_K."""
-    _k_scales(wr, o, sb)
-    d = _h(wr, o, f16)
+    sc, mn = vkscales(wr, o + 4)
+    dsc = vmul(vsplat(_h(wr, o, f16)), sc)
     for c in range(4):
-        lo, hi = _q5k_dots(wr, o + 48 + 32 * c, o + 16, c, xm, b * 256 + 64 * c)
-        acc = vfma(acc, vsplat(d * sb[2 * c]), lo)
-        acc = vfma(acc, vsplat(d * sb[2 * c + 1]), hi)
-    return acc, mins + _k_mins(wr, o, sb, xs, b, f16)
+        lo, hi = _q5k_dots(wr, o + 48 + 32 * c, o + 16, c, xm, x0 + 64 * c)
+        acc = vfma(acc, vlane(dsc, 2 * c), lo)
+        acc = vfma(acc, vlane(dsc, 2 * c + 1), hi)
+    return acc, vfma(macc, vsplat(_h(wr, o + 2, f16)), vmul(mn, xs8))
 
 
 @njit(inline="always")
@@ -356,29 +356,24 @@ def mm_q4_k(w, x, out, f16):
     nb = rb // 144
     wf = w.reshape(-1)
     xs = _xsums32(x)
-    scales = np.empty(((N + 3) // 4, 16), np.float32)  # one row of scratch per group of rows
     for g in prange((N + 3) // 4):
         w0, w1, w2, w3 = _rows4(w, g, N)
-        sb = scales[g]
         pf = (g * 4 + PREFETCH_ROWS) * rb
         for m in range(x.shape[0]):
             xm = x[m]
             xsm = xs[m]
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            c0 = c1 = c2 = c3 = np.float32(0.0)
+            c0, c1, c2, c3 = vzero(), vzero(), vzero(), vzero()
             for b in range(nb):
                 if m == 0:
                     _pf(wf, pf + b * 4 * 144, 4 * 144, N * rb)
                 o = b * 144
-                a0, c0 = _q4k_row(a0, c0, w0, o, xm, xsm, b, f16, sb)
-                a1, c1 = _q4k_row(a1, c1, w1, o, xm, xsm, b, f16, sb)
-                a2, c2 = _q4k_row(a2, c2, w2, o, xm, xsm, b, f16, sb)
-                a3, c3 = _q4k_row(a3, c3, w3, o, xm, xsm, b, f16, sb)
-            r0 = g * 4
-            out[m, min(r0 + 3, N - 1)] = vhsum(a3) - c3
-            out[m, min(r0 + 2, N - 1)] = vhsum(a2) - c2
-            out[m, min(r0 + 1, N - 1)] = vhsum(a1) - c1
-            out[m, r0] = vhsum(a0) - c0
+                xs8 = vload(xsm, b * 8)
+                a0, c0 = _q4k_row(a0, c0, w0, o, xm, b * 256, xs8, f16)
+                a1, c1 = _q4k_row(a1, c1, w1, o, xm, b * 256, xs8, f16)
+                a2, c2 = _q4k_row(a2, c2, w2, o, xm, b * 256, xs8, f16)
+                a3, c3 = _q4k_row(a3, c3, w3, o, xm, b * 256, xs8, f16)
+            _store4(out, m, g, N, vsub(a0, c0), vsub(a1, c1), vsub(a2, c2), vsub(a3, c3))
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -387,41 +382,38 @@ def mm_q5_k(w, x, out, f16):
     nb = rb // 176
     wf = w.reshape(-1)
     xs = _xsums32(x)
-    scales = np.empty(((N + 3) // 4, 16), np.float32)  # one row of scratch per group of rows
     for g in prange((N + 3) // 4):
         w0, w1, w2, w3 = _rows4(w, g, N)
-        sb = scales[g]
         pf = (g * 4 + PREFETCH_ROWS) * rb
         for m in range(x.shape[0]):
             xm = x[m]
             xsm = xs[m]
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            c0 = c1 = c2 = c3 = np.float32(0.0)
+            c0, c1, c2, c3 = vzero(), vzero(), vzero(), vzero()
             for b in range(nb):
                 if m == 0:
                     _pf(wf, pf + b * 4 * 176, 4 * 176, N * rb)
                 o = b * 176
-                a0, c0 = _q5k_row(a0, c0, w0, o, xm, xsm, b, f16, sb)
-                a1, c1 = _q5k_row(a1, c1, w1, o, xm, xsm, b, f16, sb)
-                a2, c2 = _q5k_row(a2, c2, w2, o, xm, xsm, b, f16, sb)
-                a3, c3 = _q5k_row(a3, c3, w3, o, xm, xsm, b, f16, sb)
-            r0 = g * 4
-            out[m, min(r0 + 3, N - 1)] = vhsum(a3) - c3
-            out[m, min(r0 + 2, N - 1)] = vhsum(a2) - c2
-            out[m, min(r0 + 1, N - 1)] = vhsum(a1) - c1
-            out[m, r0] = vhsum(a0) - c0
+                xs8 = vload(xsm, b * 8)
+                a0, c0 = _q5k_row(a0, c0, w0, o, xm, b * 256, xs8, f16)
+                a1, c1 = _q5k_row(a1, c1, w1, o, xm, b * 256, xs8, f16)
+                a2, c2 = _q5k_row(a2, c2, w2, o, xm, b * 256, xs8, f16)
+                a3, c3 = _q5k_row(a3, c3, w3, o, xm, b * 256, xs8, f16)
+            _store4(out, m, g, N, vsub(a0, c0), vsub(a1, c1), vsub(a2, c2), vsub(a3, c3))
 
 
 @njit(inline="always")
-def _q6k16(acc, wr, q, qh, hi, shift, xm, x0, scale):
-    """16 elements of a Q6_K block (one scale): quants at ``q``, their 2 high bits at ``qh``."""
+def _q6k16(acc, off, wr, q, qh, hi, shift, xm, xs16, x0, scale):
+    """16 elements of a Q6_K block (one scale): quants at ``q``, their 2 high bits at ``qh``. The
+    values go in as 0..63; their -32 offset, times the scale and the sum of x over the 16, into the
+    scalar ``off``."""
     t = vmul(vq6(wr, q, hi, qh, shift), vload(xm, x0))
     t = vfma(t, vq6(wr, q + 8, hi, qh + 8, shift), vload(xm, x0 + 8))
-    return vfma(acc, vsplat(scale), t)
+    return vfma(acc, vsplat(scale), t), off + scale * xs16[x0 // 16]
 
 
 @njit(inline="always")
-def _q6k_half(acc, wr, si, o, n, xm, x0, d):
+def _q6k_half(acc, off, wr, si, o, n, xm, xs16, x0, d):
     """One 128-element half ``n`` of a Q6_K block: four groups of 32 (low/high nibbles of the two
     32-byte runs of ``ql``, with bits 0-1, 2-3, 4-5, 6-7 of ``qh``), 16 elements per scale."""
     ql = o + 64 * n
@@ -429,11 +421,33 @@ def _q6k_half(acc, wr, si, o, n, xm, x0, d):
     sc = o + 192 + 8 * n
     for i in range(2):
         e = 16 * i
-        acc = _q6k16(acc, wr, ql + e, qh + e, False, 0, xm, x0 + e, d * np.float32(si[sc + i]))
-        acc = _q6k16(acc, wr, ql + 32 + e, qh + e, False, 2, xm, x0 + 32 + e, d * np.float32(si[sc + 2 + i]))
-        acc = _q6k16(acc, wr, ql + e, qh + e, True, 4, xm, x0 + 64 + e, d * np.float32(si[sc + 4 + i]))
-        acc = _q6k16(acc, wr, ql + 32 + e, qh + e, True, 6, xm, x0 + 96 + e, d * np.float32(si[sc + 6 + i]))
-    return acc
+        acc, off = _q6k16(
+            acc, off, wr, ql + e, qh + e, False, 0, xm, xs16, x0 + e, d * np.float32(si[sc + i])
+        )
+        acc, off = _q6k16(
+            acc, off, wr, ql + 32 + e, qh + e, False, 2, xm, xs16, x0 + 32 + e, d * np.float32(si[sc + 2 + i])
+        )
+        acc, off = _q6k16(
+            acc, off, wr, ql + e, qh + e, True, 4, xm, xs16, x0 + 64 + e, d * np.float32(si[sc + 4 + i])
+        )
+        acc, off = _q6k16(
+            acc, off, wr, ql + 32 + e, qh + e, True, 6, xm, xs16, x0 + 96 + e, d * np.float32(si[sc + 6 + i])
+        )
+    return acc, off
+
+
+@njit(inline="always")
+def _xsums16(x):
+    """Sums of x over each 16 elements, float32[M, K // 16] (a plain loop, see ``_xsums32``)."""
+    M, K = x.shape
+    xs = np.empty((M, K // 16), np.float32)
+    for m in range(M):
+        for b in range(K // 16):
+            s = np.float32(0.0)
+            for j in range(16):
+                s += x[m, b * 16 + j]
+            xs[m, b] = s
+    return xs
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -442,6 +456,7 @@ def mm_q6_k(w, x, out, f16):
     nb = rb // 210
     wf = w.reshape(-1)
     wi = w.view(np.int8)
+    xs = _xsums16(x)
     for r in prange(N):
         wr = w[r]
         si = wi[r]
@@ -449,14 +464,15 @@ def mm_q6_k(w, x, out, f16):
         for m in range(x.shape[0]):
             xm = x[m]
             acc = vzero()
+            off = np.float32(0.0)
             for b in range(nb):
                 if m == 0:
                     _pf(wf, pf + b * 210, 210, N * rb)
                 o = b * 210
                 d = _h(wr, o + 208, f16)
-                acc = _q6k_half(acc, wr, si, o, 0, xm, b * 256, d)
-                acc = _q6k_half(acc, wr, si, o, 1, xm, b * 256 + 128, d)
-            out[m, r] = vhsum(acc)
+                acc, off = _q6k_half(acc, off, wr, si, o, 0, xm, xs[m], b * 256, d)
+                acc, off = _q6k_half(acc, off, wr, si, o, 1, xm, xs[m], b * 256 + 128, d)
+            out[m, r] = vhsum(acc) - np.float32(32.0) * off
 
 
 MATVEC = {
