@@ -1,17 +1,41 @@
 """The one place llamapy imports Numba: kernels compile lazily with ``cache=True`` into a writable
-per-user cache (``$NUMBA_CACHE_DIR``, else ``<llamapy cache>/numba``), and the thread count is set here.
+per-user cache (``$NUMBA_CACHE_DIR``, else ``<llamapy cache>/numba/<digest>``), and the thread count
+is set here.
+
+The digest covers the source of every kernel module. Numba invalidates a cached function only when
+its own file changes, not when an inlined helper or intrinsic from another file does (measured: a
+changed ``simd.py`` kept running the old mat-vec kernels), so each version of the kernel sources gets
+its own directory.
 
 Use ``from llamapy._numba import njit, prange, set_num_threads`` in kernel modules.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+from pathlib import Path
+
+
+def kernel_sources_digest() -> str:
+    """Short hash of the files whose code ends up in cached kernels."""
+    root = Path(__file__).resolve().parent
+    files = [
+        root / "_numba.py",
+        *(root / "ggml" / "cpu").glob("*.py"),
+        *(root / "ggml" / "quants").glob("*.py"),
+    ]
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
 
 if "NUMBA_CACHE_DIR" not in os.environ:
     from .hub import cache_dir
 
-    os.environ["NUMBA_CACHE_DIR"] = str(cache_dir() / "numba")
+    os.environ["NUMBA_CACHE_DIR"] = str(cache_dir() / "numba" / kernel_sources_digest())
 
 # OMP_WAIT_POLICY is left to the user. GNU OpenMP's default (spin briefly, then sleep; less spinning when
 # oversubscribed) measured best on a quiet 2-core machine: SmolLM2 tg 44 t/s with 2 threads, against 22 t/s
@@ -23,7 +47,17 @@ from numba import njit, prange, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-__all__ = ["numba", "njit", "prange", "set_num_threads", "max_threads", "bitcast_f32", "fbits", "prefetch"]
+__all__ = [
+    "numba",
+    "njit",
+    "prange",
+    "set_num_threads",
+    "max_threads",
+    "bitcast_f32",
+    "fbits",
+    "prefetch",
+    "kernel_sources_digest",
+]
 
 
 @intrinsic

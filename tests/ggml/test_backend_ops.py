@@ -282,3 +282,36 @@ def test_mul_mat_id_experts(t):
         [ops.mul_mat_id(a, b, ids), ops.mul_mat_id(a, b2, ids)],
         {b: f32(Tn, 1, K), b2: f32(Tn, U, K), ids: iv},
     )
+
+
+# offsets of the float16 super-scales in each block (every other byte is random)
+_F16_FIELDS = {
+    T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
+    T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("t", MATVEC_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("m", [1, 3])
+def test_matvec_kernels_on_random_bits(t, m):
+    """Every bit pattern of the quants, scales and mins (random bytes, sane float16 super-scales)
+    against the NumPy codec: catches unpacking mistakes that quantized real data may never exercise."""
+    from llamapy.ggml.cpu import matmul_kernels as mk
+    from llamapy.ggml.quants import dequantize
+    from llamapy.ggml.types import TRAITS
+
+    rng = np.random.default_rng(int(t) * 10 + m)
+    n, k = 7, 512
+    tr = TRAITS[t]
+    nb = k // tr.block_size
+    raw = rng.integers(0, 256, size=(n, nb, tr.type_size), dtype=np.uint8)
+    for off in _F16_FIELDS[t]:
+        raw[:, :, off : off + 2] = (
+            rng.uniform(0.01, 0.1, size=(n, nb)).astype(np.float16).view(np.uint8).reshape(n, nb, 2)
+        )
+    raw = raw.reshape(n, nb * tr.type_size)
+    x = f32(m, k)
+    out = np.zeros((m, n), np.float32)
+    mk.MATVEC[t.name](raw, x, out, mk.F16_TABLE)
+    ref = x.astype(np.float64) @ dequantize(raw, t).astype(np.float64).T
+    assert nmse(out, ref) < 1e-10
