@@ -69,10 +69,12 @@ def _find() -> tuple[str, str, bool] | None:
 
 
 def _build(found: tuple[str, str, bool]) -> tuple[Callable[..., None], Callable[..., None]]:
+    from ..._numba import njit, prange  # first: it sets NUMBA_CACHE_DIR before Numba is imported
+
+    # isort: split
     import llvmlite.binding as llb
     from numba import types
 
-    from ..._numba import njit, prange
     from .vmath import fexp, ftanh
 
     path, name, ilp64 = found

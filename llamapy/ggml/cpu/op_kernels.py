@@ -12,7 +12,8 @@ import math
 
 import numpy as np
 
-from ..._numba import bitcast_f32, njit, prange
+from ..._numba import njit, prange
+from .simd import bitcast_f32
 from .vmath import fexp, ftanh
 
 _F0 = np.float32(0.0)

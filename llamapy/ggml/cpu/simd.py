@@ -10,17 +10,26 @@ The operations are generic LLVM vector IR (no x86 intrinsics): LLVM lowers them 
 two 128-bit halves on SSE or NEON. Loads are unaligned; index arguments are element offsets into 1-D
 C-contiguous arrays and are not bounds-checked (the kernels keep them in bounds).
 
+Also scalar helpers: ``prefetch`` (a cache-line hint), ``bitcast_f32`` (int bits -> float32, so that
+bit tricks vectorize), ``u16at`` (an unaligned 16-bit load), ``bits32`` (one bit of 32 bytes as a mask).
+
 Bit unpacking (``vq4``, ``vq5k``, ``vq6``) takes 8 consecutive bytes starting at ``i`` and returns
 their 8 values as floats, so a 32-byte run of quants is four calls.
 """
 
 from __future__ import annotations
 
+from ... import _numba  # noqa: F401  (first: it sets NUMBA_CACHE_DIR before Numba is imported)
+
+# isort: split
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
 __all__ = [
+    "bitcast_f32",
+    "prefetch",
     "f32x8",
     "vzero",
     "vload",
@@ -339,3 +348,43 @@ def bits32(typingctx, arr, idx, bit):  # type: ignore[no-untyped-def]
         return builder.zext(builder.bitcast(bits, _I32), ir.IntType(64))
 
     return types.int64(arr, idx, bit), cg
+
+
+@intrinsic
+def bitcast_f32(typingctx, v):  # type: ignore[no-untyped-def]
+    """The float32 whose bits are the low 32 bits of the integer ``v`` (vectorizes, unlike a view
+    through an array)."""
+    if not isinstance(v, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        i32 = ir.IntType(32)
+        x = args[0]
+        if x.type.width > 32:
+            x = builder.trunc(x, i32)
+        elif x.type.width < 32:
+            x = builder.sext(x, i32) if signature.args[0].signed else builder.zext(x, i32)
+        return builder.bitcast(x, ir.FloatType())
+
+    return types.float32(v), codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, idx):  # type: ignore[no-untyped-def]
+    """Hint the CPU to fetch the cache line of ``arr.flat[idx]`` (a C-contiguous 1-D array) for reading.
+    Never faults, even out of bounds; the kernels still keep ``idx`` in bounds."""
+    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        i = context.cast(builder, args[1], signature.args[1], types.intp)
+        i8p = ir.IntType(8).as_pointer()
+        ptr = builder.bitcast(builder.gep(ary.data, [i]), i8p)
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, idx), codegen

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._numba import bitcast_f32, njit
+from ..._numba import njit
+from .simd import bitcast_f32
 
 _LOG2E = np.float32(1.44269504088896341)
 _LN2_HI = np.float32(0.693359375)
