@@ -259,6 +259,9 @@ def _mul_mat_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         be.need(kern)
     f16 = mk.F16_TABLE
     nm = node.name or a.name
+    from .blas import gemm_nt
+
+    threads = _threads(be)
 
     def step() -> None:
         T_, U = ids.shape
@@ -277,7 +280,7 @@ def _mul_mat_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
             if kern is not None and x.shape[0] <= MATVEC_MAX_TOKENS:
                 kern(A[e], x, y, f16)
             else:
-                np.matmul(x, _expert_f32(a.type, A[e]).T, out=y)
+                gemm_nt(x, np.ascontiguousarray(_expert_f32(a.type, A[e])), y, threads)
             out[t_idx, u_idx] = y
 
     return step
