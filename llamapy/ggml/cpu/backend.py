@@ -1,7 +1,9 @@
 """The CPU backend: quantized matmul in Numba, the rest in Numba or vectorized NumPy.
 
 Each node becomes one step closed over its planned arrays (and any scratch it needs), so a reused
-graph is a plain walk over steps. Ops without a dedicated path run the NumPy reference.
+graph is a plain walk over steps. Ops without a dedicated path run the NumPy reference. The steps of
+mul_mat / mul_mat_id / get_rows are in ``matmul_steps`` and those of flash_attn_ext in
+``attention_steps``; both register into this module's compiler table when it is imported.
 Numba is imported when the first graph is compiled, not when this module is imported.
 """
 
@@ -193,151 +195,6 @@ def _f32_rows(be: CPUBackend, arr: np.ndarray, key: str) -> tuple[np.ndarray, St
     return buf, copy
 
 
-# -- matmul ---------------------------------------------------------------------------------------
-@_compiler("mul_mat")
-def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
-    a, b = node.src
-    A = _as2d(arrays[id(a)])
-    if A is None or a.ndim < 2:
-        return None  # batched over heads: NumPy reference (broadcast matmul)
-    B, out = arrays[id(b)], arrays[id(node)]
-    N, K = a.shape[-2], a.shape[-1]
-    x, pre = _f32_rows(be, B, "mm_x")
-    M = x.shape[0]
-    out2 = out.reshape(M, N)
-    mk, _ = _kernels()
-    name = a.type.name
-    from .blas import gemm_nt
-
-    threads = _threads(be)
-    if a.type == GGMLType.F32:
-
-        def step_f32() -> None:
-            if pre is not None:
-                pre()
-            gemm_nt(x, A, out2, threads)
-
-        return step_f32
-    if name in mk.MATVEC and M <= MATVEC_MAX_TOKENS and A.flags.c_contiguous:
-        kern = mk.MATVEC[name]
-        be.need(kern)
-        f16 = mk.F16_TABLE
-        if pre is None:
-            return lambda: kern(A, x, out2, f16)
-
-        def step_mv() -> None:
-            pre()
-            kern(A, x, out2, f16)
-
-        return step_mv
-    # large batch (or another type): dequantize a tile of rows into scratch, then BLAS sgemm
-    tile = max(16, min(N, TILE_FLOATS // max(K, 1)))
-    W = be.scratch("mm_tile", (tile, K))
-    convert = _row_converter(be, a.type, A)
-
-    def step_tiles() -> None:
-        if pre is not None:
-            pre()
-        for r0 in range(0, N, tile):
-            n = min(tile, N - r0)
-            convert(r0, r0 + n, W[:n])
-            gemm_nt(x, W[:n], out2[:, r0 : r0 + n], threads)
-
-    return step_tiles
-
-
-@_compiler("mul_mat_id")
-def _mul_mat_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
-    """Experts: group the (token, slot) pairs by expert and run each expert's rows as one mul_mat."""
-    a, b, idt = node.src
-    A, B, ids, out = arrays[id(a)], arrays[id(b)], arrays[id(idt)], arrays[id(node)]
-    E, N, K = a.shape
-    mk, _ = _kernels()
-    name = a.type.name
-    kern = mk.MATVEC.get(name) if A.flags.c_contiguous else None
-    if kern is not None:
-        be.need(kern)
-    f16 = mk.F16_TABLE
-    nm = node.name or a.name
-    from .blas import gemm_nt
-
-    threads = _threads(be)
-
-    def step() -> None:
-        T_, U = ids.shape
-        flat = ids.reshape(-1)
-        if flat.size and (flat.min() < 0 or flat.max() >= E):
-            bad = flat[(flat < 0) | (flat >= E)][0]
-            raise ComputeError(f"mul_mat_id {nm!r}: expert id {int(bad)} not in 0..{E - 1}")
-        order = np.argsort(flat, kind="stable")
-        experts, starts = np.unique(flat[order], return_index=True)
-        ends = list(starts[1:]) + [flat.size]
-        for e, s0, s1 in zip(experts, starts, ends, strict=True):
-            sel = order[s0:s1]
-            t_idx, u_idx = sel // U, sel % U
-            x = np.ascontiguousarray(B[t_idx, u_idx if B.shape[1] > 1 else 0], dtype=np.float32)
-            y = np.empty((x.shape[0], N), np.float32)
-            if kern is not None and x.shape[0] <= MATVEC_MAX_TOKENS:
-                kern(A[e], x, y, f16)
-            else:
-                gemm_nt(x, np.ascontiguousarray(_expert_f32(a.type, A[e])), y, threads)
-            out[t_idx, u_idx] = y
-
-    return step
-
-
-def _expert_f32(t: GGMLType, raw: np.ndarray) -> np.ndarray:
-    from ..numpy_backend import to_f32
-
-    return to_f32(raw, t)
-
-
-def _row_converter(be: CPUBackend, t: GGMLType, A: np.ndarray) -> Callable[[int, int, np.ndarray], None]:
-    """f(r0, r1, dst): rows r0..r1 of the weight ``A`` as float32 into ``dst``."""
-    if TRAITS[t].block_size == 1:
-        if t == GGMLType.BF16:
-            return lambda r0, r1, dst: np.copyto(dst, (A[r0:r1].astype(np.uint32) << 16).view(np.float32))
-        return lambda r0, r1, dst: np.copyto(dst, A[r0:r1], casting="unsafe")
-    from ..quants import dequantize_rows_into
-
-    return lambda r0, r1, dst: dequantize_rows_into(np.ascontiguousarray(A[r0:r1]), t, dst)
-
-
-@_compiler("get_rows")
-def _get_rows(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
-    a, idt = node.src
-    A, ids, out = arrays[id(a)], arrays[id(idt)], arrays[id(node)]
-    n = a.shape[0]
-    mk, ok = _kernels()
-    check = ok.check_ids
-    be.need(check)
-    nm = node.name or a.name
-
-    def bad(i: int) -> ComputeError:
-        return ComputeError(f"get_rows {nm!r}: row id {int(ids[i])} (at {i}) not in 0..{n - 1}")
-
-    if TRAITS[a.type].quantized:
-        from ..quants import dequantize_rows_into
-
-        def step_q() -> None:
-            i = check(ids, n)
-            if i >= 0:
-                raise bad(i)
-            dequantize_rows_into(A[ids], a.type, out)
-
-        return step_q
-    if TRAITS[a.type].block_size == 1 and a.type != GGMLType.BF16:
-
-        def step_f() -> None:
-            i = check(ids, n)
-            if i >= 0:
-                raise bad(i)
-            np.copyto(out, A[ids], casting="unsafe")
-
-        return step_f
-    return None
-
-
 # -- element-wise ---------------------------------------------------------------------------------
 _UFUNC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
 
@@ -452,7 +309,7 @@ def _glu(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     return step
 
 
-# -- rope, softmax, attention ----------------------------------------------------------------------
+# -- rope, softmax --------------------------------------------------------------------------------
 @_compiler("rope")
 def _rope(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     from ..numpy_backend import rope_cache
@@ -523,129 +380,6 @@ def _soft_max(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     return step
 
 
-def _kv_converter(be: CPUBackend, t: Tensor, arr: np.ndarray, key: str) -> tuple[np.ndarray, Step | None]:
-    """K or V ``[KV, Hkv, D]`` of any cache type as float32 (view for F32, else scratch + step)."""
-    if t.type == GGMLType.F32:
-        return arr, None
-    KV, H, D = t.shape
-    buf = be.scratch(key, (KV * H, D))
-    if t.type == GGMLType.F16:
-        v3 = buf.reshape(KV, H, D)
-        return v3, lambda: np.copyto(v3, arr, casting="unsafe")
-    from ..quants import dequantize_rows_into
-
-    rows = arr.reshape(KV * H, arr.shape[-1]) if arr.flags.c_contiguous else None
-    kv_type = t.type
-
-    def conv() -> None:
-        src = rows if rows is not None else np.ascontiguousarray(arr).reshape(KV * H, -1)
-        dequantize_rows_into(src, kv_type, buf)
-
-    return buf.reshape(KV, H, D), conv
-
-
-@_compiler("flash_attn_ext")
-def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
-    q, k, v = node.src[:3]
-    Q, out = arrays[id(q)], arrays[id(node)]
-    mask = arrays[id(node.src[3])] if len(node.src) > 3 else None
-    T, H, D = q.shape
-    KV, Hkv, _ = k.shape
-    Dv = v.shape[2]
-    g = H // Hkv
-    p = node.params
-    scale, cap = np.float32(p["scale"]), np.float32(p["logit_softcap"])
-    small = (
-        T <= ATTN_SMALL_MAX_TOKENS and Q.dtype == np.float32 and (mask is None or mask.dtype == np.float32)
-    )
-    if small and k.type == GGMLType.F16 and v.type == GGMLType.F16:
-        # decode over an F16 cache: read the half bits in place, only the unmasked keys (no conversion step)
-        mk, ok = _kernels()
-        kern16 = ok.attn_small_f16
-        be.need(kern16)
-        K16, V16 = arrays[id(k)].view(np.uint16), arrays[id(v)].view(np.uint16)
-        has_mask = mask is not None
-        mk16 = mask if has_mask else np.zeros((1, 1), np.float32)
-        sl16 = alibi_slopes(H, p["max_bias"])
-        return lambda: kern16(Q, K16, V16, mk16, has_mask, scale, cap, sl16, out)
-    Kf, kconv = _kv_converter(be, k, arrays[id(k)], "fa_k")
-    Vf, vconv = _kv_converter(be, v, arrays[id(v)], "fa_v")
-    slopes = alibi_slopes(H, p["max_bias"]).reshape(Hkv, g, 1, 1) if p["max_bias"] > 0 else None
-    if small:
-        _, ok = _kernels()
-        kern = ok.attn_small
-        be.need(kern)
-        has_mask = mask is not None
-        mk_ = mask if has_mask else np.zeros((1, 1), np.float32)
-        sl = alibi_slopes(H, p["max_bias"])
-
-        def step_small() -> None:
-            if kconv is not None:
-                kconv()
-            if vconv is not None:
-                vconv()
-            kern(Q, Kf, Vf, mk_, has_mask, scale, cap, sl, out)
-
-        return step_small
-    from . import blas
-
-    if blas.attention_supported(Q, Kf, Vf, out) and (
-        mask is None or (mask.dtype == np.float32 and mask.shape == (T, KV))
-    ):
-        nth = _threads(be)
-        scores = be.scratch("fa_scores", (nth, blas.ATTN_CHUNK, KV))
-        sl_all = alibi_slopes(H, p["max_bias"])
-
-        def step_blas() -> None:
-            if kconv is not None:
-                kconv()
-            if vconv is not None:
-                vconv()
-            blas.attention(Q, Kf, Vf, mask, scale, cap, sl_all, scores, out)
-
-        return step_blas
-    # scratch shared by all attention nodes (they run one at a time): scores are [Hkv, g*T, KV]
-    qh = be.scratch("fa_q", (Hkv, g, T, D))
-    S = be.scratch("fa_s", (Hkv, g * T, KV))
-    S4 = S.reshape(Hkv, g, T, KV)
-    red = be.scratch("fa_red", (Hkv, g * T, 1))
-    O = be.scratch("fa_o", (Hkv, g * T, Dv))
-    out4 = out.reshape(T, Hkv, g, Dv)
-    Q4 = Q.reshape(T, Hkv, g, D) if Q.flags.c_contiguous else None
-
-    def step() -> None:
-        if kconv is not None:
-            kconv()
-        if vconv is not None:
-            vconv()
-        np.copyto(
-            qh, (Q4 if Q4 is not None else Q.reshape(T, Hkv, g, D)).transpose(1, 2, 0, 3), casting="unsafe"
-        )
-        np.matmul(qh.reshape(Hkv, g * T, D), Kf.transpose(1, 2, 0), out=S)
-        if cap:
-            np.multiply(S, scale / cap, out=S)
-            np.tanh(S, out=S)
-            np.multiply(S, cap, out=S)
-        else:
-            np.multiply(S, scale, out=S)
-        if mask is not None:
-            if slopes is not None:
-                np.add(S4, slopes * mask, out=S4)
-            else:
-                np.add(S4, mask, out=S4)
-        np.max(S, axis=-1, keepdims=True, out=red)
-        red[~np.isfinite(red)] = 0.0
-        np.subtract(S, red, out=S)
-        np.exp(S, out=S)
-        np.sum(S, axis=-1, keepdims=True, out=red)
-        red[red == 0] = 1.0
-        np.divide(S, red, out=S)
-        np.matmul(S, Vf.transpose(1, 0, 2), out=O)
-        np.copyto(out4, O.reshape(Hkv, g, T, Dv).transpose(2, 0, 1, 3))
-
-    return step
-
-
 # -- copies ---------------------------------------------------------------------------------------
 @_compiler("cont")
 def _cont(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
@@ -685,3 +419,7 @@ def _set_rows(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
 
 
 assert set(_COMPILERS) <= set(REF_OPS) | {"cpy", "set_rows"}
+
+
+# the compilers of the other op families register themselves on import (they use the helpers above)
+from . import attention_steps, matmul_steps  # noqa: E402, F401

@@ -1,0 +1,168 @@
+"""CPU backend steps for weights: ``mul_mat`` (in-register mat-vec kernels for a few rows,
+dequantized tiles + sgemm in the shared thread pool for many), ``mul_mat_id`` (experts) and
+``get_rows``. Registered into ``backend``'s compiler table on import."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..backend import ArrayMap, ComputeError, Step
+from ..tensor import Tensor
+from ..types import TRAITS, GGMLType
+from .backend import (
+    MATVEC_MAX_TOKENS,
+    TILE_FLOATS,
+    CPUBackend,
+    _as2d,
+    _compiler,
+    _f32_rows,
+    _kernels,
+    _threads,
+)
+
+
+# -- matmul ---------------------------------------------------------------------------------------
+@_compiler("mul_mat")
+def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
+    a, b = node.src
+    A = _as2d(arrays[id(a)])
+    if A is None or a.ndim < 2:
+        return None  # batched over heads: NumPy reference (broadcast matmul)
+    B, out = arrays[id(b)], arrays[id(node)]
+    N, K = a.shape[-2], a.shape[-1]
+    x, pre = _f32_rows(be, B, "mm_x")
+    M = x.shape[0]
+    out2 = out.reshape(M, N)
+    mk, _ = _kernels()
+    name = a.type.name
+    from .blas import gemm_nt
+
+    threads = _threads(be)
+    if a.type == GGMLType.F32:
+
+        def step_f32() -> None:
+            if pre is not None:
+                pre()
+            gemm_nt(x, A, out2, threads)
+
+        return step_f32
+    if name in mk.MATVEC and M <= MATVEC_MAX_TOKENS and A.flags.c_contiguous:
+        kern = mk.MATVEC[name]
+        be.need(kern)
+        f16 = mk.F16_TABLE
+        if pre is None:
+            return lambda: kern(A, x, out2, f16)
+
+        def step_mv() -> None:
+            pre()
+            kern(A, x, out2, f16)
+
+        return step_mv
+    # large batch (or another type): dequantize a tile of rows into scratch, then BLAS sgemm
+    tile = max(16, min(N, TILE_FLOATS // max(K, 1)))
+    W = be.scratch("mm_tile", (tile, K))
+    convert = _row_converter(be, a.type, A)
+
+    def step_tiles() -> None:
+        if pre is not None:
+            pre()
+        for r0 in range(0, N, tile):
+            n = min(tile, N - r0)
+            convert(r0, r0 + n, W[:n])
+            gemm_nt(x, W[:n], out2[:, r0 : r0 + n], threads)
+
+    return step_tiles
+
+
+@_compiler("mul_mat_id")
+def _mul_mat_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
+    """Experts: group the (token, slot) pairs by expert and run each expert's rows as one mul_mat."""
+    a, b, idt = node.src
+    A, B, ids, out = arrays[id(a)], arrays[id(b)], arrays[id(idt)], arrays[id(node)]
+    E, N, K = a.shape
+    mk, _ = _kernels()
+    name = a.type.name
+    kern = mk.MATVEC.get(name) if A.flags.c_contiguous else None
+    if kern is not None:
+        be.need(kern)
+    f16 = mk.F16_TABLE
+    nm = node.name or a.name
+    from .blas import gemm_nt
+
+    threads = _threads(be)
+
+    def step() -> None:
+        T_, U = ids.shape
+        flat = ids.reshape(-1)
+        if flat.size and (flat.min() < 0 or flat.max() >= E):
+            bad = flat[(flat < 0) | (flat >= E)][0]
+            raise ComputeError(f"mul_mat_id {nm!r}: expert id {int(bad)} not in 0..{E - 1}")
+        order = np.argsort(flat, kind="stable")
+        experts, starts = np.unique(flat[order], return_index=True)
+        ends = list(starts[1:]) + [flat.size]
+        for e, s0, s1 in zip(experts, starts, ends, strict=True):
+            sel = order[s0:s1]
+            t_idx, u_idx = sel // U, sel % U
+            x = np.ascontiguousarray(B[t_idx, u_idx if B.shape[1] > 1 else 0], dtype=np.float32)
+            y = np.empty((x.shape[0], N), np.float32)
+            if kern is not None and x.shape[0] <= MATVEC_MAX_TOKENS:
+                kern(A[e], x, y, f16)
+            else:
+                gemm_nt(x, np.ascontiguousarray(_expert_f32(a.type, A[e])), y, threads)
+            out[t_idx, u_idx] = y
+
+    return step
+
+
+def _expert_f32(t: GGMLType, raw: np.ndarray) -> np.ndarray:
+    from ..numpy_backend import to_f32
+
+    return to_f32(raw, t)
+
+
+def _row_converter(be: CPUBackend, t: GGMLType, A: np.ndarray) -> Callable[[int, int, np.ndarray], None]:
+    """f(r0, r1, dst): rows r0..r1 of the weight ``A`` as float32 into ``dst``."""
+    if TRAITS[t].block_size == 1:
+        if t == GGMLType.BF16:
+            return lambda r0, r1, dst: np.copyto(dst, (A[r0:r1].astype(np.uint32) << 16).view(np.float32))
+        return lambda r0, r1, dst: np.copyto(dst, A[r0:r1], casting="unsafe")
+    from ..quants import dequantize_rows_into
+
+    return lambda r0, r1, dst: dequantize_rows_into(np.ascontiguousarray(A[r0:r1]), t, dst)
+
+
+@_compiler("get_rows")
+def _get_rows(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
+    a, idt = node.src
+    A, ids, out = arrays[id(a)], arrays[id(idt)], arrays[id(node)]
+    n = a.shape[0]
+    mk, ok = _kernels()
+    check = ok.check_ids
+    be.need(check)
+    nm = node.name or a.name
+
+    def bad(i: int) -> ComputeError:
+        return ComputeError(f"get_rows {nm!r}: row id {int(ids[i])} (at {i}) not in 0..{n - 1}")
+
+    if TRAITS[a.type].quantized:
+        from ..quants import dequantize_rows_into
+
+        def step_q() -> None:
+            i = check(ids, n)
+            if i >= 0:
+                raise bad(i)
+            dequantize_rows_into(A[ids], a.type, out)
+
+        return step_q
+    if TRAITS[a.type].block_size == 1 and a.type != GGMLType.BF16:
+
+        def step_f() -> None:
+            i = check(ids, n)
+            if i >= 0:
+                raise bad(i)
+            np.copyto(out, A[ids], casting="unsafe")
+
+        return step_f
+    return None
