@@ -12,6 +12,8 @@ from ..tensor import Tensor
 from ..types import GGMLType
 from .backend import ATTN_SMALL_MAX_TOKENS, CPUBackend, _compiler, _kernels, _threads
 
+_NO_MASK = np.zeros((1, 1), np.float32)  # a typed placeholder for kernels when there is no mask
+
 
 def _kv_converter(be: CPUBackend, t: Tensor, arr: np.ndarray, key: str) -> tuple[np.ndarray, Step | None]:
     """K or V ``[KV, Hkv, D]`` of any cache type as float32 (view for F32, else scratch + step)."""
@@ -55,7 +57,7 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         be.need(kern16)
         K16, V16 = arrays[id(k)].view(np.uint16), arrays[id(v)].view(np.uint16)
         has_mask = mask is not None
-        mk16 = mask if has_mask else np.zeros((1, 1), np.float32)
+        mk16 = mask if has_mask else _NO_MASK
         sl16 = alibi_slopes(H, p["max_bias"])
         return lambda: kern16(Q, K16, V16, mk16, has_mask, scale, cap, sl16, out)
     Kf, kconv = _kv_converter(be, k, arrays[id(k)], "fa_k")
@@ -66,7 +68,7 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         kern = ok.attn_small
         be.need(kern)
         has_mask = mask is not None
-        mk_ = mask if has_mask else np.zeros((1, 1), np.float32)
+        mk_ = mask if has_mask else _NO_MASK
         sl = alibi_slopes(H, p["max_bias"])
 
         def step_small() -> None:

@@ -26,10 +26,10 @@ __all__ = ["CPUBackend", "MATVEC_MAX_TOKENS"]
 
 #: batches up to this many rows use the in-register mat-vec kernels; larger ones dequantize tiles + BLAS
 MATVEC_MAX_TOKENS = 8
-#: attention over at most this many query rows runs in one serial Numba kernel (no BLAS, no threads)
+#: attention over at most this many query rows runs in one Numba kernel, parallel over heads (no BLAS)
 ATTN_SMALL_MAX_TOKENS = 4
-#: floats in one dequantized weight tile for the large-batch path (big tiles: few switches between
-#: Numba's and BLAS's thread pools, which fight over 2 cores when they alternate quickly)
+#: floats in one dequantized weight tile for the large-batch path (each tile is one dequantize and one
+#: sgemm launch in the shared thread pool, so big tiles mean few launches)
 TILE_FLOATS = 8 << 20
 
 _announced = False

@@ -45,15 +45,14 @@ def set_blas_threads(n: int) -> bool:
     in benchmarks; llamapy's kernels assume 1). False where that OpenBLAS was not found."""
     if _FOUND is None:
         return False
-    lib = ctypes.CDLL(_FOUND[0])
-    for _, set_threads, _ in _SYMBOLS:
-        if hasattr(lib, set_threads):
-            getattr(lib, set_threads)(int(n))
-            return True
-    return False
+    path, _, set_threads, _ = _FOUND
+    getattr(ctypes.CDLL(path), set_threads)(int(n))
+    return True
 
 
-def _find() -> tuple[str, str, bool] | None:
+def _find() -> tuple[str, str, str, bool] | None:
+    """(library path, sgemm symbol, set-threads symbol, 64-bit integers) of NumPy's OpenBLAS, which is
+    left on one thread; None where not found."""
     if os.environ.get("LLAMAPY_NO_BLAS_POOL"):
         return None
     for path in _candidates():
@@ -64,11 +63,11 @@ def _find() -> tuple[str, str, bool] | None:
         for sgemm, set_threads, ilp64 in _SYMBOLS:
             if hasattr(lib, sgemm) and hasattr(lib, set_threads):
                 getattr(lib, set_threads)(1)
-                return path, sgemm, ilp64
+                return path, sgemm, set_threads, ilp64
     return None
 
 
-def _build(found: tuple[str, str, bool]) -> tuple[Callable[..., None], Callable[..., None]]:
+def _build(found: tuple[str, str, str, bool]) -> tuple[Callable[..., None], Callable[..., None]]:
     from ..._numba import njit, prange  # first: it sets NUMBA_CACHE_DIR before Numba is imported
 
     # isort: split
@@ -77,7 +76,7 @@ def _build(found: tuple[str, str, bool]) -> tuple[Callable[..., None], Callable[
 
     from .vmath import fexp, ftanh
 
-    path, name, ilp64 = found
+    path, name, _, ilp64 = found
     llb.load_library_permanently(path)
     it = types.int64 if ilp64 else types.int32
     i32, f32, ptr = types.int32, types.float32, types.intp
@@ -177,6 +176,7 @@ def _build(found: tuple[str, str, bool]) -> tuple[Callable[..., None], Callable[
     return _gemm_nt, _attn
 
 
+_NO_MASK = np.zeros((1, 1), np.float32)  # a typed placeholder when there is no mask
 _FOUND = _find()
 AVAILABLE = _FOUND is not None
 _kernel, _attn_kernel = _build(_FOUND) if _FOUND is not None else (None, None)
@@ -227,5 +227,5 @@ def attention(
     query head, K/V heads shared by ``H // Hkv`` query heads; ``scores`` is float32 scratch of shape
     ``[n_threads, ATTN_CHUNK, n_kv]``. Rows whose keys are all masked give zeros."""
     has_mask = mask is not None
-    m = mask if has_mask else np.zeros((1, 1), np.float32)
+    m = mask if has_mask else _NO_MASK
     _attn_kernel(q, k, v, m, has_mask, np.float32(scale), np.float32(cap), slopes, scores, out, ATTN_CHUNK)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._numba import njit, prange
+from ..quants.fast import F16_TABLE  # noqa: F401  (re-exported: the kernels' ``f16`` argument)
 from .simd import (
     bits32,
     prefetch,
@@ -39,8 +40,6 @@ from .simd import (
     vsub,
     vzero,
 )
-
-F16_TABLE = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 _F8 = np.float32(8.0)
 _F16 = np.float32(16.0)
@@ -337,16 +336,16 @@ def _q5k_row(acc, macc, wr, o, xm, x0, xs8, f16):
 
 
 @njit(inline="always")
-def _xsums32(x):
-    """Sums of x over each 32 elements, float32[M, K // 32] (a plain loop: an array expression here
+def _xsums(x, n):
+    """Sums of x over each ``n`` elements, float32[M, K // n] (a plain loop: an array expression here
     would become a parallel region of its own)."""
     M, K = x.shape
-    xs = np.empty((M, K // 32), np.float32)
+    xs = np.empty((M, K // n), np.float32)
     for m in range(M):
-        for b in range(K // 32):
+        for b in range(K // n):
             s = np.float32(0.0)
-            for j in range(32):
-                s += x[m, b * 32 + j]
+            for j in range(n):
+                s += x[m, b * n + j]
             xs[m, b] = s
     return xs
 
@@ -358,7 +357,7 @@ def mm_q4_k(w, x, out, f16):
     N, rb = w.shape
     nb = rb // 144
     wf = w.reshape(-1)
-    xs = _xsums32(x)
+    xs = _xsums(x, 32)
     for g in prange((N + 3) // 4):
         w0, w1, w2, w3 = _rows4(w, g, N)
         pf = (g * 4 + PREFETCH_ROWS) * rb
@@ -384,7 +383,7 @@ def mm_q5_k(w, x, out, f16):
     N, rb = w.shape
     nb = rb // 176
     wf = w.reshape(-1)
-    xs = _xsums32(x)
+    xs = _xsums(x, 32)
     for g in prange((N + 3) // 4):
         w0, w1, w2, w3 = _rows4(w, g, N)
         pf = (g * 4 + PREFETCH_ROWS) * rb
@@ -439,27 +438,13 @@ def _q6k_half(acc, off, wr, si, o, n, xm, xs16, x0, d):
     return acc, off
 
 
-@njit(inline="always")
-def _xsums16(x):
-    """Sums of x over each 16 elements, float32[M, K // 16] (a plain loop, see ``_xsums32``)."""
-    M, K = x.shape
-    xs = np.empty((M, K // 16), np.float32)
-    for m in range(M):
-        for b in range(K // 16):
-            s = np.float32(0.0)
-            for j in range(16):
-                s += x[m, b * 16 + j]
-            xs[m, b] = s
-    return xs
-
-
 @njit(parallel=True, cache=True, fastmath=True)
 def mm_q6_k(w, x, out, f16):
     N, rb = w.shape
     nb = rb // 210
     wf = w.reshape(-1)
     wi = w.view(np.int8)
-    xs = _xsums16(x)
+    xs = _xsums(x, 16)
     for r in prange(N):
         wr = w[r]
         si = wi[r]

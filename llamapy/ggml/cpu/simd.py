@@ -259,24 +259,17 @@ def vq6(typingctx, arr, idx, hi, hidx, shift):  # type: ignore[no-untyped-def]
     return f32x8(arr, idx, hi, hidx, shift), cg
 
 
-def _uload(bits: int):  # type: ignore[no-untyped-def]
-    @intrinsic
-    def fn(typingctx, arr, idx):  # type: ignore[no-untyped-def]
-        """The little-endian unsigned integer at byte ``idx`` of a byte array (one unaligned load)."""
-        if not (_is_bytes(arr) and isinstance(idx, types.Integer)):
-            return None
+@intrinsic
+def u16at(typingctx, arr, idx):  # type: ignore[no-untyped-def]
+    """The little-endian uint16 at byte ``idx`` of a byte array (one unaligned load)."""
+    if not (_is_bytes(arr) and isinstance(idx, types.Integer)):
+        return None
 
-        def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
-            ity = ir.IntType(bits)
-            p = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], ity)
-            return builder.zext(builder.load(p, align=1), ir.IntType(64))
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        p = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], ir.IntType(16))
+        return builder.zext(builder.load(p, align=1), ir.IntType(64))
 
-        return types.int64(arr, idx), cg
-
-    return fn
-
-
-u16at = _uload(16)
+    return types.int64(arr, idx), cg
 
 
 @intrinsic
