@@ -27,7 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from .simd import V8, f32x8
+from .simd import V8, _is_bytes, _ptr, f32x8
 
 __all__ = [
     "B32",
@@ -95,16 +95,6 @@ class _B32Model(models.PrimitiveModel):
 class _I32x8Model(models.PrimitiveModel):
     def __init__(self, dmm, fe_type):  # type: ignore[no-untyped-def]
         super().__init__(dmm, fe_type, _V8D)
-
-
-def _is_bytes(arr) -> bool:  # type: ignore[no-untyped-def]
-    return isinstance(arr, types.Array) and arr.dtype in (types.uint8, types.int8)
-
-
-def _ptr(context, builder, aty, arr, idx, ity, elem):  # type: ignore[no-untyped-def]
-    ary = context.make_array(aty)(context, builder, arr)
-    i = context.cast(builder, idx, ity, types.intp)
-    return builder.bitcast(builder.gep(ary.data, [i]), elem.as_pointer())
 
 
 def _splat(builder, vty, val):  # type: ignore[no-untyped-def]

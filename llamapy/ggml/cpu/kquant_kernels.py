@@ -142,7 +142,9 @@ def _q6k_row(acc, wr, o, xq, x0, d8, bs16, f16):
 
 # The three kernels differ only in their row function and block size. They are written out: a shared
 # body would compile every row function into each kernel, and a factory's closures do not cache.
-@njit(parallel=True, cache=True, fastmath=True)
+# Not ``fastmath``: a function that a fastmath kernel compiles as its callee gets the kernel's flags
+# (measured: the quantizer then lost its NaN test). The vector intrinsics carry their own fast flags.
+@njit(parallel=True, cache=True)
 def mm_q4_k(w, x, out, f16):
     N, rb = w.shape
     nb = rb // 144
@@ -167,7 +169,7 @@ def mm_q4_k(w, x, out, f16):
     _nan_rows(out, ok)
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, cache=True)
 def mm_q5_k(w, x, out, f16):
     N, rb = w.shape
     nb = rb // 176
@@ -192,7 +194,7 @@ def mm_q5_k(w, x, out, f16):
     _nan_rows(out, ok)
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, cache=True)
 def mm_q6_k(w, x, out, f16):
     N, rb = w.shape
     nb = rb // 210
