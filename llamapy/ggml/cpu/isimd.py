@@ -146,38 +146,31 @@ def bnib(typingctx, arr, idx, hi):  # type: ignore[no-untyped-def]
     return B32(arr, idx, hi), _nibbles
 
 
-@intrinsic
-def bq5(typingctx, arr, idx, hi, hidx, bit):  # type: ignore[no-untyped-def]
-    """Q5_K: the nibbles of the 32 bytes at ``idx`` (as ``bnib``) plus 16 times bit ``bit`` of the 32
-    bytes at ``hidx``: 0..31."""
-    if not (_is_bytes(arr) and isinstance(idx, types.Integer) and isinstance(bit, types.Integer)):
-        return None
+def _with_high_bits(mask: int, doc: str):  # type: ignore[no-untyped-def]
+    """An intrinsic ``f(arr, idx, hi, hidx, shift)``: the nibbles of the 32 bytes at ``idx`` (as
+    ``bnib``) plus 16 times the bits ``(byte >> shift) & mask`` of the 32 bytes at ``hidx``."""
 
-    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        nib = _nibbles(context, builder, sig, args)
-        hb = _load32(context, builder, sig.args[0], args[0], args[3], sig.args[3])
-        b = _int_to(builder, args[4], _I8, False)
-        b5 = builder.shl(builder.and_(builder.lshr(hb, _splat(builder, _V32B, b)), _cb(1)), _cb(4))
-        return builder.or_(nib, b5)
+    @intrinsic
+    def fn(typingctx, arr, idx, hi, hidx, shift):  # type: ignore[no-untyped-def]
+        if not (_is_bytes(arr) and isinstance(idx, types.Integer) and isinstance(shift, types.Integer)):
+            return None
 
-    return B32(arr, idx, hi, hidx, bit), cg
+        def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            nib = _nibbles(context, builder, sig, args)
+            hb = _load32(context, builder, sig.args[0], args[0], args[3], sig.args[3])
+            sh = _splat(builder, _V32B, _int_to(builder, args[4], _I8, False))
+            return builder.or_(nib, builder.shl(builder.and_(builder.lshr(hb, sh), _cb(mask)), _cb(4)))
+
+        return B32(arr, idx, hi, hidx, shift), cg
+
+    fn.__doc__ = doc
+    return fn
 
 
-@intrinsic
-def bq6(typingctx, arr, idx, hi, hidx, shift):  # type: ignore[no-untyped-def]
-    """Q6_K: the nibbles of the 32 bytes at ``idx`` with 2 more bits (``shift``, ``shift + 1``) of the
-    32 bytes at ``hidx``: 0..63 (the -32 offset is left to the caller)."""
-    if not (_is_bytes(arr) and isinstance(idx, types.Integer) and isinstance(shift, types.Integer)):
-        return None
-
-    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        nib = _nibbles(context, builder, sig, args)
-        hb = _load32(context, builder, sig.args[0], args[0], args[3], sig.args[3])
-        s = _int_to(builder, args[4], _I8, False)
-        b2 = builder.shl(builder.and_(builder.lshr(hb, _splat(builder, _V32B, s)), _cb(3)), _cb(4))
-        return builder.or_(nib, b2)
-
-    return B32(arr, idx, hi, hidx, shift), cg
+bq5 = _with_high_bits(1, "Q5_K: nibbles plus 16 times bit ``shift`` of the 32 bytes at ``hidx``: 0..31.")
+bq6 = _with_high_bits(
+    3, "Q6_K: nibbles plus bits ``shift``, ``shift + 1`` (times 16) of the bytes at ``hidx``: 0..63."
+)
 
 
 def _maddubs(builder, u, s):  # type: ignore[no-untyped-def]

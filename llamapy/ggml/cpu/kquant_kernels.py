@@ -10,7 +10,7 @@ once per 256-element super-block: ``d * d8 * sum`` and the mins (Q4_K, Q5_K) or 
 
 Result: ``out = W @ dequantize(quantize(x, Q8_K))`` up to float rounding of the super-block sums;
 against float activations the normalized squared error is ~3e-5 (llama.cpp's is the same). Measured
-on the 2-core AVX2 VM, 896x4864, 2 threads: 2-3x the float kernels this replaced (Q5_K 10 -> 29 GB/s).
+on the 2-core AVX2 VM, 896x4864, 2 threads: 2-3x the float kernels this replaced (Q5_K 10 -> 27 GB/s).
 
 Call as ``MATVEC`` in ``matmul_kernels``: ``kern(w, x, out, f16)``; K must be a multiple of 256 (it is
 for every k-quant row).
