@@ -1,0 +1,406 @@
+"""The :class:`Llama` class: construction (llama-cpp-python's arguments), tokens, evaluation,
+sampling, ``generate``, saved state. Completions, chat and embeddings are its mixins (``completion``,
+``chat``, ``embedding``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import LlamapyError
+from ..generation import IncrementalDetokenizer, TokenSequence, common_prefix_length
+from .chat import ChatMixin
+from .common import LLAMA_DEFAULT_SEED, LlamaState, LogitsProcessor, StoppingCriteria, UnsupportedError
+from .common import log_softmax as _log_softmax
+from .completion import CompletionMixin
+from .embedding import EmbeddingMixin
+
+
+def _cache_type(t: Any) -> str | None:
+    if t is None or isinstance(t, str):
+        return t
+    from ..ggml.types import GGMLType
+
+    return GGMLType(int(t)).name.lower()
+
+
+class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
+    """A model and a context, with llama-cpp-python's constructor arguments and methods."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        n_gpu_layers: int = 0,
+        split_mode: int = 0,
+        main_gpu: int = 0,
+        tensor_split: list[float] | None = None,
+        vocab_only: bool = False,
+        use_mmap: bool = True,
+        use_mlock: bool = False,
+        kv_overrides: dict[str, Any] | None = None,
+        seed: int = LLAMA_DEFAULT_SEED,
+        n_ctx: int = 512,
+        n_batch: int = 512,
+        n_ubatch: int = 512,
+        n_threads: int | None = None,
+        n_threads_batch: int | None = None,
+        pooling_type: int | str | None = None,
+        logits_all: bool = False,
+        embedding: bool = False,
+        offload_kqv: bool = True,
+        flash_attn: bool | None = None,
+        no_perf: bool = False,
+        last_n_tokens_size: int = 64,
+        lora_base: str | None = None,
+        lora_scale: float = 1.0,
+        lora_path: str | None = None,
+        numa: bool | int = False,
+        chat_format: str | None = None,
+        chat_handler: Any = None,
+        draft_model: Any = None,
+        tokenizer: Any = None,
+        type_k: int | str | None = None,
+        type_v: int | str | None = None,
+        spm_infill: bool = False,
+        verbose: bool = True,
+        context_shift: bool = False,
+        n_keep: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        for name, value in (("lora_path", lora_path), ("lora_base", lora_base), ("draft_model", draft_model),
+                            ("chat_handler", chat_handler), ("tokenizer", tokenizer), ("kv_overrides", kv_overrides)):  # fmt: skip
+            if value:
+                raise UnsupportedError(f"Llama({name}=...) is not supported by llamapy")
+        from ..model import Model
+
+        self.model_path = str(model_path)
+        self.verbose = verbose
+        model = Model.load(self.model_path, use_mmap=use_mmap, use_mlock=use_mlock, vocab_only=vocab_only)
+        ctx = None
+        if not vocab_only:
+            from ..context import Context, ContextParams
+
+            n_ctx = int(n_ctx) if n_ctx else 0
+            cp: dict[str, Any] = dict(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads)
+            cp.update(embeddings=embedding, pooling_type=pooling_type)
+            if n_ctx:
+                cp["n_batch"] = min(n_ctx, n_batch)
+                cp["n_ubatch"] = min(cp["n_batch"], n_ubatch)
+            for key, val in (("type_k", _cache_type(type_k)), ("type_v", _cache_type(type_v)),
+                             ("flash_attn", flash_attn)):  # fmt: skip
+                if val is not None:
+                    cp[key] = val
+            ctx = Context(model, ContextParams(**cp))
+        self._setup(model, ctx, seed=seed, logits_all=logits_all, embedding=embedding, chat_format=chat_format,
+                    spm_infill=spm_infill, context_shift=context_shift, n_keep=n_keep,
+                    last_n_tokens_size=last_n_tokens_size)  # fmt: skip
+        if verbose:
+            import sys
+
+            print(f"llamapy: {model.desc} from {self.model_path}, n_ctx = {self.n_ctx()}", file=sys.stderr)
+
+    @classmethod
+    def _from_parts(
+        cls, model: Any, ctx: Any, batch_factory: Callable[..., Any] | None = None, **kw: Any
+    ) -> Llama:
+        """A Llama over an existing model and context (tests, embedding in other tools)."""
+        self = cls.__new__(cls)
+        self.model_path = str(getattr(model, "path", ""))
+        self.verbose = False
+        self._setup(model, ctx, batch_factory=batch_factory, **kw)
+        return self
+
+    def _setup(
+        self,
+        model: Any,
+        ctx: Any,
+        seed: int = LLAMA_DEFAULT_SEED,
+        logits_all: bool = False,
+        embedding: bool = False,
+        chat_format: str | None = None,
+        spm_infill: bool = False,
+        context_shift: bool = False,
+        n_keep: int = 0,
+        last_n_tokens_size: int = 64,
+        batch_factory: Callable[..., Any] | None = None,
+    ) -> None:
+        self.model = self._model = model
+        self.ctx = self._ctx = ctx
+        self.vocab = model.vocab
+        self._seed = seed
+        self._logits_all = logits_all
+        self._embedding = embedding
+        self.chat_format = chat_format
+        self.chat_template: str | None = None  # Jinja source overriding the model's and chat_format
+        self.spm_infill = spm_infill
+        self.last_n_tokens_size = last_n_tokens_size
+        self.metadata = {k: str(v) for k, v in getattr(model, "metadata", {}).items() if not isinstance(v, list | np.ndarray)}  # fmt: skip
+        self._scores: np.ndarray | None = None
+        self._seq: TokenSequence | None = None
+        if ctx is not None:
+            self._seq = TokenSequence(
+                ctx, context_shift=context_shift, n_keep=n_keep, batch_factory=batch_factory
+            )
+            self._seq.logits_all = logits_all
+            self._seq.on_logits = self._store_logits
+
+    # ------------------------------------------------------------------------------------- basics
+    def _need_ctx(self) -> TokenSequence:
+        if self._seq is None:
+            raise LlamapyError(
+                f"{self.model_path}: loaded with vocab_only=True, there is no context to evaluate in"
+            )
+        return self._seq
+
+    def n_ctx(self) -> int:
+        return int(self.ctx.n_ctx) if self.ctx is not None else int(self.model.n_ctx_train)
+
+    def n_embd(self) -> int:
+        return int(self.model.n_embd)
+
+    def n_vocab(self) -> int:
+        return int(self.model.n_vocab)
+
+    def token_bos(self) -> int:
+        return int(self.vocab.bos)
+
+    def token_eos(self) -> int:
+        return int(self.vocab.eos)
+
+    def token_nl(self) -> int:
+        return int(self.vocab.nl)
+
+    def tokenizer(self) -> Llama:
+        return self
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self._seq) if self._seq is not None else 0
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return np.array(self._seq.tokens if self._seq is not None else [], dtype=np.intc)
+
+    @property
+    def eval_tokens(self) -> list[int]:
+        return list(self._seq.tokens) if self._seq is not None else []
+
+    @property
+    def scores(self) -> np.ndarray:
+        """``[n_ctx, n_vocab]`` logits by position (rows of evaluated positions are filled: every one
+        with ``logits_all=True``, else the last)."""
+        if self._scores is None:
+            self._scores = np.zeros((self.n_ctx(), self.n_vocab()), dtype=np.single)  # lazily paged in
+        return self._scores
+
+    @property
+    def _scores_view(self) -> np.ndarray:
+        return self.scores[: self.n_tokens]
+
+    @property
+    def eval_logits(self) -> list[list[float]]:
+        return self._scores_view.tolist() if self._logits_all else self._scores_view[-1:].tolist()
+
+    def _store_logits(self, pos: int, rows: np.ndarray) -> None:
+        if pos + len(rows) <= self.n_ctx():
+            self.scores[pos : pos + len(rows)] = rows
+
+    def set_seed(self, seed: int) -> None:
+        self._seed = seed
+
+    def reset(self) -> None:
+        """Forget the evaluated tokens (the next evaluation starts from an empty context)."""
+        if self._seq is not None:
+            self._seq.clear()
+
+    def close(self) -> None:
+        self._seq = None
+        self.ctx = self._ctx = None
+
+    def __enter__(self) -> Llama:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------- tokens
+    def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]:
+        return list(self.vocab.tokenize(text, add_special=add_bos, parse_special=special))
+
+    def detokenize(
+        self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None, special: bool = False
+    ) -> bytes:
+        out = b"".join(self.vocab.token_to_piece(int(t), special) for t in tokens)
+        first = prev_tokens[0] if prev_tokens else (tokens[0] if len(tokens) else None)
+        if not prev_tokens and first is not None and first == self.vocab.bos and out[:1] == b" ":
+            out = out[1:]  # llama-cpp-python drops the space SPM models put after BOS
+        return out
+
+    def _piece_text(self, token: int) -> str:
+        return self.vocab.token_to_piece(int(token), False).decode("utf-8", errors="ignore")
+
+    # ------------------------------------------------------------------------------------- evaluation
+    def eval(self, tokens: Sequence[int]) -> None:
+        """Evaluate ``tokens`` after the ones already evaluated (``n_tokens``)."""
+        self._need_ctx().eval(list(tokens))
+
+    def _sampling_params(self, seed: int | None = None, **kw: Any) -> Any:
+        from ..sampling import SamplingParams
+
+        s = self._seed if seed is None else seed
+        s = LLAMA_DEFAULT_SEED if s is None or s < 0 else s
+        return SamplingParams(seed=s, **kw)
+
+    def _chain(
+        self,
+        temp: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        logit_bias: dict[Any, float] | None = None,
+        seed: int | None = None,
+        **ignored: Any,
+    ) -> Any:
+        from ..sampling import build_chain
+
+        params = self._sampling_params(
+            seed=seed, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typ_p=typical_p,
+            penalty_repeat=repeat_penalty, penalty_freq=frequency_penalty, penalty_present=presence_penalty,
+            penalty_last_n=self.last_n_tokens_size, mirostat=mirostat_mode, mirostat_tau=mirostat_tau,
+            mirostat_eta=mirostat_eta, logit_bias={int(k): float(v) for k, v in (logit_bias or {}).items()},
+            samplers=["penalties", "top_k", "typ_p", "top_p", "min_p", "temperature"],
+        )  # fmt: skip
+        return build_chain(params, n_vocab=self.n_vocab(), vocab=self.vocab, n_ctx=self.n_ctx())
+
+    def sample(
+        self,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        temp: float = 0.80,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        tfs_z: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_eta: float = 0.1,
+        mirostat_tau: float = 5.0,
+        penalize_nl: bool = True,
+        logits_processor: LogitsProcessor | None = None,
+        grammar: Any = None,
+        idx: int | None = None,
+    ) -> int:
+        """Sample a token from the logits of the last evaluated token (or of position ``idx``)."""
+        self._no_grammar(grammar)
+        seq = self._need_ctx()
+        chain = self._chain(temp, top_k, top_p, min_p, typical_p, repeat_penalty, frequency_penalty,
+                            presence_penalty, mirostat_mode, mirostat_tau, mirostat_eta)  # fmt: skip
+        for t in seq.tokens[-self.last_n_tokens_size :] if self.last_n_tokens_size > 0 else []:
+            chain.accept(t)
+        logits = seq.logits() if idx is None else self.scores[idx]
+        if logits_processor is not None:
+            logits = logits_processor(self.input_ids, logits.copy())
+        return int(chain.sample(logits))
+
+    @staticmethod
+    def _no_grammar(grammar: Any) -> None:
+        if grammar is not None:
+            raise UnsupportedError("grammar-constrained sampling is not supported by llamapy's Llama yet")
+
+    def generate(
+        self,
+        tokens: Sequence[int],
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        temp: float = 0.80,
+        repeat_penalty: float = 1.0,
+        reset: bool = True,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        tfs_z: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        penalize_nl: bool = True,
+        logits_processor: LogitsProcessor | None = None,
+        stopping_criteria: StoppingCriteria | None = None,
+        grammar: Any = None,
+        seed: int | None = None,
+    ) -> Iterator[int]:
+        """Yield sampled tokens forever (the caller stops); the prompt's cached prefix is reused."""
+        self._no_grammar(grammar)
+        seq = self._need_ctx()
+        chain = self._chain(temp, top_k, top_p, min_p, typical_p, repeat_penalty, frequency_penalty,
+                            presence_penalty, mirostat_mode, mirostat_tau, mirostat_eta, seed=seed)  # fmt: skip
+        tokens = list(tokens)
+        if not reset:
+            tokens = seq.tokens + tokens
+        for t in tokens:
+            chain.accept(t)
+        seq.prefill(tokens)
+        while True:
+            logits = seq.logits()
+            if logits_processor is not None:
+                logits = logits_processor(self.input_ids, logits.copy())
+            token = int(chain.sample(logits))
+            chain.accept(token)
+            if stopping_criteria is not None and stopping_criteria(self.input_ids, logits):
+                return
+            extra = yield token
+            seq.eval([token] + list(extra or []))
+
+    # ------------------------------------------------------------------------------------- state
+    def save_state(self) -> LlamaState:
+        seq = self._need_ctx()
+        data = bytes(self.ctx.state_seq_get_data(seq.seq_id))
+        n = len(seq)
+        return LlamaState(self.input_ids.copy(), self.scores[:n].copy(), n, data, len(data), self._seed)
+
+    def load_state(self, state: LlamaState) -> None:
+        seq = self._need_ctx()
+        seq.clear()
+        self.ctx.state_seq_set_data(state.llama_state, seq.seq_id)
+        seq.tokens = [int(t) for t in state.input_ids[: state.n_tokens]]
+        if state.n_tokens:
+            self.scores[: state.n_tokens] = state.scores[: state.n_tokens]
+            seq._last_logits = np.array(self.scores[state.n_tokens - 1], dtype=np.float32)
+        self._seed = state.seed
+
+    # ------------------------------------------------------------------------------------- misc
+    @staticmethod
+    def logits_to_logprobs(logits: np.ndarray, axis: int = -1) -> np.ndarray:
+        return _log_softmax(np.moveaxis(np.asarray(logits), axis, -1)).swapaxes(-1, axis)
+
+    @staticmethod
+    def longest_token_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+        return common_prefix_length(a, b)
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None = None, **kwargs: Any) -> Llama:
+        """A known model by name (``smollm2-135m-instruct``, ``gemma3-270m``), fetched into the cache.
+        Hugging Face repositories are not reachable from llamapy."""
+        from .. import hub
+
+        if hub.canonical_name(repo_id) is None:
+            raise UnsupportedError(
+                f"Llama.from_pretrained({repo_id!r}): only llamapy's known models can be fetched "
+                f"({', '.join(hub.KNOWN_MODELS)}); download the GGUF file and use Llama(model_path=...)"
+            )
+        return cls(str(hub.pull(repo_id)), **kwargs)
+
+    def detokenizer(self, special: bool = False) -> IncrementalDetokenizer:
+        """An incremental UTF-8-safe detokenizer over this model's vocabulary."""
+        return IncrementalDetokenizer(self.vocab, special=special)
