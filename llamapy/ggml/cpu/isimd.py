@@ -5,12 +5,12 @@ k-quants), so that 32 products of a block are two integer instructions: ``pmaddu
 bytes x signed bytes, adjacent pairs summed into 16 bits) and ``pmaddwd`` (times a 16-bit scale,
 adjacent pairs summed into 32 bits). Floats then appear once per 256-element super-block. The float
 kernels in ``matmul_kernels`` spend about one vector operation per weight unpacking and converting;
-this way spends about one per eight.
+this way spends well under one per four.
 
 Two Numba types: ``B32`` (32 bytes, ``<32 x i8>``) and ``I32x8`` (``<8 x i32>``). With AVX2 on the
-host (and no ``NUMBA_CPU_NAME`` override), ``imadd`` calls the two x86 instructions; elsewhere it is
-the same arithmetic in generic LLVM vector IR (widen, multiply, add pairs), which gives the same
-results because the kernels keep every 16-bit pair sum in range (weights 0..63, activations
+host (and ``NUMBA_CPU_NAME`` unset or ``host``), ``imadd`` calls the two x86 instructions; elsewhere
+it is the same arithmetic in generic LLVM vector IR (widen, multiply, add pairs), which gives the
+same results because the kernels keep every 16-bit pair sum in range (weights 0..63, activations
 -127..127: at most 16002).
 
 Index arguments are element offsets into 1-D C-contiguous arrays and are not bounds-checked.
@@ -59,8 +59,8 @@ _V8D = ir.VectorType(_I32, 8)
 def _host_avx2() -> bool:
     from numba.core import config
 
-    if config.CPU_NAME or config.CPU_FEATURES:
-        return False  # a portable target was asked for: no x86-only instructions
+    if (config.CPU_NAME or "host") != "host" or config.CPU_FEATURES:
+        return False  # another target was asked for: no x86-only instructions
     try:
         return bool(llvm.get_host_cpu_features().get("avx2", False))
     except RuntimeError:
