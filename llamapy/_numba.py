@@ -53,7 +53,13 @@ __all__ = [
     "set_num_threads",
     "max_threads",
     "kernel_sources_digest",
+    "FAST_KEEP_INF",
 ]
+
+#: ``fastmath`` flags for kernels that test values against -inf (masked attention scores): all of
+#: ``fastmath=True`` (reassociation for vectorized sums, contraction to FMA, fast reciprocals) except
+#: ``ninf``/``nnan``, under which LLVM may fold a compare with -inf to false
+FAST_KEEP_INF = {"nsz", "arcp", "contract", "afn", "reassoc"}
 
 
 def max_threads() -> int:

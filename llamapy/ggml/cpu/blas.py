@@ -68,7 +68,7 @@ def _find() -> tuple[str, str, str, bool] | None:
 
 
 def _build(found: tuple[str, str, str, bool]) -> tuple[Callable[..., None], Callable[..., None]]:
-    from ..._numba import njit, prange  # first: it sets NUMBA_CACHE_DIR before Numba is imported
+    from ..._numba import FAST_KEEP_INF, njit, prange  # first: it sets NUMBA_CACHE_DIR before Numba
 
     # isort: split
     import llvmlite.binding as llb
@@ -99,7 +99,7 @@ def _build(found: tuple[str, str, str, bool]) -> tuple[Callable[..., None], Call
                   x.ctypes.data, it(ldx), w.ctypes.data + r0 * ldw * 4, it(ldw), np.float32(0.0),
                   out.ctypes.data + r0 * 4, it(ldo))  # fmt: skip
 
-    @njit(parallel=True, cache=True, fastmath=True, error_model="numpy")
+    @njit(parallel=True, cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
     def _attn(q, k, v, mask, has_mask, scale, cap, slopes, S, out, chunk):
         # q[T, H, D], k[KV, Hkv, D], v[KV, Hkv, Dv], out[T, H, Dv]: unit last stride, row strides free;
         # mask[T, KV] (0 / -inf, times the head's ALiBi slope); S[n_threads, chunk, KV] scratch.

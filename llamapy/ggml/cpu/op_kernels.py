@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ..._numba import njit, prange
+from ..._numba import FAST_KEEP_INF, njit, prange
 from .simd import bitcast_f32
 from .vmath import fexp, ftanh
 
@@ -136,7 +136,7 @@ def check_ids(ids, n):
     return -1
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+@njit(cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
 def attn_small(q, k, v, mask, has_mask, scale, cap, slopes, out):
     """Attention for a few query rows (decode): q[T, H, D], k[KV, Hkv, D], v[KV, Hkv, Dv] (float32,
     any strides), mask[T, KV] (0 / -inf, times the head's ALiBi slope), out[T, H, Dv]. Serial: a
@@ -194,7 +194,7 @@ def h2f(bits):
     return bitcast_f32(((b & _I8000) << _I16) | ((b & _I7FFF) << _I13)) * _P112
 
 
-@njit(parallel=True, cache=True, fastmath=True, error_model="numpy")
+@njit(parallel=True, cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
 def attn_small_f16(q, k, v, mask, has_mask, scale, cap, slopes, out):
     """``attn_small`` over an F16 KV cache read in place: ``k``/``v`` are the cache views as
     ``uint16`` (half bits, any strides). Only unmasked keys are read and converted, so a decode step
