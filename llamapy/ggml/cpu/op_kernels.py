@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
+from ..._numba import FAST_KEEP_INF, njit, prange  # first: it sets NUMBA_CACHE_DIR before Numba
 
-from ..._numba import FAST_KEEP_INF, njit, prange
+# isort: split
+import numpy as np
+from numba import types
+from numba.extending import overload
+
 from .simd import bitcast_f32
 from .vmath import fexp, ftanh
 
@@ -136,55 +140,6 @@ def check_ids(ids, n):
     return -1
 
 
-@njit(cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
-def attn_small(q, k, v, mask, has_mask, scale, cap, slopes, out):
-    """Attention for a few query rows (decode): q[T, H, D], k[KV, Hkv, D], v[KV, Hkv, Dv] (float32,
-    any strides), mask[T, KV] (0 / -inf, times the head's ALiBi slope), out[T, H, Dv]. Serial: a
-    handful of rows is cheaper than a thread launch or a BLAS call. Masked keys are skipped."""
-    T, H, D = q.shape
-    KV, Hkv, _ = k.shape
-    Dv = v.shape[2]
-    g = H // Hkv
-    s = np.empty(KV, np.float32)
-    acc = np.empty(Dv, np.float32)
-    ninf = np.float32(-np.inf)
-    for t in range(T):
-        for h in range(H):
-            kh = h // g
-            mx = ninf
-            for j in range(KV):
-                if has_mask and mask[t, j] == ninf:
-                    s[j] = ninf
-                    continue
-                d = _F0
-                for i in range(D):
-                    d += q[t, h, i] * k[j, kh, i]
-                d *= scale
-                if cap != _F0:
-                    d = cap * ftanh(d / cap)
-                if has_mask:
-                    d += slopes[h] * mask[t, j]
-                s[j] = d
-                mx = max(mx, d)
-            if mx == ninf:
-                for i in range(Dv):
-                    out[t, h, i] = _F0
-                continue
-            for i in range(Dv):
-                acc[i] = _F0
-            ssum = _F0
-            for j in range(KV):
-                if s[j] == ninf:
-                    continue
-                p = fexp(s[j] - mx)
-                ssum += p
-                for i in range(Dv):
-                    acc[i] += p * v[j, kh, i]
-            inv = _F1 / ssum
-            for i in range(Dv):
-                out[t, h, i] = acc[i] * inv
-
-
 @njit(inline="always")
 def h2f(bits):
     """Half-float bits (an integer, finite halves) -> float32 with bit operations only (vectorizes):
@@ -194,50 +149,82 @@ def h2f(bits):
     return bitcast_f32(((b & _I8000) << _I16) | ((b & _I7FFF) << _I13)) * _P112
 
 
+def _as_f32(x):  # type: ignore[no-untyped-def]
+    """Jitted code only (see the overload)."""
+    raise NotImplementedError
+
+
+@overload(_as_f32, inline="always")
+def _as_f32_ov(x):  # type: ignore[no-untyped-def]
+    """A K/V element as float32: half bits (a uint16 cache view) through ``h2f``, floats as they are."""
+    if isinstance(x, types.Integer):
+        return lambda x: h2f(x)
+    return lambda x: np.float32(x)
+
+
+@njit(inline="always")
+def _attn_row(q, k, v, mask, has_mask, scale, cap, slopes, out, t, h, kh, s, acc):
+    """One query row ``t`` of head ``h`` (kv head ``kh``) into ``out[t, h]``, with the scratch
+    ``s[KV]`` and ``acc[Dv]``. Masked keys are skipped (never read); a fully masked row gives zeros."""
+    KV, D, Dv = k.shape[0], q.shape[2], v.shape[2]
+    ninf = np.float32(-np.inf)
+    mx = ninf
+    for j in range(KV):
+        if has_mask and mask[t, j] == ninf:
+            s[j] = ninf
+            continue
+        d = _F0
+        for i in range(D):
+            d += q[t, h, i] * _as_f32(k[j, kh, i])
+        d *= scale
+        if cap != _F0:
+            d = cap * ftanh(d / cap)
+        if has_mask:
+            d += slopes[h] * mask[t, j]
+        s[j] = d
+        mx = max(mx, d)
+    if mx == ninf:
+        for i in range(Dv):
+            out[t, h, i] = _F0
+        return
+    for i in range(Dv):
+        acc[i] = _F0
+    ssum = _F0
+    for j in range(KV):
+        if s[j] == ninf:
+            continue
+        p = fexp(s[j] - mx)
+        ssum += p
+        for i in range(Dv):
+            acc[i] += p * _as_f32(v[j, kh, i])
+    inv = _F1 / ssum
+    for i in range(Dv):
+        out[t, h, i] = acc[i] * inv
+
+
+@njit(cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
+def attn_small(q, k, v, mask, has_mask, scale, cap, slopes, out):
+    """Attention for a few query rows (decode): q[T, H, D], k[KV, Hkv, D], v[KV, Hkv, Dv] (float32,
+    any strides), mask[T, KV] (0 / -inf, times the head's ALiBi slope), out[T, H, Dv]. Serial: a
+    handful of rows is cheaper than a thread launch or a BLAS call. Masked keys are skipped."""
+    T, H, _ = q.shape
+    g = H // k.shape[1]
+    s = np.empty(k.shape[0], np.float32)
+    acc = np.empty(v.shape[2], np.float32)
+    for t in range(T):
+        for h in range(H):
+            _attn_row(q, k, v, mask, has_mask, scale, cap, slopes, out, t, h, h // g, s, acc)
+
+
 @njit(parallel=True, cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
 def attn_small_f16(q, k, v, mask, has_mask, scale, cap, slopes, out):
     """``attn_small`` over an F16 KV cache read in place: ``k``/``v`` are the cache views as
     ``uint16`` (half bits, any strides). Only unmasked keys are read and converted, so a decode step
     never converts the whole (padded) cache to float32. Parallel over query heads."""
-    T, H, D = q.shape
-    KV, Hkv, _ = k.shape
-    Dv = v.shape[2]
-    g = H // Hkv
-    ninf = np.float32(-np.inf)
+    T, H, _ = q.shape
+    g = H // k.shape[1]
     for h in prange(H):
-        kh = h // g
-        s = np.empty(KV, np.float32)
-        acc = np.empty(Dv, np.float32)
+        s = np.empty(k.shape[0], np.float32)
+        acc = np.empty(v.shape[2], np.float32)
         for t in range(T):
-            mx = ninf
-            for j in range(KV):
-                if has_mask and mask[t, j] == ninf:
-                    s[j] = ninf
-                    continue
-                d = _F0
-                for i in range(D):
-                    d += q[t, h, i] * h2f(k[j, kh, i])
-                d *= scale
-                if cap != _F0:
-                    d = cap * ftanh(d / cap)
-                if has_mask:
-                    d += slopes[h] * mask[t, j]
-                s[j] = d
-                mx = max(mx, d)
-            if mx == ninf:
-                for i in range(Dv):
-                    out[t, h, i] = _F0
-                continue
-            for i in range(Dv):
-                acc[i] = _F0
-            ssum = _F0
-            for j in range(KV):
-                if s[j] == ninf:
-                    continue
-                p = fexp(s[j] - mx)
-                ssum += p
-                for i in range(Dv):
-                    acc[i] += p * h2f(v[j, kh, i])
-            inv = _F1 / ssum
-            for i in range(Dv):
-                out[t, h, i] = acc[i] * inv
+            _attn_row(q, k, v, mask, has_mask, scale, cap, slopes, out, t, h, h // g, s, acc)
