@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +20,16 @@ from .errors import LlamapyError
 
 class BatchError(LlamapyError):
     """A batch is invalid (empty, token out of range, bad sequence id or position, too large)."""
+
+
+def _one_sequence(n: int, pos0: int | None, seq_id: int, logits_all: bool) -> dict[str, Any]:
+    """Positions (from ``pos0``, or None: continue the cache), sequence ids and output flags (the last
+    token, or all with ``logits_all``) of ``n`` tokens of one sequence."""
+    pos = None if pos0 is None else np.arange(pos0, pos0 + n, dtype=np.int32)
+    out = [logits_all] * n
+    if n and not logits_all:
+        out[-1] = True
+    return dict(pos=pos, seq_id=[[seq_id] for _ in range(n)], logits=out)
 
 
 @dataclass
@@ -40,12 +51,7 @@ class Batch:
         """One sequence of tokens; positions from ``pos0`` (None: continue the sequence in the cache);
         output on the last token (every token with ``logits_all``)."""
         tok = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        n = len(tok)
-        pos = None if pos0 is None else np.arange(pos0, pos0 + n, dtype=np.int32)
-        out = [logits_all] * n
-        if n and not logits_all:
-            out[-1] = True
-        return cls(token=tok, pos=pos, seq_id=[[seq_id] for _ in range(n)], logits=out)
+        return cls(token=tok, **_one_sequence(len(tok), pos0, seq_id, logits_all))
 
     @classmethod
     def from_embd(
@@ -54,12 +60,7 @@ class Batch:
         e = np.asarray(embd, dtype=np.float32)
         if e.ndim != 2:
             raise BatchError(f"embeddings must be [n_tokens, n_embd], got shape {e.shape}")
-        n = e.shape[0]
-        pos = None if pos0 is None else np.arange(pos0, pos0 + n, dtype=np.int32)
-        out = [logits_all] * n
-        if n and not logits_all:
-            out[-1] = True
-        return cls(embd=e, pos=pos, seq_id=[[seq_id] for _ in range(n)], logits=out)
+        return cls(embd=e, **_one_sequence(e.shape[0], pos0, seq_id, logits_all))
 
     @property
     def n_tokens(self) -> int:

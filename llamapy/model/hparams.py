@@ -19,6 +19,9 @@ class ModelLoadError(LlamapyError):
     """A model file cannot be loaded: unknown architecture, missing/mis-shaped tensor, bad metadata."""
 
 
+_MISSING = object()
+
+
 class MetaReader:
     """Typed access to metadata keys of one architecture, with errors that say which key and why."""
 
@@ -33,6 +36,15 @@ class MetaReader:
     def _err(self, msg: str) -> ModelLoadError:
         return ModelLoadError(f"{self.where}: {msg}" if self.where else msg)
 
+    def _lookup(self, key: str, required: bool) -> tuple[str, Any]:
+        """The full key and its value (``_MISSING`` when absent; an error if ``required``)."""
+        k = self._key(key)
+        if k not in self.md:
+            if required:
+                raise self._err(f"metadata key {k!r} is missing")
+            return k, _MISSING
+        return k, self.md[k]
+
     def has(self, key: str) -> bool:
         return self._key(key) in self.md
 
@@ -40,12 +52,9 @@ class MetaReader:
         return self.md.get(self._key(key), default)
 
     def u32(self, key: str, default: int | None = None, *, required: bool = False) -> int | None:
-        k = self._key(key)
-        if k not in self.md:
-            if required:
-                raise self._err(f"metadata key {k!r} is missing")
+        k, v = self._lookup(key, required)
+        if v is _MISSING:
             return default
-        v = self.md[k]
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise self._err(f"metadata key {k!r} has type {type(v).__name__}, expected an integer")
         if v < 0:
@@ -53,12 +62,9 @@ class MetaReader:
         return int(v)
 
     def f32(self, key: str, default: float | None = None, *, required: bool = False) -> float | None:
-        k = self._key(key)
-        if k not in self.md:
-            if required:
-                raise self._err(f"metadata key {k!r} is missing")
+        k, v = self._lookup(key, required)
+        if v is _MISSING:
             return default
-        v = self.md[k]
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
             raise self._err(f"metadata key {k!r} has type {type(v).__name__}, expected a number")
         return float(v)
@@ -81,12 +87,9 @@ class MetaReader:
         self, key: str, n_layer: int, default: int | None = None, *, required: bool = False
     ) -> list[int]:
         """A value that is either one integer for all layers or an array with one entry per layer."""
-        k = self._key(key)
-        if k not in self.md:
-            if required:
-                raise self._err(f"metadata key {k!r} is missing")
+        k, v = self._lookup(key, required)
+        if v is _MISSING:
             return [int(default or 0)] * n_layer
-        v = self.md[k]
         if isinstance(v, (np.ndarray, list)):
             arr = np.asarray(v)
             if arr.ndim != 1 or arr.dtype.kind not in "iu":
