@@ -14,12 +14,14 @@ __version__ = "0.1.0"
 _LAZY = {
     "Llama": "llamapy.api",
     "LlamaState": "llamapy.api",
+    "LlamaGrammar": "llamapy.grammar",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from .api import Llama, LlamaState
+    from .grammar import LlamaGrammar
 
-__all__ = ["Llama", "LlamaState", "__version__"]
+__all__ = ["Llama", "LlamaGrammar", "LlamaState", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -356,3 +356,93 @@ def test_context_shift_with_nothing_to_drop():
     seq = TokenSequence(ctx, context_shift=True, n_keep=4, batch_factory=fake_batch)
     with pytest.raises(ContextFullError, match="--keep"):
         list(generate(seq, greedy, FakeVocab(LETTERS), [0, 1, 2], GenerationParams(max_tokens=5)))
+
+
+# ------------------------------------------------------------------------------------ the token loop state
+
+
+class CountingGrammar:
+    """Stands in for a grammar sampler: finished after ``n`` accepted tokens."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.seen = n, []
+
+    def is_finished(self) -> bool:
+        return len(self.seen) >= self.n
+
+
+class EchoParser:
+    """Stands in for a chat parser: every text piece becomes a delta; ``calls`` tool calls at the end."""
+
+    def __init__(self, calls: int = 0) -> None:
+        self.text, self.calls = "", calls
+
+    def feed(self, text):
+        self.text += text
+        return [("content", text)]
+
+    def finish(self):
+        from types import SimpleNamespace
+
+        return [("end", "")], SimpleNamespace(content=self.text, tool_calls=["call"] * self.calls)
+
+
+def test_generation_ends_when_the_grammar_is_finished():
+    g = CountingGrammar(3)
+
+    class Sampler:
+        def sample(self, logits):
+            return greedy(logits)
+
+        def accept(self, t):
+            g.seen.append(t)
+
+    seq = seq_of(counter_ctx(10))
+    steps = list(
+        generate(seq, Sampler(), FakeVocab(LETTERS), [0], GenerationParams(max_tokens=10), grammar=g)
+    )
+    assert [s.token for s in steps] == [1, 2, 3]
+    assert steps[-1].finish_reason == "stop" and steps[-1].stop_type == "eos"
+
+
+def test_generation_parser_deltas_message_and_tool_calls_finish_reason():
+    for calls, reason in ((0, "length"), (2, "length")):
+        seq = seq_of(counter_ctx(10))
+        steps = list(
+            generate(
+                seq, greedy, FakeVocab(LETTERS), [0], GenerationParams(max_tokens=3), parser=EchoParser(calls)
+            )
+        )
+        deltas = [d for s in steps for d in s.deltas]
+        assert deltas == [("content", "b"), ("content", "c"), ("content", "d"), ("end", "")]
+        assert steps[-1].message.content == "bcd" and steps[-1].finish_reason == reason
+    vocab = FakeVocab([b"0", b"1", b"2", b"<e>"], eog=(3,))
+    steps = list(generate(seq_of(counter_ctx(4)), greedy, vocab, [0], parser=EchoParser(1)))
+    assert steps[-1].finish_reason == "tool_calls" and steps[-1].eog_token == 3 and steps[-1].token is None
+
+
+def test_generation_logprobs_of_the_raw_logits_and_eog_masking():
+    from llamapy.generation import Generation
+    from llamapy.sampling.logprobs import log_softmax
+
+    vocab = FakeVocab([b"a", b"b", b"<e>"], eog=(2,))
+    logits = np.array([1.0, 2.0, 5.0], np.float32)
+
+    class Greedy:
+        def sample(self, z):
+            return greedy(z)
+
+        def accept(self, t):
+            pass
+
+    gen = Generation(vocab, Greedy(), GenerationParams(ignore_eos=True, n_probs=2))
+    step = gen.step(logits)
+    assert step.token == 1  # EOG masked
+    want = log_softmax(logits)
+    assert step.logprob.logprob == pytest.approx(float(want[1]))
+    assert [t for t, _ in step.logprob.top] == [2, 1]  # of the raw logits: the masked EOG is still reported
+    gen = Generation(vocab, Greedy(), GenerationParams(max_tokens=0))
+    end = gen.step(logits)
+    assert end.token is None and end.finish_reason == "length" and gen.done
+    with pytest.raises(RuntimeError, match="finished"):
+        gen.step(logits)

@@ -1,5 +1,6 @@
 """Chat completions of :class:`llamapy.api.Llama`: the chat template in effect (``chat_template``,
-``chat_format`` or the model's), ``apply_chat_template``, ``create_chat_completion`` and its chunks."""
+``chat_format`` or the model's), ``apply_chat_template``, ``create_chat_completion`` and its chunks, with
+tools, ``response_format``, grammars and reasoning (:mod:`llamapy.api.chat_request` plans the request)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import Any
 import numpy as np
 
 from ..generation import Step
-from .common import LogitsProcessor, UnsupportedError
-from .common import log_softmax as _log_softmax
+from ..sampling.logprobs import log_softmax, top_logprobs
+from .chat_request import ChatPlan, delta_dicts, message_dict, plan_chat
+from .common import LogitsProcessor
 
 # llama-cpp-python chat_format names -> llamapy's built-in templates
 _CHAT_FORMAT_ALIASES = {
@@ -50,16 +52,23 @@ class ChatMixin:
         self._template_cache = (key, tmpl)
         return tmpl
 
-    def apply_chat_template(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **kwargs: Any
-    ) -> list[int]:
-        """The prompt tokens of a conversation rendered with the model's chat template."""
-        text = self._chat_template().render(messages, add_generation_prompt=True, tools=tools, **kwargs)
+    def _plan(self, messages: list[dict[str, Any]], **kw: Any) -> ChatPlan:
+        return plan_chat(self._chat_template(), self.vocab, messages, **kw)
+
+    def _chat_tokens(self, text: str) -> list[int]:
         tokens = self.tokenize(text.encode("utf-8"), add_bos=True, special=True)
         bos = self.vocab.bos
         if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:  # the template wrote BOS too
             tokens = tokens[1:]
         return tokens
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **kwargs: Any
+    ) -> list[int]:
+        """The prompt tokens of a conversation rendered with the model's chat template."""
+        return self._chat_tokens(
+            self._chat_template().render(messages, add_generation_prompt=True, tools=tools, **kwargs)
+        )
 
     def create_chat_completion(
         self,
@@ -91,24 +100,39 @@ class ChatMixin:
         logit_bias: dict[Any, float] | None = None,
         logprobs: bool | None = None,
         top_logprobs: int | None = None,
+        parallel_tool_calls: bool | None = None,
+        reasoning_format: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """A chat completion through the model's chat template (``chat.completion`` dict or chunks)."""
-        self._no_grammar(grammar)
-        if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
-            raise UnsupportedError("response_format other than text needs grammars, not supported yet")
+        """A chat completion through the model's chat template (``chat.completion`` dict or chunks).
+
+        ``tools``/``tool_choice``/``parallel_tool_calls`` give ``message.tool_calls`` (finish reason
+        ``tool_calls``) in the template family's call syntax, constrained by a grammar;
+        ``response_format`` (json_object, json_schema) or ``grammar`` constrain the text;
+        ``reasoning_format`` (none, deepseek, auto) splits ``<think>`` into ``reasoning_content``."""
+        grammar = self._grammar(grammar)
         if functions and not tools:
             tools = [{"type": "function", "function": f} for f in functions]
-        prompt_tokens = self.apply_chat_template(messages, tools=tools)
+            if isinstance(function_call, dict) and function_call.get("name"):
+                tool_choice = {"type": "function", "function": {"name": function_call["name"]}}
+            elif function_call in ("none", "auto"):
+                tool_choice = function_call
+        plan = self._plan(messages, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                          response_format=response_format, grammar=grammar, reasoning_format=reasoning_format,
+                          chat_template_kwargs=chat_template_kwargs)  # fmt: skip
+        prompt_tokens = self._chat_tokens(plan.prompt)
         sampling = dict(temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
                         repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                         presence_penalty=presence_penalty, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
                         mirostat_eta=mirostat_eta, logit_bias=logit_bias, seed=seed)  # fmt: skip
-        steps = self._completion_steps(prompt_tokens, max_tokens, stop, sampling, logits_processor, None)
+        parser = plan.format.parser(plan.syntax)
+        steps = self._completion_steps(prompt_tokens, max_tokens, stop, sampling, logits_processor, None,
+                                       plan.grammar, parser, plan.preserved_tokens)  # fmt: skip
         head = dict(id=f"chatcmpl-{uuid.uuid4()}", created=int(time.time()), model=model or self.model_path)
         n_lp = (top_logprobs or 0) if logprobs else None
         if stream:
             return self._stream_chat(head, steps, n_lp)
-        text, n_gen, finish, content = "", 0, "length", []
+        text, n_gen, finish, content, message = "", 0, "length", [], None
         for s in steps:
             if s.token is not None:
                 n_gen += 1
@@ -117,18 +141,18 @@ class ChatMixin:
             text += s.text
             if s.finish_reason:
                 finish = s.finish_reason
+                message = s.message
         lp = dict(content=content) if n_lp is not None else None
         n_prompt = len(prompt_tokens)
         return dict(head, object="chat.completion",
-                    choices=[dict(index=0, message=dict(role="assistant", content=text), logprobs=lp,
+                    choices=[dict(index=0, message=message_dict(message, text), logprobs=lp,
                                   finish_reason=finish)],
                     usage=dict(prompt_tokens=n_prompt, completion_tokens=n_gen, total_tokens=n_prompt + n_gen))  # fmt: skip
 
     def _chat_logprob(self, token: int, logits: np.ndarray, n: int) -> dict[str, Any]:
-        logp = _log_softmax(logits)
-        top = np.argsort(-logp, kind="stable")[:n] if n > 0 else []
+        logp = log_softmax(logits)
         piece = self._piece_text(token)
-        tops = [(self._piece_text(int(i)), float(logp[i])) for i in top]
+        tops = [(self._piece_text(i), v) for i, v in top_logprobs(logp, n)]
         return dict(token=piece, logprob=float(logp[token]), bytes=list(piece.encode()),
                     top_logprobs=[dict(token=k, logprob=v, bytes=list(k.encode())) for k, v in tops])  # fmt: skip
 
@@ -136,18 +160,19 @@ class ChatMixin:
         self, head: dict[str, Any], steps: Iterator[Step], n_lp: int | None
     ) -> Iterator[dict[str, Any]]:
         head = dict(head, object="chat.completion.chunk")
-        yield dict(
-            head, choices=[dict(index=0, delta=dict(role="assistant"), logprobs=None, finish_reason=None)]
-        )
+
+        def chunk(delta: dict[str, Any], lp: Any = None, finish: str | None = None) -> dict[str, Any]:
+            return dict(head, choices=[dict(index=0, delta=delta, logprobs=lp, finish_reason=finish)])
+
+        yield chunk(dict(role="assistant"))
         for s in steps:
             lp = None
             if n_lp is not None and s.token is not None and s.logits is not None:
                 lp = dict(content=[self._chat_logprob(s.token, s.logits, n_lp)])
-            if s.text or lp is not None:
-                yield dict(
-                    head, choices=[dict(index=0, delta=dict(content=s.text), logprobs=lp, finish_reason=None)]
-                )
+            deltas = delta_dicts(s.deltas)
+            for i, d in enumerate(deltas):
+                yield chunk(d, lp if i == 0 else None)
+            if not deltas and lp is not None:
+                yield chunk({}, lp)
             if s.finish_reason:
-                yield dict(
-                    head, choices=[dict(index=0, delta={}, logprobs=None, finish_reason=s.finish_reason)]
-                )
+                yield chunk({}, None, s.finish_reason)

@@ -28,9 +28,3 @@ class LlamaState:
     llama_state: bytes
     llama_state_size: int
     seed: int
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = np.asarray(logits, dtype=np.float64)
-    m = np.max(x, axis=-1, keepdims=True)
-    return (x - m - np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True))).astype(np.float32)

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from ..generation import ContextFullError, GenerationParams, Step, generate
+from ..sampling.logprobs import log_softmax, top_logprobs
 from .common import LogitsProcessor, StoppingCriteria, UnsupportedError
-from .common import log_softmax as _log_softmax
 
 
 class CompletionMixin:
@@ -39,9 +39,7 @@ class CompletionMixin:
         return bos + [v.fim_pre] + pre + [v.fim_suf] + suf + [v.fim_mid]
 
     def _top_logprobs(self, logprobs: np.ndarray, token: int, n: int) -> dict[str, float]:
-        top = np.argpartition(-logprobs, min(n, len(logprobs) - 1))[:n] if n > 0 else np.zeros(0, int)
-        top = top[np.argsort(-logprobs[top])]
-        out = {self._piece_text(int(i)): float(logprobs[i]) for i in top}
+        out = {self._piece_text(i): v for i, v in top_logprobs(logprobs, n)}
         out[self._piece_text(token)] = float(logprobs[token])
         return out
 
@@ -53,7 +51,12 @@ class CompletionMixin:
         sampling: dict[str, Any],
         logits_processor: LogitsProcessor | None,
         stopping_criteria: StoppingCriteria | None,
+        grammar: Any = None,
+        parser: Any = None,
+        preserved_tokens: Sequence[int] = (),
     ) -> Iterator[Step]:
+        """The steps of one completion through the token loop (``grammar``: a ``LlamaGrammar``;
+        ``parser``: a chat format's parser)."""
         seq = self._need_ctx()
         n_ctx = self.n_ctx()
         if len(prompt_tokens) >= n_ctx:
@@ -62,24 +65,24 @@ class CompletionMixin:
             max_tokens = n_ctx - len(prompt_tokens)
         if not seq.context_shift:
             max_tokens = min(max_tokens, n_ctx - len(prompt_tokens))
+        gs = grammar.sampler(self.vocab) if grammar is not None else None
         chain = self._chain(**sampling)
-        for t in prompt_tokens:
-            chain.accept(t)
-
-        def sample(logits: np.ndarray) -> int:
-            if logits_processor is not None:
-                logits = logits_processor(np.array(seq.tokens, dtype=np.intc), logits.copy())
-            return int(chain.sample(logits))
-
-        crit = None
+        chain.accept_prompt(prompt_tokens)
+        chain.set_grammar(gs)
+        lp = crit = None
+        if logits_processor is not None:
+            lp = lambda toks, z: logits_processor(np.array(toks, dtype=np.intc), z)  # noqa: E731
         if stopping_criteria is not None:
-            crit = lambda toks, logits: stopping_criteria(np.array(toks, dtype=np.intc), logits)  # noqa: E731
+            crit = lambda toks, z: stopping_criteria(np.array(toks, dtype=np.intc), z)  # noqa: E731
         params = GenerationParams(
-            max_tokens=max_tokens, stop=[stop] if isinstance(stop, str) else list(stop or [])
+            max_tokens=max_tokens,
+            stop=[stop] if isinstance(stop, str) else list(stop or []),
+            preserved_tokens=preserved_tokens,
         )
         gen = generate(
-            seq, sample, self.vocab, prompt_tokens, params, accept=chain.accept, stopping_criteria=crit
-        )
+            seq, chain, self.vocab, prompt_tokens, params, stopping_criteria=crit, logits_processor=lp,
+            grammar=gs, parser=parser,
+        )  # fmt: skip
         try:
             yield from gen
         except ContextFullError:  # generation filled the context (no shift): end as llama-cpp-python does
@@ -113,8 +116,9 @@ class CompletionMixin:
         grammar: Any = None,
         logit_bias: dict[Any, float] | None = None,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """A text completion (an OpenAI ``text_completion`` dict, or its chunks with ``stream=True``)."""
-        self._no_grammar(grammar)
+        """A text completion (an OpenAI ``text_completion`` dict, or its chunks with ``stream=True``);
+        ``grammar`` (a :class:`llamapy.grammar.LlamaGrammar`) constrains the text."""
+        grammar = self._grammar(grammar)
         prompt_tokens = self._prompt_tokens(prompt, suffix)
         if echo and logprobs is not None and not self._logits_all:
             raise ValueError(
@@ -125,7 +129,7 @@ class CompletionMixin:
                         presence_penalty=presence_penalty, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
                         mirostat_eta=mirostat_eta, logit_bias=logit_bias, seed=seed)  # fmt: skip
         steps = self._completion_steps(
-            prompt_tokens, max_tokens, stop, sampling, logits_processor, stopping_criteria
+            prompt_tokens, max_tokens, stop, sampling, logits_processor, stopping_criteria, grammar
         )
         head = dict(id=f"cmpl-{uuid.uuid4()}", object="text_completion", created=int(time.time()),
                     model=model or self.model_path)  # fmt: skip
@@ -155,7 +159,7 @@ class CompletionMixin:
     def _add_logprob(
         self, lp: dict[str, list[Any]], token: int, logits: np.ndarray, offset: int, n: int
     ) -> None:
-        logp = _log_softmax(logits)
+        logp = log_softmax(logits)
         lp["tokens"].append(self._piece_text(token))
         lp["text_offset"].append(offset)
         lp["token_logprobs"].append(float(logp[token]))
@@ -174,7 +178,7 @@ class CompletionMixin:
                 lp["token_logprobs"].append(None)
                 lp["top_logprobs"].append(None)
             else:
-                logp = _log_softmax(self.scores[i - 1])
+                logp = log_softmax(self.scores[i - 1])
                 lp["token_logprobs"].append(float(logp[t]))
                 lp["top_logprobs"].append(self._top_logprobs(logp, t, n))
             offset += len(piece)

@@ -11,9 +11,9 @@ import numpy as np
 
 from ..errors import LlamapyError
 from ..generation import IncrementalDetokenizer, TokenSequence, common_prefix_length
+from ..sampling.logprobs import log_softmax
 from .chat import ChatMixin
 from .common import LLAMA_DEFAULT_SEED, LlamaState, LogitsProcessor, StoppingCriteria, UnsupportedError
-from .common import log_softmax as _log_softmax
 from .completion import CompletionMixin
 from .embedding import EmbeddingMixin
 
@@ -302,21 +302,31 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         idx: int | None = None,
     ) -> int:
         """Sample a token from the logits of the last evaluated token (or of position ``idx``)."""
-        self._no_grammar(grammar)
+        grammar = self._grammar(grammar)
         seq = self._need_ctx()
         chain = self._chain(temp, top_k, top_p, min_p, typical_p, repeat_penalty, frequency_penalty,
                             presence_penalty, mirostat_mode, mirostat_tau, mirostat_eta)  # fmt: skip
-        for t in seq.tokens[-self.last_n_tokens_size :] if self.last_n_tokens_size > 0 else []:
-            chain.accept(t)
+        chain.accept_prompt(seq.tokens[-self.last_n_tokens_size :] if self.last_n_tokens_size > 0 else [])
+        if grammar is not None:  # a fresh grammar state: the token is the first of the grammar's text
+            chain.set_grammar(grammar.sampler(self.vocab))
         logits = seq.logits() if idx is None else self.scores[idx]
         if logits_processor is not None:
             logits = logits_processor(self.input_ids, logits.copy())
         return int(chain.sample(logits))
 
     @staticmethod
-    def _no_grammar(grammar: Any) -> None:
-        if grammar is not None:
-            raise UnsupportedError("grammar-constrained sampling is not supported by llamapy's Llama yet")
+    def _grammar(grammar: Any) -> Any:
+        """A :class:`llamapy.grammar.LlamaGrammar` (or None) given as ``grammar=``."""
+        if grammar is None:
+            return None
+        from ..grammar import LlamaGrammar
+
+        if not isinstance(grammar, LlamaGrammar):
+            raise UnsupportedError(
+                f"grammar= takes a LlamaGrammar (LlamaGrammar.from_string(gbnf), .from_json_schema(...)), "
+                f"got {type(grammar).__name__}"
+            )
+        return grammar
 
     def generate(
         self,
@@ -341,15 +351,16 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         seed: int | None = None,
     ) -> Iterator[int]:
         """Yield sampled tokens forever (the caller stops); the prompt's cached prefix is reused."""
-        self._no_grammar(grammar)
+        grammar = self._grammar(grammar)
         seq = self._need_ctx()
         chain = self._chain(temp, top_k, top_p, min_p, typical_p, repeat_penalty, frequency_penalty,
                             presence_penalty, mirostat_mode, mirostat_tau, mirostat_eta, seed=seed)  # fmt: skip
         tokens = list(tokens)
         if not reset:
             tokens = seq.tokens + tokens
-        for t in tokens:
-            chain.accept(t)
+        chain.accept_prompt(tokens)
+        if grammar is not None:
+            chain.set_grammar(grammar.sampler(self.vocab))
         seq.prefill(tokens)
         while True:
             logits = seq.logits()
@@ -382,7 +393,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
     # ------------------------------------------------------------------------------------- misc
     @staticmethod
     def logits_to_logprobs(logits: np.ndarray, axis: int = -1) -> np.ndarray:
-        return _log_softmax(np.moveaxis(np.asarray(logits), axis, -1)).swapaxes(-1, axis)
+        return log_softmax(np.moveaxis(np.asarray(logits), axis, -1)).swapaxes(-1, axis)
 
     @staticmethod
     def longest_token_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -62,7 +62,7 @@ def read_messages(stream: Any, interactive: bool) -> Iterator[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ..generation import GenerationParams, generate
-    from .common import load_llama
+    from .common import grammar_from_args, load_llama
 
     template = None
     if args.chat_template_file:
@@ -74,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
             from ..errors import LlamapyError
 
             raise LlamapyError(f"{args.chat_template_file}: not UTF-8 text (byte {e.start})") from None
+    grammar = grammar_from_args(args)
     llm = load_llama(args)
+    if grammar is not None:
+        grammar.check(llm.vocab)
     if template is not None:
         llm.chat_template = template
     elif args.chat_template:
@@ -110,11 +113,13 @@ def run(args: argparse.Namespace) -> int:
                 continue
             messages.append({"role": "user", "content": text})
             prompt = llm.apply_chat_template(messages)
-            for t in prompt[n_accepted:]:
-                chain.accept(t)
+            chain.set_grammar(None)
+            chain.accept_prompt(prompt[n_accepted:])
+            gs = grammar.sampler(llm.vocab) if grammar is not None else None  # a fresh one per answer
+            chain.set_grammar(gs)
             answer = []
             try:
-                for step in generate(seq, chain.sample, llm.vocab, prompt, params, accept=chain.accept):
+                for step in generate(seq, chain, llm.vocab, prompt, params, grammar=gs):
                     if step.text:
                         answer.append(step.text)
                         write_out(step.text)

@@ -133,6 +133,15 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "-l", "--logit-bias", type=_logit_bias, action="append", default=[], metavar="TOKEN(+/-)BIAS"
     )
+    c = p.add_argument_group("constrained output (one of)").add_mutually_exclusive_group()
+    c.add_argument("--grammar", default=None, metavar="GRAMMAR",
+                   help="a GBNF grammar (or llguidance Lark after %%llguidance) the output must follow")  # fmt: skip
+    c.add_argument("--grammar-file", default=None, metavar="FNAME", help="read the grammar from a file")
+    c.add_argument("-j", "--json-schema", default=None, metavar="SCHEMA",
+                   help="a JSON schema the output must follow, e.g. '{}' for any JSON object")  # fmt: skip
+    c.add_argument(
+        "-jf", "--json-schema-file", default=None, metavar="FILE", help="read the JSON schema from a file"
+    )
 
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -184,6 +193,36 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     elif args.sampling_seq is not None:
         kw["samplers"] = args.sampling_seq
     return kw
+
+
+def _read_text(path: str, what: str) -> str:
+    from ..errors import LlamapyError
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise LlamapyError(f"{what} {path}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LlamapyError(f"{what} {path}: not UTF-8 text (byte {e.start})") from None
+
+
+def grammar_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`llamapy.grammar.LlamaGrammar` of ``--grammar``/``--grammar-file``/``-j``/``-jf``
+    (None without them); a bad grammar raises :class:`llamapy.grammar.GrammarError` before any model loads."""
+    from ..grammar import LlamaGrammar
+
+    if args.grammar is not None:
+        return LlamaGrammar.from_string(args.grammar)
+    if args.grammar_file is not None:
+        return LlamaGrammar.from_string(_read_text(args.grammar_file, "grammar file"))
+    if args.json_schema is not None:
+        return LlamaGrammar.from_json_schema(args.json_schema)
+    if args.json_schema_file is not None:
+        return LlamaGrammar.from_json_schema(_read_text(args.json_schema_file, "JSON schema file"))
+    return None
 
 
 def llama_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -92,9 +92,10 @@ def keep_tokens(args: argparse.Namespace, prompt: list[int], vocab: Any) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from ..generation import GenerationParams, generate
-    from .common import load_llama
+    from .common import grammar_from_args, load_llama
 
     text = read_prompt(args)
+    grammar = grammar_from_args(args)
     llm = load_llama(args)
     seq = llm._need_ctx()
     prompt = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
@@ -102,15 +103,19 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose:
         log(f"llamapy: prompt has {len(prompt)} tokens: {prompt[:32]}{' ...' if len(prompt) > 32 else ''}")
     chain = build_sampler(llm, args)
-    for t in prompt:
-        chain.accept(t)
+    chain.accept_prompt(prompt)
+    gs = None
+    if grammar is not None:
+        grammar.check(llm.vocab)
+        gs = grammar.sampler(llm.vocab)
+        chain.set_grammar(gs)
     params = GenerationParams(max_tokens=args.n_predict, stop=args.reverse_prompt, ignore_eos=args.ignore_eos,
                               special=args.special)  # fmt: skip
     t0 = time.perf_counter()
     t_first = None
     n_gen = 0
     finish = None
-    for step in generate(seq, chain.sample, llm.vocab, prompt, params, accept=chain.accept):
+    for step in generate(seq, chain, llm.vocab, prompt, params, grammar=gs):
         if t_first is None:
             t_first = time.perf_counter()
         if step.token is not None:

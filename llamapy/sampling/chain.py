@@ -208,15 +208,41 @@ class SamplerChain(Sampler):
         vocab: Any = None,
         n_ctx: int | None = None,
         seed: int | None = None,
+        grammar: Sampler | None = None,
     ) -> None:
         self.samplers: list[Sampler] = []
         self.params = params
         self.n_vocab = n_vocab
         self.n_sample = 0
         self.cur: TokenDataArray | None = None  # the candidates of the last sample()
+        self.grammar: Sampler | None = None  # the grammar sampler, which sees generated tokens only
         if params is not None:
             for s in _chain_samplers(params, n_vocab, vocab, n_ctx, seed):
                 self.add(s)
+        if grammar is not None:
+            self.set_grammar(grammar)
+
+    def set_grammar(self, grammar: Sampler | None) -> None:
+        """Put a grammar sampler after logit bias, penalties and DRY, before the first sampler that
+        truncates or selects (as llama-cpp-python orders it): it sees every candidate. It replaces the
+        chain's grammar, if any (None removes it)."""
+        if self.grammar is not None:
+            self.samplers.remove(self.grammar)
+            self.grammar = None
+        if grammar is None:
+            return
+        at = 0
+        while at < len(self.samplers) and _before_grammar(self.samplers[at]):
+            at += 1
+        self.samplers.insert(at, grammar)
+        self.grammar = grammar
+
+    def accept_prompt(self, tokens: Iterable[int]) -> None:
+        """Let the samplers see prompt tokens (penalties, DRY); the grammar only constrains the output."""
+        others = [s for s in self.samplers if s is not self.grammar]
+        for t in tokens:
+            for s in others:
+                s.accept(int(t))
 
     def add(self, sampler: Sampler) -> SamplerChain:
         if not isinstance(sampler, Sampler):
@@ -249,6 +275,9 @@ class SamplerChain(Sampler):
     def clone(self) -> SamplerChain:
         other = SamplerChain.__new__(SamplerChain)
         other.samplers = [s.clone() for s in self.samplers]
+        other.grammar = next(
+            (c for s, c in zip(self.samplers, other.samplers, strict=True) if s is self.grammar), None
+        )
         other.params = copy.deepcopy(self.params)
         other.n_vocab = self.n_vocab
         other.n_sample = self.n_sample
@@ -293,9 +322,18 @@ class SamplerChain(Sampler):
         return None
 
 
+def _before_grammar(s: Sampler) -> bool:
+    """Samplers that only adjust logits (a grammar goes after them; "?penalties"/"?dry" are disabled ones)."""
+    return isinstance(s, LogitBiasSampler | PenaltiesSampler | DRYSampler) or (
+        isinstance(s, EmptySampler) and s.name in ("?penalties", "?dry")
+    )
+
+
 def _eog_bias(vocab: Any, n_vocab: int | None) -> dict[int, float]:
+    from ..vocab.vocab import eog_ids
+
     n = int(n_vocab if n_vocab is not None else vocab.n_tokens)
-    return {t: -math.inf for t in range(n) if vocab.is_eog(t)}
+    return {int(t): -math.inf for t in eog_ids(vocab) if t < n}
 
 
 def _chain_samplers(
@@ -416,14 +454,18 @@ def build_chain(
     seed: int | None = None,
     vocab: Any = None,
     n_ctx: int | None = None,
+    grammar: Sampler | None = None,
 ) -> SamplerChain:
     """The chain llama.cpp's ``common_sampler_init`` builds: logit bias (plus end-of-generation bans
     with ``ignore_eos``), the samplers of ``params.samplers`` in order, then dist (or mirostat).
 
     ``seed`` overrides ``params.seed``; ``vocab`` (``n_tokens``, ``token_to_piece``, ``tokenize``,
-    ``is_eog``) is needed for DRY's sequence breakers and ``ignore_eos``; ``n_ctx`` resolves last_n = -1.
+    ``is_eog``) is needed for DRY's sequence breakers and ``ignore_eos``; ``n_ctx`` resolves last_n = -1;
+    ``grammar`` (a :class:`llamapy.grammar.GrammarSampler`) goes after logit bias and penalties.
     """
-    return SamplerChain(params or SamplingParams(), n_vocab=n_vocab, vocab=vocab, n_ctx=n_ctx, seed=seed)
+    return SamplerChain(
+        params or SamplingParams(), n_vocab=n_vocab, vocab=vocab, n_ctx=n_ctx, seed=seed, grammar=grammar
+    )
 
 
 def greedy_chain() -> SamplerChain:

@@ -257,7 +257,10 @@ def _routes(app: FastAPI, state: ServerState) -> None:
             gp.logprobs, gp.n_probs = True, req.top_logprobs or 0
         elif req.top_logprobs:
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-        _, tokens = await run_in_threadpool(P.chat_prompt, req, backend)
+        plan = await run_in_threadpool(P.chat_plan, req, backend)
+        tokens = await run_in_threadpool(P.chat_tokens, plan.prompt, backend)
+        gp.grammar, gp.preserved_tokens = plan.grammar, plan.preserved_tokens
+        gp.chat_format, gp.chat_syntax = plan.format, plan.syntax
         fmt = ChatFormatter(s.model_id, bool(req.logprobs))
         return await _generate(request, engine, tokens, gp, fmt, req.stream, _include_usage(req))
 
@@ -273,6 +276,7 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel)
         if req.logprobs is not None:
             gp.logprobs, gp.n_probs = True, req.logprobs
+        gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
         tokens = await run_in_threadpool(P.tokenize_prompt, req.prompt, backend)
         echo = ""
         if req.echo:
@@ -288,6 +292,7 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         req: NativeCompletionRequest = await _body(request, NativeCompletionRequest)
         n_predict = P.native_n_predict(req, engine.n_ctx_slot, s.defaults)
         gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel)
+        gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
         tokens = await run_in_threadpool(P.tokenize_prompt, req.prompt, backend)
         prompt_text = req.prompt if isinstance(req.prompt, str) else backend.detokenize(tokens)
         settings = _settings_dict(gp.sampling, gp.n_predict) | {"stop": gp.stop, "n_probs": gp.n_probs}
@@ -466,15 +471,14 @@ async def _generate(
             ev = first
             while True:
                 if ev.done:
-                    last = fmt.chunk(ev) if ev.text or ev.probs else None
-                    if last is not None and not isinstance(fmt, NativeFormatter):
-                        yield sse(last)
+                    if not isinstance(fmt, NativeFormatter):
+                        for c in fmt.chunks(ev):
+                            yield sse(c)
                     yield sse(fmt.final_chunk(ev))
                     if include_usage:
                         yield sse(fmt.usage_chunk(ev))
                     break
-                c = fmt.chunk(ev)
-                if c is not None:
+                for c in fmt.chunks(ev):
                     yield sse(c)
                 ev = await st.next()
             if done_marker:

@@ -14,8 +14,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import LlamapyError
-
 
 class Backend(Protocol):
     model_path: str
@@ -38,14 +36,12 @@ class Backend(Protocol):
 
     def embeddings_seq(self, seq: int) -> np.ndarray: ...
     def seq_rm(self, seq: int, p0: int, p1: int) -> bool: ...
-    def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
-    ) -> str: ...
+    @property
+    def chat_template(self) -> Any:
+        """The :class:`llamapy.vocab.chat_template.ChatTemplate` chat requests are rendered with."""
+        ...
+
     def info(self) -> dict[str, Any]: ...
-
-
-class ChatTemplateError(LlamapyError):
-    """The chat template failed to render the conversation."""
 
 
 class ContextBackend:
@@ -125,11 +121,9 @@ class ContextBackend:
     def seq_rm(self, seq: int, p0: int, p1: int) -> bool:
         return bool(self.ctx.memory.seq_rm(seq, p0, p1))
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        try:
-            return self._template.render(messages, add_generation_prompt=add_generation_prompt)
-        except Exception as e:  # TemplateError (raise_exception, unsafe access, ...) or a jinja2 error
-            raise ChatTemplateError(f"the chat template failed on these messages: {e}") from e
+    @property
+    def chat_template(self) -> Any:
+        return self._template
 
     def info(self) -> dict[str, Any]:
         m = self.model

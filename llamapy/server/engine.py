@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from ..generation import IncrementalDetokenizer, StopStrings, common_prefix_length
+from ..generation import Generation, GenerationParams, Step, common_prefix_length
 from .backend import Backend
 from .errors import APIError
 from .metrics import Metrics
-from .sampling import SamplingParams, log_softmax, make_chain, top_logprobs
+from .sampling import SamplingParams, make_chain
 
 log = logging.getLogger("llamapy.server")
 
@@ -47,6 +47,10 @@ class GenParams:
     logprobs: bool = False  # report the log-probability of each generated token
     cache_prompt: bool = True
     id_slot: int = -1
+    grammar: Any = None  # a llamapy.grammar.LlamaGrammar constraining the output
+    chat_format: Any = None  # a llamapy.chat.ChatFormat parsing tool calls and reasoning
+    chat_syntax: Any = None  # its llamapy.chat.ChatSyntax for this request
+    preserved_tokens: list[int] = field(default_factory=list)  # special tokens kept as text
 
 
 @dataclass
@@ -65,7 +69,7 @@ class Event:
     tokens: list[int] = field(default_factory=list)
     probs: list[TokenProb] = field(default_factory=list)
     done: bool = False
-    finish_reason: str | None = None  # "stop" | "length"
+    finish_reason: str | None = None  # "stop" | "length" | "tool_calls"
     stop_type: str = "none"  # "eos" | "word" | "limit"
     stopping_word: str = ""
     n_prompt: int = 0
@@ -76,6 +80,10 @@ class Event:
     slot_id: int = -1
     error: APIError | None = None
     embedding: np.ndarray | None = None
+    deltas: list[Any] = field(
+        default_factory=list
+    )  # chat deltas (llamapy.chat.ChatDelta), with a chat format
+    message: Any = None  # on the last event, with a chat format: the parsed message
 
 
 _ids = itertools.count()
@@ -109,9 +117,7 @@ class Slot:
         self._reset_request()
 
     def _reset_request(self) -> None:
-        self.sampler: Any = None  # a llamapy.sampling.SamplerChain
-        self.detok: IncrementalDetokenizer | None = None
-        self.stops: StopStrings | None = None
+        self.gen: Generation | None = None  # the request's token loop state
         self.next_token = -1
         self.n_cached = 0
         self.n_decoded = 0
@@ -132,7 +138,6 @@ class Engine:
         self._incoming: deque[Task] = deque()
         self._deferred: deque[Task] = deque()
         self._stopping = False
-        self._eog_ids: np.ndarray | None = None
         self._thread = threading.Thread(target=self._run, name="llamapy-engine", daemon=True)
 
     # -- called from request handlers (any thread) ----------------------------------------------------
@@ -340,86 +345,81 @@ class Engine:
         if task.kind == "completion":
             p = task.params
             try:
-                s.sampler = make_chain(
-                    p.sampling, self.backend.n_vocab, s.n_ctx, getattr(self.backend, "vocab", None)
-                )
-                for t in task.prompt:  # as llama.cpp: penalties and DRY see the prompt too
-                    s.sampler.accept(t)
+                s.gen = self._generation(p, s.n_ctx)
+                s.gen.accept_prompt(task.prompt)  # as llama.cpp: penalties and DRY see the prompt too
             except Exception as e:
                 self._fail(s, APIError(400, f"invalid sampling parameters: {e}"))
                 return
-            s.detok = IncrementalDetokenizer(self.backend)
-            s.stops = StopStrings(p.stop)
 
-    def _eog(self) -> np.ndarray:
-        if self._eog_ids is None:
-            b = self.backend
-            self._eog_ids = np.array([t for t in range(b.n_vocab) if b.is_eog(t)], dtype=np.int64)
-        return self._eog_ids
+    def _generation(self, p: GenParams, n_ctx: int) -> Generation:
+        b = self.backend
+        vocab = getattr(b, "vocab", None)
+        grammar = p.grammar.sampler(vocab) if p.grammar is not None else None
+        chain = make_chain(p.sampling, b.n_vocab, n_ctx, vocab, grammar=grammar)
+        parser = p.chat_format.parser(p.chat_syntax) if p.chat_format is not None else None
+        gp = GenerationParams(
+            max_tokens=p.n_predict,
+            stop=p.stop,
+            ignore_eos=p.ignore_eos,
+            n_probs=p.n_probs,
+            logprobs=p.logprobs,
+            preserved_tokens=p.preserved_tokens,
+        )
+        return Generation(b, chain, gp, grammar=grammar, parser=parser)
 
     def _sample(self, s: Slot, logits: np.ndarray) -> None:
-        task = s.task
-        assert task is not None and s.sampler is not None and s.detok is not None and s.stops is not None
-        p = task.params
-        if p.n_predict == 0:  # llama.cpp's n_predict=0: evaluate (and cache) the prompt, generate nothing
-            s.t_first = time.perf_counter()
-            self._finish(s, "", [], [], "limit")
-            return
-        z = logits
-        if p.ignore_eos:
-            z = np.array(logits, dtype=np.float32, copy=True)
-            z[self._eog()] = -np.inf
-        tok = s.sampler.sample(z)
-        s.sampler.accept(tok)
+        task, gen = s.task, s.gen
+        assert task is not None and gen is not None
+        step = gen.step(logits)
         now = time.perf_counter()
         if s.n_decoded == 0:
             s.t_first = now
-        s.n_decoded += 1
-        probs: list[TokenProb] = []
-        if p.logprobs or p.n_probs > 0:
-            lp = log_softmax(logits)
-            piece = self.backend.token_to_piece
-            top = [(i, piece(i), v) for i, v in top_logprobs(lp, p.n_probs)]
-            probs.append(TokenProb(tok, piece(tok), float(lp[tok]), top))
-        if self.backend.is_eog(tok) and not p.ignore_eos:
-            self._finish(s, "", [tok], probs, "eos")
-            return
-        text = s.stops.feed(s.detok.add(tok))
-        if s.stops.stopped:
-            self._finish(s, text, [tok], probs, "word")
-        elif 0 <= p.n_predict <= s.n_decoded or len(s.cache) + 1 > s.n_ctx:
-            self._finish(s, text, [tok], probs, "limit")
+        s.n_decoded = gen.n_generated
+        if step.finish_reason is None and (gen.limit_reached or len(s.cache) + 1 > s.n_ctx):
+            self._finish(s, [step, gen.finish("length", "limit")])
+        elif step.finish_reason is not None:
+            self._finish(s, [step])
         else:
+            assert step.token is not None
             s.state = SlotState.GENERATING
-            s.next_token = tok
-            self._send(task, Event(text=text, tokens=[tok], probs=probs, slot_id=s.id))
+            s.next_token = step.token
+            self._send(task, self._event(step, s))
 
-    def _finish(self, s: Slot, text: str, tokens: list[int], probs: list[TokenProb], stop_type: str) -> None:
+    def _event(self, step: Step, s: Slot) -> Event:
+        """An event for one step (token, text, log-probabilities, chat deltas)."""
+        tokens = [t for t in (step.token, step.eog_token) if t is not None]
+        probs = []
+        if step.logprob is not None:
+            piece = self.backend.token_to_piece
+            lp = step.logprob
+            probs.append(
+                TokenProb(lp.token, piece(lp.token), lp.logprob, [(i, piece(i), v) for i, v in lp.top])
+            )
+        return Event(text=step.text, tokens=tokens, probs=probs, slot_id=s.id, deltas=list(step.deltas))
+
+    def _finish(self, s: Slot, steps: list[Step]) -> None:
         task = s.task
-        assert task is not None and s.detok is not None and s.stops is not None
-        if stop_type != "word":
-            text += s.stops.feed(s.detok.flush())
-            if s.stops.stopped:
-                stop_type = "word"
-            else:
-                text += s.stops.flush()
+        assert task is not None
+        ev = self._event(steps[0], s)
+        for extra in steps[1:]:
+            more = self._event(extra, s)
+            ev.text += more.text
+            ev.tokens += more.tokens
+            ev.probs += more.probs
+            ev.deltas += more.deltas
+        last = steps[-1]
         now = time.perf_counter()
         t_first = s.t_first or now
-        ev = Event(
-            text=text,
-            tokens=tokens,
-            probs=probs,
-            done=True,
-            finish_reason="length" if stop_type == "limit" else "stop",
-            stop_type=stop_type,
-            stopping_word=(s.stops.matched or "") if stop_type == "word" else "",
-            n_prompt=len(task.prompt),
-            n_cached=s.n_cached,
-            n_predicted=s.n_decoded,
-            prompt_ms=(t_first - s.t_start) * 1e3,
-            predicted_ms=(now - t_first) * 1e3,
-            slot_id=s.id,
-        )
+        ev.done = True
+        ev.finish_reason = last.finish_reason
+        ev.stop_type = last.stop_type
+        ev.stopping_word = last.stopping_word
+        ev.message = last.message
+        ev.n_prompt = len(task.prompt)
+        ev.n_cached = s.n_cached
+        ev.n_predicted = s.n_decoded
+        ev.prompt_ms = (t_first - s.t_start) * 1e3
+        ev.predicted_ms = (now - t_first) * 1e3
         self.metrics.add_request(
             len(task.prompt) - s.n_cached, t_first - s.t_start, s.n_decoded, now - t_first
         )

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from .. import __version__
+from ..api.chat_request import delta_dicts, message_dict
 from .engine import Event, TokenProb
 
 FINGERPRINT = f"llamapy-{__version__}"
@@ -116,10 +117,13 @@ class ChatFormatter:
     def first_chunk(self) -> dict[str, Any]:
         return self._chunk({"role": "assistant", "content": ""}, None)
 
-    def chunk(self, ev: Event) -> dict[str, Any] | None:
-        if not ev.text and not (self.want_logprobs and ev.probs):
-            return None
-        return self._chunk({"content": ev.text} if ev.text else {}, None, ev.probs)
+    def chunks(self, ev: Event) -> list[dict[str, Any]]:
+        """The chunks of one event: a chunk per delta (text, reasoning, tool-call pieces); the event's
+        log-probabilities ride on the first."""
+        deltas = delta_dicts(ev.deltas)  # (chat requests always have a parser; its deltas are the text)
+        if not deltas and self.want_logprobs and ev.probs:
+            deltas = [{}]
+        return [self._chunk(d, None, ev.probs if i == 0 else None) for i, d in enumerate(deltas)]
 
     def final_chunk(self, ev: Event) -> dict[str, Any]:
         return self._chunk({}, ev.finish_reason)
@@ -143,7 +147,7 @@ class ChatFormatter:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text},
+                    "message": message_dict(final.message, text),
                     "logprobs": chat_logprobs(probs) if self.want_logprobs else None,
                     "finish_reason": final.finish_reason,
                 }
@@ -177,10 +181,10 @@ class CompletionFormatter:
     def first_chunk(self) -> dict[str, Any] | None:
         return self._chunk(self.echo_text, None, []) if self.echo_text else None
 
-    def chunk(self, ev: Event) -> dict[str, Any] | None:
+    def chunks(self, ev: Event) -> list[dict[str, Any]]:
         if not ev.text and not (self.want_logprobs and ev.probs):
-            return None
-        return self._chunk(ev.text, None, ev.probs)
+            return []
+        return [self._chunk(ev.text, None, ev.probs)]
 
     def final_chunk(self, ev: Event) -> dict[str, Any]:
         return self._chunk("", ev.finish_reason, [])
@@ -213,9 +217,9 @@ class NativeFormatter:
     def first_chunk(self) -> None:
         return None
 
-    def chunk(self, ev: Event) -> dict[str, Any] | None:
+    def chunks(self, ev: Event) -> list[dict[str, Any]]:
         if not ev.text and not ev.tokens:
-            return None
+            return []
         c: dict[str, Any] = {
             "index": 0,
             "content": ev.text,
@@ -225,7 +229,7 @@ class NativeFormatter:
         }
         if self.n_probs:
             c["completion_probabilities"] = native_probs(ev.probs)
-        return c
+        return [c]
 
     def final_chunk(self, ev: Event) -> dict[str, Any]:
         return self.response(ev.text, ev.probs, ev, tokens=ev.tokens)

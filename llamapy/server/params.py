@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,8 +18,8 @@ from .schemas import (
     SamplingFields,
 )
 
-# fields that would constrain the output with a grammar: refused until llamapy.grammar exists
-_GRAMMAR_FIELDS = ("grammar", "json_schema", "functions", "function_call", "grammar_lazy", "grammar_triggers")
+# llama.cpp's raw lazy-grammar fields: refused (tools arm a lazy grammar themselves)
+_UNSUPPORTED_FIELDS = ("grammar_lazy", "grammar_triggers", "preserved_tokens")
 MAX_STOP_STRINGS = 16
 
 
@@ -32,25 +33,55 @@ class Defaults:
 
 def check_unsupported(req: SamplingFields) -> None:
     extra = req.model_extra or {}
-    for name in _GRAMMAR_FIELDS:
-        if extra.get(name) not in (None, "", [], {}):
-            raise not_supported(f"'{name}' (grammar-constrained output)", param=name)
+    for name in _UNSUPPORTED_FIELDS:
+        if extra.get(name) not in (None, "", [], {}, False):
+            raise not_supported(f"'{name}' (give 'tools' or 'grammar' instead)", param=name)
     if req.n is not None and req.n != 1:
         raise not_supported(f"n={req.n} (several choices per request); use n=1", param="n")
-    if isinstance(req, ChatCompletionRequest):
-        rf = req.response_format
-        if rf is not None and rf.get("type", "text") != "text":
-            raise not_supported(
-                f"response_format type '{rf.get('type')}' (grammar-constrained output)",
-                param="response_format",
-            )
-        if req.tools and req.tool_choice != "none":
-            raise not_supported("'tools' (tool calls need grammar-constrained output)", param="tools")
     if isinstance(req, CompletionRequest):
         if req.suffix:
             raise not_supported("'suffix' (fill-in-the-middle)", param="suffix")
         if req.best_of not in (None, 1):
             raise not_supported(f"best_of={req.best_of}", param="best_of")
+
+
+def _grammar_error(e: Exception, param: str) -> APIError:
+    return bad_request(f"invalid {param}: {e}", param)
+
+
+def completion_grammar(req: SamplingFields, vocab: Any) -> Any:
+    """The grammar of a completion request: ``grammar`` (GBNF, or Lark after ``%llguidance``),
+    ``json_schema``, or (``/v1/completions``) ``response_format``; two of them at once is a 400."""
+    from ..api.chat_request import ChatRequestError, response_format_grammar
+    from ..grammar import GrammarError, LlamaGrammar
+
+    given = [
+        n for n in ("grammar", "json_schema", "response_format") if getattr(req, n, None) not in (None, "")
+    ]
+    rf = getattr(req, "response_format", None)
+    if "response_format" in given and (rf or {}).get("type", "text") == "text":
+        given.remove("response_format")
+    if len(given) > 1:
+        raise bad_request(
+            f"give one of 'grammar', 'json_schema' or 'response_format', not {' and '.join(given)}", given[1]
+        )
+    if not given:
+        return None
+    name = given[0]
+    try:
+        if name == "grammar":
+            g = LlamaGrammar.from_string(req.grammar)
+        elif name == "json_schema":
+            g = LlamaGrammar.from_json_schema(json.dumps(req.json_schema))
+        else:
+            g = response_format_grammar(rf)
+        if g is not None:
+            g.check(vocab)
+        return g
+    except ChatRequestError as e:
+        raise bad_request(str(e), e.param or name) from None
+    except GrammarError as e:
+        raise _grammar_error(e, name) from None
 
 
 def n_predict_from(value: int | None, name: str, n_ctx_slot: int, default: int, allow_unlimited: bool) -> int:
@@ -233,16 +264,63 @@ def messages_to_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def chat_prompt(req: ChatCompletionRequest, backend: Backend) -> tuple[str, list[int]]:
-    from .backend import ChatTemplateError
+    """The prompt text and tokens of a conversation (``/apply-template`` and chat without extras)."""
+    plan = chat_plan(req, backend)
+    return plan.prompt, chat_tokens(plan.prompt, backend)
 
-    try:
-        text = backend.apply_chat_template(messages_to_dicts(req.messages), req.add_generation_prompt)
-    except ChatTemplateError as e:
-        raise APIError(400, str(e), param="messages") from None
+
+def chat_tokens(text: str, backend: Backend) -> list[int]:
     tokens = backend.tokenize(text, add_special=True, parse_special=True)
     if len(tokens) >= 2 and tokens[0] == tokens[1] and backend.tokenize("", True, False)[:1] == tokens[:1]:
         tokens = tokens[1:]  # the template wrote BOS and the tokenizer added another one
-    return text, tokens
+    return tokens
+
+
+def chat_plan(req: ChatCompletionRequest, backend: Backend) -> Any:
+    """A chat request planned by :func:`llamapy.api.chat_request.plan_chat`: prompt, grammar, chat format
+    (bad tools, grammars and templates are 400s)."""
+    from ..api.chat_request import ChatRequestError, plan_chat
+    from ..grammar import GrammarError, LlamaGrammar
+    from ..vocab.chat_template import TemplateError
+
+    extra = req.model_extra or {}
+    grammar = req.grammar or None
+    if req.json_schema is not None:
+        if grammar is not None:
+            raise bad_request("give either 'grammar' or 'json_schema', not both", "json_schema")
+        try:
+            grammar = LlamaGrammar.from_json_schema(json.dumps(req.json_schema))
+        except GrammarError as e:
+            raise _grammar_error(e, "json_schema") from None
+    tools = req.tools
+    tool_choice = req.tool_choice
+    if extra.get("functions") and not tools:  # OpenAI's deprecated function calling
+        tools = [{"type": "function", "function": f} for f in extra["functions"]]
+        fc = extra.get("function_call")
+        tool_choice = {"type": "function", "function": fc} if isinstance(fc, dict) else fc
+    try:
+        return plan_chat(
+            backend.chat_template,
+            getattr(backend, "vocab", None),
+            messages_to_dicts(req.messages),
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=req.parallel_tool_calls,
+            response_format=req.response_format,
+            grammar=grammar,
+            reasoning_format=req.reasoning_format,
+            chat_template_kwargs=req.chat_template_kwargs,
+            add_generation_prompt=req.add_generation_prompt,
+        )
+    except ChatRequestError as e:
+        raise bad_request(str(e), e.param) from None
+    except GrammarError as e:
+        param = "grammar" if req.grammar else "json_schema" if req.json_schema is not None else "tools"
+        if req.response_format is not None and not req.tools:
+            param = "response_format"
+        raise _grammar_error(e, param) from None
+    except TemplateError as e:
+        raise APIError(400, f"the chat template failed on these messages: {e}", param="messages") from None
 
 
 def native_n_predict(req: NativeCompletionRequest, n_ctx_slot: int, defaults: Defaults) -> int:

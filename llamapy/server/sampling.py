@@ -1,17 +1,14 @@
-"""Sampling for the server: the shared :mod:`llamapy.sampling` chain per request, plus the
-log-probabilities reported to clients (those of the raw logits, as llama.cpp's server reports them)."""
+"""Sampling for the server: the shared :mod:`llamapy.sampling` chain per request."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from ..sampling import SAMPLER_CHARS, SamplerChain, SamplingError, SamplingParams, build_chain
 from ..sampling import sampler_chars as _sampler_chars
 from ..sampling import sampler_names as _sampler_names
 
-__all__ = ["SamplingParams", "make_chain", "parse_samplers", "log_softmax", "top_logprobs"]
+__all__ = ["SamplingParams", "make_chain", "parse_samplers"]
 
 
 def parse_samplers(spec: list[str] | str) -> list[str]:
@@ -22,30 +19,17 @@ def parse_samplers(spec: list[str] | str) -> list[str]:
     return _sampler_names(spec)
 
 
-def make_chain(params: SamplingParams, n_vocab: int, n_ctx: int, vocab: Any = None) -> SamplerChain:
-    """The request's chain (``vocab`` is needed only for DRY's sequence breakers)."""
-    return build_chain(params, n_vocab=n_vocab, vocab=vocab, n_ctx=n_ctx)
+def make_chain(
+    params: SamplingParams, n_vocab: int, n_ctx: int, vocab: Any = None, grammar: Any = None
+) -> SamplerChain:
+    """The request's chain (``vocab`` is needed only for DRY's sequence breakers; ``grammar`` is a
+    grammar sampler placed after logit bias and penalties)."""
+    return build_chain(params, n_vocab=n_vocab, vocab=vocab, n_ctx=n_ctx, grammar=grammar)
 
 
 def check(params: SamplingParams) -> None:
     """Raise :class:`SamplingError` for values the chain refuses."""
     params.validate()
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    z = np.asarray(logits, dtype=np.float64)
-    m = z.max()
-    return z - m - np.log(np.exp(z - m).sum())
-
-
-def top_logprobs(logprobs: np.ndarray, n: int) -> list[tuple[int, float]]:
-    """The ``n`` most likely tokens as (id, logprob), most likely first."""
-    if n <= 0:
-        return []
-    n = min(n, logprobs.size)
-    idx = np.argpartition(-logprobs, n - 1)[:n]
-    idx = idx[np.argsort(-logprobs[idx], kind="stable")]
-    return [(int(i), float(logprobs[i])) for i in idx]
 
 
 SamplingError = SamplingError

@@ -1,8 +1,8 @@
 """Request bodies of the OpenAI and llama.cpp endpoints, validated strictly (wrong types -> 400).
 
 Unknown fields are accepted and ignored (clients send many), except the ones that would change the
-answer and that llamapy cannot honour yet (``response_format``, ``tools``, ``grammar`` ...): those are
-refused by :mod:`llamapy.server.params` with a 400 "not supported yet".
+answer and that llamapy cannot honour yet (``n > 1``, ``grammar_triggers`` ...): those are refused by
+:mod:`llamapy.server.params` with a 400 "not supported yet".
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ class SamplingFields(_Body):
     id_slot: int | None = None
     n: int | None = None
     user: str | None = None
+    grammar: str | None = None  # llama.cpp GBNF (or llguidance Lark after "%llguidance")
+    json_schema: dict[str, Any] | bool | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -92,6 +94,8 @@ class ChatCompletionRequest(SamplingFields):
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning_format: str | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -106,6 +110,7 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class NativeCompletionRequest(SamplingFields):

@@ -1,6 +1,16 @@
 """Vocabularies and tokenizers identical to llama.cpp's: SPM, BPE (with its pre-tokenizers), WPM, UGM."""
 
-from .vocab import TOKEN_NULL, TokenAttr, TokenizeError, TokenType, Vocab, VocabError, VocabType, load_vocab
+from .vocab import (
+    TOKEN_NULL,
+    TokenAttr,
+    TokenizeError,
+    TokenType,
+    Vocab,
+    VocabError,
+    VocabType,
+    eog_ids,
+    load_vocab,
+)
 
 __all__ = [
     "TOKEN_NULL",
@@ -10,5 +20,6 @@ __all__ = [
     "Vocab",
     "VocabError",
     "VocabType",
+    "eog_ids",
     "load_vocab",
 ]

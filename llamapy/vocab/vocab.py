@@ -323,6 +323,16 @@ def _clean_spaces(text: bytes) -> bytes:
     return bytes(out)
 
 
+def eog_ids(vocab: Any) -> np.ndarray:
+    """The sorted end-of-generation token ids of a vocabulary: ``vocab.eog_ids`` where it has them (a
+    :class:`Vocab`), else every id ``vocab.is_eog`` accepts (duck-typed vocabularies, test fakes)."""
+    ids = getattr(vocab, "eog_ids", None)
+    if ids is None:
+        n = int(getattr(vocab, "n_tokens", 0) or getattr(vocab, "n_vocab", 0))
+        ids = [t for t in range(n) if vocab.is_eog(t)]
+    return np.array(sorted(int(t) for t in ids), dtype=np.int64)
+
+
 def load_vocab(path: str | os.PathLike[str]) -> Vocab:
     """Load only the vocabulary of a GGUF model (reads the header; tensor data is not touched)."""
     from ..gguf import GGUFReader

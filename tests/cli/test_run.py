@@ -119,3 +119,36 @@ def test_run_stop_string_and_context_full(smollm2_path, capfd):
     rc = main(["run", "-m", str(smollm2_path), "-p", "1, 2, 3, " * 90, "-n", "4", "-c", "256"])
     err = capfd.readouterr().err
     assert rc == 1 and "error: " in err and "context" in err
+
+
+def test_run_with_json_schema_and_grammar_flags(smollm2_path, tmp_path):
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    r = llamapy_cmd("run", "-m", str(smollm2_path), "-p", "Answer in JSON:", "-n", "20", "--temp", "0",
+                    "-j", json.dumps(schema))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) in ({"ok": True}, {"ok": False})
+    gf = tmp_path / "yn.gbnf"
+    gf.write_text('root ::= ("yes" | "no") "!"')
+    r = llamapy_cmd(
+        "run", "-m", str(smollm2_path), "-p", "Is water wet?", "--grammar-file", str(gf), "--temp", "0"
+    )
+    assert r.returncode == 0 and r.stdout in ("yes!", "no!"), r.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--grammar", "root ::= undefined_rule"], "undefined_rule"),
+        (["-j", "{not json"], "JSON"),
+        (["--grammar-file", "/no/such/file.gbnf"], "file.gbnf"),
+    ],
+)
+def test_bad_grammar_flags_are_one_line_errors(smollm2_path, flags, fragment):
+    r = llamapy_cmd("run", "-m", str(smollm2_path), "-p", "x", *flags)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.strip().splitlines()[-1].startswith("error: ") and fragment in r.stderr

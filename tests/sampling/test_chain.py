@@ -366,3 +366,29 @@ def test_real_logits_greedy_and_default_chain(model):
         tok = chain.sample(logits)
         assert tok in chain.cur.ids and chain.cur.size <= 40
         assert abs(float(chain.cur.p.sum()) - 1.0) < 1e-5
+
+
+def test_grammar_goes_after_bias_and_penalties_and_sees_generated_tokens_only():
+    from llamapy.sampling import Sampler, SamplingParams, build_chain
+
+    class Recorder(Sampler):
+        name = "grammar"
+
+        def __init__(self):
+            self.accepted = []
+
+        def accept(self, token):
+            self.accepted.append(token)
+
+    g = Recorder()
+    params = SamplingParams(penalty_repeat=1.1, logit_bias={1: 2.0}, seed=1)
+    chain = build_chain(params, n_vocab=8, grammar=g)
+    names = [s.name for s in chain.samplers]
+    assert names[: names.index("grammar")] == ["logit-bias", "penalties", "?dry"]
+    chain.accept_prompt([3, 4])
+    chain.accept(5)
+    assert g.accepted == [5]
+    clone = chain.clone()
+    assert clone.grammar is not g and clone.grammar in clone.samplers
+    chain.set_grammar(None)
+    assert "grammar" not in [s.name for s in chain.samplers] and chain.grammar is None

@@ -16,6 +16,10 @@ import numpy as np
 
 BOS, EOS, N_VOCAB = 256, 257, 258
 FAIL_BYTE = 7  # a batch containing this byte makes decode raise
+FAKE_TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 def next_token(seq: Sequence[int]) -> int:
@@ -110,9 +114,11 @@ class FakeBackend:
             return True
         return False  # holes are not supported by this fake
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
-        return text + ("<assistant>" if add_generation_prompt else "")
+    @property
+    def chat_template(self):
+        from llamapy.vocab.chat_template import ChatTemplate
+
+        return ChatTemplate(FAKE_TEMPLATE, "<s>", "</s>", name="fake template")
 
     def info(self) -> dict[str, Any]:
         return {

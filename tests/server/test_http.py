@@ -143,19 +143,19 @@ def err(resp: httpx.Response) -> tuple[int, str]:
         (b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', 400, "temperature"),
         (b'{"messages": []}', 400, "messages"),
         (
-            b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}',
+            b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}, "grammar": "root ::= \\"a\\""}',
             400,
-            "not supported yet",
+            "not both",
         ),
         (
-            b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]}',
+            b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}',
             400,
-            "not supported yet",
+            "not in 'tools'",
         ),
         (
-            b'{"messages": [{"role": "user", "content": "x"}], "grammar": "root ::= \\"a\\""}',
+            b'{"messages": [{"role": "user", "content": "x"}], "grammar": "root ::= undefined_rule"}',
             400,
-            "not supported yet",
+            "invalid grammar",
         ),
         (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "not supported yet"),
         (
@@ -186,9 +186,12 @@ def test_bad_chat_requests(live, body, status, fragment):
 def test_openai_client_raises_typed_errors(client):
     with pytest.raises(openai.BadRequestError, match="messages.0.role"):
         client.chat.completions.create(model="x", messages=[{"role": "wizard", "content": "x"}])
-    with pytest.raises(openai.BadRequestError, match="not supported yet"):
+    with pytest.raises(openai.BadRequestError, match="not in 'tools'"):
         client.chat.completions.create(
-            model="x", messages=[{"role": "user", "content": "x"}], response_format={"type": "json_object"}
+            model="x",
+            messages=[{"role": "user", "content": "x"}],
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},
         )
     with pytest.raises(openai.NotFoundError):
         client.get("/nope", cast_to=object)

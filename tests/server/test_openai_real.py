@@ -112,15 +112,18 @@ def test_completions_logprobs_and_seed(client):
 def test_errors(client, http, real_server):
     with pytest.raises(openai.BadRequestError, match="role"):
         client.chat.completions.create(model="m", messages=[{"role": "wizard", "content": "x"}])
-    with pytest.raises(openai.BadRequestError, match="not supported yet"):
+    with pytest.raises(openai.BadRequestError, match="invalid response_format"):
         client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "x"}], response_format={"type": "json_object"}
+            model="m",
+            messages=[{"role": "user", "content": "x"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},
         )
-    with pytest.raises(openai.BadRequestError, match="not supported yet"):
+    with pytest.raises(openai.BadRequestError, match="not in 'tools'"):
         client.chat.completions.create(
             model="m",
             messages=[{"role": "user", "content": "x"}],
             tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},
         )
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.completions.create(model="m", prompt="x", max_tokens=-5)

@@ -13,6 +13,7 @@ from tests.server.fake_backend import FakeBackend
 
 B = FakeBackend()
 MSG = [{"role": "user", "content": "hi"}]
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 
 
 def gen(model, **body):
@@ -64,13 +65,7 @@ def test_logit_bias_forms():
     "model, body, fragment",
     [
         (ChatCompletionRequest, {"samplers": ["top_k", "bogus"]}, "unknown sampler"),
-        (
-            ChatCompletionRequest,
-            {"response_format": {"type": "json_schema", "json_schema": {}}},
-            "not supported yet",
-        ),
-        (ChatCompletionRequest, {"json_schema": {"type": "object"}}, "not supported yet"),
-        (ChatCompletionRequest, {"functions": [{"name": "f"}]}, "not supported yet"),
+        (ChatCompletionRequest, {"grammar_triggers": [{"type": "word", "value": "x"}]}, "not supported yet"),
         (ChatCompletionRequest, {"id_slot": 5}, "does not exist"),
         (ChatCompletionRequest, {"stop": [str(i) for i in range(20)]}, "at most 16"),
         (ChatCompletionRequest, {"repeat_penalty": 0.0}, "penalty_repeat"),
@@ -130,3 +125,78 @@ def test_chat_messages():
     assert text == "<system>ab\n<user>q\n<assistant>" and toks[0] == 256 and toks[1] != 256
     with pytest.raises(APIError, match="has no content"):
         P.chat_prompt(validate(ChatCompletionRequest, {"messages": [{"role": "user", "content": None}]}), B)
+
+
+@pytest.mark.parametrize(
+    "body, fragment, param",
+    [
+        ({"grammar": "root ::= foo"}, "invalid grammar", "grammar"),
+        (
+            {"grammar": 'root ::= "a"', "json_schema": {"type": "object"}},
+            "not grammar and json_schema",
+            "json_schema",
+        ),
+        (
+            {"json_schema": {"type": "object", "properties": {"a": {"type": "nope"}}}},
+            "invalid json_schema",
+            "json_schema",
+        ),
+        ({"response_format": {"type": "json_schema"}}, "json_schema", "response_format"),
+        ({"response_format": {"type": "yaml"}}, "not one of text", "response_format"),
+        (
+            {"response_format": {"type": "json_object"}, "grammar": 'root ::= "a"'},
+            "not grammar and response_format",
+            "response_format",
+        ),
+    ],
+)
+def test_completion_grammar_refusals(body, fragment, param):
+    req = validate(CompletionRequest, {"prompt": "x", **body})
+    with pytest.raises(APIError, match=fragment) as e:
+        P.completion_grammar(req, None)
+    assert e.value.status == 400 and e.value.param == param
+
+
+def test_completion_grammar_kinds():
+    assert P.completion_grammar(validate(CompletionRequest, {"prompt": "x"}), None) is None
+    text = {"prompt": "x", "response_format": {"type": "text"}}
+    assert P.completion_grammar(validate(CompletionRequest, text), None) is None
+    g = P.completion_grammar(
+        validate(NativeCompletionRequest, {"prompt": "x", "grammar": 'root ::= "a" | "b"'}), None
+    )
+    assert g.kind == "gbnf"
+    g = P.completion_grammar(
+        validate(NativeCompletionRequest, {"prompt": "x", "json_schema": {"type": "integer"}}), None
+    )
+    assert g.kind == "json_schema"
+
+
+@pytest.mark.parametrize(
+    "body, fragment, param",
+    [
+        ({"tool_choice": "required"}, "no 'tools'", "tool_choice"),
+        (
+            {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "not in 'tools'",
+            "tool_choice",
+        ),
+        ({"tools": [TOOL], "tool_choice": "sometimes"}, "not auto, none, required", "tool_choice"),
+        ({"tools": [{"type": "function", "function": {}}]}, "no 'name'", "tools"),
+        ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "cannot be combined", "tools"),
+        ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "not both", "grammar"),
+        ({"reasoning_format": "loud"}, "reasoning_format", "reasoning_format"),
+        ({"grammar": "root ::= ( "}, "invalid grammar", "grammar"),
+    ],
+)
+def test_chat_plan_refusals(body, fragment, param):
+    req = validate(ChatCompletionRequest, {"messages": MSG, **body})
+    with pytest.raises(APIError, match=fragment) as e:
+        P.chat_plan(req, B)
+    assert e.value.status == 400 and e.value.param == param
+
+
+def test_chat_plan_tool_choice_none_renders_plain_chat():
+    req = validate(ChatCompletionRequest, {"messages": MSG, "tools": [TOOL], "tool_choice": "none"})
+    plan = P.chat_plan(req, B)
+    assert plan.grammar is None and not plan.syntax.parse_tool_calls
+    assert plan.prompt == "<user>hi\n<assistant>"

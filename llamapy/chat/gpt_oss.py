@@ -1,0 +1,187 @@
+"""OpenAI gpt-oss (the harmony format): the answer is a sequence of messages, each a header and a body
+
+```
+<|channel|>analysis<|message|>Thinking...<|end|>
+<|start|>assistant<|channel|>final<|message|>The answer.
+<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"location": "Paris"}<|call|>
+```
+
+``analysis`` is reasoning, ``final`` and ``commentary`` (a preamble) are content, a message to
+``functions.NAME`` (the recipient may also come before the channel) is a call. As llama.cpp, with
+``reasoning_format="none"`` the analysis messages stay in the content with their tags; messages to
+other recipients (built-in browser / python tools) are dropped.
+"""
+
+from __future__ import annotations
+
+import regex
+
+from .common import (
+    ChatFormat,
+    ChatParser,
+    ChatSyntax,
+    GrammarRequest,
+    ToolCall,
+    ToolGrammar,
+    assemble,
+    dump_arguments,
+    json_rule,
+    lark_str,
+    read_json,
+)
+from .reasoning import StrippedText, partial_suffix
+
+START, CHANNEL, MESSAGE, END, CALL, CONSTRAIN = (
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|end|>",
+    "<|call|>",
+    "<|constrain|>",
+)
+_TERMINATORS = (END, CALL, "<|return|>", START)
+_HEADER = regex.compile(
+    r"\s*(?P<role><\|start\|>assistant)?(?: to=(?P<to1>[^\s<]+))?\s*<\|channel\|>(?P<ch>[a-z]+)"
+    r"(?: to=(?P<to2>[^\s<]+))?(?:\s*(?:<\|constrain\|>)?(?P<ct>[\w-]+))?\s*<\|message\|>"
+)
+
+
+class GptOssParser(ChatParser):
+    """Parser of harmony messages."""
+
+    def __init__(self, syntax: ChatSyntax) -> None:
+        super().__init__(syntax)
+        self._buf = ""
+        self._mode = "header"
+        self._kind = ""
+        self._name = ""
+        self._strip = StrippedText()
+
+    def _advance(self, text: str, final: bool) -> None:
+        self._buf += text
+        while self._step(final):
+            pass
+
+    def _step(self, final: bool) -> bool:
+        buf = self._buf
+        if self._mode == "raw":
+            self._content(buf)
+            self._buf = ""
+            return False
+        if self._mode == "header":
+            if not buf:
+                return False
+            m = _HEADER.match(buf, partial=not final)
+            if m is None:
+                self._mode = "raw"
+                return True
+            if m.partial:
+                return False
+            self._open(m, buf[m.end("role") if m.group("role") else m.start() : m.end()].lstrip())
+            self._buf = buf[m.end() :]
+            self._mode = "body"
+            return True
+        hits = [(buf.find(t), t) for t in _TERMINATORS if t in buf]
+        if not hits:
+            if self._kind in ("content", "reasoning", "raw_reasoning"):
+                keep = 0 if final else partial_suffix(buf, *_TERMINATORS)
+                self._body(buf[: len(buf) - keep])
+                self._buf = buf[len(buf) - keep :]
+            elif final:
+                self._close(buf, "")
+                self._buf = ""
+            return False
+        at, term = min(hits)
+        if self._kind in ("content", "reasoning", "raw_reasoning"):
+            self._body(buf[:at])
+        self._close(buf[:at], term)
+        self._buf = buf[at + (0 if term == START else len(term)) :]
+        self._mode = "header"
+        return True
+
+    def _open(self, m: regex.Match, header: str) -> None:
+        to = m.group("to1") or m.group("to2")
+        self._name = ""
+        if to:
+            self._kind = "call" if to.startswith("functions.") else "drop"
+            self._name = to[len("functions.") :]
+        elif m.group("ch") == "analysis":
+            if self.syntax.reasoning_format == "none":
+                self._kind = "raw_reasoning"
+                self._content(header)  # as llama.cpp: the header, without "<|start|>assistant"
+            else:
+                self._kind = "reasoning"
+                self._strip.open()
+        elif m.group("ch") in ("final", "commentary"):
+            self._kind = "content"
+        else:
+            self._kind = "drop"
+
+    def _body(self, text: str) -> None:
+        if self._kind == "reasoning":
+            self._reasoning(self._strip.push(text))
+        else:
+            self._content(text)
+
+    def _close(self, body: str, term: str) -> None:
+        if self._kind == "raw_reasoning" and term == END:
+            self._content(END)
+        elif self._kind == "call" and self.syntax.parse_tool_calls:
+            got = read_json(body)
+            if isinstance(got, tuple) and isinstance(got[0], dict) and not body[got[1] :].strip():
+                self._call(ToolCall(self._name, dump_arguments(got[0])))
+            else:
+                self._content(body)
+
+
+class GptOssFormat(ChatFormat):
+    """Templates with ``<|channel|>``."""
+
+    name = "gpt-oss"
+    supports_tools = True
+    think = None
+    object_arguments = True
+    preserved = (CHANNEL, CONSTRAIN, MESSAGE, START, END)
+
+    def prepare_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[dict]:
+        out = super().prepare_messages(messages, tools)
+        for m in out:
+            if m.get("role") == "assistant" and isinstance(m.get("reasoning_content"), str):
+                m["thinking"] = m["reasoning_content"]
+        return out
+
+    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
+        lit = req.lit
+        constrain = f'(" " {lit(CONSTRAIN)} "json")?'
+        channel = '("commentary" | "analysis")'
+        rules, in_role, in_channel = [], [], []
+        for k, f in enumerate(req.functions):
+            rules.append(f"f{k}_args: {json_rule(f['parameters'])}")
+            name = lark_str(f["name"])
+            in_role.append(f"{name} {lit(CHANNEL)} {channel} {constrain} {lit(MESSAGE)} f{k}_args")
+            in_channel.append(f"{name} {constrain} {lit(MESSAGE)} f{k}_args")
+        rules = [
+            f'in_role: " to=functions." ({" | ".join(in_role)})',
+            f'in_channel: {lit(CHANNEL)} {channel} " to=functions." ({" | ".join(in_channel)})',
+            *rules,
+        ]
+        if req.required:
+            text, extra = req.until("message_text", END)
+            rules += [
+                f'analysis: {lit(CHANNEL)} "analysis" {lit(MESSAGE)} {text} {lit(START)} "assistant"',
+                f'preamble: {lit(CHANNEL)} "commentary" {lit(MESSAGE)} {text} {lit(START)} "assistant"',
+                *extra,
+            ]
+            start = "start: analysis? preamble? (in_role | in_channel)"
+            triggers: tuple[tuple[str, str], ...] = ()
+        else:
+            start = "start: in_role | in_channel"
+            triggers = (
+                ("pattern", r"(<\|channel\|>(?:commentary|analysis) to=functions\.)"),
+                ("pattern", r"<\|start\|>assistant( to=functions\.)"),
+                ("pattern_full", r"^( to=functions\.)[\s\S]*"),
+            )
+        return ToolGrammar(assemble([start, *rules]), triggers, self.preserved)
+
+    def parser(self, syntax: ChatSyntax) -> ChatParser:
+        return GptOssParser(syntax)

@@ -1,0 +1,182 @@
+"""The KV cache of one sequence kept in step with a token list (:class:`TokenSequence`): prefix
+reuse, batched evaluation, context shifting."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..memory import ContextFullError  # (re-exported by llamapy.context; memory is the light import)
+from .text import GenerationError
+
+
+class PromptTooLongError(ContextFullError, ValueError):
+    """The prompt alone does not fit in the context."""
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Number of leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class TokenSequence:
+    """The tokens of one sequence of a :class:`llamapy.context.Context`, evaluated in batches.
+
+    ``tokens`` always equals what the KV cache holds for ``seq_id`` at positions ``0..len-1``.
+    With ``context_shift`` a full context drops the oldest half of the tokens after the first
+    ``n_keep`` ones and shifts the rest down (as llama.cpp's ``--context-shift --keep N``);
+    without it a full context raises :class:`ContextFullError`.
+    """
+
+    def __init__(
+        self,
+        ctx: Any,
+        seq_id: int = 0,
+        context_shift: bool = False,
+        n_keep: int = 0,
+        n_batch: int | None = None,
+        batch_factory: Callable[..., Any] | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self._batch_factory = batch_factory
+        self.seq_id = seq_id
+        self.context_shift = context_shift
+        self.n_keep = n_keep
+        self.n_batch = int(n_batch or ctx.n_batch)
+        self.tokens: list[int] = []
+        self.n_shifted = 0  # tokens dropped by context shifts so far
+        self.logits_all = False  # request logits for every evaluated token (for on_logits)
+        # called after each decoded chunk with (position of its first token, logits rows): every row
+        # with logits_all, else only the last token's row (position of the last token)
+        self.on_logits: Callable[[int, np.ndarray], None] | None = None
+        self._last_logits: np.ndarray | None = None
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self.ctx.n_ctx)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        return common_prefix_length(self.tokens, tokens)
+
+    def truncate(self, n: int) -> None:
+        """Keep only the first ``n`` tokens in the cache."""
+        n = max(0, min(n, len(self.tokens)))
+        if n == len(self.tokens):
+            return
+        if not self.ctx.memory.seq_rm(self.seq_id, n, -1):
+            self.ctx.memory.seq_rm(self.seq_id, -1, -1)
+            keep, self.tokens = self.tokens[:n], []
+            if keep:
+                self.eval(keep)
+            return
+        del self.tokens[n:]
+        self._last_logits = None
+
+    def clear(self) -> None:
+        self.ctx.memory.seq_rm(self.seq_id, -1, -1)
+        self.tokens = []
+        self._last_logits = None
+
+    def shift(self) -> int:
+        """Drop half of the tokens after ``n_keep`` and move the rest down; returns how many were dropped."""
+        n_past = len(self.tokens)
+        n_keep = min(max(self.n_keep, 0), n_past)
+        n_discard = (n_past - n_keep) // 2
+        if n_discard <= 0:
+            raise ContextFullError(
+                f"context full: {n_past} tokens in a context of {self.n_ctx}, and --keep {self.n_keep} "
+                f"leaves nothing to shift out"
+            )
+        mem = self.ctx.memory
+        mem.seq_rm(self.seq_id, n_keep, n_keep + n_discard)
+        mem.seq_add(self.seq_id, n_keep + n_discard, n_past, -n_discard)
+        del self.tokens[n_keep : n_keep + n_discard]
+        self.n_shifted += n_discard
+        return n_discard
+
+    def eval(self, tokens: Sequence[int], logits_all: bool | None = None) -> np.ndarray:
+        """Decode ``tokens`` after the ones already in the cache.
+
+        Returns the logits of the last token (``[n_vocab]``), or with ``logits_all`` (default: the
+        sequence's ``logits_all``) those of every token (``[len(tokens), n_vocab]``).
+        """
+        if logits_all is None:
+            logits_all = self.logits_all
+        make_batch = self._batch_factory
+        if make_batch is None:
+            from ..batch import Batch
+
+            make_batch = Batch.from_tokens
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise GenerationError("nothing to evaluate: the token list is empty")
+        if len(tokens) > self.n_ctx:
+            raise PromptTooLongError(
+                f"{len(tokens)} tokens do not fit in the context of {self.n_ctx} tokens "
+                f"(use a larger context, -c N, or a shorter prompt)"
+            )
+        rows: list[np.ndarray] = []
+        i = 0
+        while i < len(tokens):
+            room = self.n_ctx - len(self.tokens)
+            if room <= 0:
+                if not self.context_shift:
+                    raise ContextFullError(
+                        f"context full: all {self.n_ctx} positions are used (use a larger context with -c N, "
+                        f"or --context-shift)"
+                    )
+                self.shift()
+                continue
+            chunk = tokens[i : i + min(self.n_batch, room)]
+            batch = make_batch(chunk, pos0=len(self.tokens), seq_id=self.seq_id, logits_all=logits_all)
+            self.ctx.decode(batch)
+            pos0 = len(self.tokens)
+            self.tokens.extend(chunk)
+            i += len(chunk)
+            if logits_all:
+                rows.append(np.array(self.ctx.get_logits()[: len(chunk)], dtype=np.float32))
+                if self.on_logits is not None:
+                    self.on_logits(pos0, rows[-1])
+        self._last_logits = np.array(self.ctx.get_logits_ith(-1), dtype=np.float32)
+        if self.on_logits is not None and not logits_all:
+            self.on_logits(len(self.tokens) - 1, self._last_logits[None, :])
+        return np.concatenate(rows) if logits_all else self._last_logits
+
+    def logits(self) -> np.ndarray:
+        """Logits after the last evaluated token."""
+        if self._last_logits is None:
+            if not self.tokens:
+                raise GenerationError("no logits: nothing has been evaluated")
+            last = self.tokens[-1]
+            self.truncate(len(self.tokens) - 1)
+            self.eval([last])
+        assert self._last_logits is not None
+        return self._last_logits
+
+    def prefill(self, prompt: Sequence[int]) -> int:
+        """Make the cache hold exactly ``prompt`` (reusing the common prefix) and leave its last
+        logits ready; returns the number of tokens reused."""
+        if not prompt:
+            raise GenerationError("the prompt is empty (no tokens to start from)")
+        if len(prompt) > self.n_ctx:
+            raise PromptTooLongError(
+                f"the prompt has {len(prompt)} tokens but the context holds {self.n_ctx} "
+                f"(use -c N with N > {len(prompt)}, or a shorter prompt)"
+            )
+        n = self.common_prefix(prompt)
+        if n == len(prompt) == len(self.tokens) and self._last_logits is not None:
+            return n  # already there, logits ready
+        n = min(n, len(prompt) - 1)  # re-evaluate at least the last token for its logits
+        self.truncate(n)
+        self.eval(prompt[n:])
+        return n
