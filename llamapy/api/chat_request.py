@@ -6,7 +6,6 @@ Shared by :class:`llamapy.api.Llama` and the server, so both refuse the same req
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,7 +61,7 @@ def response_format_grammar(response_format: Any) -> Any:
             raise ChatRequestError(
                 "'response_format.json_schema.schema' must be a JSON schema object", "response_format"
             )
-        return LlamaGrammar.from_json_schema(json.dumps(schema))
+        return LlamaGrammar.from_json_schema(dict(schema) if isinstance(schema, Mapping) else schema)
     raise ChatRequestError(
         f"'response_format' type {kind!r} is not one of text, json_object, json_schema", "response_format"
     )

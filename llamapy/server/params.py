@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -72,7 +71,7 @@ def completion_grammar(req: SamplingFields, vocab: Any) -> Any:
         if name == "grammar":
             g = LlamaGrammar.from_string(req.grammar)
         elif name == "json_schema":
-            g = LlamaGrammar.from_json_schema(json.dumps(req.json_schema))
+            g = LlamaGrammar.from_json_schema(req.json_schema)
         else:
             g = response_format_grammar(rf)
         if g is not None:
@@ -289,7 +288,7 @@ def chat_plan(req: ChatCompletionRequest, backend: Backend) -> Any:
         if grammar is not None:
             raise bad_request("give either 'grammar' or 'json_schema', not both", "json_schema")
         try:
-            grammar = LlamaGrammar.from_json_schema(json.dumps(req.json_schema))
+            grammar = LlamaGrammar.from_json_schema(req.json_schema)
         except GrammarError as e:
             raise _grammar_error(e, "json_schema") from None
     tools = req.tools

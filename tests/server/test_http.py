@@ -361,3 +361,26 @@ def test_streamed_logprobs(client):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(entries) == 4 and "".join(e.token for e in entries) == text
     assert all(len(e.top_logprobs) == 1 and e.top_logprobs[0].token == e.token for e in entries)
+
+
+def test_pathological_grammars_are_quick_400s(live):
+    import time
+
+    deep = "root ::= " + "(" * 30000 + '"a"' + ")" * 30000  # (the test server's body limit is 64 KiB)
+    schema = {"type": "object"}
+    for _ in range(300):
+        schema = {"type": "object", "properties": {"x": schema}}
+    for path, body in [
+        ("/completion", {"prompt": "x", "grammar": deep}),
+        ("/v1/completions", {"prompt": "x", "grammar": deep}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "grammar": deep}),
+        (
+            "/v1/completions",
+            {"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}},
+        ),
+    ]:
+        t = time.perf_counter()
+        r = httpx.post(live.base_url + path, json=body, timeout=60)
+        code, msg = err(r)
+        assert code == 400 and ("grammar" in msg or "response_format" in msg), (path, msg)
+        assert time.perf_counter() - t < 10
