@@ -180,3 +180,18 @@ def test_prompt_ending_inside_think_is_reasoning(template):
     assert plan.prompt.endswith("<think>\n") and plan.syntax.thinking_forced_open
     msg = llm.create_chat_completion(msgs, max_tokens=64)["choices"][0]["message"]
     assert msg["reasoning_content"] == "still thinking" and msg["content"] == "Paris."
+
+
+def test_sample_and_generate_take_a_grammar(llm):
+    g = LlamaGrammar.from_string('root ::= "42"')
+    tokens = llm.tokenize(b"The answer is")
+    llm.reset()
+    llm.eval(tokens)
+    first = llm.sample(grammar=g, temp=0)
+    assert llm.detokenize([first]).decode() in ("4", "42")
+    out = []
+    for t in llm.generate(tokens, grammar=g, temp=0):
+        if llm.vocab.is_eog(t) or len(out) > 4:
+            break
+        out.append(t)
+    assert llm.detokenize(out).decode() == "42"
