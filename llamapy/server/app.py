@@ -246,23 +246,18 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         engine, backend = state.ready()
         _no_completions(backend)
         req: ChatCompletionRequest = await _body(request, ChatCompletionRequest)
-        P.check_unsupported(req)
-        n_predict = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        n_predict = P.n_predict_from(
-            n_predict, name, engine.n_ctx_slot, s.defaults.n_predict, allow_unlimited=False
-        )
-        gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel)
-        if req.logprobs:
-            gp.logprobs, gp.n_probs = True, req.top_logprobs or 0
-        elif req.top_logprobs:
-            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-        plan = await run_in_threadpool(P.chat_plan, req, backend)
-        tokens = await run_in_threadpool(P.chat_tokens, plan.prompt, backend)
-        gp.grammar, gp.preserved_tokens = plan.grammar, plan.preserved_tokens
-        gp.chat_format, gp.chat_syntax = plan.format, plan.syntax
+        n_predict, name = req.max_tokens, "max_tokens"
+        if req.max_completion_tokens is not None:
+            n_predict, name = req.max_completion_tokens, "max_completion_tokens"
+        tokens, gp = await chat_inputs(req, state, n_predict, name)
         fmt = ChatFormatter(s.model_id, bool(req.logprobs))
         return await _generate(request, engine, tokens, gp, fmt, req.stream, _include_usage(req))
+
+    from .anthropic import add_messages_routes
+    from .responses import add_responses_routes
+
+    add_responses_routes(app, state)
+    add_messages_routes(app, state)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -350,6 +345,29 @@ def _routes(app: FastAPI, state: ServerState) -> None:
             "model": s.model_id,
             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
         }
+
+
+async def chat_inputs(
+    req: ChatCompletionRequest, state: ServerState, n_predict: int | None, n_predict_name: str
+) -> tuple[list[int], GenParams]:
+    """A validated chat request -> its prompt tokens and :class:`GenParams` (planned: template, tools,
+    grammar, parser); shared by chat completions and the Responses and Messages APIs."""
+    engine, backend = state.ready()
+    s = state.settings
+    P.check_unsupported(req)
+    n = P.n_predict_from(
+        n_predict, n_predict_name, engine.n_ctx_slot, s.defaults.n_predict, allow_unlimited=False
+    )
+    gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n, engine.n_parallel)
+    if req.logprobs:
+        gp.logprobs, gp.n_probs = True, req.top_logprobs or 0
+    elif req.top_logprobs:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    plan = await run_in_threadpool(P.chat_plan, req, backend)
+    tokens = await run_in_threadpool(P.chat_tokens, plan.prompt, backend)
+    gp.grammar, gp.preserved_tokens = plan.grammar, plan.preserved_tokens
+    gp.chat_format, gp.chat_syntax = plan.format, plan.syntax
+    return tokens, gp
 
 
 def _no_completions(backend: Backend) -> None:
@@ -463,28 +481,36 @@ async def _generate(
     finally:
         watcher.cancel()
 
+    # a formatter may give several events per call (a list), none (None), and its own SSE encoding
+    enc = getattr(fmt, "encode", sse)
+
+    def out(obj: Any) -> list[bytes]:
+        return [] if obj is None else [enc(o) for o in (obj if isinstance(obj, list) else [obj])]
+
     async def events() -> AsyncIterator[bytes]:
         try:
-            head = fmt.first_chunk()
-            if head is not None:
-                yield sse(head)
+            for b in out(fmt.first_chunk()):
+                yield b
             ev = first
             while True:
                 if ev.done:
                     if not isinstance(fmt, NativeFormatter):
                         for c in fmt.chunks(ev):
-                            yield sse(c)
-                    yield sse(fmt.final_chunk(ev))
+                            yield enc(c)
+                    for b in out(fmt.final_chunk(ev)):
+                        yield b
                     if include_usage:
-                        yield sse(fmt.usage_chunk(ev))
+                        for b in out(fmt.usage_chunk(ev)):
+                            yield b
                     break
                 for c in fmt.chunks(ev):
-                    yield sse(c)
+                    yield enc(c)
                 ev = await st.next()
             if done_marker:
                 yield SSE_DONE
         except APIError as e:
-            yield sse(e.body())
+            on_error = getattr(fmt, "error_event", None)
+            yield enc(on_error(e)) if on_error is not None else sse(e.body())
         finally:
             st.close()
 

@@ -20,6 +20,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+ANTHROPIC_PREFIX = "/v1/messages"  # errors under it get Anthropic's error shape
 
 
 class GuardMiddleware:
@@ -35,6 +36,7 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", [])}
+        anthropic = scope["path"].startswith(ANTHROPIC_PREFIX)
         if self.api_keys and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
             if not self._authorized(headers):
                 why = (
@@ -43,8 +45,9 @@ class GuardMiddleware:
                 await _reply(
                     send,
                     401,
-                    f"{why} API key: send it as 'Authorization: Bearer KEY'",
+                    f"{why} API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
                     "authentication_error",
+                    anthropic=anthropic,
                 )
                 return
         length = headers.get("content-length")
@@ -52,10 +55,10 @@ class GuardMiddleware:
             try:
                 n = int(length)
             except ValueError:
-                await _reply(send, 400, f"invalid Content-Length header {length!r}")
+                await _reply(send, 400, f"invalid Content-Length header {length!r}", anthropic=anthropic)
                 return
             if n > self.max_body_bytes:
-                await _reply(send, 413, self._too_large(n))
+                await _reply(send, 413, self._too_large(n), anthropic=anthropic)
                 return
         if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             await self.app(scope, receive, send)
@@ -68,7 +71,7 @@ class GuardMiddleware:
             body = msg.get("body", b"")
             size += len(body)
             if size > self.max_body_bytes:
-                await _reply(send, 413, self._too_large(size, at_least=True))
+                await _reply(send, 413, self._too_large(size, at_least=True), anthropic=anthropic)
                 return
             chunks.append(body)
             if not msg.get("more_body", False):
@@ -85,9 +88,13 @@ class GuardMiddleware:
         await self.app(scope, replay, send)
 
     def _authorized(self, headers: dict[str, bytes]) -> bool:
+        """``Authorization: Bearer KEY`` (OpenAI clients) or ``x-api-key: KEY`` (Anthropic clients)."""
         auth = headers.get("authorization", b"")
-        given = auth[7:].strip() if auth[:7].lower() == b"bearer " else headers.get("x-api-key", b"")
-        return bool(given) and any(hmac.compare_digest(given, k) for k in self.api_keys)
+        given = [
+            auth[7:].strip() if auth[:7].lower() == b"bearer " else b"",
+            headers.get("x-api-key", b"").strip(),
+        ]
+        return any(g and hmac.compare_digest(g, k) for g in given for k in self.api_keys)
 
     def _too_large(self, n: int, at_least: bool = False) -> str:
         return (
@@ -96,8 +103,13 @@ class GuardMiddleware:
         )
 
 
-async def _reply(send: Send, status: int, message: str, type: str | None = None) -> None:
-    body = json.dumps(error_body(status, message, type)).encode()
+async def _reply(
+    send: Send, status: int, message: str, type: str | None = None, anthropic: bool = False
+) -> None:
+    err = error_body(status, message, type)
+    if anthropic:  # Anthropic's shape: {"type": "error", "error": {"type", "message"}}
+        err = {"type": "error", "error": {"type": err["error"]["type"], "message": message}}
+    body = json.dumps(err).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))

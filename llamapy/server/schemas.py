@@ -8,8 +8,10 @@ answer and that llamapy cannot honour yet (``n > 1``, ``grammar_triggers`` ...):
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal, TypeVar
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import APIError, bad_request
@@ -149,21 +151,96 @@ class ApplyTemplateRequest(_Body):
 M = TypeVar("M", bound=BaseModel)
 
 
-def parse_json(raw: bytes) -> Any:
-    """Parse a request body; anything but a JSON object is a 400 that says where it broke."""
+MAX_JSON_DEPTH = 64  # nesting of arrays and objects in a request body
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _reject_constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of ``[``/``{`` in JSON text, outside strings (a linear scan, no recursion)."""
+    bare = _JSON_STRING.sub(b'""', raw)
+    a = np.frombuffer(bare, np.uint8)
+    steps = np.isin(a, _OPEN).astype(np.int32) - np.isin(a, _CLOSE).astype(np.int32)
+    return int(np.cumsum(steps).max()) if len(steps) else 0
+
+
+_OPEN = np.frombuffer(b"[{", np.uint8)
+_CLOSE = np.frombuffer(b"]}", np.uint8)
+
+
+def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse a request body; anything but a JSON object is a 400 that says where it broke.
+
+    Bounded before anything is built: the size by the guard middleware's body limit, the nesting depth
+    here (deeper bodies are refused unparsed, so neither the parser nor validation can recurse without
+    bound); ``NaN`` / ``Infinity`` literals (not JSON) and over-long integers are 400s too."""
     if not raw.strip():
         raise bad_request("the request body is empty; expected a JSON object")
+    depth = json_depth(raw)
+    if depth > max_depth:
+        raise bad_request(f"the request body nests arrays/objects {depth} deep; the limit is {max_depth}")
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw, parse_constant=_reject_constant)
     except UnicodeDecodeError as e:
         raise bad_request(f"the request body is not UTF-8 ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise bad_request(
             f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
         ) from None
+    except _NonFinite as e:
+        raise bad_request(f"the request body is not valid JSON: {e} is not a JSON number") from None
+    except (ValueError, RecursionError) as e:  # e.g. an integer of more than 4300 digits
+        raise bad_request(f"the request body cannot be parsed: {e}") from None
     if not isinstance(obj, dict):
         raise bad_request(f"the request body must be a JSON object, not {type(obj).__name__}")
+    if _SURROGATE_ESCAPE.search(raw):
+        where = _lone_surrogate(obj)
+        if where is not None:
+            raise bad_request(
+                f"the request body has a lone UTF-16 surrogate escape (\\uD800-\\uDFFF) at '{where}', "
+                "which is no Unicode character",
+                where,
+            )
     return obj
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(obj: Any) -> str | None:
+    """The path of the first string (or key) holding a lone surrogate, which no text can be encoded with."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        path, x = stack.pop()
+        if isinstance(x, dict):
+            for k, v in x.items():
+                key = str(k).encode("utf-8", "backslashreplace").decode()  # printable in the error
+                p = f"{path}.{key}" if path else key
+                if _bad_str(k):
+                    return p
+                stack.append((p, v))
+        elif isinstance(x, list):
+            stack.extend((f"{path}.{i}" if path else str(i), v) for i, v in enumerate(x))
+        elif isinstance(x, str) and _bad_str(x):
+            return path or "body"
+    return None
+
+
+def _bad_str(s: str) -> bool:
+    if s.isascii():
+        return False
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def validate(model: type[M], obj: Any) -> M:
