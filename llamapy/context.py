@@ -12,6 +12,7 @@ import os
 import struct
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,13 @@ from .memory import ContextFullError, Memory, StateError, kv_type
 from .model.blocks import GraphBuilder, Inputs, KVInputs
 from .model.model import Model
 
-__all__ = ["BatchError", "Context", "ContextFullError", "ContextParams", "StateError"]
+__all__ = ["BatchError", "Context", "ContextFullError", "ContextParams", "EvalCallback", "StateError"]
+
+# llama.cpp's cb_eval (ggml_backend_sched_eval_callback) with the value in place of user_data: called
+# as cb(node, True, None) once per graph for every named node (return True to watch it), then as
+# cb(node, False, value) after each ubatch's compute for each watched node, in graph order (value: a
+# copy; return False to skip the remaining nodes of that ubatch).
+EvalCallback = Callable[[Tensor, bool, "np.ndarray | None"], bool]
 
 N_CTX_DEFAULT_CAP = 4096  # n_ctx = 0 means the training context, capped to this
 _POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
@@ -51,6 +58,7 @@ class ContextParams:
     seed: int = 0xFFFFFFFF
     swa_full: bool = False
     backend: str | None = None  # "cpu" (default when available) or "numpy"
+    cb_eval: EvalCallback | None = None  # reads named intermediates (``attn_norm-3``, ``l_out-3``...)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -65,6 +73,7 @@ class _GraphEntry:
     out_ids: Tensor | None
     masks: list[Tensor]
     idxs: list[Tensor]
+    watched: list[Tensor] = field(default_factory=list)  # named nodes cb_eval asked for
 
 
 class Context:
@@ -96,6 +105,7 @@ class Context:
         self.n_seq_max = p.n_seq_max
         self.n_threads = set_num_threads(p.n_threads)
         self.embeddings = p.embeddings
+        self.cb_eval = p.cb_eval
         self.flash_attn = p.flash_attn is not False  # None ("auto") and True: fused attention
         if not self.flash_attn and kv_type(p.type_v) in (GGMLType.Q8_0, GGMLType.Q4_0):
             raise LlamapyError(
@@ -209,6 +219,9 @@ class Context:
             inputs[m] = c.mask(ub.pos, ub.seq_first, n_kv)
             inputs[it] = idx
         self.sched.compute(ge.graph, inputs)
+        for t in ge.watched:
+            if not self.cb_eval(t, False, self.sched.get(t)):
+                break
         if n_out:
             rows = ab.out_rows[ub.idx[out_local]]
             logits[rows] = self.sched.view(ge.logits)
@@ -239,13 +252,17 @@ class Context:
                 kv[ls.il] = ki
         inp = Inputs(n_tokens, n_out, pos, tokens, embd_in, out_ids, kv, n_ctx=self.n_ctx_seq,
                      flash_attn=self.flash_attn)  # fmt: skip
-        g = GraphBuilder(hp, inp)
-        logits = self.model.impl.build(g)
-        outs = [logits]
-        embd = getattr(g, "embd_out", None) if self.embeddings else None
-        if embd is not None:
-            outs.append(embd)
-        ge = _GraphEntry(Graph(outs), logits, embd, tokens, embd_in, pos, out_ids, masks, idxs)
+        res = self.model.impl.build(GraphBuilder(self.model.impl, inp))
+        embd = res.embd if self.embeddings else None
+        outs = [res.logits] if embd is None else [res.logits, embd]
+        graph = Graph(outs)
+        watched: list[Tensor] = []
+        cb = self.cb_eval
+        if cb is not None:  # watched nodes become outputs: the planner keeps their memory to the end
+            watched = [t for t in graph.nodes if t.name and cb(t, True, None)]
+            if watched:
+                graph = Graph(outs + watched)
+        ge = _GraphEntry(graph, res.logits, embd, tokens, embd_in, pos, out_ids, masks, idxs, watched)
         self._graphs[key] = ge
         self.n_graph_builds += 1
         while len(self._graphs) > self.MAX_GRAPHS:

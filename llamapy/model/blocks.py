@@ -1,8 +1,12 @@
-"""Shared building blocks of the architectures: graph inputs, weight access by GGUF name, and the
-graph builder with ``build_norm`` / ``build_attn`` / ``build_ffn`` / ``build_moe_ffn``.
+"""Shared building blocks of the architectures: graph inputs and outputs, weight access by GGUF name,
+and the graph builder with ``build_norm`` / ``build_attn`` / ``build_ffn`` / ``build_moe_ffn``.
 
 Everything here builds ggml graph nodes (``llamapy.ggml.ops``); nothing is computed. The context
 executes the graph and reuses it while the shapes (tokens, outputs, KV cells) repeat.
+
+Intermediates carry llama.cpp's names (``GraphBuilder.cb``: ``attn_norm-3``, ``Qcur-3``, ``kqv_out-3``,
+``ffn_out-3``, ``l_out-3``, ``result_norm``, ``result_output``) so that ``ContextParams.cb_eval`` can read
+any of them and a divergence from llama.cpp (``llama-eval-callback``) or transformers is a diff of dumps.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from ..ggml.types import GGMLType
 from .hparams import ROPE_NEOX, HParams, ModelLoadError
 
 if TYPE_CHECKING:
+    from .arch import Architecture
     from .loader import ModelLoader
 
 
@@ -109,6 +114,14 @@ class Inputs:
 
 
 @dataclass
+class Outputs:
+    """What ``Architecture.build`` returns (llama.cpp's ``t_logits`` / ``t_embd``)."""
+
+    logits: Tensor  # F32[n_outputs, n_vocab]
+    embd: Tensor | None = None  # F32[n_outputs, n_embd]: the normed last hidden state (embeddings mode)
+
+
+@dataclass
 class Rope:
     """Rotary embedding parameters of one layer."""
 
@@ -141,6 +154,8 @@ class Rope:
 
 
 def rope_for_layer(hp: HParams, il: int, mode: int | None = None, freq_factors: Tensor | None = None) -> Rope:
+    """The hparams' rope of layer ``il`` (the local base and scale on sliding-window layers). Only
+    ``Architecture.layer_rope`` calls it: the forward graph and the K-shift both ask that method."""
     swa = hp.is_swa(il)
     return Rope(
         n_dims=hp.n_rot,
@@ -161,19 +176,28 @@ def rope_for_layer(hp: HParams, il: int, mode: int | None = None, freq_factors: 
 
 
 class GraphBuilder:
-    """Builds one ubatch's graph from shared blocks; ``hp`` and ``inp`` are the model's and the ubatch's."""
+    """Builds one ubatch's graph from shared blocks for ``arch`` (its hparams and per-layer choices)
+    and ``inp`` (the ubatch's inputs)."""
 
-    def __init__(self, hp: HParams, inp: Inputs) -> None:
-        self.hp = hp
+    def __init__(self, arch: Architecture, inp: Inputs) -> None:
+        self.arch = arch
+        self.hp: HParams = arch.hp
         self.inp = inp
-        self.embd_out: Tensor | None = None
+
+    @staticmethod
+    def cb(t: Tensor, name: str, il: int = -1) -> Tensor:
+        """Name a node as llama.cpp's ``cb(cur, name, il)`` does (``name-il``, or ``name`` for il < 0).
+        Leaves (weights, inputs) keep their own names."""
+        if not t.is_leaf:
+            t.name = f"{name}-{il}" if il >= 0 else name
+        return t
 
     # -- basic pieces -----------------------------------------------------------------------------
     def embed(self, tok_embd: Tensor, scale: float | None = None) -> Tensor:
         inp = self.inp
-        x = inp.embd if inp.embd is not None else ops.get_rows(tok_embd, inp.tokens)
+        x = inp.embd if inp.embd is not None else self.cb(ops.get_rows(tok_embd, inp.tokens), "inp_embd")
         if scale is not None:
-            x = ops.scale(x, scale)
+            x = self.cb(ops.scale(x, scale), "inp_scaled")
         return x
 
     @staticmethod
@@ -182,7 +206,15 @@ class GraphBuilder:
         y = ops.mul_mat(w, x)
         return ops.add(y, b) if b is not None else y
 
-    def build_norm(self, x: Tensor, w: Tensor | None, b: Tensor | None = None, kind: str = "rms") -> Tensor:
+    def build_norm(
+        self,
+        x: Tensor,
+        w: Tensor | None,
+        b: Tensor | None = None,
+        kind: str = "rms",
+        name: str = "",
+        il: int = -1,
+    ) -> Tensor:
         if kind == "rms":
             x = ops.rms_norm(x, self.hp.norm_rms_eps)
         else:
@@ -191,7 +223,7 @@ class GraphBuilder:
             x = ops.mul(x, w)
         if b is not None:
             x = ops.add(x, b)
-        return x
+        return self.cb(x, name, il) if name else x
 
     def select_outputs(self, il: int, *xs: Tensor) -> tuple[Tensor, ...]:
         """At the last layer keep only the rows that produce outputs (as llama.cpp's inp_out_ids)."""
@@ -202,9 +234,8 @@ class GraphBuilder:
     # -- attention --------------------------------------------------------------------------------
     def qkv(self, h: Tensor, blk: Weights, il: int) -> tuple[Tensor, Tensor, Tensor]:
         """Q [T, H, Dk], K [T, Hkv, Dk], V [T, Hkv, Dv] from separate or fused (attn_qkv) projections."""
-        hp = self.hp
         T = self.inp.n_tokens
-        nh, nkv, dk, dv = hp.n_head[il], hp.n_head_kv[il], hp.n_embd_head_k, hp.n_embd_head_v
+        nh, nkv, dk, dv = self.hp.heads(il)
         if "attn_qkv.weight" in blk:
             qkv = self.mm(blk["attn_qkv.weight"], h, blk.get("attn_qkv.bias"))
             qkv = ops.cont(qkv) if not qkv.is_contiguous() else qkv
@@ -224,10 +255,9 @@ class GraphBuilder:
 
         q [T, H, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv] -> [T, H * Dv] (before the output projection).
         """
-        hp = self.hp
         T = self.inp.n_tokens
         kvi = self.inp.kv[il]
-        nkv, dk, dv = hp.n_head_kv[il], hp.n_embd_head_k, hp.n_embd_head_v
+        _, nkv, dk, dv = self.hp.heads(il)
         kbuf, vbuf = kvi.k[il], kvi.v[il]
         k_st = ops.set_rows(kbuf, ops.reshape(k, (T, nkv * dk)), kvi.idx)
         v_st = ops.set_rows(
@@ -237,7 +267,7 @@ class GraphBuilder:
         vc = ops.view(v_st, (kvi.n_kv, nkv, dv))
         if self.inp.flash_attn:
             out = ops.flash_attn_ext(q, kc, vc, kvi.mask, kq_scale, logit_softcap=softcap)
-            return ops.reshape(out, (T, q.shape[1] * dv))
+            return self.cb(ops.reshape(out, (T, q.shape[1] * dv)), "kqv_out", il)
         # unfused: softmax(q k^T * scale + mask) v, heads as the batch axis
         qh = ops.cont(ops.permute(q, (1, 0, 2)))  # [H, T, Dk]
         kh = ops.cont(ops.permute(kc, (1, 0, 2)))  # [Hkv, n_kv, Dk]
@@ -247,40 +277,42 @@ class GraphBuilder:
             kq_scale = 1.0
         kq = ops.soft_max(kq, kvi.mask, scale=kq_scale)
         vt = ops.cont(ops.permute(vc, (1, 2, 0)))  # [Hkv, Dv, n_kv]
-        out = ops.mul_mat(vt, kq)  # [H, T, Dv]
-        return ops.reshape(ops.cont(ops.permute(out, (1, 0, 2))), (T, q.shape[1] * dv))
+        out = ops.cont(ops.permute(ops.mul_mat(vt, kq), (1, 0, 2)))  # [H, T, Dv] -> [T, H, Dv]
+        return self.cb(ops.reshape(out, (T, q.shape[1] * dv)), "kqv_out", il)
 
     def attention(
         self,
         h: Tensor,
         blk: Weights,
         il: int,
-        rope: Rope | None,
         *,
         qk_norm: bool = False,
         q_scale: float | None = None,
         kq_scale: float | None = None,
         softcap: float = 0.0,
     ) -> Tensor:
-        """The whole attention sub-block: projections, optional q/k RMS norm, rope, cache, output."""
+        """The whole attention sub-block: projections, optional q/k RMS norm, the layer's rope
+        (``arch.layer_rope``, as the K-shift; None: no rope), cache, output projection."""
         q, k, v = self.qkv(h, blk, il)
         if qk_norm:
-            q = self.build_norm(q, blk["attn_q_norm.weight"])
-            k = self.build_norm(k, blk["attn_k_norm.weight"])
+            q = self.build_norm(q, blk["attn_q_norm.weight"], name="Qcur_normed", il=il)
+            k = self.build_norm(k, blk["attn_k_norm.weight"], name="Kcur_normed", il=il)
+        rope = self.arch.layer_rope(il, self.inp.n_ctx)
         if rope is not None:
             q = rope.apply(q, self.inp.pos)
             k = rope.apply(k, self.inp.pos)
         if q_scale is not None:
             q = ops.scale(q, q_scale)
+        q, k, v = self.cb(q, "Qcur", il), self.cb(k, "Kcur", il), self.cb(v, "Vcur", il)
         if kq_scale is None:
-            kq_scale = 1.0 / math.sqrt(self.hp.n_embd_head_k)
+            kq_scale = 1.0 / math.sqrt(self.hp.heads(il).n_embd_head_k)
         out = self.build_attn(q, k, v, il, kq_scale, softcap)
-        return self.mm(blk["attn_output.weight"], out, blk.get("attn_output.bias"))
+        return self.cb(self.mm(blk["attn_output.weight"], out, blk.get("attn_output.bias")), "attn_out", il)
 
     # -- feed-forward -----------------------------------------------------------------------------
-    def build_ffn(self, h: Tensor, blk: Weights, act: str = "silu") -> Tensor:
+    def build_ffn(self, h: Tensor, blk: Weights, il: int, act: str = "silu") -> Tensor:
         """Gated feed-forward (SwiGLU / GeGLU), or a fused up+gate projection (first half gated)."""
-        up = self.mm(blk["ffn_up.weight"], h, blk.get("ffn_up.bias"))
+        up = self.cb(self.mm(blk["ffn_up.weight"], h, blk.get("ffn_up.bias")), "ffn_up", il)
         wg = blk.get("ffn_gate.weight")
         if wg is not None:
             gate = self.mm(wg, h, blk.get("ffn_gate.bias"))
@@ -288,39 +320,54 @@ class GraphBuilder:
             n = up.shape[-1] // 2
             gate = ops.cont(ops.view(up, (*up.shape[:-1], n), up.strides, 0))
             up = ops.cont(ops.view(up, (*up.shape[:-1], n), up.strides, 4 * n))
-        x = ops.swiglu(gate, up) if act == "silu" else ops.geglu(gate, up)
-        return self.mm(blk["ffn_down.weight"], x, blk.get("ffn_down.bias"))
+        self.cb(gate, "ffn_gate", il)
+        if act == "silu":
+            x = self.cb(ops.swiglu(gate, up), "ffn_swiglu", il)
+        else:
+            x = self.cb(ops.geglu(gate, up), "ffn_geglu", il)
+        return self.cb(self.mm(blk["ffn_down.weight"], x, blk.get("ffn_down.bias")), "ffn_out", il)
 
-    def build_moe_ffn(self, h: Tensor, blk: Weights, norm_w: bool) -> Tensor:
+    def build_moe_ffn(self, h: Tensor, blk: Weights, il: int, norm_w: bool) -> Tensor:
         """Mixture of experts with softmax routing over ``n_expert_used`` of ``n_expert`` SwiGLU experts."""
         hp = self.hp
         T = h.shape[0]
         k = hp.n_expert_used
-        logits = self.mm(blk["ffn_gate_inp.weight"], h)  # [T, E]
-        probs = ops.soft_max(logits)
-        ids = ops.top_k(probs, k)  # I32[T, k]
+        logits = self.cb(self.mm(blk["ffn_gate_inp.weight"], h), "ffn_moe_logits", il)  # [T, E]
+        probs = self.cb(ops.soft_max(logits), "ffn_moe_probs", il)
+        ids = self.cb(ops.top_k(probs, k), "ffn_moe_topk", il)  # I32[T, k]
         # gather probs[t, ids[t, j]] as a product with one-hot "experts" (get_rows is 2-D only)
         eye = ops.weight(
             "moe_onehot", GGMLType.F32, (hp.n_expert, 1, hp.n_expert), np.eye(hp.n_expert, dtype=np.float32)
         )
-        w = ops.mul_mat_id(eye, ops.reshape(probs, (T, 1, hp.n_expert)), ids)  # [T, k, 1]
+        w = self.cb(ops.mul_mat_id(eye, ops.reshape(probs, (T, 1, hp.n_expert)), ids), "ffn_moe_weights", il)
         if norm_w:
             w = ops.div(w, ops.reshape(ops.sum_rows(ops.reshape(w, (T, k))), (T, 1, 1)))
+            self.cb(w, "ffn_moe_weights_norm", il)  # [T, k, 1]
         x = ops.reshape(h, (T, 1, h.shape[-1]))
-        up = ops.mul_mat_id(blk["ffn_up_exps.weight"], x, ids)  # [T, k, n_ff]
-        gate = ops.mul_mat_id(blk["ffn_gate_exps.weight"], x, ids)
-        y = ops.mul_mat_id(blk["ffn_down_exps.weight"], ops.swiglu(gate, up), ids)  # [T, k, n_embd]
-        y = ops.mul(y, w)
-        return ops.reshape(ops.sum_rows(ops.cont(ops.permute(y, (0, 2, 1)))), (T, hp.n_embd))
+        up = self.cb(ops.mul_mat_id(blk["ffn_up_exps.weight"], x, ids), "ffn_moe_up", il)  # [T, k, n_ff]
+        gate = self.cb(ops.mul_mat_id(blk["ffn_gate_exps.weight"], x, ids), "ffn_moe_gate", il)
+        act = self.cb(ops.swiglu(gate, up), "ffn_moe_swiglu", il)
+        y = self.cb(ops.mul_mat_id(blk["ffn_down_exps.weight"], act, ids), "ffn_moe_down", il)
+        y = self.cb(ops.mul(y, w), "ffn_moe_weighted", il)  # [T, k, n_embd]
+        out = ops.sum_rows(ops.cont(ops.permute(y, (0, 2, 1))))
+        return self.cb(ops.reshape(out, (T, hp.n_embd)), "ffn_moe_out", il)
 
     # -- output -----------------------------------------------------------------------------------
-    def output(self, x: Tensor, w_norm: Tensor | None, w_out: Tensor, softcap: float = 0.0) -> Tensor:
-        x = self.build_norm(x, w_norm)
-        self.embd_out = x  # the context reads it in embeddings mode
-        logits = self.mm(w_out, x)
+    def output(
+        self,
+        x: Tensor,
+        w_norm: Tensor | None,
+        w_out: Tensor,
+        b_out: Tensor | None = None,
+        softcap: float = 0.0,
+    ) -> Outputs:
+        """The final norm (``result_norm``: the embeddings) and the output projection, with an optional
+        bias and final soft-capping (``result_output``: the logits)."""
+        x = self.build_norm(x, w_norm, name="result_norm")
+        logits = self.mm(w_out, x, b_out)
         if softcap:
             logits = ops.scale(ops.tanh(ops.scale(logits, 1.0 / softcap)), softcap)
-        return logits
+        return Outputs(self.cb(logits, "result_output"), embd=x)
 
 
 def neox(hp: HParams) -> HParams:
@@ -333,6 +380,7 @@ __all__ = [
     "GraphBuilder",
     "Inputs",
     "KVInputs",
+    "Outputs",
     "Rope",
     "TensorLoader",
     "Weights",

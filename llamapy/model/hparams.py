@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -109,6 +109,13 @@ ROPE_NORM = 0
 ROPE_NEOX = 2
 
 
+class LayerHeads(NamedTuple):
+    n_head: int
+    n_head_kv: int
+    n_embd_head_k: int
+    n_embd_head_v: int
+
+
 @dataclass
 class HParams:
     arch: str
@@ -148,13 +155,22 @@ class HParams:
     pooling_type: int = 0
     n_ctx_orig: int = 0
 
+    # Per-layer choices that the cache shares with the graph are data here, each read through one
+    # method: head counts and sizes (``heads``), window or global (``is_swa``: ``swa_layers``).
+    def heads(self, il: int) -> LayerHeads:
+        """Query heads, KV heads, K head size and V head size of layer ``il``."""
+        return LayerHeads(self.n_head[il], self.n_head_kv[il], self.n_embd_head_k, self.n_embd_head_v)
+
     def n_embd_k_gqa(self, il: int) -> int:
-        return self.n_embd_head_k * self.n_head_kv[il]
+        h = self.heads(il)
+        return h.n_embd_head_k * h.n_head_kv
 
     def n_embd_v_gqa(self, il: int) -> int:
-        return self.n_embd_head_v * self.n_head_kv[il]
+        h = self.heads(il)
+        return h.n_embd_head_v * h.n_head_kv
 
     def is_swa(self, il: int) -> bool:
+        """Whether layer ``il`` attends over a sliding window (else over the whole context)."""
         return bool(self.swa_layers and self.swa_layers[il])
 
     @property

@@ -96,6 +96,8 @@ FAMILIES: dict[str, Family] = {
         # Mistral 7B v0.1's window (4096) is longer than any test prompt; llama.cpp's converter maps
         # MistralForCausalLM to the llama arch and does not write it.
         Family("mistral", "llama", "MistralConfig", dict(sliding_window=4096, head_dim=16)),
+        # files written with general.architecture "mistral" (llama's layout and graph)
+        Family("mistral-arch", "mistral", "MistralConfig", dict(sliding_window=4096, head_dim=16)),
         Family("qwen2", "qwen2", "Qwen2Config", dict(tie_word_embeddings=True)),
         Family("qwen3", "qwen3", "Qwen3Config", dict(head_dim=32)),
         Family(
@@ -348,9 +350,9 @@ def convert(family: Family, cfg: Any, sd: dict[str, np.ndarray]) -> dict[str, np
                 out[f"blk.{il}.ffn_up_exps.weight"] = np.ascontiguousarray(w[:, n_ff:])
                 continue
             gname = _layer_name(arch, rest)
-            if arch == "llama" and rest == "self_attn.q_proj.weight":
+            if arch in ("llama", "mistral") and rest == "self_attn.q_proj.weight":
                 w = _permute(w, nh)
-            elif arch == "llama" and rest == "self_attn.k_proj.weight":
+            elif arch in ("llama", "mistral") and rest == "self_attn.k_proj.weight":
                 w = _permute(w, nkv)
             out[f"blk.{il}.{gname}"] = np.ascontiguousarray(w)
         elif "rotary_emb" in name:

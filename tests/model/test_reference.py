@@ -13,6 +13,10 @@ from llamapy.context import Context, ContextParams
 from llamapy.model import Model
 from tests.util import shared_path
 
+# the architectures these llama.cpp reference cases cover (general.architecture -> reference name);
+# tests/model/test_contract.py requires every registered architecture to have an oracle case
+REFERENCE_ARCHS = {"llama": "smollm2-135m-q4_1", "gemma3": "gemma3-270m-q4_k_m"}
+
 
 def run_prompts(model: Model, z, n_greedy: int) -> tuple[list[np.ndarray], list[list[int]]]:
     prompts = [z[f"p{i}_ids"].tolist() for i in range(6)]

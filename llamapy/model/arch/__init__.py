@@ -3,6 +3,12 @@
 An architecture reads its hyper-parameters, declares its tensors by GGUF name and builds a graph
 from the shared blocks in ``llamapy.model.blocks``. Adding a family is one file plus a line in
 ``_FAMILY_MODULES``.
+
+Per-layer choices are data read through one method each, by the graph and by whatever else needs them:
+rope or none (``Architecture.layer_rope``: the forward graph and the K-shift), dense or MoE
+(``Architecture.layer_moe``), window or global (``HParams.is_swa``: the graph's rope base and the
+cache), head counts and sizes (``HParams.heads``: the graph and the cache). A family changes them by
+overriding the method or by setting the hparams data in ``adjust_hparams``.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import importlib
 
 from ...ggml.tensor import Tensor
-from ..blocks import GraphBuilder, Rope, TensorLoader, Weights, rope_for_layer
+from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, Weights, rope_for_layer
 from ..hparams import HParams, MetaReader, ModelLoadError, read_common
 
 REGISTRY: dict[str, type[Architecture]] = {}
@@ -84,13 +90,19 @@ class Architecture:
         w = self.w.get("output.weight")
         return w if w is not None else self.w["token_embd.weight"]
 
+    # -- per-layer choices -----------------------------------------------------------------------
     def layer_rope(self, il: int, n_ctx: int = 0) -> Rope | None:
-        """Rope of layer ``il`` (also used to re-rotate cached K after a position shift)."""
+        """Rope of layer ``il`` for a context of ``n_ctx`` cells per sequence, None for no rope (NoPE).
+        The one source for the forward graph (``GraphBuilder.attention``) and the K-shift."""
         return rope_for_layer(self.hp, il, freq_factors=self.w.get("rope_freqs.weight"))
 
+    def layer_moe(self, il: int) -> bool:
+        """Whether layer ``il``'s feed-forward is a mixture of experts (else dense)."""
+        return self.hp.n_expert > 0
+
     # -- graph ------------------------------------------------------------------------------------
-    def build(self, g: GraphBuilder) -> Tensor:
-        """Logits F32[n_outputs, n_vocab] of one ubatch (override)."""
+    def build(self, g: GraphBuilder) -> Outputs:
+        """Logits F32[n_outputs, n_vocab] and the normed hidden state of one ubatch (override)."""
         raise NotImplementedError
 
 

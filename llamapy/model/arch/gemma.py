@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ...ggml import ops
-from ...ggml.tensor import Tensor
-from ..blocks import GraphBuilder, TensorLoader, rope_for_layer
+from ..blocks import GraphBuilder, Outputs, TensorLoader
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import Architecture, register
 
@@ -19,14 +17,15 @@ def load_gemma_tensors(arch: Architecture, t: TensorLoader, post_norms: bool, qk
     t("output_norm.weight", (n_embd,))
     t("output.weight", (hp.n_vocab, n_embd), required=False)
     for il in range(hp.n_layer):
+        heads = hp.heads(il)
         t.layer(il, "attn_norm.weight", (n_embd,))
-        t.layer(il, "attn_q.weight", (hp.n_head[il] * hp.n_embd_head_k, n_embd))
+        t.layer(il, "attn_q.weight", (heads.n_head * heads.n_embd_head_k, n_embd))
         t.layer(il, "attn_k.weight", (hp.n_embd_k_gqa(il), n_embd))
         t.layer(il, "attn_v.weight", (hp.n_embd_v_gqa(il), n_embd))
-        t.layer(il, "attn_output.weight", (n_embd, hp.n_head[il] * hp.n_embd_head_v))
+        t.layer(il, "attn_output.weight", (n_embd, heads.n_head * heads.n_embd_head_v))
         if qk_norm:
-            t.layer(il, "attn_q_norm.weight", (hp.n_embd_head_k,))
-            t.layer(il, "attn_k_norm.weight", (hp.n_embd_head_k,))
+            t.layer(il, "attn_q_norm.weight", (heads.n_embd_head_k,))
+            t.layer(il, "attn_k_norm.weight", (heads.n_embd_head_k,))
         t.layer(il, "ffn_norm.weight", (n_embd,))
         t.layer(il, "ffn_gate.weight", (hp.n_ff[il], n_embd))
         t.layer(il, "ffn_up.weight", (hp.n_ff[il], n_embd))
@@ -36,31 +35,23 @@ def load_gemma_tensors(arch: Architecture, t: TensorLoader, post_norms: bool, qk
             t.layer(il, "post_ffw_norm.weight", (n_embd,))
 
 
-def build_gemma(arch: Architecture, g: GraphBuilder, post_norms: bool, qk_norm: bool = False) -> Tensor:
+def build_gemma(arch: Architecture, g: GraphBuilder, post_norms: bool, qk_norm: bool = False) -> Outputs:
     """x = embd * sqrt(n_embd); per layer: [post-normed] attention and GeGLU FFN residuals."""
     hp = arch.hp
+    q_scale, softcap = hp.f_attention_scale, hp.f_attn_logit_softcapping
     x = g.embed(arch.w["token_embd.weight"], scale=math.sqrt(hp.n_embd))
     for il, blk in enumerate(arch.blocks):
-        h = g.build_norm(x, blk["attn_norm.weight"])
-        h = g.attention(
-            h,
-            blk,
-            il,
-            rope_for_layer(hp, il),
-            qk_norm=qk_norm,
-            q_scale=hp.f_attention_scale,
-            kq_scale=1.0,
-            softcap=hp.f_attn_logit_softcapping,
-        )
+        h = g.build_norm(x, blk["attn_norm.weight"], name="attn_norm", il=il)
+        h = g.attention(h, blk, il, qk_norm=qk_norm, q_scale=q_scale, kq_scale=1.0, softcap=softcap)
         if post_norms:
-            h = g.build_norm(h, blk["post_attention_norm.weight"])
+            h = g.build_norm(h, blk["post_attention_norm.weight"], name="attn_post_norm", il=il)
         h, x = g.select_outputs(il, h, x)
-        x = ops.add(x, h)
-        h = g.build_norm(x, blk["ffn_norm.weight"])
-        h = g.build_ffn(h, blk, act="gelu")
+        x = g.cb(x + h, "sa_out", il)
+        h = g.build_norm(x, blk["ffn_norm.weight"], name="ffn_norm", il=il)
+        h = g.build_ffn(h, blk, il, act="gelu")
         if post_norms:
-            h = g.build_norm(h, blk["post_ffw_norm.weight"])
-        x = ops.add(x, h)
+            h = g.build_norm(h, blk["post_ffw_norm.weight"], name="ffn_post_norm", il=il)
+        x = g.cb(x + h, "l_out", il)
     return g.output(
         x, arch.w["output_norm.weight"], arch.output_weight(), softcap=hp.f_final_logit_softcapping
     )
@@ -84,5 +75,5 @@ class Gemma(Architecture):
         load_gemma_tensors(self, t, post_norms=False)
         self._finish_tensors(t)
 
-    def build(self, g: GraphBuilder) -> Tensor:
+    def build(self, g: GraphBuilder) -> Outputs:
         return build_gemma(self, g, post_norms=False)

@@ -3,8 +3,7 @@ layers, then 1 global), two rope bases (local 10000, global from the file) and n
 
 from __future__ import annotations
 
-from ...ggml.tensor import Tensor
-from ..blocks import GraphBuilder, TensorLoader
+from ..blocks import GraphBuilder, Outputs, TensorLoader
 from ..hparams import ROPE_NEOX, HParams, MetaReader, swa_pattern
 from . import Architecture, register
 from .gemma import build_gemma, gemma_attention_scale, load_gemma_tensors
@@ -26,5 +25,5 @@ class Gemma3(Architecture):
         load_gemma_tensors(self, t, post_norms=True, qk_norm=True)
         self._finish_tensors(t)
 
-    def build(self, g: GraphBuilder) -> Tensor:
+    def build(self, g: GraphBuilder) -> Outputs:
         return build_gemma(self, g, post_norms=True, qk_norm=True)

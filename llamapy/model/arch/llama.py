@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from ...ggml import ops
-from ...ggml.tensor import Tensor
-from ..blocks import GraphBuilder, TensorLoader, rope_for_layer
+from ..blocks import GraphBuilder, Outputs, TensorLoader
 from . import Architecture, register
 
 
@@ -19,20 +17,21 @@ def load_dense_tensors(
     t("output.weight", (n_vocab, n_embd), required=False)
     t("rope_freqs.weight", (hp.n_rot // 2,), required=False)
     for il in range(hp.n_layer):
-        nq, nk, nv = hp.n_head[il] * hp.n_embd_head_k, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)
+        heads = hp.heads(il)
+        nq, nk, nv = heads.n_head * heads.n_embd_head_k, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)
         t.layer(il, "attn_norm.weight", (n_embd,))
         t.layer(il, "attn_q.weight", (nq, n_embd))
         t.layer(il, "attn_k.weight", (nk, n_embd))
         t.layer(il, "attn_v.weight", (nv, n_embd))
-        t.layer(il, "attn_output.weight", (n_embd, hp.n_head[il] * hp.n_embd_head_v))
+        t.layer(il, "attn_output.weight", (n_embd, heads.n_head * heads.n_embd_head_v))
         for name, n in (("attn_q.bias", nq), ("attn_k.bias", nk), ("attn_v.bias", nv)):
             t.layer(il, name, (n,), required=biases)
         t.layer(il, "attn_output.bias", (n_embd,), required=False)
         if qk_norm:
-            t.layer(il, "attn_q_norm.weight", (hp.n_embd_head_k,))
-            t.layer(il, "attn_k_norm.weight", (hp.n_embd_head_k,))
+            t.layer(il, "attn_q_norm.weight", (heads.n_embd_head_k,))
+            t.layer(il, "attn_k_norm.weight", (heads.n_embd_head_k,))
         t.layer(il, "ffn_norm.weight", (n_embd,))
-        if hp.n_expert == 0:
+        if not arch.layer_moe(il):
             t.layer(il, "ffn_gate.weight", (hp.n_ff[il], n_embd))
             t.layer(il, "ffn_up.weight", (hp.n_ff[il], n_embd))
             t.layer(il, "ffn_down.weight", (n_embd, hp.n_ff[il]))
@@ -46,19 +45,17 @@ def load_dense_tensors(
 
 def build_dense(
     arch: Architecture, g: GraphBuilder, qk_norm: bool = False, moe_norm_w: bool = False
-) -> Tensor:
+) -> Outputs:
     """Pre-norm decoder: x += attn(rms_norm(x)); x += ffn(rms_norm(x)); logits."""
-    hp = arch.hp
-    freq_factors = arch.w.get("rope_freqs.weight")
     x = g.embed(arch.w["token_embd.weight"])
     for il, blk in enumerate(arch.blocks):
-        h = g.build_norm(x, blk["attn_norm.weight"])
-        h = g.attention(h, blk, il, rope_for_layer(hp, il, freq_factors=freq_factors), qk_norm=qk_norm)
+        h = g.build_norm(x, blk["attn_norm.weight"], name="attn_norm", il=il)
+        h = g.attention(h, blk, il, qk_norm=qk_norm)
         h, x = g.select_outputs(il, h, x)
-        x = ops.add(x, h)
-        h = g.build_norm(x, blk["ffn_norm.weight"])
-        h = g.build_moe_ffn(h, blk, moe_norm_w) if hp.n_expert else g.build_ffn(h, blk, act="silu")
-        x = ops.add(x, h)
+        x = g.cb(x + h, "ffn_inp", il)
+        h = g.build_norm(x, blk["ffn_norm.weight"], name="ffn_norm", il=il)
+        h = g.build_moe_ffn(h, blk, il, moe_norm_w) if arch.layer_moe(il) else g.build_ffn(h, blk, il)
+        x = g.cb(x + h, "l_out", il)
     return g.output(x, arch.w["output_norm.weight"], arch.output_weight())
 
 
@@ -70,5 +67,5 @@ class Llama(Architecture):
         load_dense_tensors(self, t)
         self._finish_tensors(t)
 
-    def build(self, g: GraphBuilder) -> Tensor:
+    def build(self, g: GraphBuilder) -> Outputs:
         return build_dense(self, g)

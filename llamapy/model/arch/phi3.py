@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ...ggml import ops
-from ...ggml.tensor import Tensor
-from ..blocks import GraphBuilder, Rope, TensorLoader, rope_for_layer
+from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, rope_for_layer
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import Architecture, register
 
@@ -30,13 +28,14 @@ class Phi3(Architecture):
         t("rope_factors_long.weight", (hp.n_rot // 2,), required=False)
         t("rope_factors_short.weight", (hp.n_rot // 2,), required=False)
         for il in range(hp.n_layer):
-            nq, nk, nv = hp.n_head[il] * hp.n_embd_head_k, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)
+            heads = hp.heads(il)
+            nq, nk, nv = heads.n_head * heads.n_embd_head_k, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)
             t.layer(il, "attn_norm.weight", (n_embd,))
             if t.layer(il, "attn_qkv.weight", (nq + nk + nv, n_embd), required=False) is None:
                 t.layer(il, "attn_q.weight", (nq, n_embd))
                 t.layer(il, "attn_k.weight", (nk, n_embd))
                 t.layer(il, "attn_v.weight", (nv, n_embd))
-            t.layer(il, "attn_output.weight", (n_embd, hp.n_head[il] * hp.n_embd_head_v))
+            t.layer(il, "attn_output.weight", (n_embd, heads.n_head * heads.n_embd_head_v))
             t.layer(il, "ffn_norm.weight", (n_embd,))
             t.layer(il, "ffn_up.weight", (2 * hp.n_ff[il], n_embd))
             t.layer(il, "ffn_down.weight", (n_embd, hp.n_ff[il]))
@@ -50,17 +49,15 @@ class Phi3(Architecture):
         )
         return rope_for_layer(hp, il, freq_factors=factors)
 
-    def build(self, g: GraphBuilder) -> Tensor:
+    def build(self, g: GraphBuilder) -> Outputs:
         hp = self.hp
         x = g.embed(self.w["token_embd.weight"])
         for il, blk in enumerate(self.blocks):
-            h = g.build_norm(x, blk["attn_norm.weight"])
-            rope = self.layer_rope(il, g.inp.n_ctx)
-            h = g.attention(h, blk, il, rope, q_scale=1.0 / math.sqrt(hp.n_embd_head_k), kq_scale=1.0)
+            h = g.build_norm(x, blk["attn_norm.weight"], name="attn_norm", il=il)
+            q_scale = 1.0 / math.sqrt(hp.heads(il).n_embd_head_k)
+            h = g.attention(h, blk, il, q_scale=q_scale, kq_scale=1.0)
             h, x = g.select_outputs(il, h, x)
-            x = ops.add(x, h)
-            h = g.build_norm(x, blk["ffn_norm.weight"])
-            x = ops.add(x, g.build_ffn(h, blk, act="silu"))
-        logits = g.output(x, self.w["output_norm.weight"], self.output_weight())
-        b = self.w.get("output.bias")
-        return ops.add(logits, b) if b is not None else logits
+            x = g.cb(x + h, "ffn_inp", il)
+            h = g.build_norm(x, blk["ffn_norm.weight"], name="ffn_norm", il=il)
+            x = g.cb(x + g.build_ffn(h, blk, il, act="silu"), "l_out", il)
+        return g.output(x, self.w["output_norm.weight"], self.output_weight(), self.w.get("output.bias"))

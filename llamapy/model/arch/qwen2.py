@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ...ggml.tensor import Tensor
-from ..blocks import GraphBuilder, TensorLoader
+from ..blocks import GraphBuilder, Outputs, TensorLoader
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import Architecture, register
 from .llama import build_dense, load_dense_tensors
@@ -19,5 +18,5 @@ class Qwen2(Architecture):
         load_dense_tensors(self, t, biases=True)
         self._finish_tensors(t)
 
-    def build(self, g: GraphBuilder) -> Tensor:
+    def build(self, g: GraphBuilder) -> Outputs:
         return build_dense(self, g)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ...ggml.tensor import Tensor
-from ..blocks import GraphBuilder, TensorLoader
+from ..blocks import GraphBuilder, Outputs, TensorLoader
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import Architecture, register
 from .llama import build_dense, load_dense_tensors
@@ -20,5 +19,5 @@ class Qwen3(Architecture):
         load_dense_tensors(self, t, qk_norm=True)
         self._finish_tensors(t)
 
-    def build(self, g: GraphBuilder) -> Tensor:
+    def build(self, g: GraphBuilder) -> Outputs:
         return build_dense(self, g, qk_norm=True, moe_norm_w=self.hp.expert_weights_norm)
