@@ -286,15 +286,25 @@ class GraphBuilder:
         blk: Weights,
         il: int,
         *,
-        qk_norm: bool = False,
+        qk_norm: bool | str = False,
         q_scale: float | None = None,
         kq_scale: float | None = None,
         softcap: float = 0.0,
     ) -> Tensor:
-        """The whole attention sub-block: projections, optional q/k RMS norm, the layer's rope
-        (``arch.layer_rope``, as the K-shift; None: no rope), cache, output projection."""
+        """The whole attention sub-block: projections, optional q/k RMS norm (per head, or ``"full"``:
+        over the whole projection, as OLMo 2), the layer's rope (``arch.layer_rope``, as the K-shift;
+        None: no rope), cache, output projection."""
         q, k, v = self.qkv(h, blk, il)
-        if qk_norm:
+        if qk_norm == "full":
+            T = self.inp.n_tokens
+            qn = self.build_norm(
+                ops.reshape(q, (T, -1)), blk["attn_q_norm.weight"], name="Qcur_normed", il=il
+            )
+            kn = self.build_norm(
+                ops.reshape(k, (T, -1)), blk["attn_k_norm.weight"], name="Kcur_normed", il=il
+            )
+            q, k = ops.reshape(qn, q.shape), ops.reshape(kn, k.shape)
+        elif qk_norm:
             q = self.build_norm(q, blk["attn_q_norm.weight"], name="Qcur_normed", il=il)
             k = self.build_norm(k, blk["attn_k_norm.weight"], name="Kcur_normed", il=il)
         rope = self.arch.layer_rope(il, self.inp.n_ctx)
@@ -360,11 +370,14 @@ class GraphBuilder:
         w_out: Tensor,
         b_out: Tensor | None = None,
         softcap: float = 0.0,
+        logit_scale: float = 0.0,
     ) -> Outputs:
         """The final norm (``result_norm``: the embeddings) and the output projection, with an optional
-        bias and final soft-capping (``result_output``: the logits)."""
+        bias, division by ``logit_scale`` (Granite) and final soft-capping (``result_output``: the logits)."""
         x = self.build_norm(x, w_norm, name="result_norm")
         logits = self.mm(w_out, x, b_out)
+        if logit_scale:
+            logits = ops.scale(logits, 1.0 / logit_scale)
         if softcap:
             logits = ops.scale(ops.tanh(ops.scale(logits, 1.0 / softcap)), softcap)
         return Outputs(self.cb(logits, "result_output"), embd=x)

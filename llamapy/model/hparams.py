@@ -147,6 +147,9 @@ class HParams:
     f_attn_logit_softcapping: float = 0.0
     f_final_logit_softcapping: float = 0.0
     f_attention_scale: float = 0.0  # 0: 1/sqrt(n_embd_head_k)
+    f_embedding_scale: float = 0.0  # 0: none (Granite: embeddings x scale)
+    f_residual_scale: float = 0.0  # 0: none (Granite: residual branches x scale)
+    f_logit_scale: float = 0.0  # 0: none (Granite: logits / scale)
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_exp: int = 0

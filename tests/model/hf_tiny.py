@@ -180,6 +180,35 @@ FAMILIES: dict[str, Family] = {
                 },
             ),
         ),
+        # NoPE on every 4th layer (3 here: l_out-3 is compared, the last layer through the logits)
+        Family("smollm3", "smollm3", "SmolLM3Config", dict(num_hidden_layers=5)),
+        Family("olmo2", "olmo2", "Olmo2Config"),
+        # the four multipliers away from 1 (attention 0.5, not 1/sqrt(16)), so each one shows
+        Family(
+            "granite",
+            "granite",
+            "GraniteConfig",
+            dict(
+                embedding_multiplier=3.0,
+                attention_multiplier=0.5,
+                residual_multiplier=0.6,
+                logits_scaling=4.0,
+            ),
+        ),
+        Family(
+            "granitemoe",
+            "granitemoe",
+            "GraniteMoeConfig",
+            dict(
+                intermediate_size=32,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                embedding_multiplier=3.0,
+                attention_multiplier=0.5,
+                residual_multiplier=0.6,
+                logits_scaling=4.0,
+            ),
+        ),
     ]
 }
 
@@ -234,7 +263,7 @@ def load_state_dict(model: torch.nn.Module, sd: dict[str, np.ndarray]) -> None:
 
 
 def _is_router(name: str) -> bool:
-    return name.endswith("mlp.gate.weight") or name.endswith("ffn_gate_inp.weight")
+    return name.endswith(("mlp.gate.weight", "ffn_gate_inp.weight", "block_sparse_moe.router.weight"))
 
 
 def stored_type(name: str, arr: np.ndarray, ftype: GGMLType) -> GGMLType:
@@ -291,6 +320,8 @@ _LAYER_MAP = {
     "mlp.gate_up_proj.weight": "ffn_up.weight",  # phi3: fused [gate; up]
     "mlp.gate.weight": "ffn_gate_inp.weight",
     "mlp.experts.down_proj": "ffn_down_exps.weight",
+    "block_sparse_moe.router.weight": "ffn_gate_inp.weight",  # granitemoe
+    "block_sparse_moe.experts.down_proj": "ffn_down_exps.weight",
     "pre_feedforward_layernorm.weight": "ffn_norm.weight",
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
@@ -298,8 +329,9 @@ _LAYER_MAP = {
 
 def _layer_name(arch: str, rest: str) -> str:
     if rest == "post_attention_layernorm.weight":
-        # gemma2/3 have four norms per layer; the others call their pre-FFN norm post_attention
-        return "post_attention_norm.weight" if arch in ("gemma2", "gemma3") else "ffn_norm.weight"
+        # gemma2/3 have four norms per layer and olmo2 post-norms; the others call their pre-FFN norm
+        # post_attention
+        return "post_attention_norm.weight" if arch in ("gemma2", "gemma3", "olmo2") else "ffn_norm.weight"
     if rest not in _LAYER_MAP:
         raise KeyError(f"no GGUF name for HF tensor {rest!r} ({arch})")
     return _LAYER_MAP[rest]
@@ -327,6 +359,11 @@ def llama3_rope_factors(cfg: Any) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
+# archs converted by LlamaModel (or a subclass: SmolLM3Model, GraniteModel, GraniteMoeModel), which
+# permutes q/k rows for ggml's normal rope
+_PERMUTED = ("llama", "mistral", "smollm3", "granite", "granitemoe")
+
+
 def convert(family: Family, cfg: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """GGUF-named float32 tensors (NumPy order) from an HF state dict."""
     arch = family.arch
@@ -344,15 +381,15 @@ def convert(family: Family, cfg: Any, sd: dict[str, np.ndarray]) -> dict[str, np
             out["output_norm.weight"] = w
         elif name.startswith("model.layers."):
             il, rest = name[len("model.layers.") :].split(".", 1)
-            if rest == "mlp.experts.gate_up_proj":  # [E, 2 n_ff, n_embd]: gate first
+            if rest.endswith("experts.gate_up_proj"):  # [E, 2 n_ff, n_embd]: gate first
                 n_ff = w.shape[1] // 2
                 out[f"blk.{il}.ffn_gate_exps.weight"] = np.ascontiguousarray(w[:, :n_ff])
                 out[f"blk.{il}.ffn_up_exps.weight"] = np.ascontiguousarray(w[:, n_ff:])
                 continue
             gname = _layer_name(arch, rest)
-            if arch in ("llama", "mistral") and rest == "self_attn.q_proj.weight":
+            if arch in _PERMUTED and rest == "self_attn.q_proj.weight":
                 w = _permute(w, nh)
-            elif arch in ("llama", "mistral") and rest == "self_attn.k_proj.weight":
+            elif arch in _PERMUTED and rest == "self_attn.k_proj.weight":
                 w = _permute(w, nkv)
             out[f"blk.{il}.{gname}"] = np.ascontiguousarray(w)
         elif "rotary_emb" in name:
@@ -399,6 +436,14 @@ def metadata(family: Family, cfg: Any, ftype: GGMLType) -> dict[str, Any]:
         md[f"{a}.expert_count"] = cfg.num_experts
         md[f"{a}.expert_used_count"] = cfg.num_experts_per_tok
         md[f"{a}.expert_feed_forward_length"] = cfg.moe_intermediate_size
+    if a in ("granite", "granitemoe"):  # GraniteModel.set_gguf_parameters: *_multiplier -> *_scale
+        md[f"{a}.attention.scale"] = float(cfg.attention_multiplier)
+        md[f"{a}.embedding_scale"] = float(cfg.embedding_multiplier)
+        md[f"{a}.residual_scale"] = float(cfg.residual_multiplier)
+        md[f"{a}.logit_scale"] = float(cfg.logits_scaling)
+    if a == "granitemoe":
+        md[f"{a}.expert_count"] = cfg.num_local_experts
+        md[f"{a}.expert_used_count"] = cfg.num_experts_per_tok
     if a in ("gemma2", "gemma3"):
         md[f"{a}.attention.sliding_window"] = cfg.sliding_window
     if a == "gemma2":

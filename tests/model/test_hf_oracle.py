@@ -219,7 +219,7 @@ def test_file_stores_the_effective_weights(tiny: Callable[[str], TinyModel], fty
     """What llamapy reads back is bit-for-bit the converted weights the oracle runs (re-quantizing an
     already quantized tensor is exact), with llama.cpp's types: matrices in the file type, norms,
     biases, the MoE router and rope factors in F32."""
-    for name in ("llama3", "qwen3moe", "gemma2", "phi3"):
+    for name in ("llama3", "qwen3moe", "gemma2", "phi3", "granitemoe"):
         tm = tiny(name)
         path = tm.write(ftype)
         expected = tm.tensors[ftype]
@@ -317,6 +317,16 @@ MUTATIONS: dict[str, tuple[str, Callable[[dict[str, Any], dict[str, np.ndarray]]
     "phi3-fused-ffn-swapped": ("phi3", _swap_fused_ffn),
     "phi3-longrope-long-factors-at-short-context": ("phi3-longrope", _swap_longrope),
     "gemma3-linear-unscaled": ("gemma3-linear", _set("gemma3.rope.scaling.factor", 1.0)),
+    "olmo2-no-post-norm-weights": (
+        "olmo2",
+        _fill(("post_attention_norm.weight", "post_ffw_norm.weight"), 1.0),
+    ),
+    "olmo2-no-qk-norm-weight": ("olmo2", _fill(("attn_q_norm.weight", "attn_k_norm.weight"), 1.0)),
+    "granite-default-attention-scale": ("granite", _set("granite.attention.scale", 0.0)),
+    "granite-no-embedding-scale": ("granite", _set("granite.embedding_scale", 1.0)),
+    "granite-no-residual-scale": ("granite", _set("granite.residual_scale", 1.0)),
+    "granite-no-logit-scale": ("granite", _set("granite.logit_scale", 1.0)),
+    "granitemoe-one-expert": ("granitemoe", _set("granitemoe.expert_used_count", 1)),
 }
 
 
@@ -334,3 +344,18 @@ def test_mutation_is_detected(tiny: Callable[[str], TinyModel], mutation: str) -
     err = _rel(_llamapy_logits(path, tokens), tm.logits(tokens, GGMLType.F32))
     print(f"{mutation}: rel {err:.2e}")
     assert err > MUTATION_MIN, f"{mutation}: the broken file still matches HF (rel {err:.2e})"
+
+
+def test_smollm3_nope_layers_are_needed(tiny: Callable[[str], TinyModel]) -> None:
+    """SmolLM3's file carries no NoPE key (llama.cpp fixes every 4th layer): the same file run with
+    rope on every layer (plain LLaMA's ``layer_rope``) misses HF by far."""
+    from llamapy.model.arch.llama import Llama
+
+    tm = tiny("smollm3")
+    tokens = _tokens("smollm3")
+    ctx = _context(tm.write(GGMLType.F32))
+    ctx.model.impl.__class__ = Llama
+    ctx.decode(Batch.from_tokens(tokens, logits_all=True))
+    err = _rel(ctx.get_logits(), tm.logits(tokens, GGMLType.F32))
+    print(f"smollm3 with rope on every layer: rel {err:.2e}")
+    assert err > MUTATION_MIN

@@ -32,6 +32,10 @@ _FAMILY_MODULES = {
     "gemma2": "gemma2",
     "gemma3": "gemma3",
     "phi3": "phi3",
+    "smollm3": "smollm3",
+    "olmo2": "olmo2",
+    "granite": "granite",
+    "granitemoe": "granite",
 }
 
 

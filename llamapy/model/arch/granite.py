@@ -1,0 +1,37 @@
+"""Granite (3.x dense) and Granite MoE: LLaMA's layout with four scalar multipliers: embeddings x
+embedding_scale, attention scores x attention.scale (instead of 1/sqrt(head size)), each residual
+branch x residual_scale, logits / logit_scale. The MoE routes by softmax over the top-k logits."""
+
+from __future__ import annotations
+
+from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hparams import HParams, MetaReader
+from . import Architecture, register
+from .llama import build_dense, load_dense_tensors
+
+
+@register("granite", "granitemoe")
+class Granite(Architecture):
+    @classmethod
+    def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
+        hp.f_embedding_scale = md.f32("embedding_scale", 0.0)
+        hp.f_attention_scale = md.f32("attention.scale", 0.0)
+        hp.f_residual_scale = md.f32("residual_scale", 0.0)
+        hp.f_logit_scale = md.f32("logit_scale", required=True)
+        hp.expert_weights_norm = True
+
+    def load_tensors(self, t: TensorLoader) -> None:
+        load_dense_tensors(self, t)
+        self._finish_tensors(t)
+
+    def build(self, g: GraphBuilder) -> Outputs:
+        hp = self.hp
+        return build_dense(
+            self,
+            g,
+            moe_norm_w=hp.expert_weights_norm,
+            embd_scale=hp.f_embedding_scale or None,
+            kq_scale=hp.f_attention_scale or None,
+            residual_scale=hp.f_residual_scale or None,
+            logit_scale=hp.f_logit_scale,
+        )

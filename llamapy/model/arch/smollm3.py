@@ -1,0 +1,15 @@
+"""SmolLM3: LLaMA's layout and graph with no rope (NoPE) on every 4th layer."""
+
+from __future__ import annotations
+
+from ..blocks import Rope
+from . import register
+from .llama import Llama
+
+
+@register("smollm3")
+class SmolLM3(Llama):
+    no_rope_layer_step = 4  # llama.cpp's n_no_rope_layer_step (the files carry no key for it)
+
+    def layer_rope(self, il: int, n_ctx: int = 0) -> Rope | None:
+        return None if (il + 1) % self.no_rope_layer_step == 0 else super().layer_rope(il, n_ctx)
