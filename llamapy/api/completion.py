@@ -13,6 +13,7 @@ import numpy as np
 from ..generation import ContextFullError, GenerationParams, Step, generate
 from ..sampling.logprobs import log_softmax, top_logprobs
 from .common import LogitsProcessor, StoppingCriteria, UnsupportedError
+from .infill import FimError, FimTokens, assemble
 
 
 class CompletionMixin:
@@ -28,15 +29,12 @@ class CompletionMixin:
             pre = [int(t) for t in prompt]
         if suffix is None:
             return pre if pre else [v.bos] if v.bos >= 0 else pre
-        if min(v.fim_pre, v.fim_suf, v.fim_mid) < 0:
-            raise UnsupportedError(
-                f"{self.model_path}: the model has no fill-in-the-middle tokens for suffix="
-            )
+        try:
+            fim = FimTokens.of(v, str(self.model_path))
+        except FimError as e:
+            raise UnsupportedError(f"{e}: suffix= needs them") from None
         suf = self.tokenize(suffix.encode("utf-8"), add_bos=False, special=False)
-        bos = [v.bos] if v.add_bos and v.bos >= 0 else []
-        if self.spm_infill:
-            return bos + [v.fim_suf] + suf + [v.fim_pre] + pre + [v.fim_mid]
-        return bos + [v.fim_pre] + pre + [v.fim_suf] + suf + [v.fim_mid]
+        return assemble(fim, pre, suf, spm_infill=self.spm_infill)
 
     def _top_logprobs(self, logprobs: np.ndarray, token: int, n: int) -> dict[str, float]:
         out = {self._piece_text(i): v for i, v in top_logprobs(logprobs, n)}

@@ -43,6 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics", action="store_true", help="expose Prometheus metrics at /metrics")
     p.add_argument("--no-slots", action="store_true", help="do not expose /slots")
     p.add_argument("--slots-verbose", action="store_true", help="include prompt and cached text in /slots")
+    p.add_argument(
+        "--slot-save-path",
+        default=None,
+        help="folder for POST /slots/{id}?action=save|restore|erase (default: slot actions disabled)",
+    )
     p.add_argument("--max-body-size", type=_positive, default=8 << 20, help="largest request body in bytes")
     p.add_argument(
         "-n", "--n-predict", type=int, default=-1, help="default max tokens per answer (-1: no limit)"
@@ -92,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     from ..server.backend import ContextBackend
     from ..server.params import Defaults
 
+    if args.slot_save_path and not Path(args.slot_save_path).is_dir():
+        print(f"llamapy serve: --slot-save-path {args.slot_save_path}: not a folder", file=sys.stderr)
+        return 2
     template = Path(args.chat_template_file).read_text(encoding="utf-8") if args.chat_template_file else None
     template = template if template is not None else args.chat_template
     if template is not None:  # a bad template is a startup error, not a 500 on every chat request
@@ -118,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         metrics=args.metrics,
         slots=not args.no_slots,
         slots_verbose=args.slots_verbose,
+        slot_save_path=args.slot_save_path,
         max_body_bytes=args.max_body_size,
         n_batch=args.batch_size,
         defaults=defaults,

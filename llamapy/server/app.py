@@ -28,9 +28,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from . import params as P
 from .backend import Backend
+from .choices import choice_params, generate_n
 from .engine import Engine, Event, GenParams, Task
 from .errors import APIError, bad_request
 from .formats import SSE_DONE, ChatFormatter, CompletionFormatter, NativeFormatter, sse
+from .infill import infill_tokens, suffix_tokens
 from .metrics import Metrics
 from .schemas import (
     ApplyTemplateRequest,
@@ -38,6 +40,7 @@ from .schemas import (
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
+    InfillRequest,
     NativeCompletionRequest,
     TokenizeRequest,
     parse_json,
@@ -56,6 +59,7 @@ class ServerSettings:
     metrics: bool = False
     slots: bool = True
     slots_verbose: bool = False
+    slot_save_path: str | None = None  # --slot-save-path: enables POST /slots/{id}?action=...
     max_body_bytes: int = 8 << 20
     n_batch: int | None = None  # tokens per engine step (default: the backend's n_batch)
     defaults: P.Defaults = field(default_factory=P.Defaults)
@@ -201,6 +205,15 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         engine, _ = state.ready()
         return engine.slots_info(verbose=s.slots_verbose)
 
+    @app.post("/slots/{id_slot}")
+    async def slot_action(id_slot: str, request: Request) -> dict[str, Any]:
+        from .slots import slot_action
+
+        engine, _ = state.ready()
+        raw = await request.body()
+        body = parse_json(raw) if raw.strip() else {}
+        return await slot_action(engine, s.slot_save_path, id_slot, request.query_params.get("action"), body)
+
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         if not s.metrics:
@@ -249,7 +262,13 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         n_predict, name = req.max_tokens, "max_tokens"
         if req.max_completion_tokens is not None:
             n_predict, name = req.max_completion_tokens, "max_completion_tokens"
-        tokens, gp = await chat_inputs(req, state, n_predict, name)
+        tokens, gp = await chat_inputs(req, state, n_predict, name, n_allowed=True)
+        n = P.n_choices(req)
+        if n > 1:
+            fmts = [ChatFormatter(s.model_id, bool(req.logprobs)) for _ in range(n)]
+            return await generate_n(
+                request, engine, tokens, choice_params(gp, n), fmts, req.stream, _include_usage(req)
+            )
         fmt = ChatFormatter(s.model_id, bool(req.logprobs))
         return await _generate(request, engine, tokens, gp, fmt, req.stream, _include_usage(req))
 
@@ -272,12 +291,21 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         if req.logprobs is not None:
             gp.logprobs, gp.n_probs = True, req.logprobs
         gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
-        tokens = await run_in_threadpool(P.tokenize_prompt, req.prompt, backend)
+        if req.suffix is not None:  # fill-in-the-middle: the prompt is the prefix
+            args = (req.prompt, req.suffix, backend, engine.n_batch, engine.n_ctx_slot, n_predict)
+            tokens = await run_in_threadpool(suffix_tokens, *args)
+        else:
+            tokens = await run_in_threadpool(P.tokenize_prompt, req.prompt, backend)
         echo = ""
         if req.echo:
             echo = req.prompt if isinstance(req.prompt, str) else backend.detokenize(tokens)
-        fmt = CompletionFormatter(s.model_id, req.logprobs is not None, echo)
-        return await _generate(request, engine, tokens, gp, fmt, req.stream, _include_usage(req))
+        n = P.n_choices(req)
+        fmts = [CompletionFormatter(s.model_id, req.logprobs is not None, echo) for _ in range(n)]
+        if n > 1:
+            return await generate_n(
+                request, engine, tokens, choice_params(gp, n), fmts, req.stream, _include_usage(req)
+            )
+        return await _generate(request, engine, tokens, gp, fmts[0], req.stream, _include_usage(req))
 
     @app.post("/completion")
     @app.post("/completions")
@@ -285,12 +313,29 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         engine, backend = state.ready()
         _no_completions(backend)
         req: NativeCompletionRequest = await _body(request, NativeCompletionRequest)
+        P.n_choices(req, allowed=False)
         n_predict = P.native_n_predict(req, engine.n_ctx_slot, s.defaults)
         gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel)
         gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
         tokens = await run_in_threadpool(P.tokenize_prompt, req.prompt, backend)
         prompt_text = req.prompt if isinstance(req.prompt, str) else backend.detokenize(tokens)
         settings = _settings_dict(gp.sampling, gp.n_predict) | {"stop": gp.stop, "n_probs": gp.n_probs}
+        fmt = NativeFormatter(s.model_id, prompt_text, settings, gp.n_probs, req.return_tokens)
+        return await _generate(request, engine, tokens, gp, fmt, req.stream, False, done_marker=False)
+
+    @app.post("/infill")
+    async def infill(request: Request) -> Any:
+        engine, backend = state.ready()
+        _no_completions(backend)
+        req: InfillRequest = await _body(request, InfillRequest)
+        P.n_choices(req, allowed=False)
+        n_predict = P.native_n_predict(req, engine.n_ctx_slot, s.defaults)
+        gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel)
+        gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
+        args = (req, backend, engine.n_batch, engine.n_ctx_slot, n_predict)
+        tokens = await run_in_threadpool(infill_tokens, *args)
+        settings = _settings_dict(gp.sampling, gp.n_predict) | {"stop": gp.stop, "n_probs": gp.n_probs}
+        prompt_text = backend.detokenize(tokens)
         fmt = NativeFormatter(s.model_id, prompt_text, settings, gp.n_probs, req.return_tokens)
         return await _generate(request, engine, tokens, gp, fmt, req.stream, False, done_marker=False)
 
@@ -348,13 +393,19 @@ def _routes(app: FastAPI, state: ServerState) -> None:
 
 
 async def chat_inputs(
-    req: ChatCompletionRequest, state: ServerState, n_predict: int | None, n_predict_name: str
+    req: ChatCompletionRequest,
+    state: ServerState,
+    n_predict: int | None,
+    n_predict_name: str,
+    n_allowed: bool = False,
 ) -> tuple[list[int], GenParams]:
     """A validated chat request -> its prompt tokens and :class:`GenParams` (planned: template, tools,
-    grammar, parser); shared by chat completions and the Responses and Messages APIs."""
+    grammar, parser); shared by chat completions and the Responses and Messages APIs (``n_allowed``:
+    chat completions only, which answers ``n > 1`` itself)."""
     engine, backend = state.ready()
     s = state.settings
     P.check_unsupported(req)
+    P.n_choices(req, allowed=n_allowed)
     n = P.n_predict_from(
         n_predict, n_predict_name, engine.n_ctx_slot, s.defaults.n_predict, allow_unlimited=False
     )
@@ -436,10 +487,16 @@ async def _watch_disconnect(request: Request, stream: _Stream) -> None:
 
 
 async def _collect(
-    request: Request, engine: Engine, tokens: list[int], gp: GenParams, kind: str = "completion"
+    request: Request,
+    engine: Engine,
+    tokens: list[int],
+    gp: GenParams,
+    kind: str = "completion",
+    st: _Stream | None = None,
 ):
-    st = _Stream(engine, tokens, gp, kind)
-    st.start()
+    if st is None:
+        st = _Stream(engine, tokens, gp, kind)
+        st.start()
     watcher = asyncio.create_task(_watch_disconnect(request, st))
     try:
         text, probs, tokens = [], [], []

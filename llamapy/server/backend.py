@@ -36,12 +36,32 @@ class Backend(Protocol):
 
     def embeddings_seq(self, seq: int) -> np.ndarray: ...
     def seq_rm(self, seq: int, p0: int, p1: int) -> bool: ...
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Make ``dst`` share ``src``'s cells at positions [p0, p1) (``dst`` is empty there)."""
+        ...
+
     @property
     def chat_template(self) -> Any:
         """The :class:`llamapy.vocab.chat_template.ChatTemplate` chat requests are rendered with."""
         ...
 
     def info(self) -> dict[str, Any]: ...
+
+    def fim_tokens(self) -> Any:
+        """The :class:`llamapy.api.infill.FimTokens` of the vocabulary (``FimError`` without them)."""
+        ...
+
+    def state_seq_get(self, seq: int) -> bytes:
+        """Sequence ``seq``'s KV state, as :meth:`state_seq_set` reads it back."""
+        ...
+
+    def state_seq_set(self, data: bytes, seq: int) -> int:
+        """Replace sequence ``seq``'s KV state by ``data``; return the bytes read (raises if invalid)."""
+        ...
+
+    def identity(self) -> dict[str, Any]:
+        """What a saved slot file must match to be restored here (model file name and size)."""
+        ...
 
 
 class ContextBackend:
@@ -121,9 +141,30 @@ class ContextBackend:
     def seq_rm(self, seq: int, p0: int, p1: int) -> bool:
         return bool(self.ctx.memory.seq_rm(seq, p0, p1))
 
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        self.ctx.memory.seq_cp(src, dst, p0, p1)
+
     @property
     def chat_template(self) -> Any:
         return self._template
+
+    def fim_tokens(self) -> Any:
+        from ..api.infill import FimTokens
+
+        return FimTokens.of(self.vocab, Path(self.model_path).name)
+
+    def state_seq_get(self, seq: int) -> bytes:
+        return bytes(self.ctx.state_seq_get_data(seq))
+
+    def state_seq_set(self, data: bytes, seq: int) -> int:
+        return int(self.ctx.state_seq_set_data(data, seq))
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "file": Path(self.model_path).name,
+            "size": os.path.getsize(self.model_path),
+            "n_vocab": self.n_vocab,
+        }
 
     def info(self) -> dict[str, Any]:
         m = self.model

@@ -9,7 +9,10 @@ the KV cache after a request; a new request goes to the idle slot whose cached t
 prefix with its prompt, and only the rest of the prompt is evaluated.
 
 Request handlers talk to the engine with :meth:`Engine.submit` (a :class:`Task` with a thread-safe
-``sink`` that receives :class:`Event` objects) and :meth:`Engine.cancel`.
+``sink`` that receives :class:`Event` objects) and :meth:`Engine.cancel`; :meth:`Engine.call` runs a
+function on the engine thread between two steps (slot save/restore/erase). The choices of an ``n > 1``
+request are tasks whose ``leader`` is the first one: they wait for its prompt, then share its KV cells
+(``seq_cp``) and sample their first token from its last prompt logits.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -98,6 +102,13 @@ class Task:
     id: int = field(default_factory=lambda: next(_ids))
     cancelled: bool = False
     t_submit: float = field(default_factory=time.perf_counter)
+    # n > 1: a follower starts from its leader's evaluated prompt (seq_cp of its KV and a copy of the
+    # prompt's last logits) instead of evaluating the same prompt again
+    leader: Task | None = None
+    share_prompt: bool = False  # this task is a leader: keep its prompt's logits for the followers
+    prompt_logits: np.ndarray | None = None
+    prompt_slot: int = -1
+    finished: bool = False
 
 
 class SlotState(Enum):
@@ -137,6 +148,7 @@ class Engine:
         self._cond = threading.Condition()
         self._incoming: deque[Task] = deque()
         self._deferred: deque[Task] = deque()
+        self._calls: deque[tuple[Callable[[Engine], Any], Future]] = deque()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="llamapy-engine", daemon=True)
 
@@ -166,6 +178,18 @@ class Engine:
         task.cancelled = True
         with self._cond:
             self._cond.notify_all()
+
+    def call(self, fn: Callable[[Engine], Any]) -> Future:
+        """Run ``fn(engine)`` on the engine thread between two steps (never during a decode); the
+        future holds its result or exception (slot save/restore/erase use this)."""
+        fut: Future = Future()
+        with self._cond:
+            if self._stopping:
+                fut.set_exception(APIError(503, "the server is shutting down"))
+                return fut
+            self._calls.append((fn, fut))
+            self._cond.notify_all()
+        return fut
 
     def slots_info(self, verbose: bool = False) -> list[dict[str, Any]]:
         out = []
@@ -197,12 +221,19 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self._incoming and not self._has_work():
+                while not self._stopping and not self._incoming and not self._calls and not self._has_work():
                     self._cond.wait()
                 if self._stopping:
                     break
                 self._deferred.extend(self._incoming)
                 self._incoming.clear()
+                calls = list(self._calls)
+                self._calls.clear()
+            for fn, fut in calls:
+                try:
+                    fut.set_result(fn(self))
+                except BaseException as e:
+                    fut.set_exception(e)
             try:
                 self._step()
             except Exception as e:  # never let one bad step kill the server
@@ -217,6 +248,11 @@ class Engine:
                 self._fail(s, APIError(503, "the server is shutting down"))
         for t in list(self._deferred) + list(self._incoming):
             self._send(t, Event(done=True, error=APIError(503, "the server is shutting down")))
+        with self._cond:
+            calls = list(self._calls)
+            self._calls.clear()
+        for _, fut in calls:
+            fut.set_exception(APIError(503, "the server is shutting down"))
 
     def _has_work(self) -> bool:
         if any(s.task is not None for s in self.slots):
@@ -288,6 +324,9 @@ class Engine:
         for row, s in enumerate(sample_slots):
             if s.task is None:
                 continue
+            t = s.task
+            if t.share_prompt and t.prompt_logits is None and s.state is SlotState.PROMPT:
+                t.prompt_logits, t.prompt_slot = np.array(logits[row], dtype=np.float32), s.id
             try:
                 self._sample(s, logits[row])
             except Exception as e:
@@ -298,6 +337,9 @@ class Engine:
 
     def _assign(self) -> None:
         for task in list(self._deferred):
+            lead = task.leader
+            if lead is not None and not (lead.prompt_logits is not None or lead.finished or lead.cancelled):
+                continue  # wait for the leader's prompt (a leader that failed: evaluate it here)
             slot = self._pick_slot(task)
             if slot is None:
                 if task.params.id_slot < 0:
@@ -350,6 +392,36 @@ class Engine:
             except Exception as e:
                 self._fail(s, APIError(400, f"invalid sampling parameters: {e}"))
                 return
+            if task.leader is not None and self._share_prompt(s, task):
+                lead = task.leader
+                assert lead.prompt_logits is not None
+                self._sample(s, lead.prompt_logits.copy())
+
+    def _share_prompt(self, s: Slot, task: Task) -> bool:
+        """Start ``task`` in slot ``s`` from its leader's evaluated prompt: the prompt's KV cells are
+        shared with ``seq_cp`` (no copy of the data) and the first token is sampled from the leader's
+        last prompt logits. False (evaluate the prompt as usual) when the leader's slot no longer holds
+        the prompt, or ``s`` is that slot."""
+        lead = task.leader
+        assert lead is not None
+        if lead.prompt_logits is None or lead.prompt_slot in (-1, s.id):
+            return False
+        src, n = self.slots[lead.prompt_slot], len(task.prompt)
+        if src.cache[:n] != task.prompt:
+            return False
+        try:
+            self.backend.seq_rm(s.id, -1, -1)
+            s.cache.clear()
+            self.backend.seq_cp(src.id, s.id, 0, n)
+        except Exception:
+            log.exception("seq_cp failed: evaluating the prompt in slot %d instead", s.id)
+            self.backend.seq_rm(s.id, -1, -1)
+            s.cache.clear()
+            s.n_cached = 0
+            return False
+        s.cache[:] = task.prompt
+        s.n_cached = n
+        return True
 
     def _generation(self, p: GenParams, n_ctx: int) -> Generation:
         b = self.backend
@@ -462,6 +534,8 @@ class Engine:
 
     def _release(self, s: Slot) -> None:
         # the KV cache keeps what was decoded (even half a prompt): s.cache lists exactly that
+        if s.task is not None:
+            s.task.finished = True
         s.task = None
         s.state = SlotState.IDLE
         s.last_used = time.perf_counter()

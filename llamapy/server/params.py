@@ -35,13 +35,24 @@ def check_unsupported(req: SamplingFields) -> None:
     for name in _UNSUPPORTED_FIELDS:
         if extra.get(name) not in (None, "", [], {}, False):
             raise not_supported(f"'{name}' (give 'tools' or 'grammar' instead)", param=name)
-    if req.n is not None and req.n != 1:
-        raise not_supported(f"n={req.n} (several choices per request); use n=1", param="n")
+    n_choices(req)
     if isinstance(req, CompletionRequest):
-        if req.suffix:
-            raise not_supported("'suffix' (fill-in-the-middle)", param="suffix")
         if req.best_of not in (None, 1):
             raise not_supported(f"best_of={req.best_of}", param="best_of")
+
+
+MAX_CHOICES = 16
+
+
+def n_choices(req: SamplingFields, allowed: bool = True) -> int:
+    """The request's ``n`` (1 when absent): 1 to :data:`MAX_CHOICES`; ``allowed=False``: only 1."""
+    if req.n is None:
+        return 1
+    if not allowed and req.n != 1:
+        raise not_supported(f"n={req.n} (several choices) on this endpoint; use n=1", param="n")
+    if not 1 <= req.n <= MAX_CHOICES:
+        raise bad_request(f"'n' must be between 1 and {MAX_CHOICES}, got {req.n}", "n")
+    return req.n
 
 
 def _grammar_error(e: Exception, param: str) -> APIError:

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI and llama.cpp endpoints, validated strictly (wrong types -> 400).
 
 Unknown fields are accepted and ignored (clients send many), except the ones that would change the
-answer and that llamapy cannot honour yet (``n > 1``, ``grammar_triggers`` ...): those are refused by
+answer and that llamapy cannot honour yet (``grammar_triggers``, ``best_of`` ...): those are refused by
 :mod:`llamapy.server.params` with a 400 "not supported yet".
 """
 
@@ -122,6 +122,20 @@ class NativeCompletionRequest(SamplingFields):
     n_predict: int | None = None
     n_keep: int | None = None
     return_tokens: bool = False
+
+
+class InfillChunk(_Body):
+    text: str = ""
+    filename: str = "tmp"
+
+
+class InfillRequest(NativeCompletionRequest):
+    """llama.cpp's ``/infill`` body: ``/completion``'s fields plus the fill-in-the-middle parts."""
+
+    prompt: str = ""
+    input_prefix: str | list[int | str]
+    input_suffix: str | list[int | str]
+    input_extra: list[InfillChunk] = Field(default_factory=list, max_length=1024)
 
 
 class EmbeddingRequest(_Body):

@@ -1,6 +1,8 @@
 """A tiny deterministic stand-in for the model, implementing llamapy.server.backend.Backend.
 
-Tokens 0..255 are bytes, 256 is BOS and 257 EOS. The "model" keeps a real per-sequence KV list and
+Tokens 0..255 are bytes, 256 is BOS and 257 EOS; 258..263 are the fill-in-the-middle tokens
+(prefix, suffix, middle, pad, repo, file separator), declared only with ``fim=True`` (``fim="basic"``:
+prefix/suffix/middle only). The "model" keeps a real per-sequence KV list and
 checks positions like a KV cache would, so the engine's cache bookkeeping is tested for real: after a
 sequence s the next token is s[len(s) // 2] (BOS counts as "a"), and after "!" it is EOS.
 """
@@ -14,7 +16,18 @@ from typing import Any
 
 import numpy as np
 
-BOS, EOS, N_VOCAB = 256, 257, 258
+BOS, EOS, N_VOCAB = 256, 257, 258  # without FIM tokens
+N_VOCAB_FIM = 264
+FIM_PRE, FIM_SUF, FIM_MID, FIM_PAD, FIM_REP, FIM_SEP = range(258, 264)
+FIM_TEXT = {
+    FIM_PRE: b"<PRE>",
+    FIM_SUF: b"<SUF>",
+    FIM_MID: b"<MID>",
+    FIM_PAD: b"<PAD>",
+    FIM_REP: b"<REPO>",
+    FIM_SEP: b"<SEP>",
+}
+STATE_MAGIC = b"FAKEKV1\0"
 FAIL_BYTE = 7  # a batch containing this byte makes decode raise
 FAKE_TEMPLATE = (
     "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
@@ -42,14 +55,26 @@ def reference(prompt: Sequence[int], n: int) -> list[int]:
 
 
 class FakeBackend:
-    def __init__(self, n_ctx: int = 256, n_seq_max: int = 2, n_batch: int = 64, delay: float = 0.0) -> None:
-        self.model_path = "/models/fake.gguf"
+    def __init__(
+        self,
+        n_ctx: int = 256,
+        n_seq_max: int = 2,
+        n_batch: int = 64,
+        delay: float = 0.0,
+        fim: bool | str = False,
+        model_path: str = "/models/fake.gguf",
+    ) -> None:
+        self.model_path = model_path
+        self.fim = fim
         self.n_ctx, self.n_seq_max, self.n_batch, self.n_vocab = n_ctx, n_seq_max, n_batch, N_VOCAB
+        if fim:
+            self.n_vocab = N_VOCAB_FIM
         self.embeddings = False
         self.delay = delay
         self.kv: dict[int, list[int]] = {i: [] for i in range(n_seq_max)}
         self.batches: list[list[tuple[int, int]]] = []  # per decode: (seq, n_tokens) pairs
         self.thread_ids: set[int] = set()
+        self.n_seq_cp = 0  # prompts shared between slots (n > 1)
         self.lock = threading.Lock()
 
     # vocabulary
@@ -65,6 +90,8 @@ class FakeBackend:
         return out + list(text.encode())
 
     def token_to_piece(self, token: int, special: bool = False) -> bytes:
+        if token in FIM_TEXT:
+            return FIM_TEXT[token] if special else b""
         if token >= 256:
             return (b"<s>" if token == BOS else b"</s>") if special else b""
         return bytes([token])
@@ -93,14 +120,14 @@ class FakeBackend:
                 kv.append(int(t))
                 assert sum(len(v) for v in self.kv.values()) <= self.n_ctx, "KV cache overflow"
                 if o:
-                    z = np.zeros(N_VOCAB, np.float32)
+                    z = np.zeros(self.n_vocab, np.float32)
                     z[next_token(kv)] = 10.0
                     rows.append(z)
             counts: dict[int, int] = {}
             for s in seq_ids:
                 counts[s] = counts.get(s, 0) + 1
             self.batches.append(sorted(counts.items()))
-        return np.stack(rows) if rows else np.zeros((0, N_VOCAB), np.float32)
+        return np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)
 
     def embeddings_seq(self, seq: int) -> np.ndarray:
         v = np.bincount(np.array(self.kv[seq]) % 8, minlength=8).astype(np.float32)
@@ -114,6 +141,44 @@ class FakeBackend:
             return True
         return False  # holes are not supported by this fake
 
+    def fim_tokens(self):
+        from llamapy.api.infill import FimError, FimTokens
+
+        if not self.fim:
+            raise FimError("fake.gguf has no fill-in-the-middle tokens")
+        full = self.fim is True
+        return FimTokens(
+            FIM_PRE, FIM_SUF, FIM_MID, FIM_REP if full else -1, FIM_SEP if full else -1, BOS, True
+        )
+
+    def state_seq_get(self, seq: int) -> bytes:
+        with self.lock:
+            kv = np.asarray(self.kv[seq], dtype="<i4")
+        return STATE_MAGIC + len(kv).to_bytes(4, "little") + kv.tobytes()
+
+    def state_seq_set(self, data: bytes, seq: int) -> int:
+        if data[:8] != STATE_MAGIC or len(data) < 12:
+            raise ValueError("not a fake KV state")
+        n = int.from_bytes(data[8:12], "little")
+        if len(data) != 12 + 4 * n:
+            raise ValueError(f"fake KV state of {n} tokens has {len(data)} bytes")
+        toks = np.frombuffer(data, dtype="<i4", count=n, offset=12).tolist()
+        with self.lock:
+            if sum(len(v) for s, v in self.kv.items() if s != seq) + n > self.n_ctx:
+                raise ValueError("KV cache overflow")
+            self.kv[seq] = toks
+        return len(data)
+
+    def identity(self) -> dict[str, Any]:
+        return {"file": self.model_path.rsplit("/", 1)[-1], "size": 1234, "n_vocab": self.n_vocab}
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        with self.lock:
+            self.n_seq_cp += 1
+            p0 = max(p0, 0)
+            assert len(self.kv[dst]) == p0, "seq_cp into a sequence that does not end at p0"
+            self.kv[dst] += self.kv[src][p0 : len(self.kv[src]) if p1 < 0 else p1]
+
     @property
     def chat_template(self):
         from llamapy.vocab.chat_template import ChatTemplate
@@ -122,7 +187,7 @@ class FakeBackend:
 
     def info(self) -> dict[str, Any]:
         return {
-            "n_vocab": N_VOCAB,
+            "n_vocab": self.n_vocab,
             "n_ctx_train": 1024,
             "n_embd": 8,
             "size": 0,

@@ -157,7 +157,7 @@ def err(resp: httpx.Response) -> tuple[int, str]:
             400,
             "invalid grammar",
         ),
-        (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "not supported yet"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "n": 1000}', 400, "between 1 and 16"),
         (
             b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"999999": 5}}',
             400,

@@ -69,7 +69,8 @@ def test_logit_bias_forms():
         (ChatCompletionRequest, {"id_slot": 5}, "does not exist"),
         (ChatCompletionRequest, {"stop": [str(i) for i in range(20)]}, "at most 16"),
         (ChatCompletionRequest, {"repeat_penalty": 0.0}, "penalty_repeat"),
-        (CompletionRequest, {"suffix": "x"}, "not supported yet"),
+        (CompletionRequest, {"n": 17}, "between 1 and 16"),
+        (ChatCompletionRequest, {"n": 0}, "between 1 and 16"),
         (CompletionRequest, {"best_of": 3}, "not supported yet"),
     ],
 )

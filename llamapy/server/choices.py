@@ -1,0 +1,158 @@
+"""``n > 1`` on ``/v1/chat/completions`` and ``/v1/completions``: n independent engine tasks of the same
+prompt, merged into one answer (``choices[i].index = i``; a stream interleaves the choices' chunks).
+
+The engine batches the n slots' tokens into one decode. The first choice evaluates the prompt; the
+others start from it (the engine shares its KV cells with ``seq_cp`` and samples their first token
+from the same logits: see ``Task.leader`` in :mod:`llamapy.server.engine`). A fixed seed gives choice ``i`` the seed ``seed + i``. Usage counts the prompt
+once and sums the completion tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ..sampling import LLAMA_DEFAULT_SEED
+from .engine import Engine, Event, GenParams
+from .errors import APIError
+from .formats import SSE_DONE, sse, timings, usage
+
+
+def choice_params(gp: GenParams, n: int) -> list[GenParams]:
+    """n copies of ``gp``; with a fixed seed, choice i samples with seed + i."""
+    out = []
+    for i in range(n):
+        seed = gp.sampling.seed
+        if seed != LLAMA_DEFAULT_SEED:
+            seed = (seed + i) % LLAMA_DEFAULT_SEED
+        out.append(replace(gp, sampling=replace(gp.sampling, seed=seed)))
+    return out
+
+
+def merged_final(finals: list[Event]) -> Event:
+    """The statistics of n choices (in index order): the prompt once (the first choice's, which
+    evaluated it), completions summed."""
+    f = finals[0]
+    return replace(
+        f,
+        n_predicted=sum(e.n_predicted for e in finals),
+        predicted_ms=max(e.predicted_ms for e in finals),
+    )
+
+
+def _index(obj: Any, i: int) -> Any:
+    if isinstance(obj, dict):
+        for c in obj.get("choices", []):
+            c["index"] = i
+    return obj
+
+
+async def generate_n(
+    request: Request,
+    engine: Engine,
+    tokens: list[int],
+    gps: list[GenParams],
+    fmts: list[Any],
+    stream: bool,
+    include_usage: bool,
+) -> Any:
+    from .app import _collect, _Stream, _watch_disconnect
+
+    for f in fmts[1:]:  # one answer: one id
+        f.id, f.created = fmts[0].id, fmts[0].created
+    streams = [_Stream(engine, tokens, gp) for gp in gps]
+    streams[0].task.share_prompt = True
+    for st in streams[1:]:
+        st.task.leader = streams[0].task
+    started: list[Any] = []
+    try:
+        for st in streams:
+            st.start()
+            started.append(st)
+    except BaseException:
+        for st in started:
+            st.close()
+        raise
+    if not stream:
+        results = await asyncio.gather(
+            *(_collect(request, engine, tokens, st.task.params, st=st) for st in streams),
+            return_exceptions=True,
+        )
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        bodies = [
+            f.response(text, probs, final, tokens=toks)
+            for f, (text, probs, toks, final) in zip(fmts, results, strict=True)
+        ]
+        body = bodies[0]
+        body["choices"] = [dict(b["choices"][0], index=i) for i, b in enumerate(bodies)]
+        merged = merged_final([r[3] for r in results])
+        body["usage"], body["timings"] = usage(merged), timings(merged)
+        return JSONResponse(body)
+
+    try:
+        firsts = []
+        for st in streams:
+            watcher = asyncio.create_task(_watch_disconnect(request, st))
+            try:
+                firsts.append(await st.next())
+            finally:
+                watcher.cancel()
+    except BaseException:
+        for st in started:
+            st.close()
+        raise
+
+    queue: asyncio.Queue[tuple[int, Event | None, APIError | None]] = asyncio.Queue()
+
+    async def pump(i: int, st: Any, ev: Event) -> None:
+        try:
+            while True:
+                queue.put_nowait((i, ev, None))
+                if ev.done:
+                    return
+                ev = await st.next()
+        except APIError as e:
+            queue.put_nowait((i, None, e))
+
+    async def events() -> AsyncIterator[bytes]:
+        pumps = [
+            asyncio.create_task(pump(i, st, f)) for i, (st, f) in enumerate(zip(streams, firsts, strict=True))
+        ]
+        try:
+            for i, f in enumerate(fmts):
+                first = f.first_chunk()
+                if first is not None:
+                    yield sse(_index(first, i))
+            finals: dict[int, Event] = {}
+            while len(finals) < len(streams):
+                i, ev, err = await queue.get()
+                if err is not None:
+                    yield sse(err.body())
+                    return
+                assert ev is not None
+                for c in fmts[i].chunks(ev):
+                    yield sse(_index(c, i))
+                if ev.done:
+                    yield sse(_index(fmts[i].final_chunk(ev), i))
+                    finals[i] = ev
+            if include_usage:
+                yield sse(fmts[0].usage_chunk(merged_final([finals[i] for i in range(len(streams))])))
+            yield SSE_DONE
+        finally:
+            for p in pumps:
+                p.cancel()
+            for st in streams:
+                st.close()
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
