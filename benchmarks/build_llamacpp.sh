@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Build llama.cpp from the llama-cpp-python sdist into a cache dir, for side-by-side benchmarks only
+# (llamapy never imports, loads or calls it). Prints the directory holding the binaries.
+#
+# Usage: benchmarks/build_llamacpp.sh [VERSION]     (default: the newest llama-cpp-python sdist)
+# Cache: ${LLAMAPY_CACHE:-~/.cache/llamapy}/llamacpp/<version>/build/bin (built once, ~10 min on 2 cores)
+set -euo pipefail
+VERSION="${1:-}"
+CACHE="${LLAMAPY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamapy}/llamacpp"
+mkdir -p "$CACHE"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+spec="llama-cpp-python${VERSION:+==$VERSION}"
+python3 -m pip download -q --no-deps --no-binary :all: "$spec" -d "$work" >&2
+sdist=$(ls "$work"/llama_cpp_python-*.tar.gz)
+ver=$(basename "$sdist" .tar.gz | sed 's/llama_cpp_python-//')
+dest="$CACHE/$ver"
+# native build (AVX2/FMA/AVX-512 as the machine has them), no network, no CUDA; no AMX: its tile
+# registers need a kernel permission some VMs do not grant (llama-bench died in ggml_backend_amx_mul_mat)
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+FLAGS=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON "-DCMAKE_C_FLAGS=$NO_AMX" "-DCMAKE_CXX_FLAGS=$NO_AMX"
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON)
+if [ -x "$dest/build/bin/llama-bench" ] && [ "$(cat "$dest/build/flags" 2>/dev/null)" = "${FLAGS[*]}" ]; then
+    echo "$dest/build/bin"
+    exit 0
+fi
+if [ ! -f "$dest/CMakeLists.txt" ]; then
+    mkdir -p "$dest"
+    tar -xzf "$sdist" -C "$work"
+    cp -r "$work/llama_cpp_python-$ver/vendor/llama.cpp/." "$dest/"
+fi
+cmake -S "$dest" -B "$dest/build" -G Ninja "${FLAGS[@]}" >&2
+cmake --build "$dest/build" -j "$(nproc)" --target llama-bench llama-cli llama-completion llama-server \
+    llama-perplexity >&2 || cmake --build "$dest/build" -j "$(nproc)" --target llama-bench llama-cli \
+    llama-server llama-perplexity >&2
+echo "${FLAGS[*]}" > "$dest/build/flags"
+echo "$dest/build/bin"
