@@ -246,6 +246,24 @@ def call_from_object(
 _ALNUM = string.ascii_letters + string.digits
 
 
+def plain_calls(tool_calls: Sequence[dict], with_ids: bool = False) -> list[dict]:
+    """OpenAI ``tool_calls`` of a history message as ``{"name", "arguments"[, "id"]}`` objects, the
+    arguments parsed from their JSON string where they parse (templates that show calls as JSON)."""
+    calls = []
+    for c in tool_calls:
+        fn = c.get("function") or {}
+        args = fn.get("arguments")
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            pass
+        call = {"name": fn.get("name"), "arguments": args}
+        if with_ids:
+            call["id"] = c.get("id")
+        calls.append(call)
+    return calls
+
+
 def random_id(n: int = 24, prefix: str = "call_") -> str:
     """``prefix`` + ``n`` random letters and digits."""
     return prefix + "".join(secrets.choice(_ALNUM) for _ in range(n))

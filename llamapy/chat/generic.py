@@ -28,6 +28,7 @@ from .common import (
     functions_of,
     json_rule,
     one_of,
+    plain_calls,
     read_json,
 )
 
@@ -169,15 +170,7 @@ class GenericFormat(ChatFormat):
             for m in messages:
                 m = dict(m)
                 if m.get("tool_calls"):
-                    calls = []
-                    for c in m.pop("tool_calls"):
-                        fn = c.get("function") or {}
-                        args = fn.get("arguments")
-                        try:
-                            args = json.loads(args) if isinstance(args, str) else args
-                        except ValueError:
-                            pass
-                        calls.append({"name": fn.get("name"), "arguments": args, "id": c.get("id")})
+                    calls = plain_calls(m.pop("tool_calls"), with_ids=True)
                     m["content"] = json.dumps({"tool_calls": calls}, indent=2, ensure_ascii=False)
                 elif m.get("role") == "tool":
                     result = {

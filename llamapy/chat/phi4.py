@@ -28,6 +28,7 @@ from .common import (
     functions_of,
     json_rule,
     one_of,
+    plain_calls,
     read_json,
 )
 from .reasoning import THINK
@@ -92,15 +93,7 @@ class Phi4Format(ChatFormat):
         for m in messages:
             m = dict(m)
             if m.get("tool_calls"):
-                calls = []
-                for c in m.pop("tool_calls"):
-                    fn = c.get("function") or {}
-                    args = fn.get("arguments")
-                    try:
-                        args = json.loads(args) if isinstance(args, str) else args
-                    except ValueError:
-                        pass
-                    calls.append({"name": fn.get("name"), "arguments": args})
+                calls = plain_calls(m.pop("tool_calls"))
                 text = OPEN + json.dumps(calls, ensure_ascii=False) + CLOSE
                 m["content"] = (m.get("content") or "") + text
             out.append(m)
