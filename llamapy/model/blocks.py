@@ -290,23 +290,26 @@ class GraphBuilder:
         q_scale: float | None = None,
         kq_scale: float | None = None,
         softcap: float = 0.0,
+        qk_norm_kind: str = "rms",
     ) -> Tensor:
-        """The whole attention sub-block: projections, optional q/k RMS norm (per head, or ``"full"``:
-        over the whole projection, as OLMo 2), the layer's rope (``arch.layer_rope``, as the K-shift;
-        None: no rope), cache, output projection."""
+        """The whole attention sub-block: projections, optional q/k norm (per head, or ``"full"``:
+        over the whole projection, as OLMo 2; ``qk_norm_kind`` "rms" or "layer", the weight one vector
+        or one per head), the layer's rope (``arch.layer_rope``, as the K-shift; None: no rope), cache,
+        output projection."""
         q, k, v = self.qkv(h, blk, il)
+        kind = qk_norm_kind
         if qk_norm == "full":
             T = self.inp.n_tokens
             qn = self.build_norm(
-                ops.reshape(q, (T, -1)), blk["attn_q_norm.weight"], name="Qcur_normed", il=il
+                ops.reshape(q, (T, -1)), blk["attn_q_norm.weight"], kind=kind, name="Qcur_normed", il=il
             )
             kn = self.build_norm(
-                ops.reshape(k, (T, -1)), blk["attn_k_norm.weight"], name="Kcur_normed", il=il
+                ops.reshape(k, (T, -1)), blk["attn_k_norm.weight"], kind=kind, name="Kcur_normed", il=il
             )
             q, k = ops.reshape(qn, q.shape), ops.reshape(kn, k.shape)
         elif qk_norm:
-            q = self.build_norm(q, blk["attn_q_norm.weight"], name="Qcur_normed", il=il)
-            k = self.build_norm(k, blk["attn_k_norm.weight"], name="Kcur_normed", il=il)
+            q = self.build_norm(q, blk["attn_q_norm.weight"], kind=kind, name="Qcur_normed", il=il)
+            k = self.build_norm(k, blk["attn_k_norm.weight"], kind=kind, name="Kcur_normed", il=il)
         rope = self.arch.layer_rope(il, self.inp.n_ctx)
         if rope is not None:
             q = rope.apply(q, self.inp.pos)
@@ -320,12 +323,22 @@ class GraphBuilder:
         return self.cb(self.mm(blk["attn_output.weight"], out, blk.get("attn_output.bias")), "attn_out", il)
 
     # -- feed-forward -----------------------------------------------------------------------------
-    def build_ffn(self, h: Tensor, blk: Weights, il: int, act: str = "silu") -> Tensor:
-        """Gated feed-forward (SwiGLU / GeGLU), or a fused up+gate projection (first half gated)."""
-        up = self.cb(self.mm(blk["ffn_up.weight"], h, blk.get("ffn_up.bias")), "ffn_up", il)
-        wg = blk.get("ffn_gate.weight")
+    def build_ffn(
+        self, h: Tensor, blk: Weights, il: int, act: str = "silu", gated: bool = True, suffix: str = ""
+    ) -> Tensor:
+        """Gated feed-forward (SwiGLU / GeGLU), or a fused up+gate projection (first half gated); with
+        ``gated=False`` a sequential one (act(up) then down, as GPT-2's GELU MLP). ``suffix`` picks
+        another set of the layer's FFN tensors (``"_shexp"``: ``ffn_up_shexp.weight`` ...)."""
+        up = self.mm(blk[f"ffn_up{suffix}.weight"], h, blk.get(f"ffn_up{suffix}.bias"))
+        up = self.cb(up, f"ffn_up{suffix}", il)
+        if not gated:
+            x = ops.silu(up) if act == "silu" else ops.gelu(up)
+            x = self.cb(x, "ffn_silu" if act == "silu" else "ffn_gelu", il)
+            down = self.mm(blk[f"ffn_down{suffix}.weight"], x, blk.get(f"ffn_down{suffix}.bias"))
+            return self.cb(down, f"ffn_out{suffix}" if suffix else "ffn_out", il)
+        wg = blk.get(f"ffn_gate{suffix}.weight")
         if wg is not None:
-            gate = self.mm(wg, h, blk.get("ffn_gate.bias"))
+            gate = self.mm(wg, h, blk.get(f"ffn_gate{suffix}.bias"))
         else:  # fused: [gate | up]
             n = up.shape[-1] // 2
             gate = ops.cont(ops.view(up, (*up.shape[:-1], n), up.strides, 0))
@@ -335,7 +348,19 @@ class GraphBuilder:
             x = self.cb(ops.swiglu(gate, up), "ffn_swiglu", il)
         else:
             x = self.cb(ops.geglu(gate, up), "ffn_geglu", il)
-        return self.cb(self.mm(blk["ffn_down.weight"], x, blk.get("ffn_down.bias")), "ffn_out", il)
+        down = self.mm(blk[f"ffn_down{suffix}.weight"], x, blk.get(f"ffn_down{suffix}.bias"))
+        return self.cb(down, f"ffn_out{suffix}" if suffix else "ffn_out", il)
+
+    def build_shared_expert(self, h: Tensor, blk: Weights, il: int) -> Tensor:
+        """The MoE's shared expert (a SwiGLU FFN on ``*_shexp`` tensors), scaled by a sigmoid gate when
+        the layer has ``ffn_gate_inp_shexp.weight`` (Qwen2-MoE)."""
+        y = self.cb(self.build_ffn(h, blk, il, suffix="_shexp"), "ffn_shexp", il)
+        wg = blk.get("ffn_gate_inp_shexp.weight")
+        if wg is None:
+            return y
+        g = self.cb(self.mm(wg, h), "ffn_shexp_gate_inp", il)  # [T, 1]
+        g = self.cb(ops.scale(ops.tanh(ops.scale(g, 0.5)), 0.5, 0.5), "ffn_shexp_gate", il)  # sigmoid
+        return self.cb(ops.mul(y, g), "ffn_shexp_out", il)
 
     def build_moe_ffn(self, h: Tensor, blk: Weights, il: int, norm_w: bool) -> Tensor:
         """Mixture of experts with softmax routing over ``n_expert_used`` of ``n_expert`` SwiGLU experts."""
@@ -371,10 +396,13 @@ class GraphBuilder:
         b_out: Tensor | None = None,
         softcap: float = 0.0,
         logit_scale: float = 0.0,
+        b_norm: Tensor | None = None,
+        norm_kind: str = "rms",
     ) -> Outputs:
-        """The final norm (``result_norm``: the embeddings) and the output projection, with an optional
-        bias, division by ``logit_scale`` (Granite) and final soft-capping (``result_output``: the logits)."""
-        x = self.build_norm(x, w_norm, name="result_norm")
+        """The final norm (``result_norm``: the embeddings; ``norm_kind`` "rms" or "layer", with an
+        optional bias) and the output projection, with an optional bias, division by ``logit_scale``
+        (Granite) and final soft-capping (``result_output``: the logits)."""
+        x = self.build_norm(x, w_norm, b_norm, kind=norm_kind, name="result_norm")
         logits = self.mm(w_out, x, b_out)
         if logit_scale:
             logits = ops.scale(logits, 1.0 / logit_scale)

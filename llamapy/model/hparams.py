@@ -153,6 +153,7 @@ class HParams:
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_exp: int = 0
+    n_ff_shexp: int = 0  # the shared expert's feed-forward size (0: n_ff)
     expert_weights_norm: bool = False
     causal_attn: bool = True
     pooling_type: int = 0
@@ -250,6 +251,7 @@ def read_common(md: MetaReader, n_vocab_fallback: int) -> HParams:
     hp.n_expert = md.u32("expert_count", 0)
     hp.n_expert_used = md.u32("expert_used_count", 0)
     hp.n_ff_exp = md.u32("expert_feed_forward_length", 0)
+    hp.n_ff_shexp = md.u32("expert_shared_feed_forward_length", 0)
     if hp.n_expert and not 0 < hp.n_expert_used <= hp.n_expert:
         raise md._err(f"expert_used_count {hp.n_expert_used} must be in 1..expert_count ({hp.n_expert})")
     hp.causal_attn = md.boolean("attention.causal", True)

@@ -209,6 +209,99 @@ FAMILIES: dict[str, Family] = {
                 logits_scaling=4.0,
             ),
         ),
+        # the shared expert (sigmoid-gated) beside top-2 of 4 experts, weights not renormalized
+        Family(
+            "qwen2moe",
+            "qwen2moe",
+            "Qwen2MoeConfig",
+            dict(
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=64,
+                norm_topk_prob=False,
+            ),
+        ),
+        # llama.cpp's converter writes OLMoE's RMS epsilon as 1e-5 whatever the config says; its
+        # loader expects no GQA (attn_k_norm is n_embd wide), as the real models
+        Family(
+            "olmoe",
+            "olmoe",
+            "OlmoeConfig",
+            dict(
+                intermediate_size=32,
+                num_experts=4,
+                num_experts_per_tok=2,
+                rms_norm_eps=1e-5,
+                num_key_value_heads=4,
+            ),
+        ),
+        # LayerNorms with biases, biases on every projection, a GELU (tanh) MLP, tied output
+        Family("starcoder2", "starcoder2", "Starcoder2Config", dict(sliding_window=None, norm_epsilon=1e-5)),
+        # partial rotary (a quarter of the head), q/k/v biases, per-head q/k LayerNorms
+        Family(
+            "stablelm",
+            "stablelm",
+            "StableLmConfig",
+            dict(
+                use_qkv_bias=True,
+                qk_layernorm=True,
+                layer_norm_eps=1e-5,
+                rope_parameters={
+                    "rope_type": "default",
+                    "rope_theta": 10000.0,
+                    "partial_rotary_factor": 0.25,
+                },
+            ),
+        ),
+        # StableLM's parallel residual: no FFN norm, x += attn(n) + ffn(n)
+        Family(
+            "stablelm-parallel",
+            "stablelm",
+            "StableLmConfig",
+            dict(
+                use_parallel_residual=True,
+                layer_norm_eps=1e-5,
+                rope_parameters={
+                    "rope_type": "default",
+                    "rope_theta": 10000.0,
+                    "partial_rotary_factor": 0.25,
+                },
+            ),
+        ),
+        # parallel attention + FFN from one LayerNorm, interleaved rope, logits x logit_scale (tied)
+        # (llama.cpp always ties Cohere's output to the embeddings)
+        Family(
+            "command-r",
+            "command-r",
+            "CohereConfig",
+            dict(logit_scale=0.5, layer_norm_eps=1e-5, tie_word_embeddings=True),
+        ),
+        # 3 sliding-window layers (window 4 < the prompts) then a global one without rope
+        Family(
+            "cohere2",
+            "cohere2",
+            "Cohere2Config",
+            dict(
+                num_hidden_layers=4,
+                sliding_window=4,
+                logit_scale=0.5,
+                layer_norm_eps=1e-5,
+                tie_word_embeddings=True,
+            ),
+        ),
+        # learned positions, fused QKV (HF's Conv1D weights transposed), GELU MLP, biases, tied output
+        Family(
+            "gpt2",
+            "gpt2",
+            "GPT2Config",
+            dict(
+                num_key_value_heads=4,
+                intermediate_size=256,
+                layer_norm_epsilon=1e-5,
+                tie_word_embeddings=True,
+            ),
+        ),
     ]
 }
 
@@ -227,11 +320,11 @@ def _randomize(model: torch.nn.Module, family: Family, seed: int) -> None:
         for name, p in model.named_parameters():
             if p.ndim == 1:
                 noise = torch.randn(p.shape, generator=g) * 0.1
-                if "norm" in name:
+                if "norm" in name and not name.endswith("bias"):
                     p.copy_(noise if gemma else 1.0 + noise)
                 else:  # biases
                     p.copy_(noise * 2)
-            elif "embed_tokens" in name:  # tied output: smaller, so logits stay O(1..10)
+            elif "embed_tokens" in name or name.endswith("wte.weight"):  # tied: smaller, logits O(1..10)
                 p.copy_(torch.randn(p.shape, generator=g) * (0.25 if tied else 1.0))
             else:  # q and k larger: peaked attention, soft-capping that bites
                 gain = 2.0 if name.endswith(("q_proj.weight", "k_proj.weight")) else 1.0
@@ -263,11 +356,19 @@ def load_state_dict(model: torch.nn.Module, sd: dict[str, np.ndarray]) -> None:
 
 
 def _is_router(name: str) -> bool:
-    return name.endswith(("mlp.gate.weight", "ffn_gate_inp.weight", "block_sparse_moe.router.weight"))
+    return name.endswith(
+        (
+            "mlp.gate.weight",
+            "ffn_gate_inp.weight",
+            "block_sparse_moe.router.weight",
+            "mlp.shared_expert_gate.weight",  # qwen2moe's shared-expert gate
+            "ffn_gate_inp_shexp.weight",
+        )
+    )
 
 
 def stored_type(name: str, arr: np.ndarray, ftype: GGMLType) -> GGMLType:
-    if arr.ndim < 2 or _is_router(name):
+    if arr.ndim < 2 or _is_router(name) or name.endswith("_norm.weight"):  # stablelm's per-head norms
         return GGMLType.F32
     return ftype
 
@@ -289,8 +390,58 @@ def hf_state_dict(model: torch.nn.Module) -> dict[str, np.ndarray]:
 def effective_state_dict(sd: dict[str, np.ndarray], ftype: GGMLType) -> dict[str, np.ndarray]:
     """The HF weights as a file of type ``ftype`` stores them. Every conversion step (row permutation,
     concatenation, stacking, +1 on F32 norms) commutes with row-wise rounding, so rounding here equals
-    rounding the converted tensors (``test_hf_oracle`` checks that on the written file)."""
-    return {k: roundtrip(v, stored_type(k, v, ftype)) for k, v in sd.items()}
+    rounding the converted tensors (``test_hf_oracle`` checks that on the written file); GPT-2's Conv1D
+    weights, which the file stores transposed, are rounded along their columns."""
+    return {
+        k: roundtrip(v.T, stored_type(k, v, ftype)).T
+        if _is_conv1d(k)
+        else roundtrip(v, stored_type(k, v, ftype))
+        for k, v in sd.items()
+    }
+
+
+_GPT2_LAYER = {
+    "ln_1.weight": "attn_norm.weight",
+    "ln_1.bias": "attn_norm.bias",
+    "attn.c_attn.weight": "attn_qkv.weight",
+    "attn.c_attn.bias": "attn_qkv.bias",
+    "attn.c_proj.weight": "attn_output.weight",
+    "attn.c_proj.bias": "attn_output.bias",
+    "ln_2.weight": "ffn_norm.weight",
+    "ln_2.bias": "ffn_norm.bias",
+    "mlp.c_fc.weight": "ffn_up.weight",
+    "mlp.c_fc.bias": "ffn_up.bias",
+    "mlp.c_proj.weight": "ffn_down.weight",
+    "mlp.c_proj.bias": "ffn_down.bias",
+}
+_GPT2_TOP = {
+    "transformer.wte.weight": "token_embd.weight",
+    "transformer.wpe.weight": "position_embd.weight",
+    "transformer.ln_f.weight": "output_norm.weight",
+    "transformer.ln_f.bias": "output_norm.bias",
+}
+
+
+def _is_conv1d(name: str) -> bool:
+    """GPT-2's Conv1D weights ([in, out]; the file stores them transposed, so the file's rows are
+    their columns: round along that axis)."""
+    return name.startswith("transformer.h.") and name.endswith(
+        ("c_attn.weight", "c_proj.weight", "c_fc.weight")
+    )
+
+
+def _convert_gpt2(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for name, w in sd.items():
+        w = np.asarray(w, dtype=np.float32)
+        if name in _GPT2_TOP:
+            out[_GPT2_TOP[name]] = w
+        elif name.startswith("transformer.h."):
+            il, rest = name[len("transformer.h.") :].split(".", 1)
+            out[f"blk.{il}.{_GPT2_LAYER[rest]}"] = np.ascontiguousarray(w.T if _is_conv1d(name) else w)
+        elif name != "lm_head.weight":  # tied
+            raise KeyError(f"no GGUF name for HF tensor {name!r}")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,11 +474,23 @@ _LAYER_MAP = {
     "block_sparse_moe.router.weight": "ffn_gate_inp.weight",  # granitemoe
     "block_sparse_moe.experts.down_proj": "ffn_down_exps.weight",
     "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "input_layernorm.bias": "attn_norm.bias",
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "mlp.c_fc.weight": "ffn_up.weight",  # starcoder2
+    "mlp.c_fc.bias": "ffn_up.bias",
+    "mlp.c_proj.weight": "ffn_down.weight",
+    "mlp.c_proj.bias": "ffn_down.bias",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",  # qwen2moe
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
 
 
 def _layer_name(arch: str, rest: str) -> str:
+    if rest == "post_attention_layernorm.bias":
+        return "ffn_norm.bias"
     if rest == "post_attention_layernorm.weight":
         # gemma2/3 have four norms per layer and olmo2 post-norms; the others call their pre-FFN norm
         # post_attention
@@ -367,6 +530,8 @@ _PERMUTED = ("llama", "mistral", "smollm3", "granite", "granitemoe")
 def convert(family: Family, cfg: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """GGUF-named float32 tensors (NumPy order) from an HF state dict."""
     arch = family.arch
+    if arch == "gpt2":
+        return _convert_gpt2(sd)
     nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
     tied = bool(getattr(cfg, "tie_word_embeddings", False))
     out: dict[str, np.ndarray] = {}
@@ -379,8 +544,19 @@ def convert(family: Family, cfg: Any, sd: dict[str, np.ndarray]) -> dict[str, np
                 out["output.weight"] = w
         elif name == "model.norm.weight":
             out["output_norm.weight"] = w
+        elif name == "model.norm.bias":
+            out["output_norm.bias"] = w
         elif name.startswith("model.layers."):
             il, rest = name[len("model.layers.") :].split(".", 1)
+            if ".norms." in rest:  # stablelm: per-head q/k LayerNorms stacked [n_head, head_dim]
+                qk, h = rest.split(".norms.")[0], int(rest.split(".norms.")[1].split(".")[0])
+                gname = f"blk.{il}.attn_{qk.split('.')[-1][0]}_norm.weight"
+                if h == 0:
+                    n = sum(1 for k in sd if k.startswith(f"model.layers.{il}.{qk}.norms."))
+                    out[gname] = np.stack(
+                        [np.asarray(sd[f"model.layers.{il}.{qk}.norms.{i}.weight"]) for i in range(n)]
+                    ).astype(np.float32)
+                continue
             if rest.endswith("experts.gate_up_proj"):  # [E, 2 n_ff, n_embd]: gate first
                 n_ff = w.shape[1] // 2
                 out[f"blk.{il}.ffn_gate_exps.weight"] = np.ascontiguousarray(w[:, :n_ff])
@@ -432,10 +608,23 @@ def metadata(family: Family, cfg: Any, ftype: GGMLType) -> dict[str, Any]:
         f"{a}.rope.freq_base": float(rp.get("rope_theta", 10000.0)),
         f"{a}.rope.dimension_count": int(head_dim * rp.get("partial_rotary_factor", 1.0)),
     }
-    if a == "qwen3moe":
+    eps = next(
+        (
+            getattr(cfg, k)
+            for k in ("norm_epsilon", "layer_norm_eps", "layer_norm_epsilon")
+            if hasattr(cfg, k)
+        ),
+        None,
+    )
+    if eps is not None:  # LayerNorm families
+        md[f"{a}.attention.layer_norm_epsilon"] = float(eps)
+    if a in ("qwen3moe", "qwen2moe", "olmoe"):
         md[f"{a}.expert_count"] = cfg.num_experts
         md[f"{a}.expert_used_count"] = cfg.num_experts_per_tok
+    if a in ("qwen3moe", "qwen2moe"):
         md[f"{a}.expert_feed_forward_length"] = cfg.moe_intermediate_size
+    if a == "qwen2moe":
+        md[f"{a}.expert_shared_feed_forward_length"] = cfg.shared_expert_intermediate_size
     if a in ("granite", "granitemoe"):  # GraniteModel.set_gguf_parameters: *_multiplier -> *_scale
         md[f"{a}.attention.scale"] = float(cfg.attention_multiplier)
         md[f"{a}.embedding_scale"] = float(cfg.embedding_multiplier)
@@ -444,7 +633,9 @@ def metadata(family: Family, cfg: Any, ftype: GGMLType) -> dict[str, Any]:
     if a == "granitemoe":
         md[f"{a}.expert_count"] = cfg.num_local_experts
         md[f"{a}.expert_used_count"] = cfg.num_experts_per_tok
-    if a in ("gemma2", "gemma3"):
+    if a in ("command-r", "cohere2"):
+        md[f"{a}.logit_scale"] = float(cfg.logit_scale)
+    if a in ("gemma2", "gemma3", "cohere2"):
         md[f"{a}.attention.sliding_window"] = cfg.sliding_window
     if a == "gemma2":
         md[f"{a}.attn_logit_softcapping"] = float(cfg.attn_logit_softcapping)

@@ -75,7 +75,7 @@ def test_intermediates_match_hf_hidden_states(tiny: Callable[[str], TinyModel], 
 
     def cb(t, ask: bool, value) -> bool:
         if ask:
-            return t.name.startswith(("l_out-", "inp_", "result_norm"))
+            return t.name.startswith(("l_out-", "inp_", "inpL", "result_norm"))
         dump[t.name] = value
         return True
 
@@ -89,7 +89,8 @@ def test_intermediates_match_hf_hidden_states(tiny: Callable[[str], TinyModel], 
         out = tm.hf(input_ids=torch.tensor([tokens]), output_hidden_states=True, use_cache=False)
     hs = [h[0].float().numpy() for h in out.hidden_states]  # embeddings, layers 0..n-2, final norm
     n_layer = len(hs) - 1
-    emb = dump.get("inp_scaled", dump["inp_embd"])
+    # the embeddings HF returns: scaled (gemma, granite), plus learned positions (gpt2's inpL)
+    emb = dump.get("inpL", dump.get("inp_scaled", dump["inp_embd"]))
     assert _rel(emb, hs[0]) < 1e-6, f"{name}: input embeddings"
     for il in range(n_layer - 1):
         err = _rel(dump[f"l_out-{il}"], hs[il + 1])

@@ -152,7 +152,9 @@ def test_incremental_decode_matches_one_shot(tiny: Callable[[str], TinyModel], n
     assert _rel(ctx.get_logits(), one_shot) < 1e-4
 
 
-@pytest.mark.parametrize("name", _params(["llama", "qwen3moe", "gemma2", "gemma3"]))
+@pytest.mark.parametrize(
+    "name", _params(["llama", "qwen3moe", "gemma2", "gemma3", "qwen2moe", "cohere2", "gpt2"])
+)
 def test_two_sequences_in_one_batch(tiny: Callable[[str], TinyModel], name: str) -> None:
     """Two interleaved sequences of different lengths in one batch attend only to themselves; then a
     step of each continues its own cache (the mask per sequence, with sliding windows for gemma)."""
@@ -181,7 +183,7 @@ def test_two_sequences_in_one_batch(tiny: Callable[[str], TinyModel], name: str)
     assert _rel(last[1], ref_b[-1]) < FLOAT_TOL
 
 
-@pytest.mark.parametrize("name", _params(["llama", "gemma2", "gemma3"]))
+@pytest.mark.parametrize("name", _params(["llama", "gemma2", "gemma3", "cohere2"]))
 def test_seq_rm_suffix_then_new_tokens(tiny: Callable[[str], TinyModel], name: str) -> None:
     """Drop the cache's last tokens and continue differently: the same as a fresh run (HF)."""
     tm = tiny(name)
@@ -206,7 +208,12 @@ def test_phi3_longrope_long_context(tiny: Callable[[str], TinyModel]) -> None:
     assert _rel(ctx.get_logits(), tm.logits(tokens, GGMLType.F32)) < FLOAT_TOL
 
 
-@pytest.mark.parametrize("name", _params(["llama", "qwen2", "qwen3moe", "gemma2", "gemma3", "phi3"]))
+@pytest.mark.parametrize(
+    "name",
+    _params(
+        ["llama", "qwen2", "qwen3moe", "gemma2", "gemma3", "phi3", "qwen2moe", "stablelm", "cohere2", "gpt2"]
+    ),
+)
 def test_default_f16_kv_cache(tiny: Callable[[str], TinyModel], name: str) -> None:
     tm = tiny(name)
     tokens = _tokens(name)
@@ -219,7 +226,7 @@ def test_file_stores_the_effective_weights(tiny: Callable[[str], TinyModel], fty
     """What llamapy reads back is bit-for-bit the converted weights the oracle runs (re-quantizing an
     already quantized tensor is exact), with llama.cpp's types: matrices in the file type, norms,
     biases, the MoE router and rope factors in F32."""
-    for name in ("llama3", "qwen3moe", "gemma2", "phi3", "granitemoe"):
+    for name in ("llama3", "qwen3moe", "gemma2", "phi3", "granitemoe", "qwen2moe", "stablelm", "gpt2"):
         tm = tiny(name)
         path = tm.write(ftype)
         expected = tm.tensors[ftype]
@@ -327,6 +334,18 @@ MUTATIONS: dict[str, tuple[str, Callable[[dict[str, Any], dict[str, np.ndarray]]
     "granite-no-residual-scale": ("granite", _set("granite.residual_scale", 1.0)),
     "granite-no-logit-scale": ("granite", _set("granite.logit_scale", 1.0)),
     "granitemoe-one-expert": ("granitemoe", _set("granitemoe.expert_used_count", 1)),
+    "qwen2moe-one-expert": ("qwen2moe", _set("qwen2moe.expert_used_count", 1)),
+    "qwen2moe-no-shared-expert": ("qwen2moe", _fill(("ffn_down_shexp.weight",), 0.0)),
+    "qwen2moe-shared-expert-ungated": ("qwen2moe", _fill(("ffn_gate_inp_shexp.weight",), 0.0)),
+    "olmoe-one-expert": ("olmoe", _set("olmoe.expert_used_count", 1)),
+    "olmoe-no-qk-norm-weight": ("olmoe", _fill(("attn_q_norm.weight", "attn_k_norm.weight"), 1.0)),
+    "starcoder2-no-norm-biases": ("starcoder2", _fill(("norm.bias",), 0.0)),
+    "starcoder2-no-ffn-biases": ("starcoder2", _fill(("ffn_up.bias", "ffn_down.bias"), 0.0)),
+    "stablelm-full-rotary": ("stablelm", _set("stablelm.rope.dimension_count", 16)),
+    "stablelm-no-qk-norm-weight": ("stablelm", _fill(("attn_q_norm.weight", "attn_k_norm.weight"), 1.0)),
+    "command-r-no-logit-scale": ("command-r", _set("command-r.logit_scale", 1.0)),
+    "cohere2-no-sliding-window": ("cohere2", _set("cohere2.attention.sliding_window", 4096)),
+    "gpt2-no-position-embeddings": ("gpt2", _fill(("position_embd.weight",), 0.0)),
 }
 
 
@@ -358,4 +377,23 @@ def test_smollm3_nope_layers_are_needed(tiny: Callable[[str], TinyModel]) -> Non
     ctx.decode(Batch.from_tokens(tokens, logits_all=True))
     err = _rel(ctx.get_logits(), tm.logits(tokens, GGMLType.F32))
     print(f"smollm3 with rope on every layer: rel {err:.2e}")
+    assert err > MUTATION_MIN
+
+
+def test_cohere2_global_layers_are_nope(tiny: Callable[[str], TinyModel]) -> None:
+    """Cohere 2 ropes only its sliding-window layers: the same file with rope on the global layer too
+    (the base ``Architecture.layer_rope``) misses HF by far."""
+    from llamapy.model.arch import Architecture
+    from llamapy.model.arch.command_r import CommandR
+
+    class RopeEverywhere(CommandR):
+        layer_rope = Architecture.layer_rope
+
+    tm = tiny("cohere2")
+    tokens = _tokens("cohere2")
+    ctx = _context(tm.write(GGMLType.F32))
+    ctx.model.impl.__class__ = RopeEverywhere
+    ctx.decode(Batch.from_tokens(tokens, logits_all=True))
+    err = _rel(ctx.get_logits(), tm.logits(tokens, GGMLType.F32))
+    print(f"cohere2 with rope on the global layers: rel {err:.2e}")
     assert err > MUTATION_MIN

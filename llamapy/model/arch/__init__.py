@@ -36,6 +36,13 @@ _FAMILY_MODULES = {
     "olmo2": "olmo2",
     "granite": "granite",
     "granitemoe": "granite",
+    "qwen2moe": "qwen2moe",
+    "olmoe": "olmoe",
+    "starcoder2": "starcoder2",
+    "stablelm": "stablelm",
+    "command-r": "command_r",
+    "cohere2": "command_r",
+    "gpt2": "gpt2",
 }
 
 

@@ -1,0 +1,34 @@
+"""Command-R (Cohere) and Command R7B (cohere2): one LayerNorm (no bias) feeds the attention and the
+SwiGLU FFN in parallel (x += attn(n) + ffn(n)), normal (interleaved) rope, output tied to the
+embeddings and multiplied by ``logit_scale``. Cohere 2 interleaves sliding-window layers (3 local, 1
+global) and ropes only the sliding-window layers: the global ones are NoPE."""
+
+from __future__ import annotations
+
+from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
+from ..hparams import HParams, MetaReader, swa_pattern
+from . import Architecture, register
+from .llama import build_dense, load_dense_tensors
+
+
+@register("command-r", "cohere2")
+class CommandR(Architecture):
+    @classmethod
+    def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
+        hp.f_logit_scale = md.f32("logit_scale", 0.0, required=hp.arch == "cohere2") or 0.0
+        if hp.arch == "cohere2":
+            hp.n_swa = md.u32("attention.sliding_window", required=True)
+            hp.swa_layers = swa_pattern(md, hp.n_layer, 4)
+
+    def load_tensors(self, t: TensorLoader) -> None:
+        load_dense_tensors(self, t, ffn_norm=False)
+        self._finish_tensors(t)
+
+    def layer_rope(self, il: int, n_ctx: int = 0) -> Rope | None:
+        if self.hp.arch == "cohere2" and not self.hp.is_swa(il):
+            return None
+        return super().layer_rope(il, n_ctx)
+
+    def build(self, g: GraphBuilder) -> Outputs:
+        scale = self.hp.f_logit_scale
+        return build_dense(self, g, norm="layer", parallel=True, logit_scale=1.0 / scale if scale else 0.0)
