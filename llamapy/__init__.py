@@ -15,13 +15,15 @@ _LAZY = {
     "Llama": "llamapy.api",
     "LlamaState": "llamapy.api",
     "LlamaGrammar": "llamapy.grammar",
+    "LlamaPromptLookupDecoding": "llamapy.generation.speculative",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from .api import Llama, LlamaState
+    from .generation.speculative import LlamaPromptLookupDecoding
     from .grammar import LlamaGrammar
 
-__all__ = ["Llama", "LlamaGrammar", "LlamaState", "__version__"]
+__all__ = ["Llama", "LlamaGrammar", "LlamaPromptLookupDecoding", "LlamaState", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -222,6 +222,9 @@ def test_context_shift_through_the_api():
     out = llm("abc>", max_tokens=40, temperature=0, logit_bias={EOS: float("-inf")})
     assert out["usage"]["completion_tokens"] == 40
     assert llm._seq.n_shifted > 0 and llm.input_ids[:4].tolist() == [BOS, 97, 98, 99]
+    # a prompt longer than the context is truncated (n_keep tokens and its end), as llama-server does
+    out = llm("abc>" * 12, max_tokens=4, temperature=0, logit_bias={EOS: float("-inf")})
+    assert out["usage"]["completion_tokens"] == 4 and llm.input_ids[:4].tolist() == [BOS, 97, 98, 99]
 
 
 # ------------------------------------------------------------------------------------ the real model
@@ -313,3 +316,22 @@ def test_vocab_only(smollm2_path):
     assert llm.detokenize([7042]) == b" Paris"
     with pytest.raises(Exception, match="vocab_only"):
         llm("hello", max_tokens=1)
+
+
+def test_real_conversation_longer_than_the_context_keeps_n_keep(smollm2_path):
+    llm = Llama(str(smollm2_path), n_ctx=256, n_batch=64, context_shift=True, n_keep=8, verbose=False)
+    msgs = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]
+    llm.create_chat_completion(msgs, max_tokens=1, temperature=0)
+    head = llm.input_ids[:8].tolist()  # the conversation's first tokens
+    eos = llm.token_eos()
+    out = llm.create_chat_completion(msgs, max_tokens=400, temperature=0, logit_bias={eos: float("-inf")})
+    assert out["usage"]["completion_tokens"] == 400 and out["choices"][0]["finish_reason"] == "length"
+    assert out["choices"][0]["message"]["content"]
+    seq = llm._seq
+    assert seq.n_shifted > 0 and len(seq) <= 256 and llm.input_ids[:8].tolist() == head
+    mem = llm.ctx.memory
+    assert (mem.seq_pos_min(0), mem.seq_pos_max(0)) == (0, len(seq) - 1)
+    # the conversation goes on after the shifts
+    msgs += [out["choices"][0]["message"], {"role": "user", "content": "Thanks! Now a short one."}]
+    more = llm.create_chat_completion(msgs, max_tokens=8, temperature=0)
+    assert more["usage"]["completion_tokens"] >= 1 and llm.input_ids[:8].tolist() == head

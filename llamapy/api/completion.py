@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..generation import ContextFullError, GenerationParams, Step, generate
+from ..generation import ContextFullError, GenerationParams, Step, generate, truncate_prompt
 from ..sampling.logprobs import log_softmax, top_logprobs
 from .common import LogitsProcessor, StoppingCriteria, UnsupportedError
 from .infill import FimError, FimTokens, assemble
@@ -57,6 +57,9 @@ class CompletionMixin:
         ``parser``: a chat format's parser)."""
         seq = self._need_ctx()
         n_ctx = self.n_ctx()
+        if len(prompt_tokens) >= n_ctx and seq.context_shift and n_ctx >= 4:
+            # as llama-server with --context-shift: keep n_keep tokens and the end of the prompt
+            prompt_tokens = truncate_prompt(prompt_tokens, n_ctx, seq.n_keep)
         if len(prompt_tokens) >= n_ctx:
             raise ValueError(f"Requested tokens ({len(prompt_tokens)}) exceed context window of {n_ctx}")
         if max_tokens is None or max_tokens <= 0:
@@ -79,7 +82,7 @@ class CompletionMixin:
         )
         gen = generate(
             seq, chain, self.vocab, prompt_tokens, params, stopping_criteria=crit, logits_processor=lp,
-            grammar=gs, parser=parser,
+            grammar=gs, parser=parser, draft_model=getattr(self, "draft_model", None),
         )  # fmt: skip
         try:
             yield from gen

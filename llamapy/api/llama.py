@@ -70,10 +70,15 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         n_keep: int = 0,
         **kwargs: Any,
     ) -> None:
-        for name, value in (("lora_path", lora_path), ("lora_base", lora_base), ("draft_model", draft_model),
-                            ("chat_handler", chat_handler), ("tokenizer", tokenizer), ("kv_overrides", kv_overrides)):  # fmt: skip
+        for name, value in (("lora_path", lora_path), ("lora_base", lora_base), ("chat_handler", chat_handler),
+                            ("tokenizer", tokenizer), ("kv_overrides", kv_overrides)):  # fmt: skip
             if value:
                 raise UnsupportedError(f"Llama({name}=...) is not supported by llamapy")
+        if draft_model is not None and not callable(draft_model):
+            raise TypeError(
+                "Llama(draft_model=...) must be called as draft(input_ids) -> token ids, such as "
+                f"llamapy.LlamaPromptLookupDecoding(); got {type(draft_model).__name__}"
+            )
         from ..model import Model
 
         self.model_path = str(model_path)
@@ -96,7 +101,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
             ctx = Context(model, ContextParams(**cp))
         self._setup(model, ctx, seed=seed, logits_all=logits_all, embedding=embedding, chat_format=chat_format,
                     spm_infill=spm_infill, context_shift=context_shift, n_keep=n_keep,
-                    last_n_tokens_size=last_n_tokens_size)  # fmt: skip
+                    last_n_tokens_size=last_n_tokens_size, draft_model=draft_model)  # fmt: skip
         if verbose:
             import sys
 
@@ -126,6 +131,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         n_keep: int = 0,
         last_n_tokens_size: int = 64,
         batch_factory: Callable[..., Any] | None = None,
+        draft_model: Any = None,
     ) -> None:
         self.model = self._model = model
         self.ctx = self._ctx = ctx
@@ -137,6 +143,8 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         self.chat_template: str | None = None  # Jinja source overriding the model's and chat_format
         self.spm_infill = spm_infill
         self.last_n_tokens_size = last_n_tokens_size
+        # speculative decoding: draft(input_ids) -> guessed tokens (llamapy.LlamaPromptLookupDecoding)
+        self.draft_model = draft_model
         self.metadata = {k: str(v) for k, v in getattr(model, "metadata", {}).items() if not isinstance(v, list | np.ndarray)}  # fmt: skip
         self._scores: np.ndarray | None = None
         self._seq: TokenSequence | None = None

@@ -52,6 +52,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "-n", "--n-predict", type=int, default=-1, help="default max tokens per answer (-1: no limit)"
     )
+    p.add_argument(
+        "--context-shift",
+        action="store_true",
+        help="when a slot's context is full, drop old tokens and continue (and truncate a too long prompt)",
+    )
+    p.add_argument(
+        "--keep",
+        type=_keep,
+        default=0,
+        metavar="N",
+        help="tokens of the prompt a context shift keeps (-1 = all; a request's n_keep overrides it)",
+    )
     p.add_argument("--temp", type=float, default=0.8, help="default temperature")
     p.add_argument("--top-k", type=int, default=40, help="default top-k")
     p.add_argument("--top-p", type=float, default=0.95, help="default top-p")
@@ -66,6 +78,13 @@ def _positive(s: str) -> int:
     v = int(s)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _keep(s: str) -> int:
+    v = int(s)
+    if v < -1:
+        raise argparse.ArgumentTypeError(f"must be -1 (the whole prompt) or 0 or more, got {v}")
     return v
 
 
@@ -117,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
             seed=LLAMA_DEFAULT_SEED if args.seed < 0 else args.seed,
         ),
         n_predict=args.n_predict,
+        n_keep=args.keep,
     )
     settings = ServerSettings(
         model_path=str(model_path),
@@ -129,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         slot_save_path=args.slot_save_path,
         max_body_bytes=args.max_body_size,
         n_batch=args.batch_size,
+        context_shift=args.context_shift,
         defaults=defaults,
     )
 

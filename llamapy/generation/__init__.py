@@ -10,7 +10,13 @@
 
 from ..memory import ContextFullError
 from .loop import Generation, GenerationParams, Step, TokenLogprob, generate
-from .sequence import PromptTooLongError, TokenSequence, common_prefix_length
+from .sequence import (
+    PromptTooLongError,
+    TokenSequence,
+    common_prefix_length,
+    context_shift_plan,
+    truncate_prompt,
+)
 from .text import GenerationError, IncrementalDetokenizer, StopStrings
 
 __all__ = [
@@ -25,5 +31,7 @@ __all__ = [
     "TokenLogprob",
     "TokenSequence",
     "common_prefix_length",
+    "context_shift_plan",
     "generate",
+    "truncate_prompt",
 ]

@@ -214,6 +214,7 @@ def generate(
     params: GenerationParams | None = None,
     accept: Callable[[int], None] | None = None,
     stopping_criteria: Callable[[list[int], np.ndarray], bool] | None = None,
+    draft_model: Any = None,
     **generation: Any,
 ) -> Iterator[Step]:
     """Evaluate ``prompt`` and generate until end of generation, a stop string, a finished grammar or
@@ -225,18 +226,69 @@ def generate(
     generation before a sampled token is used; other keywords go to :class:`Generation`. Yields a
     :class:`Step` per token; the last step carries the finish reason. A full context raises
     :class:`ContextFullError` unless the sequence shifts its context.
+
+    ``draft_model`` (``draft(input_ids) -> tokens``, e.g. :class:`~.speculative.LlamaPromptLookupDecoding`)
+    turns on speculative decoding: the sampled token and the draft's guesses are evaluated in one batch,
+    each row's logits go through :meth:`Generation.step` in turn (detokenizer, stop strings, grammar,
+    limits, hooks see only the accepted tokens), guesses are kept while the sampler picks them and the
+    cache is cut back after the first one it does not (:mod:`.speculative`).
     """
     sampler = sample if hasattr(sample, "accept") and accept is None else _Callables(sample, accept)  # type: ignore[arg-type]
-    gen = Generation(
-        vocab, sampler, params, tokens=lambda: seq.tokens, stopping_criteria=stopping_criteria, **generation
-    )
+    n_seen: list[int | None] = [None]  # tokens the hooks see: all of seq.tokens, or the accepted ones
+
+    def tokens() -> list[int]:
+        n = n_seen[0]
+        return seq.tokens if n is None else seq.tokens[:n]
+
+    gen = Generation(vocab, sampler, params, tokens=tokens, stopping_criteria=stopping_criteria, **generation)
     seq.prefill(prompt)
+    n_vocab = _n_vocab(vocab)
+    step = gen.step(seq.logits())
+    yield step
     while True:
-        step = gen.step(seq.logits())
-        yield step
         if step.finish_reason is not None:
             return
         if gen.limit_reached:
             yield gen.finish("length", "limit")
             return
-        seq.eval([step.token])
+        assert step.token is not None
+        draft: list[int] = []
+        if draft_model is not None:
+            from .speculative import draft_tokens
+
+            n_max = seq.n_ctx - len(seq) - 1  # the batch must fit without a context shift in between
+            if gen.params.max_tokens >= 0:
+                n_max = min(n_max, gen.params.max_tokens - gen.n_generated)
+            draft = draft_tokens(draft_model, [*seq.tokens, step.token], n_vocab, n_max)
+        if not draft:
+            seq.eval([step.token])
+            step = gen.step(seq.logits())  # (eval gives every row with the sequence's logits_all)
+            yield step
+            continue
+        n0 = len(seq)
+        rows = seq.eval([step.token, *draft], logits_all=True)
+        try:
+            for i, guess in enumerate(draft):
+                n_seen[0] = n0 + 1 + i  # the tokens rows[i] was computed after
+                step = gen.step(rows[i])
+                yield step
+                if step.finish_reason is not None or gen.limit_reached or step.token != guess:
+                    seq.truncate(n0 + 1 + i)  # drop the guesses from this one on
+                    break
+            else:
+                n_seen[0] = None
+                step = gen.step(rows[len(draft)])  # every guess kept: the row after the last one
+                yield step
+        finally:
+            n_seen[0] = None
+
+
+def _n_vocab(vocab: Any) -> int:
+    n = getattr(vocab, "n_tokens", None)
+    n = n() if callable(n) else n
+    if n is None:
+        try:
+            n = len(vocab)
+        except TypeError:
+            n = 1 << 31
+    return int(n)

@@ -26,6 +26,44 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def context_shift_plan(n_past: int, n_keep: int, n_discard: int = 0) -> tuple[int, int]:
+    """The context shift of a sequence holding ``n_past`` tokens: ``(n_keep, n_discard)``, the tokens
+    kept at the start and how many after them are dropped (the rest then moves down by ``n_discard``),
+    as llama.cpp's ``--context-shift --keep N`` (``n_discard`` 0: half of what follows ``n_keep``).
+
+    Every value is clamped into range here, whatever the caller passed (llama.cpp's unchecked
+    ``n_discard`` from a request body is a known out-of-bounds bug class): ``n_keep`` into
+    ``[0, n_past]``, ``n_discard`` into ``[1, n_past - n_keep]``. Raises :class:`ContextFullError`
+    when nothing can be dropped (``n_keep`` covers everything but at most one token).
+    """
+    n_past = max(int(n_past), 0)
+    n_keep = min(max(int(n_keep), 0), n_past)
+    n_left = n_past - n_keep
+    n_discard = int(n_discard)
+    n_discard = min(n_discard, n_left) if n_discard > 0 else n_left // 2
+    if n_discard <= 0:
+        raise ContextFullError(
+            f"context full: {n_past} tokens, and --keep {n_keep} (n_keep) leaves nothing to shift out"
+        )
+    return n_keep, n_discard
+
+
+def truncate_prompt(prompt: Sequence[int], n_ctx: int, n_keep: int) -> list[int]:
+    """A prompt of ``n_ctx`` tokens or more cut to fit with room to generate, as llama-server did with
+    ``--context-shift``: the first ``n_keep`` tokens (clamped to ``n_ctx - 4``, at least 0), then the end
+    of the prompt, dropping whole blocks of ``(n_ctx - n_keep) // 2`` tokens after ``n_keep``; the result
+    has fewer than ``n_ctx`` tokens. A prompt that fits is returned as it is."""
+    prompt = list(prompt)
+    if len(prompt) < n_ctx:
+        return prompt
+    if n_ctx < 4:
+        raise PromptTooLongError(f"a context of {n_ctx} tokens is too small to truncate a prompt into")
+    n_keep = min(max(int(n_keep), 0), n_ctx - 4)
+    block = (n_ctx - n_keep) // 2
+    erased = (len(prompt) - n_keep - block) // block
+    return prompt[:n_keep] + prompt[n_keep + erased * block :]
+
+
 class TokenSequence:
     """The tokens of one sequence of a :class:`llamapy.context.Context`, evaluated in batches.
 
@@ -90,13 +128,7 @@ class TokenSequence:
     def shift(self) -> int:
         """Drop half of the tokens after ``n_keep`` and move the rest down; returns how many were dropped."""
         n_past = len(self.tokens)
-        n_keep = min(max(self.n_keep, 0), n_past)
-        n_discard = (n_past - n_keep) // 2
-        if n_discard <= 0:
-            raise ContextFullError(
-                f"context full: {n_past} tokens in a context of {self.n_ctx}, and --keep {self.n_keep} "
-                f"leaves nothing to shift out"
-            )
+        n_keep, n_discard = context_shift_plan(n_past, self.n_keep)
         mem = self.ctx.memory
         mem.seq_rm(self.seq_id, n_keep, n_keep + n_discard)
         mem.seq_add(self.seq_id, n_keep + n_discard, n_past, -n_discard)

@@ -62,6 +62,7 @@ class ServerSettings:
     slot_save_path: str | None = None  # --slot-save-path: enables POST /slots/{id}?action=...
     max_body_bytes: int = 8 << 20
     n_batch: int | None = None  # tokens per engine step (default: the backend's n_batch)
+    context_shift: bool = False  # --context-shift: a full slot drops old tokens instead of stopping
     defaults: P.Defaults = field(default_factory=P.Defaults)
 
     @property
@@ -86,7 +87,8 @@ class ServerState:
         return self.engine, self.backend
 
     def attach(self, backend: Backend) -> None:
-        engine = Engine(backend, n_batch=self.settings.n_batch, metrics=self.metrics)
+        s = self.settings
+        engine = Engine(backend, n_batch=s.n_batch, metrics=self.metrics, context_shift=s.context_shift)
         engine.start()
         self.backend, self.engine = backend, engine
 
@@ -285,7 +287,7 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         req: CompletionRequest = await _body(request, CompletionRequest)
         P.check_unsupported(req)
         n_predict = P.n_predict_from(
-            req.max_tokens, "max_tokens", engine.n_ctx_slot, 16, allow_unlimited=False
+            req.max_tokens, "max_tokens", engine.n_ctx_slot, 16, False, engine.context_shift
         )
         gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel)
         if req.logprobs is not None:
@@ -314,7 +316,7 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         _no_completions(backend)
         req: NativeCompletionRequest = await _body(request, NativeCompletionRequest)
         P.n_choices(req, allowed=False)
-        n_predict = P.native_n_predict(req, engine.n_ctx_slot, s.defaults)
+        n_predict = P.native_n_predict(req, engine.n_ctx_slot, s.defaults, engine.context_shift)
         gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel)
         gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
         tokens = await run_in_threadpool(P.tokenize_prompt, req.prompt, backend)
@@ -329,7 +331,7 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         _no_completions(backend)
         req: InfillRequest = await _body(request, InfillRequest)
         P.n_choices(req, allowed=False)
-        n_predict = P.native_n_predict(req, engine.n_ctx_slot, s.defaults)
+        n_predict = P.native_n_predict(req, engine.n_ctx_slot, s.defaults, engine.context_shift)
         gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel)
         gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
         args = (req, backend, engine.n_batch, engine.n_ctx_slot, n_predict)
@@ -407,7 +409,7 @@ async def chat_inputs(
     P.check_unsupported(req)
     P.n_choices(req, allowed=n_allowed)
     n = P.n_predict_from(
-        n_predict, n_predict_name, engine.n_ctx_slot, s.defaults.n_predict, allow_unlimited=False
+        n_predict, n_predict_name, engine.n_ctx_slot, s.defaults.n_predict, False, engine.context_shift
     )
     gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n, engine.n_parallel)
     if req.logprobs:
@@ -454,7 +456,7 @@ class _Stream:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
 
     def start(self) -> None:
-        if len(self.task.prompt) >= self.engine.n_ctx_slot:
+        if len(self.task.prompt) >= self.engine.n_ctx_slot and not self.engine.context_shift:
             from .engine import _prompt_error
 
             raise _prompt_error(len(self.task.prompt), self.engine.n_ctx_slot)

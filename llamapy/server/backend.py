@@ -36,6 +36,10 @@ class Backend(Protocol):
 
     def embeddings_seq(self, seq: int) -> np.ndarray: ...
     def seq_rm(self, seq: int, p0: int, p1: int) -> bool: ...
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        """Move ``seq``'s positions in [p0, p1) by ``delta`` (a context shift; the keys are re-roped)."""
+        ...
+
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         """Make ``dst`` share ``src``'s cells at positions [p0, p1) (``dst`` is empty there)."""
         ...
@@ -143,6 +147,9 @@ class ContextBackend:
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         self.ctx.memory.seq_cp(src, dst, p0, p1)
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        self.ctx.memory.seq_add(seq, p0, p1, delta)
 
     @property
     def chat_template(self) -> Any:

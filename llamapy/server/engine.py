@@ -13,6 +13,15 @@ Request handlers talk to the engine with :meth:`Engine.submit` (a :class:`Task` 
 function on the engine thread between two steps (slot save/restore/erase). The choices of an ``n > 1``
 request are tasks whose ``leader`` is the first one: they wait for its prompt, then share its KV cells
 (``seq_cp``) and sample their first token from its last prompt logits.
+
+With ``context_shift`` (``llamapy serve --context-shift``), a slot whose context fills while generating
+drops ``n_discard`` tokens after its first ``n_keep`` ones and moves the rest down (``seq_rm`` +
+``seq_add``, the arithmetic of :func:`llamapy.generation.context_shift_plan`, shared with the ``Llama``
+API), and a prompt that does not fit is truncated (:func:`llamapy.generation.truncate_prompt`), as
+llama-server does. The request's ``n_keep``/``n_discard`` are range-checked when the request is parsed
+(a 400) and clamped again here against what the slot holds, so no value reaches the KV cache out of
+bounds. Prompts are then never shared between slots with ``seq_cp``: shifting a sequence moves the
+positions of every cell it holds, and a shared cell would move under the other sequence too.
 """
 
 from __future__ import annotations
@@ -30,7 +39,15 @@ from typing import Any
 
 import numpy as np
 
-from ..generation import Generation, GenerationParams, Step, common_prefix_length
+from ..generation import (
+    ContextFullError,
+    Generation,
+    GenerationParams,
+    Step,
+    common_prefix_length,
+    context_shift_plan,
+    truncate_prompt,
+)
 from .backend import Backend
 from .errors import APIError
 from .metrics import Metrics
@@ -55,6 +72,10 @@ class GenParams:
     chat_format: Any = None  # a llamapy.chat.ChatFormat parsing tool calls and reasoning
     chat_syntax: Any = None  # its llamapy.chat.ChatSyntax for this request
     preserved_tokens: list[int] = field(default_factory=list)  # special tokens kept as text
+    # context shift (with Engine(context_shift=True)): prompt tokens kept at the start (-1: the whole
+    # prompt; BOS is kept on top, as llama-server does), and tokens dropped per shift (0: half the rest)
+    n_keep: int = 0
+    n_discard: int = 0
 
 
 @dataclass
@@ -84,6 +105,8 @@ class Event:
     slot_id: int = -1
     error: APIError | None = None
     embedding: np.ndarray | None = None
+    truncated: bool = False  # the prompt was cut to fit the slot (context shift)
+    n_shifted: int = 0  # tokens dropped by context shifts during this request
     deltas: list[Any] = field(
         default_factory=list
     )  # chat deltas (llamapy.chat.ChatDelta), with a chat format
@@ -132,14 +155,25 @@ class Slot:
         self.next_token = -1
         self.n_cached = 0
         self.n_decoded = 0
+        self.n_keep = 0  # tokens a context shift keeps at the start (clamped for this slot)
+        self.n_shifted = 0  # tokens dropped by context shifts in this request
+        self.truncated = False
         self.t_start = self.t_first = 0.0
 
 
 class Engine:
     """Owns the backend; serves tasks from a worker thread (see the module docstring)."""
 
-    def __init__(self, backend: Backend, n_batch: int | None = None, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        n_batch: int | None = None,
+        metrics: Metrics | None = None,
+        context_shift: bool = False,
+    ) -> None:
         self.backend = backend
+        self.context_shift = bool(context_shift)
+        self._bos = list(backend.tokenize("", True, False))[:1]  # what the tokenizer starts a text with
         self.n_parallel = max(1, int(backend.n_seq_max))
         self.n_ctx_slot = int(backend.n_ctx) // self.n_parallel
         self.n_batch = min(int(n_batch or backend.n_batch), int(backend.n_batch))  # tokens per step
@@ -202,6 +236,8 @@ class Engine:
                 "is_processing": s.state is not SlotState.IDLE,
                 "id_task": task.id if task else -1,
                 "n_cached_tokens": len(s.cache),
+                "n_keep": s.n_keep,
+                "n_shifted": s.n_shifted,
                 "next_token": {
                     "has_next_token": s.state is SlotState.GENERATING,
                     "n_decoded": s.n_decoded,
@@ -370,9 +406,14 @@ class Engine:
         s._reset_request()
         s.task = task
         s.t_start = time.perf_counter()
-        if len(task.prompt) >= s.n_ctx or not task.prompt:
+        if not task.prompt or (len(task.prompt) >= s.n_ctx and not self._may_truncate(task, s)):
             self._fail(s, _prompt_error(len(task.prompt), s.n_ctx))
             return
+        if task.kind == "completion":
+            s.n_keep = self._n_keep(task, s)
+            if len(task.prompt) >= s.n_ctx:
+                task.prompt = truncate_prompt(task.prompt, s.n_ctx, s.n_keep)
+                s.truncated = True
         if task.kind == "embedding":
             n_keep = 0
         else:
@@ -392,7 +433,7 @@ class Engine:
             except Exception as e:
                 self._fail(s, APIError(400, f"invalid sampling parameters: {e}"))
                 return
-            if task.leader is not None and self._share_prompt(s, task):
+            if task.leader is not None and not self.context_shift and self._share_prompt(s, task):
                 lead = task.leader
                 assert lead.prompt_logits is not None
                 self._sample(s, lead.prompt_logits.copy())
@@ -447,7 +488,10 @@ class Engine:
         if s.n_decoded == 0:
             s.t_first = now
         s.n_decoded = gen.n_generated
-        if step.finish_reason is None and (gen.limit_reached or len(s.cache) + 1 > s.n_ctx):
+        full = step.finish_reason is None and not gen.limit_reached and len(s.cache) + 1 > s.n_ctx
+        if full and self.context_shift:
+            full = not self._shift(s)
+        if step.finish_reason is None and (gen.limit_reached or full):
             self._finish(s, [step, gen.finish("length", "limit")])
         elif step.finish_reason is not None:
             self._finish(s, [step])
@@ -456,6 +500,44 @@ class Engine:
             s.state = SlotState.GENERATING
             s.next_token = step.token
             self._send(task, self._event(step, s))
+
+    def _may_truncate(self, task: Task, s: Slot) -> bool:
+        return self.context_shift and task.kind == "completion" and s.n_ctx >= 4
+
+    def _n_keep(self, task: Task, s: Slot) -> int:
+        """The request's ``n_keep`` for this slot: -1 is the whole prompt; BOS counts on top (as in
+        llama-server); at most ``n_ctx - 4``, so a shift always has tokens to drop."""
+        n = task.params.n_keep
+        if n < 0:
+            n = len(task.prompt)
+        elif n > 0 and self._bos and task.prompt[:1] == self._bos:
+            n += 1
+        return max(0, min(n, s.n_ctx - 4))
+
+    def _shift(self, s: Slot) -> bool:
+        """Make room in a full slot: drop ``n_discard`` tokens after the first ``n_keep`` and move the
+        rest down. False (the request then ends with "length") when nothing can be dropped or the
+        memory cannot remove the range (a sliding-window cache that no longer holds what it needs)."""
+        task = s.task
+        assert task is not None
+        n_past = len(s.cache)
+        try:
+            n_keep, n_discard = context_shift_plan(n_past, s.n_keep, task.params.n_discard)
+        except ContextFullError:
+            return False
+        b = self.backend
+        try:
+            if not b.seq_rm(s.id, n_keep, n_keep + n_discard):
+                return False
+            b.seq_add(s.id, n_keep + n_discard, n_past, -n_discard)
+        except Exception:
+            b.seq_rm(s.id, -1, -1)  # the cells are in an unknown state: start the slot afresh
+            s.cache.clear()
+            raise
+        del s.cache[n_keep : n_keep + n_discard]
+        s.n_shifted += n_discard
+        log.info("slot %d: context shift, kept %d, dropped %d of %d tokens", s.id, n_keep, n_discard, n_past)
+        return True
 
     def _event(self, step: Step, s: Slot) -> Event:
         """An event for one step (token, text, log-probabilities, chat deltas)."""
@@ -490,6 +572,7 @@ class Engine:
         ev.n_prompt = len(task.prompt)
         ev.n_cached = s.n_cached
         ev.n_predicted = s.n_decoded
+        ev.truncated, ev.n_shifted = s.truncated, s.n_shifted
         ev.prompt_ms = (t_first - s.t_start) * 1e3
         ev.predicted_ms = (now - t_first) * 1e3
         self.metrics.add_request(

@@ -28,6 +28,7 @@ class Defaults:
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
     n_predict: int = -1
+    n_keep: int = 0  # --keep: tokens a context shift keeps (-1: the whole prompt)
 
 
 def check_unsupported(req: SamplingFields) -> None:
@@ -94,7 +95,18 @@ def completion_grammar(req: SamplingFields, vocab: Any) -> Any:
         raise _grammar_error(e, name) from None
 
 
-def n_predict_from(value: int | None, name: str, n_ctx_slot: int, default: int, allow_unlimited: bool) -> int:
+MAX_N_PREDICT = 1 << 24  # with a context shift an answer may outgrow the slot, up to this
+
+
+def n_predict_from(
+    value: int | None,
+    name: str,
+    n_ctx_slot: int,
+    default: int,
+    allow_unlimited: bool,
+    context_shift: bool = False,
+) -> int:
+    """A token limit: at most the slot's context, or :data:`MAX_N_PREDICT` with ``context_shift``."""
     if value is None:
         return default
     if allow_unlimited and value == -1:
@@ -105,6 +117,10 @@ def n_predict_from(value: int | None, name: str, n_ctx_slot: int, default: int, 
             f"'{name}' must be at least {lo}{' (or -1 for no limit)' if allow_unlimited else ''}, got {value}",
             name,
         )
+    if context_shift:
+        if value > MAX_N_PREDICT:
+            raise bad_request(f"'{name}' must be at most {MAX_N_PREDICT}, got {value}", name)
+        return value
     if value > n_ctx_slot:
         raise bad_request(
             f"'{name}' is {value} but a slot's context holds only {n_ctx_slot} tokens (prompt included)", name
@@ -166,8 +182,11 @@ def gen_params(
         raise bad_request(
             f"'id_slot' {req.id_slot} does not exist (the server has {n_slots} slots)", "id_slot"
         )
+    n_keep, n_discard = shift_params(req, defaults, n_ctx_slot)
     return GenParams(
         n_predict=n_predict,
+        n_keep=n_keep,
+        n_discard=n_discard,
         sampling=cfg,
         stop=[s for s in stop if s],
         ignore_eos=req.ignore_eos,
@@ -175,6 +194,29 @@ def gen_params(
         cache_prompt=req.cache_prompt,
         id_slot=-1 if req.id_slot is None else req.id_slot,
     )
+
+
+def shift_params(req: SamplingFields, defaults: Defaults, n_ctx_slot: int) -> tuple[int, int]:
+    """The request's ``n_keep`` and ``n_discard``, checked here (a 400 when out of range): ``n_keep``
+    -1 (the whole prompt) or 0 to ``n_ctx_slot - 1``; ``n_discard`` 0 (half of what follows
+    ``n_keep``) to ``n_ctx_slot - 1``. The engine clamps both again against what the slot holds at each
+    shift (:func:`llamapy.generation.context_shift_plan`), so a value that passes here still never
+    reaches the KV cache out of bounds."""
+    n_keep = defaults.n_keep if req.n_keep is None else req.n_keep
+    if not -1 <= n_keep < n_ctx_slot:
+        raise bad_request(
+            f"'n_keep' must be -1 (the whole prompt) or between 0 and {n_ctx_slot - 1} (a slot's context "
+            f"holds {n_ctx_slot} tokens), got {n_keep}",
+            "n_keep",
+        )
+    n_discard = req.n_discard or 0
+    if not 0 <= n_discard < n_ctx_slot:
+        raise bad_request(
+            f"'n_discard' must be between 0 (half of the tokens after n_keep) and {n_ctx_slot - 1}, "
+            f"got {n_discard}",
+            "n_discard",
+        )
+    return n_keep, n_discard
 
 
 def logit_bias_from(lb: Any, backend: Backend) -> dict[int, float]:
@@ -333,5 +375,9 @@ def chat_plan(req: ChatCompletionRequest, backend: Backend) -> Any:
         raise APIError(400, f"the chat template failed on these messages: {e}", param="messages") from None
 
 
-def native_n_predict(req: NativeCompletionRequest, n_ctx_slot: int, defaults: Defaults) -> int:
-    return n_predict_from(req.n_predict, "n_predict", n_ctx_slot, defaults.n_predict, allow_unlimited=True)
+def native_n_predict(
+    req: NativeCompletionRequest, n_ctx_slot: int, defaults: Defaults, context_shift: bool = False
+) -> int:
+    return n_predict_from(
+        req.n_predict, "n_predict", n_ctx_slot, defaults.n_predict, True, context_shift=context_shift
+    )

@@ -85,6 +85,9 @@ class SamplingFields(_Body):
     user: str | None = None
     grammar: str | None = None  # llama.cpp GBNF (or llguidance Lark after "%llguidance")
     json_schema: dict[str, Any] | bool | None = None
+    # llama-server's context shift fields (range-checked against the slot in params.gen_params)
+    n_keep: int | None = None
+    n_discard: int | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -120,7 +123,6 @@ class NativeCompletionRequest(SamplingFields):
 
     prompt: str | list[int | str]
     n_predict: int | None = None
-    n_keep: int | None = None
     return_tokens: bool = False
 
 

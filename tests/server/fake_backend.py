@@ -4,7 +4,10 @@ Tokens 0..255 are bytes, 256 is BOS and 257 EOS; 258..263 are the fill-in-the-mi
 (prefix, suffix, middle, pad, repo, file separator), declared only with ``fim=True`` (``fim="basic"``:
 prefix/suffix/middle only). The "model" keeps a real per-sequence KV list and
 checks positions like a KV cache would, so the engine's cache bookkeeping is tested for real: after a
-sequence s the next token is s[len(s) // 2] (BOS counts as "a"), and after "!" it is EOS.
+sequence s the next token is s[len(s) // 2] (BOS counts as "a"), and after "!" it is EOS. Each cached
+token has a position (``pos``): ``seq_rm`` can leave a hole and ``seq_add`` moves positions, and a decode
+must continue right after the highest position with the positions 0..n-1 all filled (as a context
+shift leaves them).
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ def reference(prompt: Sequence[int], n: int) -> list[int]:
     return out
 
 
+def _in(p: int, p0: int, p1: int) -> bool:
+    """Position ``p`` in [p0, p1), negative bounds open (as llama.cpp's seq_rm/seq_add)."""
+    return (p0 < 0 or p >= p0) and (p1 < 0 or p < p1)
+
+
 class FakeBackend:
     def __init__(
         self,
@@ -71,7 +79,9 @@ class FakeBackend:
             self.n_vocab = N_VOCAB_FIM
         self.embeddings = False
         self.delay = delay
-        self.kv: dict[int, list[int]] = {i: [] for i in range(n_seq_max)}
+        self.kv: dict[int, list[int]] = {i: [] for i in range(n_seq_max)}  # tokens, in position order
+        self.pos: dict[int, list[int]] = {i: [] for i in range(n_seq_max)}  # their positions
+        self.n_seq_add = 0  # context shifts seen
         self.batches: list[list[tuple[int, int]]] = []  # per decode: (seq, n_tokens) pairs
         self.thread_ids: set[int] = set()
         self.n_seq_cp = 0  # prompts shared between slots (n > 1)
@@ -115,9 +125,11 @@ class FakeBackend:
         rows = []
         with self.lock:
             for t, p, s, o in zip(tokens, pos, seq_ids, outputs, strict=True):
-                kv = self.kv[s]
+                kv, kp = self.kv[s], self.pos[s]
                 assert p == len(kv), f"seq {s}: position {p} but the cache holds {len(kv)} tokens"
+                assert kp == list(range(len(kp))), f"seq {s}: decoding over a hole in positions {kp}"
                 kv.append(int(t))
+                kp.append(int(p))
                 assert sum(len(v) for v in self.kv.values()) <= self.n_ctx, "KV cache overflow"
                 if o:
                     z = np.zeros(self.n_vocab, np.float32)
@@ -134,12 +146,22 @@ class FakeBackend:
         return v / np.linalg.norm(v)
 
     def seq_rm(self, seq: int, p0: int, p1: int) -> bool:
-        kv = self.kv[seq]
-        p0 = max(p0, 0)
-        if p1 < 0 or p1 >= len(kv):
-            del kv[p0:]
-            return True
-        return False  # holes are not supported by this fake
+        with self.lock:
+            seqs = list(self.kv) if seq < 0 else [seq]
+            for q in seqs:
+                keep = [i for i, p in enumerate(self.pos[q]) if not _in(p, p0, p1)]
+                self.kv[q] = [self.kv[q][i] for i in keep]
+                self.pos[q] = [self.pos[q][i] for i in keep]
+        return True
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        with self.lock:
+            self.n_seq_add += 1
+            moved = [p + delta if _in(p, p0, p1) else p for p in self.pos[seq]]
+            pairs = sorted((p, t) for p, t in zip(moved, self.kv[seq], strict=True) if p >= 0)
+            assert len({p for p, _ in pairs}) == len(pairs), f"seq {seq}: seq_add made positions collide"
+            self.pos[seq] = [p for p, _ in pairs]
+            self.kv[seq] = [t for _, t in pairs]
 
     def fim_tokens(self):
         from llamapy.api.infill import FimError, FimTokens
@@ -153,6 +175,7 @@ class FakeBackend:
 
     def state_seq_get(self, seq: int) -> bytes:
         with self.lock:
+            assert self.pos[seq] == list(range(len(self.pos[seq]))), "saving a sequence with holes"
             kv = np.asarray(self.kv[seq], dtype="<i4")
         return STATE_MAGIC + len(kv).to_bytes(4, "little") + kv.tobytes()
 
@@ -167,6 +190,7 @@ class FakeBackend:
             if sum(len(v) for s, v in self.kv.items() if s != seq) + n > self.n_ctx:
                 raise ValueError("KV cache overflow")
             self.kv[seq] = toks
+            self.pos[seq] = list(range(n))
         return len(data)
 
     def identity(self) -> dict[str, Any]:
@@ -177,7 +201,9 @@ class FakeBackend:
             self.n_seq_cp += 1
             p0 = max(p0, 0)
             assert len(self.kv[dst]) == p0, "seq_cp into a sequence that does not end at p0"
-            self.kv[dst] += self.kv[src][p0 : len(self.kv[src]) if p1 < 0 else p1]
+            sel = [i for i, p in enumerate(self.pos[src]) if _in(p, p0, p1)]
+            self.kv[dst] += [self.kv[src][i] for i in sel]
+            self.pos[dst] += [self.pos[src][i] for i in sel]
 
     @property
     def chat_template(self):
