@@ -252,7 +252,7 @@ class NativeFormatter:
             "generation_settings": self.settings,
             "prompt": self.prompt,
             "has_new_line": "\n" in text,
-            "truncated": False,
+            "truncated": final.truncated,
             "stop_type": final.stop_type,
             "stopping_word": final.stopping_word,
             "tokens_cached": final.n_cached,
