@@ -335,3 +335,21 @@ def test_real_conversation_longer_than_the_context_keeps_n_keep(smollm2_path):
     msgs += [out["choices"][0]["message"], {"role": "user", "content": "Thanks! Now a short one."}]
     more = llm.create_chat_completion(msgs, max_tokens=8, temperature=0)
     assert more["usage"]["completion_tokens"] >= 1 and llm.input_ids[:8].tolist() == head
+
+
+@pytest.mark.parametrize(
+    "name", ["bert-bge", "command-r", "falcon", "gemma-4", "gpt-2", "mpt", "refact", "starcoder"]
+)
+def test_vocab_only_needs_no_architecture(name):
+    """The vocabulary of any GGUF loads with vocab_only=True; weights of an unknown family still refuse."""
+    from llamapy.model import Model
+    from llamapy.model.arch import is_known_architecture
+    from llamapy.vocab import load_vocab
+
+    path = shared_path("vocab", f"ggml-vocab-{name}.gguf")
+    llm = Llama(str(path), vocab_only=True, verbose=False)
+    text = "Hello world, 123 — ünïcode"
+    assert llm.tokenize(text.encode()) == load_vocab(path).tokenize(text, add_special=True)
+    if not is_known_architecture(llm.model.hparams.arch):
+        with pytest.raises(Exception, match="unknown model architecture"):
+            Model.load(path)

@@ -47,12 +47,15 @@ class Model:
         progress_callback: ProgressCallback | None = None,
         vocab_only: bool = False,
     ) -> Model:
-        from .arch import get_architecture
+        from .arch import Architecture, get_architecture, is_known_architecture
         from .blocks import TensorLoader
 
         t0 = time.perf_counter()
         loader = ModelLoader(path, use_mmap=use_mmap, use_mlock=use_mlock)
-        arch_cls = get_architecture(loader.arch)
+        if vocab_only and not is_known_architecture(loader.arch):
+            arch_cls = Architecture  # the vocabulary needs no architecture: only the common hparams
+        else:
+            arch_cls = get_architecture(loader.arch)
         vocab = _load_vocab(loader)
         n_vocab_fallback = vocab.n_tokens if vocab is not None else 0
         if not n_vocab_fallback and "token_embd.weight" in loader.tensor_index:

@@ -56,6 +56,11 @@ def register(*names: str):
     return deco
 
 
+def is_known_architecture(name: str) -> bool:
+    """Whether ``general.architecture`` names a family llamapy can run."""
+    return name in _FAMILY_MODULES or name in REGISTRY
+
+
 def get_architecture(name: str) -> type[Architecture]:
     mod = _FAMILY_MODULES.get(name)
     if mod is not None:
