@@ -24,7 +24,7 @@ from .common import (
     ToolGrammar,
     assemble,
     call_from_object,
-    call_trigger,
+    call_triggers,
     expect_tag,
     json_rule,
     one_of,
@@ -104,16 +104,13 @@ class CommandR7BFormat(ChatFormat):
         }
         if not req.parallel:
             schema["maxItems"] = 1
-        prefix, extra = reasoning_prefix(req, self.think) if req.required else ("", [])
+        prefix, extra = reasoning_prefix(req, self.think)
         rules = [
             f"start: {prefix} {req.lit(START_ACTION)} {WS} calls {WS} {req.lit(END_ACTION)} {WS}",
             f"calls: {json_rule(schema)}",
             *extra,
         ]
-        triggers = ()
-        if not req.required:
-            triggers = (call_trigger(regex.escape(START_ACTION), self.think, req.thinking_forced_open),)
-        return ToolGrammar(assemble(rules), triggers, self.preserved)
+        return ToolGrammar(assemble(rules), call_triggers(req, self.think, START_ACTION), self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
         return CommandR7BParser(syntax)

@@ -602,8 +602,8 @@ class GrammarRequest:
 
 def reasoning_prefix(req: GrammarRequest, think: ThinkTags | None) -> tuple[str, list[str]]:
     """For ``required`` grammars (constrained from the first token): the reasoning block the answer may
-    start with (mandatory when the prompt opened it), as an element and its rules."""
-    if think is None:
+    start with (mandatory when the prompt opened it), as an element and its rules; nothing for lazy ones."""
+    if think is None or not req.required:
         return "", []
     body, rules = req.until("think_text", think.end)
     if req.thinking_forced_open:
@@ -619,6 +619,18 @@ def call_trigger(start_pattern: str, think: ThinkTags | None, forced_open: bool)
     s, e = regex.escape(think.start), regex.escape(think.end)
     head = rf"[\s\S]*?{e}" if forced_open else rf"(?:\s*{s}[\s\S]*?{e})?"
     return ("pattern_full", rf"^{head}(?:(?!{s})[\s\S])*?({start_pattern})[\s\S]*$")
+
+
+def call_triggers(
+    req: GrammarRequest, think: ThinkTags | None, call_start: str
+) -> tuple[tuple[str, str], ...]:
+    """The triggers of a lazy (``auto``) grammar: the call's first text ``call_start``, outside any
+    reasoning block; none for a ``required`` grammar (constrained from the first token)."""
+    if req.required:
+        return ()
+    if think is None:
+        return (("word", call_start),)
+    return (call_trigger(regex.escape(call_start), think, req.thinking_forced_open),)
 
 
 def assemble(rules: list[str]) -> str:

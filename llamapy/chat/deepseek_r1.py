@@ -28,7 +28,7 @@ from .common import (
     ToolCall,
     ToolGrammar,
     assemble,
-    call_trigger,
+    call_triggers,
     dump_arguments,
     json_rule,
     lark_str,
@@ -111,17 +111,14 @@ class DeepSeekR1Format(ChatFormat):
                     f'{req.lit(CALL_BEGIN)} "function" {req.lit(SEP)} {name_json} f{k}_args {WS} '
                     f'"```" {req.lit(CALL_END)}'
                 )
-        prefix, extra = reasoning_prefix(req, self.think) if req.required else ("", [])
+        prefix, extra = reasoning_prefix(req, self.think)
         rules = [
             f"start: {prefix} {req.lit(BEGIN)} {req.calls('call')} {req.lit(END)} {WS}",
             f"call: {' | '.join(alts)}",
             *rules,
             *extra,
         ]
-        triggers = ()
-        if not req.required:
-            triggers = (call_trigger(regex.escape(BEGIN), self.think, req.thinking_forced_open),)
-        return ToolGrammar(assemble(rules), triggers, self.preserved)
+        return ToolGrammar(assemble(rules), call_triggers(req, self.think, BEGIN), self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
         return DeepSeekParser(syntax, self.v31)

@@ -18,7 +18,7 @@ from .common import (
     ToolGrammar,
     assemble,
     call_from_object,
-    call_trigger,
+    call_triggers,
     json_rule,
     read_json,
     reasoning_prefix,
@@ -60,16 +60,13 @@ class GraniteFormat(ChatFormat):
     preserved = ("<think>", "</think>", "<response>", "</response>", TOOL_CALL)
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        prefix, extra = reasoning_prefix(req, self.think) if req.required else ("", [])
+        prefix, extra = reasoning_prefix(req, self.think)
         rules = [
             f"start: {prefix} call {WS}",
             f"call: {req.lit(TOOL_CALL)} {json_rule(call_array(req.functions, req.parallel))}",
             *extra,
         ]
-        triggers = ()
-        if not req.required:
-            triggers = (call_trigger(regex.escape(TOOL_CALL), self.think, req.thinking_forced_open),)
-        return ToolGrammar(assemble(rules), triggers, self.preserved)
+        return ToolGrammar(assemble(rules), call_triggers(req, self.think, TOOL_CALL), self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
         return GraniteParser(syntax)

@@ -23,7 +23,7 @@ from .common import (
     ToolGrammar,
     assemble,
     call_from_object,
-    call_trigger,
+    call_triggers,
     dump_arguments,
     expect_tag,
     json_rule,
@@ -96,21 +96,16 @@ class HermesFormat(ChatFormat):
             }
             for f in req.functions
         ]
-        prefix, extra = reasoning_prefix(req, self._grammar_think) if req.required else ("", [])
+        prefix, extra = reasoning_prefix(req, self._grammar_think)
         rules = [
             f"start: {prefix} {req.calls('call')}",
             f"call: {req.lit('<tool_call>')} {WS} call_json {WS} {req.lit('</tool_call>')}",
             f"call_json: {json_rule(one_of(schemas))}",
             *extra,
         ]
-        triggers = ()
-        if not req.required:
-            think = self._grammar_think
-            if think is None:
-                triggers = (("word", "<tool_call>"),)
-            else:
-                triggers = (call_trigger(regex.escape("<tool_call>"), think, req.thinking_forced_open),)
-        return ToolGrammar(assemble(rules), triggers, self.preserved)
+        return ToolGrammar(
+            assemble(rules), call_triggers(req, self._grammar_think, "<tool_call>"), self.preserved
+        )
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
         return HermesParser(syntax)

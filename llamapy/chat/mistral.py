@@ -28,7 +28,7 @@ from .common import (
     ToolGrammar,
     assemble,
     call_from_object,
-    call_trigger,
+    call_triggers,
     dump_arguments,
     json_rule,
     lark_str,
@@ -163,15 +163,9 @@ class MistralFormat(ChatFormat):
                 schema["maxItems"] = 1
             rules = [f"call: {tag} {json_rule(schema)}"]
         calls = req.calls("call") if self.named else "call"
-        prefix, extra = reasoning_prefix(req, self.think) if req.required else ("", [])
+        prefix, extra = reasoning_prefix(req, self.think)
         rules = [f"start: {prefix} {calls} {WS}", *rules, *extra]
-        triggers = ()
-        if not req.required:
-            if self.think is None:
-                triggers = (("word", TOOL_CALLS),)
-            else:
-                triggers = (call_trigger(regex.escape(TOOL_CALLS), self.think, req.thinking_forced_open),)
-        return ToolGrammar(assemble(rules), triggers, self.preserved)
+        return ToolGrammar(assemble(rules), call_triggers(req, self.think, TOOL_CALLS), self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
         return MistralParser(syntax, self.think)

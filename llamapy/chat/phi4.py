@@ -24,6 +24,7 @@ from .common import (
     ToolGrammar,
     assemble,
     call_from_object,
+    call_triggers,
     expect_tag,
     functions_of,
     json_rule,
@@ -115,8 +116,7 @@ class Phi4Format(ChatFormat):
             f"call: {req.lit(OPEN)} {WS} calls {WS} {req.lit(CLOSE)}",
             f"calls: {json_rule(call_array(req.functions, req.parallel))}",
         ]
-        triggers = () if req.required else (("word", OPEN),)
-        return ToolGrammar(assemble(rules), triggers, self.preserved)
+        return ToolGrammar(assemble(rules), call_triggers(req, None, OPEN), self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
         return Phi4Parser(syntax)

@@ -33,7 +33,7 @@ from .common import (
     ToolCall,
     ToolGrammar,
     assemble,
-    call_trigger,
+    call_triggers,
     expect_tag,
     functions_of,
     json_rule,
@@ -152,16 +152,10 @@ class Qwen3CoderFormat(ChatFormat):
         rules.insert(
             0, f'call: {req.lit("<tool_call>")} "\\n" ({" | ".join(alts)}) "\\n" {req.lit("</tool_call>")}'
         )
-        prefix, extra = reasoning_prefix(req, self.think) if req.required else ("", [])
+        prefix, extra = reasoning_prefix(req, self.think)
         rules.insert(0, f"start: {prefix} {req.calls('call')}")
         rules.extend(extra)
-        triggers = ()
-        if not req.required:
-            if self.think is None:
-                triggers = (("word", "<tool_call>"),)
-            else:
-                triggers = (call_trigger(regex.escape("<tool_call>"), self.think, req.thinking_forced_open),)
-        return ToolGrammar(assemble(rules), triggers, self.preserved)
+        return ToolGrammar(assemble(rules), call_triggers(req, self.think, "<tool_call>"), self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
         return Qwen3CoderParser(syntax)
