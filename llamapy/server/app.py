@@ -309,19 +309,25 @@ def _routes(app: FastAPI, state: ServerState) -> None:
             )
         return await _generate(request, engine, tokens, gp, fmts[0], req.stream, _include_usage(req))
 
+    async def native_params(req: NativeCompletionRequest) -> tuple[GenParams, dict[str, Any]]:
+        """``/completion`` and ``/infill``: GenParams (one choice, the grammar) and the settings echoed back."""
+        engine, backend = state.ready()
+        P.n_choices(req, allowed=False)
+        n_predict = P.native_n_predict(req, engine.n_ctx_slot, s.defaults, engine.context_shift)
+        gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel)
+        gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
+        settings = _settings_dict(gp.sampling, gp.n_predict) | {"stop": gp.stop, "n_probs": gp.n_probs}
+        return gp, settings
+
     @app.post("/completion")
     @app.post("/completions")
     async def completion_native(request: Request) -> Any:
         engine, backend = state.ready()
         _no_completions(backend)
         req: NativeCompletionRequest = await _body(request, NativeCompletionRequest)
-        P.n_choices(req, allowed=False)
-        n_predict = P.native_n_predict(req, engine.n_ctx_slot, s.defaults, engine.context_shift)
-        gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel)
-        gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
+        gp, settings = await native_params(req)
         tokens = await run_in_threadpool(P.tokenize_prompt, req.prompt, backend)
         prompt_text = req.prompt if isinstance(req.prompt, str) else backend.detokenize(tokens)
-        settings = _settings_dict(gp.sampling, gp.n_predict) | {"stop": gp.stop, "n_probs": gp.n_probs}
         fmt = NativeFormatter(s.model_id, prompt_text, settings, gp.n_probs, req.return_tokens)
         return await _generate(request, engine, tokens, gp, fmt, req.stream, False, done_marker=False)
 
@@ -330,13 +336,9 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         engine, backend = state.ready()
         _no_completions(backend)
         req: InfillRequest = await _body(request, InfillRequest)
-        P.n_choices(req, allowed=False)
-        n_predict = P.native_n_predict(req, engine.n_ctx_slot, s.defaults, engine.context_shift)
-        gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel)
-        gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
-        args = (req, backend, engine.n_batch, engine.n_ctx_slot, n_predict)
+        gp, settings = await native_params(req)
+        args = (req, backend, engine.n_batch, engine.n_ctx_slot, gp.n_predict)
         tokens = await run_in_threadpool(infill_tokens, *args)
-        settings = _settings_dict(gp.sampling, gp.n_predict) | {"stop": gp.stop, "n_probs": gp.n_probs}
         prompt_text = backend.detokenize(tokens)
         fmt = NativeFormatter(s.model_id, prompt_text, settings, gp.n_probs, req.return_tokens)
         return await _generate(request, engine, tokens, gp, fmt, req.stream, False, done_marker=False)
