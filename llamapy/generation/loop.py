@@ -112,8 +112,6 @@ class Generation:
         self._eog = eog_ids(vocab) if p.ignore_eos else None
         self.n_generated = 0
         self.done = False
-        self.finish_reason: str | None = None
-        self.message: Any = None
 
     def accept_prompt(self, tokens: Iterable[int]) -> None:
         """Let the sampler see the prompt (penalties and DRY count it, as in llama.cpp; a grammar does not)."""
@@ -185,14 +183,14 @@ class Generation:
             else:
                 text += self.stops.flush()
         deltas = self._parse(text)
+        message = None
         if self.parser is not None:
-            last, self.message = self.parser.finish()
+            last, message = self.parser.finish()
             deltas += last
-            if getattr(self.message, "tool_calls", None) and reason == "stop":
+            if getattr(message, "tool_calls", None) and reason == "stop":
                 reason = "tool_calls"
-        self.finish_reason = reason
         word = (self.stops.matched or "") if stop_type == "word" else ""
-        return Step(token, text, reason, logits, stop_type, word, logprob, eog_token, deltas, self.message)
+        return Step(token, text, reason, logits, stop_type, word, logprob, eog_token, deltas, message)
 
     def _parse(self, text: str) -> list[Any]:
         if self.parser is None or not text:
