@@ -8,11 +8,18 @@ transformers; the package never does).
 - ``effective_state_dict(sd, ftype)``: the HF weights as the file stores them (F16 rounding, Q8_0
   quantize + dequantize), so that the oracle runs with exactly the weights llamapy reads.
 - ``convert(family, config, sd)``: GGUF tensor names/layout and metadata; ``write_gguf`` writes them.
+
+A family whose conversion does not fit the shared mapping lives in its own module under
+``tests/model/families/`` (found and imported at the end of this file): it calls ``register`` with a
+``Family`` that carries its own hooks (``hf_model``, ``convert_fn``, ``metadata_fn``, ``f32_names``), and
+sets ``kind`` when its oracle is not causal-LM logits (``test_arch_hf`` runs the ``"causal-lm"`` ones).
 """
 
 from __future__ import annotations
 
+import importlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,9 +67,19 @@ class Family:
     arch: str  # general.architecture written to the file
     config_cls: str  # transformers config class name
     config_kw: dict[str, Any] = field(default_factory=dict)
+    # what the oracle compares: "causal-lm" (logits, test_arch_hf / test_hf_oracle), or the family
+    # module's own (e.g. "encoder": pooled and per-token embeddings)
+    kind: str = "causal-lm"
+    # hooks of a family module (None: the shared path below)
+    hf_model: Callable[[Any], torch.nn.Module] | None = None  # config -> the transformers model
+    convert_fn: Callable[[Family, Any, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
+    metadata_fn: Callable[[Family, Any, GGMLType], dict[str, Any]] | None = None  # replaces metadata()
+    f32_names: tuple[str, ...] = ()  # name suffixes (HF or GGUF) stored in F32 whatever the file type
+    common_config: bool = True  # start from _common()'s defaults
 
     def config(self) -> Any:
-        cfg = getattr(transformers, self.config_cls)(**_common(**self.config_kw))
+        kw = _common(**self.config_kw) if self.common_config else dict(self.config_kw)
+        cfg = getattr(transformers, self.config_cls)(**kw)
         cfg._attn_implementation = "eager"
         return cfg
 
@@ -333,9 +350,12 @@ def _randomize(model: torch.nn.Module, family: Family, seed: int) -> None:
 
 def build_hf(family: Family, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(
-        family.config(), attn_implementation="eager", dtype=torch.float32
-    )
+    if family.hf_model is not None:
+        model = family.hf_model(family.config()).to(torch.float32)
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(
+            family.config(), attn_implementation="eager", dtype=torch.float32
+        )
     _randomize(model, family, seed)
     model.eval()
     return model
@@ -369,6 +389,8 @@ def _is_router(name: str) -> bool:
 
 def stored_type(name: str, arr: np.ndarray, ftype: GGMLType) -> GGMLType:
     if arr.ndim < 2 or _is_router(name) or name.endswith("_norm.weight"):  # stablelm's per-head norms
+        return GGMLType.F32
+    if any(name.endswith(s) for f in FAMILIES.values() for s in f.f32_names):
         return GGMLType.F32
     return ftype
 
@@ -529,6 +551,8 @@ _PERMUTED = ("llama", "mistral", "smollm3", "granite", "granitemoe")
 
 def convert(family: Family, cfg: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """GGUF-named float32 tensors (NumPy order) from an HF state dict."""
+    if family.convert_fn is not None:
+        return family.convert_fn(family, cfg, sd)
     arch = family.arch
     if arch == "gpt2":
         return _convert_gpt2(sd)
@@ -587,6 +611,8 @@ def convert(family: Family, cfg: Any, sd: dict[str, np.ndarray]) -> dict[str, np
 
 def metadata(family: Family, cfg: Any, ftype: GGMLType) -> dict[str, Any]:
     """The GGUF keys convert_hf_to_gguf.py writes for this config (those the loader reads)."""
+    if family.metadata_fn is not None:
+        return family.metadata_fn(family, cfg, ftype)
     a = family.arch
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     rp = getattr(cfg, "rope_parameters", None) or {}
@@ -729,3 +755,24 @@ def _round_linear_inputs(model: torch.nn.Module) -> list[Any]:
 def make_tiny(family: Family, tmpdir: Path, seed: int = 0) -> TinyModel:
     hf = build_hf(family, seed)
     return TinyModel(family, hf, hf_state_dict(hf), Path(tmpdir))
+
+
+def register(family: Family) -> Family:
+    """Add a family module's case to ``FAMILIES`` (names are unique)."""
+    if family.name in FAMILIES:
+        raise ValueError(f"tiny family {family.name!r} is registered twice")
+    FAMILIES[family.name] = family
+    return family
+
+
+def _load_family_modules() -> None:
+    for p in sorted((Path(__file__).parent / "families").glob("[!_]*.py")):
+        importlib.import_module(f"tests.model.families.{p.stem}")
+
+
+_load_family_modules()
+
+
+def causal_lm_families() -> list[str]:
+    """Names of the families whose oracle is causal-LM logits."""
+    return [n for n, f in FAMILIES.items() if f.kind == "causal-lm"]

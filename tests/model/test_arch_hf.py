@@ -67,7 +67,7 @@ def _context(tm: TinyModel, **kw) -> Context:
     )
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", hf_tiny.causal_lm_families())
 def test_intermediates_match_hf_hidden_states(tiny: Callable[[str], TinyModel], name: str) -> None:
     tm = tiny(name)
     tokens = _tokens(name)
@@ -100,7 +100,7 @@ def test_intermediates_match_hf_hidden_states(tiny: Callable[[str], TinyModel], 
 
 
 @pytest.mark.parametrize("flash_attn", [True, False], ids=["flash", "unfused"])
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", hf_tiny.causal_lm_families())
 def test_two_batches_match_hf(tiny: Callable[[str], TinyModel], name: str, flash_attn: bool) -> None:
     tm = tiny(name)
     tokens = _tokens(name)

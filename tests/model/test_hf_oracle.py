@@ -111,7 +111,7 @@ def _llamapy_logits(path: Path, tokens: list[int], kv: str = "f32") -> np.ndarra
 
 
 @pytest.mark.parametrize("ftype", FTYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("name", _params(list(FAMILIES)))
+@pytest.mark.parametrize("name", _params(hf_tiny.causal_lm_families()))
 def test_logits_match_hf(tiny: Callable[[str], TinyModel], name: str, ftype: GGMLType) -> None:
     tm = tiny(name)
     tokens = _tokens(name)
@@ -129,7 +129,7 @@ def test_logits_match_hf(tiny: Callable[[str], TinyModel], name: str, ftype: GGM
     assert (got.argmax(-1)[clear] == ref.argmax(-1)[clear]).all()
 
 
-@pytest.mark.parametrize("name", _params(list(FAMILIES)))
+@pytest.mark.parametrize("name", _params(hf_tiny.causal_lm_families()))
 def test_incremental_decode_matches_one_shot(tiny: Callable[[str], TinyModel], name: str) -> None:
     """Prompt, then one token at a time through the KV cache == one batch == HF."""
     tm = tiny(name)
