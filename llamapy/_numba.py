@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 
@@ -31,6 +32,10 @@ def kernel_sources_digest() -> str:
     for f in sorted(files):
         h.update(f.name.encode())
         h.update(f.read_bytes())
+    # and NumPy's version: blas.py's cached kernels call the OpenBLAS symbol of the NumPy wheel
+    import numpy
+
+    h.update(numpy.__version__.encode())
     return h.hexdigest()[:16]
 
 
@@ -46,12 +51,42 @@ if "NUMBA_CACHE_DIR" not in os.environ:
 import numba  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
+
+def _skip_scipy_blas_probe() -> None:
+    """Numba's ``numba.np.arraymath`` (imported by the first kernel call of every process) imports
+    ``scipy.linalg`` only to decide whether ``np.correlate``/``np.convolve`` inner products call BLAS:
+    0.2-0.3 s of each start-up. No llamapy kernel uses those; answer the probe "no BLAS" instead (the
+    loops then run in plain code) and leave every other use of ``ensure_blas`` (np.dot, np.linalg in
+    anyone's jitted code) as it was. Skipped with LLAMAPY_NUMBA_BLAS_PROBE=1 or a newer Numba."""
+    import sys
+
+    if os.environ.get("LLAMAPY_NUMBA_BLAS_PROBE") or "numba.np.arraymath" in sys.modules:
+        return
+    try:
+        import numba.np.linalg as nl
+
+        orig = nl.ensure_blas
+    except (ImportError, AttributeError):  # pragma: no cover - Numba internals moved
+        return
+
+    def ensure_blas() -> None:
+        if sys._getframe(1).f_globals.get("__name__") != "numba.np.arraymath":
+            return orig()
+        nl.ensure_blas = orig  # one shot: arraymath's import-time probe
+        raise ImportError("llamapy: Numba's BLAS probe for np.correlate skipped")
+
+    nl.ensure_blas = ensure_blas
+
+
+_skip_scipy_blas_probe()
+
 __all__ = [
     "numba",
     "njit",
     "prange",
     "set_num_threads",
     "max_threads",
+    "cap_threads",
     "kernel_sources_digest",
     "FAST_KEEP_INF",
 ]
@@ -66,8 +101,21 @@ def max_threads() -> int:
     return numba.config.NUMBA_NUM_THREADS
 
 
+_cap = threading.local()
+
+
+def cap_threads(n: int) -> None:
+    """Run parallel kernels launched from this thread on at most ``n`` threads (0: no cap), whatever
+    :func:`set_num_threads` is asked later (the busy-machine policy of llamapy/_cpuload.py)."""
+    _cap.n = max(0, int(n))
+    if _cap.n:
+        numba.set_num_threads(min(_cap.n, numba.get_num_threads()))
+
+
 def set_num_threads(n: int | None) -> int:
-    """Use ``n`` threads in parallel kernels (None or <= 0: all cores); returns the count in effect."""
+    """Use ``n`` threads in parallel kernels (None or <= 0: all cores), or this thread's cap when
+    lower; returns the count asked for."""
     n = max_threads() if not n or n <= 0 else min(int(n), max_threads())
-    numba.set_num_threads(n)
+    cap = getattr(_cap, "n", 0)
+    numba.set_num_threads(min(n, cap) if cap else n)
     return n

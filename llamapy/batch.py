@@ -148,23 +148,36 @@ class AllocatedBatch:
             out += [self.ubatch(sel[i : i + n_ubatch]) for i in range(0, len(sel), n_ubatch)]
         return out
 
-    def split_equal(self, n_ubatch: int) -> list[UBatch]:
-        """Each ubatch takes the same number of tokens from every sequence set still pending."""
+    def split_equal(self, n_ubatch: int, seq_major: bool = False) -> list[UBatch]:
+        """Each ubatch takes the same number of tokens from every sequence set still pending. With
+        ``seq_major`` (recurrent memory: llama.cpp's equal split) a ubatch holds sequence sets that share
+        no sequence, each set's tokens in position order and together (stream after stream)."""
         groups = [
             np.flatnonzero(self.seq_bits == np.uint64(b)) for b in dict.fromkeys(self.seq_bits.tolist())
         ]
+        if seq_major:  # earliest positions first: a prompt shared by sequences before their own tokens
+            groups = [g[np.argsort(self.pos[g], kind="stable")] for g in groups]
+            groups.sort(key=lambda g: int(self.pos[g[0]]))
+        bits = [int(self.seq_bits[g[0]]) for g in groups]
         heads = [0] * len(groups)
         out: list[UBatch] = []
         while True:
             live = [i for i, g in enumerate(groups) if heads[i] < len(g)]
             if not live:
                 return out
+            if seq_major:  # sets sharing a sequence wait for a later ubatch (their states are one)
+                taken, seen = [], 0
+                for i in live:
+                    if not bits[i] & seen:
+                        taken.append(i)
+                        seen |= bits[i]
+                live = taken
             live = live[: max(1, n_ubatch)]
             per = max(1, min(min(len(groups[i]) - heads[i] for i in live), n_ubatch // len(live)))
             idx = np.concatenate([groups[i][heads[i] : heads[i] + per] for i in live])
             for i in live:
                 heads[i] += per
-            out.append(self.ubatch(np.sort(idx)))
+            out.append(self.ubatch(idx if seq_major else np.sort(idx)))
 
 
 def allocate(

@@ -8,6 +8,7 @@ token-by-token generation reuses one graph for 256 steps.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 import time
@@ -18,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ._numba import set_num_threads
+from ._cpuload import ThreadPolicy
+from ._numba import cap_threads, set_num_threads
 from .batch import AllocatedBatch, Batch, BatchError, UBatch, allocate
 from .errors import LlamapyError
 from .ggml import ops
@@ -26,8 +28,9 @@ from .ggml.graph import Graph
 from .ggml.sched import Scheduler
 from .ggml.tensor import Tensor
 from .ggml.types import GGMLType
-from .memory import ContextFullError, Memory, StateError, kv_type
+from .memory import ContextFullError, StateError, create_memory, kv_type, ubatch_mask
 from .model.blocks import GraphBuilder, Inputs, KVInputs
+from .model.lora import LoraAdapter, lora_map
 from .model.model import Model
 
 __all__ = ["BatchError", "Context", "ContextFullError", "ContextParams", "EvalCallback", "StateError"]
@@ -39,7 +42,7 @@ __all__ = ["BatchError", "Context", "ContextFullError", "ContextParams", "EvalCa
 EvalCallback = Callable[[Tensor, bool, "np.ndarray | None"], bool]
 
 N_CTX_DEFAULT_CAP = 4096  # n_ctx = 0 means the training context, capped to this
-_POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
+_POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 _STATE_MAGIC = b"LPYS"
 
 
@@ -58,6 +61,9 @@ class ContextParams:
     seed: int = 0xFFFFFFFF
     swa_full: bool = False
     backend: str | None = None  # "cpu" (default when available) or "numpy"
+    n_gpu_layers: int = 0  # the last N layers on the CUDA backend (-1: all and the output layer)
+    main_gpu: int = 0
+    offload_kqv: bool = True  # the KV cache of offloaded layers on the GPU (False: --no-kv-offload)
     cb_eval: EvalCallback | None = None  # reads named intermediates (``attn_norm-3``, ``l_out-3``...)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -69,11 +75,16 @@ class _GraphEntry:
     embd: Tensor | None
     tokens: Tensor | None
     embd_in: Tensor | None
-    pos: Tensor
+    pos: Tensor | None
     out_ids: Tensor | None
     masks: list[Tensor]
     idxs: list[Tensor]
     watched: list[Tensor] = field(default_factory=list)  # named nodes cb_eval asked for
+    embd_pooled: Tensor | None = None  # F32[n_seqs, n]: per sequence of the ubatch (pooling)
+    enc_masks: list[Tensor] = field(default_factory=list)  # an encoder's masks over the ubatch
+    pool_mean: Tensor | None = None
+    pool_rows: Tensor | None = None
+    mem: Any = None  # the memory's graph inputs (Memory.build_inputs)
 
 
 class Context:
@@ -99,12 +110,17 @@ class Context:
             if not isinstance(v, (int, np.integer)) or v < 0 or (v == 0 and name != "n_ctx"):
                 raise LlamapyError(f"context parameter {name} = {v!r} must be a positive integer")
         n_ctx = p.n_ctx or min(hp.n_ctx_train, N_CTX_DEFAULT_CAP)
-        self.n_ctx = (n_ctx + 255) // 256 * 256
+        # an encoder (non-causal attention) has no KV cache: each ubatch holds whole sequences and
+        # attends over itself (llama.cpp's encode); n_ctx only bounds positions
+        self.encoder = not hp.causal_attn
+        self.n_ctx = n_ctx if self.encoder else (n_ctx + 255) // 256 * 256
         self.n_batch = min(p.n_batch, self.n_ctx) if hp.causal_attn else p.n_batch
         self.n_ubatch = min(p.n_ubatch, self.n_batch)
         self.n_seq_max = p.n_seq_max
         self.n_threads = set_num_threads(p.n_threads)
-        self.embeddings = p.embeddings
+        # no -t: each decode runs on the cores other processes leave free (llamapy/_cpuload.py)
+        self._thread_policy = ThreadPolicy(self.n_threads) if not p.n_threads or p.n_threads <= 0 else None
+        self.embeddings = p.embeddings or self.encoder  # an encoder's output is its embeddings
         self.cb_eval = p.cb_eval
         self.flash_attn = p.flash_attn is not False  # None ("auto") and True: fused attention
         if not self.flash_attn and kv_type(p.type_v) in (GGMLType.Q8_0, GGMLType.Q4_0):
@@ -113,13 +129,30 @@ class Context:
             )
         pool = p.pooling_type
         if pool is None or (isinstance(pool, (int, np.integer)) and pool < 0):  # unspecified: the model's
-            pool = hp.pooling_type if p.embeddings else 0
+            pool = hp.pooling_type if self.embeddings else 0
         if isinstance(pool, str):
             if pool not in _POOLING:
                 raise LlamapyError(f"pooling type {pool!r} is not one of {', '.join(_POOLING)}")
             pool = _POOLING[pool]
         self.pooling_type = int(pool)
-        self.memory = Memory(hp, self.n_ctx, self.n_ubatch, self.n_seq_max, p.type_k, p.type_v, p.swa_full)
+        if not 0 <= self.pooling_type <= 4:
+            raise LlamapyError(f"pooling type {self.pooling_type} is not one of 0..4 ({', '.join(_POOLING)})")
+        if self.pooling_type == 4 and not any(n in model.impl.w for n in ("cls.weight", "cls.output.weight")):
+            raise LlamapyError(
+                f"{model.path}: pooling type rank needs a classification head (cls.weight / cls.output.weight), "
+                f"which this {hp.arch} model does not have"
+            )
+        # cls/last row of each sequence (qwen3's rank head reads the last token, as llama.cpp)
+        self._pool_last = self.pooling_type == 3 or (
+            self.pooling_type == 4 and hp.arch in ("qwen3", "qwen3vl")
+        )
+        dense = [model.impl.w.get(n) for n in ("dense_3.weight", "dense_2.weight")]
+        dense = [d for d in dense if d is not None]
+        # per-token embeddings: through the dense projections when not pooled (EmbeddingGemma)
+        self.n_embd_out = dense[0].shape[0] if dense and self.pooling_type == 0 else hp.n_embd
+        self.memory = create_memory(
+            hp, self.n_ctx, self.n_ubatch, self.n_seq_max, p.type_k, p.type_v, p.swa_full
+        )
         if p.backend:
             from .ggml.backend import create_backend
 
@@ -128,7 +161,16 @@ class Context:
             )
         else:
             self.sched = Scheduler(n_threads=self.n_threads)
+        self.offload = None  # where n_gpu_layers put things (llamapy.ggml.cuda.offload.Offload), if on a GPU
+        if p.n_gpu_layers:
+            from .ggml.cuda.offload import offload_to_cuda, plan_offload
+
+            bufs = [t for c in getattr(self.memory, "caches", ()) for t in (*c.k.values(), *c.v.values())]
+            off = plan_offload(model.impl.w, bufs, hp.n_layer, p.n_gpu_layers, p.offload_kqv)
+            self.memory.device_sync = offload_to_cuda(self.sched, off, p.main_gpu)
+            self.offload = off if self.memory.device_sync is not None else None
         self._graphs: OrderedDict[tuple, _GraphEntry] = OrderedDict()
+        self._loras: list[tuple[Any, float]] = []  # (LoraAdapter, scale), applied in the graph
         self._logits = np.zeros((0, hp.n_vocab), dtype=np.float32)
         self._embd = np.zeros((0, hp.n_embd), dtype=np.float32)
         self._embd_seq: dict[int, np.ndarray] = {}
@@ -154,6 +196,11 @@ class Context:
         (the cache is then as before the call). Returns 0.
         """
         t0 = time.perf_counter()
+        if self._thread_policy is not None:
+            self._thread_policy.apply()
+        else:
+            cap_threads(0)  # -t given: exactly that many (another context may have capped this thread)
+        pooled = self.embeddings and self.pooling_type != 0
         ab = allocate(
             batch,
             self.n_vocab,
@@ -161,18 +208,25 @@ class Context:
             self.n_seq_max,
             self.n_batch,
             self.memory.seq_pos_max,
-            output_all=self.embeddings and self.pooling_type != 0,
+            output_all=pooled or self.encoder,
         )
         if self.memory.has_shift:
             self._apply_shift()
+        if self.encoder and int(ab.pos.max()) >= self.n_ctx:
+            raise BatchError(
+                f"position {int(ab.pos.max())} is beyond the context (n_ctx = {self.n_ctx}): the text is longer "
+                f"than this encoder's context; truncate it or raise n_ctx (at most {self.model.n_ctx_train})"
+            )
+        # pooling and encoders need each sequence whole in one ubatch; several sequences share one
         ubatches = (
-            ab.split_seq(self.n_ubatch)
-            if self.embeddings and self.pooling_type != 0
-            else ab.split_simple(self.n_ubatch)
+            split_whole_seqs(ab, self.n_ubatch)
+            if pooled or self.encoder
+            else self.memory.split(ab, self.n_ubatch)
         )
         n_out = ab.n_outputs
-        logits = np.empty((n_out, self.n_vocab), dtype=np.float32)
-        embd = np.empty((n_out, self.model.n_embd), dtype=np.float32) if self.embeddings else None
+        logits = np.zeros((n_out, 0 if self.encoder else self.n_vocab), dtype=np.float32)
+        embd = np.empty((n_out, self.n_embd_out), dtype=np.float32) if self.embeddings else None
+        self._embd_seq = {}
         snap = self.memory.snapshot()
         try:
             for ub in ubatches:
@@ -184,7 +238,6 @@ class Context:
         self._out_rows = ab.out_rows
         if embd is not None:
             self._embd = embd
-            self._pool(ab)
         dt = time.perf_counter() - t0
         if ab.n_tokens > 1:
             self._t["t_p_eval"] += dt
@@ -195,20 +248,33 @@ class Context:
         return 0
 
     def encode(self, batch: Batch) -> int:
-        """Embeddings of a batch (the same path as decode for decoder models)."""
+        """Embeddings of a batch: the same path as ``decode`` (llama.cpp's ``encode``). An encoder
+        (non-causal attention) keeps no KV cache: every decode starts its sequences at position 0 unless
+        ``batch.pos`` says otherwise, each sequence must fit one ubatch, and several sequences share a
+        ubatch under a block-diagonal mask; ``get_embeddings()`` holds every token's row,
+        ``get_embeddings_seq(s)`` the pooled vector (rank: the head's scores, float32[n_cls_out])."""
         return self.decode(batch)
 
     def _decode_ubatch(
         self, ab: AllocatedBatch, ub: UBatch, logits: np.ndarray, embd: np.ndarray | None
     ) -> None:
-        idxs = self.memory.place(ub.pos, ub.seq_bits)
+        idxs = self.memory.place(ub.pos, ub.seq_bits, ub.seq_first)
         n_kvs = [c.n_kv() for c in self.memory.caches]
         out_local = np.flatnonzero(ub.output)
         n_out = len(out_local)
         if n_out == 0:
             out_local = np.array([ub.n_tokens - 1])
-        ge = self._graph(ub.n_tokens, len(out_local), ub.token is None, n_kvs)
-        inputs: dict[Tensor, np.ndarray] = {ge.pos: ub.pos.astype(np.int32)}
+        seqs = list(dict.fromkeys(ub.seq_first.tolist())) if self.embeddings and self.pooling_type else []
+        ge = self._graph(ub.n_tokens, len(out_local), ub.token is None, n_kvs, len(seqs))
+        inputs: dict[Tensor, np.ndarray] = {} if ge.pos is None else {ge.pos: ub.pos.astype(np.int32)}
+        hp = self.model.hparams
+        for m, swa in zip(ge.enc_masks, (False, True), strict=False):
+            inputs[m] = ubatch_mask(ub.pos, ub.seq_first, False, hp.n_swa if swa else 0, hp.swa_type,
+                                    hp.f_max_alibi_bias > 0)  # fmt: skip
+        if ge.pool_mean is not None:
+            inputs[ge.pool_mean] = pool_mean_weights(ub.seq_first, seqs)
+        if ge.pool_rows is not None:
+            inputs[ge.pool_rows] = pool_rows(ub.pos, ub.seq_first, seqs, self._pool_last)
         if ge.tokens is not None:
             inputs[ge.tokens] = ub.token.astype(np.int32)
         if ge.embd_in is not None:
@@ -218,18 +284,30 @@ class Context:
         for c, n_kv, m, it, idx in zip(self.memory.caches, n_kvs, ge.masks, ge.idxs, idxs, strict=False):
             inputs[m] = c.mask(ub.pos, ub.seq_first, n_kv)
             inputs[it] = idx
+        if ge.mem is not None:  # the memory's own inputs (recurrent-state rows)
+            inputs.update(self.memory.input_values(ge.mem))
+        if self.encoder:  # an encoder may not read every input (jina-bert-v2 has no positions)
+            used = {id(t) for t in ge.graph.inputs}
+            inputs = {t: v for t, v in inputs.items() if id(t) in used}
         self.sched.compute(ge.graph, inputs)
         for t in ge.watched:
             if not self.cb_eval(t, False, self.sched.get(t)):
                 break
         if n_out:
             rows = ab.out_rows[ub.idx[out_local]]
-            logits[rows] = self.sched.view(ge.logits)
+            if ge.logits is not None and logits.shape[1]:
+                logits[rows] = self.sched.view(ge.logits)
             if embd is not None and ge.embd is not None:
                 embd[rows] = self.sched.view(ge.embd)
+        if ge.embd_pooled is not None:
+            pooled = np.array(self.sched.view(ge.embd_pooled), dtype=np.float32).reshape(len(seqs), -1)
+            for i, s in enumerate(seqs):
+                self._embd_seq[int(s)] = pooled[i]
 
-    def _graph(self, n_tokens: int, n_out: int, is_embd: bool, n_kvs: list[int]) -> _GraphEntry:
-        key = (n_tokens, n_out, is_embd, tuple(n_kvs))
+    def _graph(
+        self, n_tokens: int, n_out: int, is_embd: bool, n_kvs: list[int], n_seqs: int = 0
+    ) -> _GraphEntry:
+        key = (n_tokens, n_out, is_embd, tuple(n_kvs), n_seqs, self.memory.graph_key())
         ge = self._graphs.get(key)
         if ge is not None:
             self._graphs.move_to_end(key)
@@ -251,18 +329,39 @@ class Context:
             for ls in c.layers:
                 kv[ls.il] = ki
         inp = Inputs(n_tokens, n_out, pos, tokens, embd_in, out_ids, kv, n_ctx=self.n_ctx_seq,
-                     flash_attn=self.flash_attn)  # fmt: skip
-        res = self.model.impl.build(GraphBuilder(self.model.impl, inp))
+                     flash_attn=self.flash_attn, loras=lora_map(self._loras))  # fmt: skip
+        inp.rs = self.memory.build_inputs()
+        enc_masks = []
+        if self.encoder:  # masks over the ubatch itself: full layers, then sliding-window ones
+            inp.kq_mask = ops.new_tensor(GGMLType.F32, (n_tokens, n_tokens), "kq_mask_enc")
+            enc_masks.append(inp.kq_mask)
+            if hp.has_swa:
+                inp.kq_mask_swa = ops.new_tensor(GGMLType.F32, (n_tokens, n_tokens), "kq_mask_enc_swa")
+                enc_masks.append(inp.kq_mask_swa)
+        mean = self.pooling_type == 1 or (self.pooling_type == 4 and hp.arch == "modern-bert")
+        if n_seqs and mean:  # (modern-bert's rank head reads the mean, as llama.cpp's build_pooling)
+            inp.pool_mean = ops.new_tensor(GGMLType.F32, (n_seqs, n_tokens), "inp_mean")
+        if n_seqs and not mean and self.pooling_type in (2, 3, 4):
+            inp.pool_rows = ops.new_tensor(GGMLType.I32, (n_seqs,), "inp_cls")
+        g = GraphBuilder(self.model.impl, inp)
+        res = self.model.impl.build(g)
+        if self.embeddings:  # pooling and heads: llama.cpp's build_pooling + build_dense_out
+            res = g.build_pooling(res, self.pooling_type if n_seqs else 0)
         embd = res.embd if self.embeddings else None
-        outs = [res.logits] if embd is None else [res.logits, embd]
-        graph = Graph(outs)
+        outs = [t for t in (res.logits, embd, res.embd_pooled) if t is not None]
+        writes = getattr(inp.rs, "writes", [])  # memory writes no output reads (recurrent states)
+        graph = Graph(outs, extra=writes)
         watched: list[Tensor] = []
         cb = self.cb_eval
         if cb is not None:  # watched nodes become outputs: the planner keeps their memory to the end
             watched = [t for t in graph.nodes if t.name and cb(t, True, None)]
             if watched:
-                graph = Graph(outs + watched)
-        ge = _GraphEntry(graph, res.logits, embd, tokens, embd_in, pos, out_ids, masks, idxs, watched)
+                graph = Graph(outs + watched, extra=writes)
+        if not any(t is pos for t in graph.inputs):  # no position anywhere (Mamba2)
+            pos = None
+        ge = _GraphEntry(graph, res.logits, embd, tokens, embd_in, pos, out_ids, masks, idxs, watched,
+                         res.embd_pooled, enc_masks, inp.pool_mean, inp.pool_rows)  # fmt: skip
+        ge.mem = inp.rs
         self._graphs[key] = ge
         self.n_graph_builds += 1
         while len(self._graphs) > self.MAX_GRAPHS:
@@ -284,7 +383,10 @@ class Context:
                 rope = impl.layer_rope(ls.il, self.n_ctx_seq)
                 if rope is None:
                     continue
-                rope.attn_factor = 1.0
+                # a shift re-rotates already scaled rows: under YaRN ggml's rope multiplies by
+                # 1 + 0.1 ln(1 / freq_scale) again, so undo that (llama.cpp's build_rope_shift)
+                yarn = rope.ext_factor != 0.0 and 0.0 < rope.freq_scale < 1.0
+                rope.attn_factor = 1.0 / (1.0 + 0.1 * math.log(1.0 / rope.freq_scale)) if yarn else 1.0
                 kbuf = c.k[ls.il]
                 hkv = self.model.hparams.n_head_kv[ls.il]
                 k = ops.reshape(ops.get_rows(kbuf, idx), (n, hkv, ls.n_embd_k // hkv))
@@ -297,24 +399,49 @@ class Context:
             c.shift[:] = 0
             c.has_shift = False
 
-    def _pool(self, ab: AllocatedBatch) -> None:
-        self._embd_seq = {}
-        if self.pooling_type == 0:
-            return
-        for s in sorted(set(ab.seq_first.tolist())):
-            rows = ab.out_rows[np.flatnonzero(ab.seq_first == s)]
-            e = self._embd[rows]
-            if self.pooling_type == 1:
-                v = e.mean(axis=0)
-            elif self.pooling_type == 2:
-                v = e[0]
-            else:
-                v = e[-1]
-            self._embd_seq[s] = v.astype(np.float32)
+    # -- LoRA adapters (llama_set_adapter_lora & co.) -------------------------------------------------
+    @property
+    def lora_adapters(self) -> list[tuple[LoraAdapter, float]]:
+        """The active adapters and their scales, in the order they apply."""
+        return list(self._loras)
+
+    def set_adapters_lora(self, adapters: list[tuple[LoraAdapter, float]]) -> None:
+        """Make exactly ``adapters`` (each with its scale) active; the next graph applies them. The KV
+        cache is left as it is: tokens already in it were computed with the adapters of their time."""
+        items = []
+        for ad, scale in adapters:
+            if not isinstance(ad, LoraAdapter):
+                raise LlamapyError(f"not a LoRA adapter: {ad!r}")
+            if not isinstance(scale, (int, float)) or not np.isfinite(scale):
+                raise LlamapyError(f"LoRA scale must be a finite number, got {scale!r}")
+            items.append((ad, float(scale)))
+        items = [(ad, s) for ad, s in items if s != 0.0]  # scale 0: as if absent (llama-server's)
+        if [(id(a), s) for a, s in items] != [(id(a), s) for a, s in self._loras]:
+            self._loras = items
+            self._graphs.clear()
+
+    def set_adapter_lora(self, adapter: LoraAdapter, scale: float = 1.0) -> None:
+        """Add ``adapter`` (or change its scale)."""
+        rest = [(a, s) for a, s in self._loras if a is not adapter]
+        self.set_adapters_lora([*rest, (adapter, scale)])
+
+    def rm_adapter_lora(self, adapter: LoraAdapter) -> bool:
+        """Remove ``adapter``; False when it was not active."""
+        if all(a is not adapter for a, _ in self._loras):
+            return False
+        self.set_adapters_lora([(a, s) for a, s in self._loras if a is not adapter])
+        return True
+
+    def clear_adapter_lora(self) -> None:
+        self.set_adapters_lora([])
 
     # -- outputs --------------------------------------------------------------------------------------
     def get_logits(self) -> np.ndarray:
         """F32[n_outputs, n_vocab] of the last decode (rows in batch order of the output tokens)."""
+        if self.encoder:
+            raise LlamapyError(
+                f"{self.model.arch} is an encoder without logits: read get_embeddings() / get_embeddings_seq()"
+            )
         return self._logits
 
     def _row(self, i: int, n_rows: int, what: str) -> int:
@@ -333,7 +460,7 @@ class Context:
 
     def get_logits_ith(self, i: int) -> np.ndarray:
         """Logits of batch token ``i`` (negative: counted from the last output)."""
-        return self._logits[self._row(i, len(self._logits), "logits")]
+        return self.get_logits()[self._row(i, len(self._logits), "logits")]
 
     def get_embeddings(self) -> np.ndarray:
         if not self.embeddings:
@@ -404,3 +531,47 @@ class Context:
 
     def reset_timings(self) -> None:
         self._t = {"t_p_eval": 0.0, "n_p_eval": 0, "t_eval": 0.0, "n_eval": 0}
+
+
+# -- encoders and pooling: ubatches of whole sequences, the pooling inputs ------------------------------
+def split_whole_seqs(ab: AllocatedBatch, n_ubatch: int) -> list[UBatch]:
+    """Ubatches holding whole sequences (by first sequence id), as many per ubatch as fit in
+    ``n_ubatch`` tokens (an encoder attends within its ubatch; pooling reads one ubatch). A sequence
+    longer than ``n_ubatch`` is a ``BatchError``."""
+    groups: list[np.ndarray] = []
+    for s in dict.fromkeys(ab.seq_first.tolist()):
+        sel = np.flatnonzero(ab.seq_first == s)
+        if len(sel) > n_ubatch:
+            raise BatchError(
+                f"sequence {s} has {len(sel)} tokens in the batch, more than n_ubatch = {n_ubatch}: pooled "
+                f"embeddings and encoders need each sequence whole in one ubatch (raise n_ubatch and n_batch)"
+            )
+        groups.append(sel)
+    out: list[UBatch] = []
+    cur: list[np.ndarray] = []
+    n = 0
+    for sel in groups:
+        if cur and n + len(sel) > n_ubatch:
+            out.append(ab.ubatch(np.sort(np.concatenate(cur))))
+            cur, n = [], 0
+        cur.append(sel)
+        n += len(sel)
+    if cur:
+        out.append(ab.ubatch(np.sort(np.concatenate(cur))))
+    return out
+
+
+def pool_mean_weights(seq_first: np.ndarray, seqs: list[int]) -> np.ndarray:
+    """F32[S, T]: 1/n for the n tokens of sequence ``seqs[s]``, 0 elsewhere (llama.cpp's inp_mean)."""
+    m = (np.asarray(seqs)[:, None] == np.asarray(seq_first)[None, :]).astype(np.float32)
+    return m / np.maximum(m.sum(axis=1, keepdims=True), 1.0)
+
+
+def pool_rows(pos: np.ndarray, seq_first: np.ndarray, seqs: list[int], last: bool) -> np.ndarray:
+    """I32[S]: the ubatch row of each sequence's first (cls) or last token by position (inp_cls)."""
+    out = np.zeros(len(seqs), dtype=np.int32)
+    for i, s in enumerate(seqs):
+        rows = np.flatnonzero(seq_first == s)
+        p = pos[rows]
+        out[i] = rows[int(np.argmax(p)) if last else int(np.argmin(p))]
+    return out

@@ -13,6 +13,7 @@ import numpy as np
 
 from .backend import ArrayMap, Backend, ComputeError, Step
 from .ops import alibi_slopes
+from .ssm_reference import SSM_REF_OPS
 from .tensor import VIEW_OPS, Tensor
 from .types import TRAITS, GGMLType
 
@@ -99,7 +100,11 @@ def rope_cache(p: dict, pos: np.ndarray, freq_factors: np.ndarray | None) -> tup
     n_dims = p["n_dims"]
     base, fs, ext, n_ctx_orig = p["freq_base"], p["freq_scale"], p["ext_factor"], p["n_ctx_orig"]
     i = np.arange(n_dims // 2, dtype=np.float64)
-    theta_extrap = pos.astype(np.float64)[:, None] * base ** (-2.0 * i / n_dims)[None, :]
+    if p.get("sections") is not None:  # mrope / imrope: each dim pair takes its section's position
+        pos = mrope_positions(p["sections"], p["mode"] == 40, n_dims, pos, p.get("pos4", False))
+        theta_extrap = pos.astype(np.float64) * base ** (-2.0 * i / n_dims)[None, :]
+    else:
+        theta_extrap = pos.astype(np.float64)[:, None] * base ** (-2.0 * i / n_dims)[None, :]
     if freq_factors is not None:
         theta_extrap = theta_extrap / freq_factors.astype(np.float64)[None, :]
     theta_interp = fs * theta_extrap
@@ -120,13 +125,32 @@ def rope_cache(p: dict, pos: np.ndarray, freq_factors: np.ndarray | None) -> tup
     return np.cos(theta) * mscale, np.sin(theta) * mscale
 
 
+def mrope_positions(
+    sections: tuple, interleaved: bool, n_dims: int, pos: np.ndarray, pos4: bool
+) -> np.ndarray:
+    """``[T, n_dims // 2]``: the position each rotary dim pair of each token uses (ggml's
+    ``ggml_mrope_cache_init``); ``pos`` is ``[4 * T]`` section-major (``pos4``) or ``[T]`` for all four."""
+    pos = np.asarray(pos).reshape(-1)
+    p4 = pos.reshape(4, -1) if pos4 else np.tile(pos, (4, 1))
+    s0, s1, s2, _ = sections
+    sector = np.arange(n_dims // 2) % sum(sections)
+    if interleaved:
+        which = np.full(len(sector), 3)
+        which[(sector % 3 == 0) & (sector < 3 * s0)] = 0
+        which[(sector % 3 == 1) & (sector < 3 * s1)] = 1
+        which[(sector % 3 == 2) & (sector < 3 * s2)] = 2
+    else:
+        which = np.searchsorted(np.cumsum([s0, s1, s2]), sector, side="right")
+    return p4[which].T
+
+
 def _rope(node: Tensor, a: np.ndarray, pos: np.ndarray, ff: np.ndarray | None = None) -> np.ndarray:
     p = node.params
     n = p["n_dims"]
     cos, sin = rope_cache(p, pos, ff)
     cos, sin = cos[:, None, :], sin[:, None, :]
     out = a.astype(np.float64)
-    if p["mode"] == 2:
+    if p["mode"] != 0:  # neox; mrope and imrope rotate the same pairs
         x0, x1 = a[..., : n // 2], a[..., n // 2 : n]
         out[..., : n // 2] = x0 * cos - x1 * sin
         out[..., n // 2 : n] = x0 * sin + x1 * cos
@@ -137,8 +161,15 @@ def _rope(node: Tensor, a: np.ndarray, pos: np.ndarray, ff: np.ndarray | None = 
     return out
 
 
-def _soft_max(node: Tensor, a: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+def _sink_logits(sinks: np.ndarray, ndim: int) -> np.ndarray:
+    """The per-head sink logits ``[H]`` shaped to broadcast over ``[..., H, T, 1]``."""
+    return sinks.astype(np.float64).reshape((-1,) + (1,) * min(2, ndim - 1))
+
+
+def _soft_max(node: Tensor, a: np.ndarray, *rest: np.ndarray) -> np.ndarray:
     p = node.params
+    sinks = rest[-1] if p.get("sinks") else None
+    mask = rest[0] if len(rest) > (sinks is not None) else None
     x = a.astype(np.float64) * p["scale"]
     if mask is not None:
         m = mask.astype(np.float64)
@@ -148,11 +179,23 @@ def _soft_max(node: Tensor, a: np.ndarray, mask: np.ndarray | None = None) -> np
             m = m * slope.reshape((n_head, 1, 1)) if a.ndim >= 3 else m * slope[0]
         x = x + m
     mx = np.max(x, axis=-1, keepdims=True)
+    if sinks is not None:  # one more logit per head: in the max and the sum, its probability dropped
+        s = _sink_logits(sinks, a.ndim)
+        mx = np.maximum(mx, s)
+        e = np.exp(x - mx)
+        return e / (np.sum(e, axis=-1, keepdims=True) + np.exp(s - mx))
     e = np.exp(x - mx)
     return e / np.sum(e, axis=-1, keepdims=True)
 
 
-def _flash_attn(node: Tensor, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None):
+def _flash_attn(
+    node: Tensor,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    mask: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+):
     p = node.params
     T, H, _ = q.shape
     Hkv = k.shape[1]
@@ -167,11 +210,24 @@ def _flash_attn(node: Tensor, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask:
         if mask is not None:
             s = s + slopes[h] * mask
         mx = np.max(s, axis=-1, keepdims=True)
+        if sinks is not None:  # the head's sink logit joins the max and the sum (its value row is 0)
+            mx = np.maximum(mx, np.float64(sinks[h]))
         mx = np.where(np.isfinite(mx), mx, 0.0)
         e = np.exp(s - mx)
         den = np.sum(e, axis=-1, keepdims=True)
+        if sinks is not None:
+            den = den + np.exp(np.float64(sinks[h]) - mx)
         out[:, h, :] = (e @ vh) / np.where(den == 0, 1.0, den)
     return out
+
+
+def _swiglu_oai(node: Tensor, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU: ``x = min(a, limit)``, ``y = clamp(b, -limit, limit)``,
+    ``x * sigmoid(alpha * x) * (y + 1)``."""
+    alpha, limit = node.params["alpha"], node.params["limit"]
+    x = np.minimum(a.astype(np.float64), limit)
+    y = np.clip(b.astype(np.float64), -limit, limit)
+    return x / (1.0 + np.exp(-alpha * x)) * (y + 1.0)
 
 
 def _get_rows(node: Tensor, a_raw: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -197,6 +253,22 @@ def _cpy(node: Tensor, out: np.ndarray, a: np.ndarray) -> None:
 
 def _top_k(node: Tensor, a: np.ndarray) -> np.ndarray:
     return np.argsort(-a, axis=-1, kind="stable")[..., : node.params["k"]]
+
+
+def _attn_temp_scale(node: Tensor, pos: np.ndarray) -> np.ndarray:
+    p = node.params
+    x = np.floor((pos.astype(np.float64) + p["offset"]) / p["floor_scale"])
+    return (np.log(x + 1.0) * p["scale"] + 1.0).reshape(node.shape)
+
+
+def _moe_group_mask(node: Tensor, a: np.ndarray) -> np.ndarray:
+    g, used = node.params["n_group"], node.params["n_group_used"]
+    t, e = a.shape
+    x = a.reshape(t, g, e // g)
+    score = np.sort(x, axis=-1)[..., -min(2, e // g) :].sum(axis=-1)  # [T, G]: sum of each group's top 2
+    keep = np.zeros((t, g), dtype=bool)
+    keep[np.arange(t)[:, None], np.argsort(-score, axis=-1, kind="stable")[:, :used]] = True
+    return np.where(keep[:, :, None], x, -np.inf).reshape(t, e)
 
 
 # name -> (function, which sources are passed raw (not converted to float32))
@@ -230,6 +302,8 @@ REF_OPS: dict[str, tuple] = {
     "softcap": (lambda n, a: n.params["cap"] * np.tanh(a.astype(np.float64) / n.params["cap"]), ()),
     "swiglu": (lambda n, a, b: _silu(a.astype(np.float64)) * b, ()),
     "geglu": (lambda n, a, b: _gelu(a.astype(np.float64)) * b, ()),
+    "swiglu_oai": (_swiglu_oai, ()),
+    "add_id": (lambda n, a, b, ids: a + b[ids], (2,)),
     "rope": (_rope, (1,)),
     "soft_max": (_soft_max, ()),
     "flash_attn_ext": (_flash_attn, ()),
@@ -240,7 +314,10 @@ REF_OPS: dict[str, tuple] = {
     "sum_rows": (lambda n, a: a.sum(axis=-1, keepdims=True, dtype=np.float64), ()),
     "mean": (lambda n, a: a.mean(axis=-1, keepdims=True, dtype=np.float64), ()),
     "pad": (lambda n, a: np.pad(a, n.params["pads"]), ()),
+    "attn_temp_scale": (_attn_temp_scale, (0,)),
+    "moe_group_mask": (_moe_group_mask, ()),
 }
+REF_OPS.update(SSM_REF_OPS)
 _INPLACE = {"set_rows": (_set_rows, (0, 2)), "cpy": (_cpy, (1,))}
 
 

@@ -20,12 +20,17 @@ I32 = GGMLType.I32
 _FLOAT_IN = (GGMLType.F32, GGMLType.F16)
 _INDEX = (GGMLType.I32, GGMLType.I64)
 KV_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0)
+ROPE_MROPE = 8  # ggml's GGML_ROPE_TYPE_MROPE: sections of the rotary dims take t/h/w/e positions
+ROPE_IMROPE = 40  # GGML_ROPE_TYPE_IMROPE: the sections interleaved (Qwen3-VL, Qwen3.5)
 
 __all__ = [
     "new_tensor", "weight", "buffer", "get_rows", "mul_mat", "mul_mat_id", "add", "sub", "mul", "div",
     "scale", "rms_norm", "norm", "silu", "gelu", "gelu_quick", "tanh", "relu", "swiglu", "geglu",
     "softcap", "rope", "soft_max", "flash_attn_ext", "concat", "view", "reshape", "permute",
     "transpose", "cont", "cpy", "set_rows", "argmax", "top_k", "sum_rows", "mean", "pad",
+    "attn_temp_scale", "moe_group_mask",
+    "sigmoid", "softplus", "l2_norm", "ssm_conv", "gated_delta_net", "ssm_scan",
+    "swiglu_oai", "add_id",
 ]  # fmt: skip
 
 
@@ -207,6 +212,25 @@ def geglu(a: Tensor, b: Tensor, name: str = "") -> Tensor:
     return _glu("geglu", a, b, name)
 
 
+def swiglu_oai(a: Tensor, b: Tensor, alpha: float = 1.702, limit: float = 7.0, name: str = "") -> Tensor:
+    """gpt-oss's clamped SwiGLU (ggml's ``swiglu_oai``), gate ``a``, up ``b``: with ``x = min(a, limit)``
+    and ``y = clamp(b, -limit, limit)``, ``x * sigmoid(alpha * x) * (y + 1)``."""
+    t = _glu("swiglu_oai", a, b, name)
+    t.params = dict(alpha=float(alpha), limit=float(limit))
+    return t
+
+
+def add_id(a: Tensor, b: Tensor, ids: Tensor, name: str = "") -> Tensor:
+    """Per-expert bias (ggml's ``add_id``): ``a F32[T, U, N]`` + ``b[ids[t, u]]`` with ``b F32[E, N]``,
+    ``ids I32[T, U]`` (the experts ``mul_mat_id`` used)."""
+    _need_float("add_id", a, b)
+    if a.ndim != 3 or b.ndim != 2 or ids.ndim != 2 or ids.type not in _INDEX:
+        raise GraphError(f"add_id: shapes a{a.shape} b{b.shape} ids {ids.type.name}{ids.shape} do not fit")
+    if ids.shape != a.shape[:2] or b.shape[1] != a.shape[2]:
+        raise GraphError(f"add_id: a{a.shape}, b{b.shape} and ids{ids.shape} do not fit")
+    return Tensor(F32, a.shape, "add_id", [a, b, ids], name=name)
+
+
 # -- rope, softmax, attention ------------------------------------------------------------------------
 def rope(
     a: Tensor,
@@ -225,18 +249,28 @@ def rope(
     name: str = "",
 ) -> Tensor:
     """Rotary embedding of ``a[T, H, D]`` at positions ``pos I32[T]`` over the first ``n_dims`` dims;
-    mode 0 rotates adjacent pairs, mode 2 (neox) rotates ``(i, i + n_dims/2)``."""
+    mode 0 rotates adjacent pairs, mode 2 (neox) rotates ``(i, i + n_dims/2)``. Modes 8 (mrope) and 40
+    (imrope, interleaved) rotate as neox with ``sections`` (4 counts of dim pairs) taking the t/h/w/e
+    positions of ``pos I32[4 * T]`` (section-major, as ggml), or ``pos I32[T]`` for all four (text)."""
     _need_float("rope", a)
     if a.ndim != 3:
         raise GraphError(f"{_where('rope', a)}: needs [T, H, D], got {a.shape}")
-    if pos.type != I32 or pos.shape != (a.shape[0],):
-        raise GraphError(f"rope: pos must be I32[{a.shape[0]}], got {pos.type.name}{pos.shape}")
-    if mode not in (0, 2):
-        raise GraphError(f"rope: mode {mode} is not supported (0 = normal, 2 = neox)")
+    if mode not in (0, 2, ROPE_MROPE, ROPE_IMROPE):
+        raise GraphError(f"rope: mode {mode} is not supported (0 normal, 2 neox, 8 mrope, 40 imrope)")
+    if (sections is not None) != (mode in (ROPE_MROPE, ROPE_IMROPE)):
+        raise GraphError(f"rope: sections go with the multi-section modes 8 and 40 (mode {mode})")
     if sections is not None:
-        raise GraphError("rope: multi-section rope (sections=...) is not supported yet")
+        sections = tuple(int(s) for s in sections) + (0,) * (4 - len(sections))
+        if len(sections) != 4 or min(sections) < 0 or sum(sections) <= 0:
+            raise GraphError(f"rope: sections {sections} must be 4 non-negative counts, not all 0")
+    if pos.type == I32 and sections is not None and pos.shape == (4 * a.shape[0],):
+        pos_ok = True  # one position per section and token, section-major (ggml's layout)
+    else:
+        pos_ok = pos.type == I32 and pos.shape == (a.shape[0],)
     if n_dims <= 0 or n_dims % 2 or n_dims > a.shape[2]:
         raise GraphError(f"rope: n_dims={n_dims} must be even and <= head size {a.shape[2]}")
+    if not pos_ok:
+        raise GraphError(f"rope: pos must be I32[{a.shape[0]}], got {pos.type.name}{pos.shape}")
     src = [a, pos]
     if freq_factors is not None:
         if freq_factors.type != F32 or freq_factors.shape != (n_dims // 2,):
@@ -247,14 +281,24 @@ def rope(
         n_ctx_orig=int(n_ctx_orig), ext_factor=float(ext_factor), attn_factor=float(attn_factor),
         beta_fast=float(beta_fast), beta_slow=float(beta_slow),
     )  # fmt: skip
+    if sections is not None:
+        params["sections"] = sections
+        params["pos4"] = pos.shape[0] != a.shape[0] or a.shape[0] == 0
     return Tensor(F32, a.shape, "rope", src, params=params, name=name)
 
 
 def soft_max(
-    a: Tensor, mask: Tensor | None = None, scale: float = 1.0, max_bias: float = 0.0, name: str = ""
+    a: Tensor,
+    mask: Tensor | None = None,
+    scale: float = 1.0,
+    max_bias: float = 0.0,
+    name: str = "",
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """``softmax(a * scale + slope * mask)`` over the last axis; ``mask`` broadcasts over leading axes
-    (the head axis is ``a``'s third-from-last, used for ALiBi slopes when ``max_bias > 0``)."""
+    (the head axis is ``a``'s third-from-last, used for ALiBi slopes when ``max_bias > 0``). ``sinks``
+    ``F32[H]`` (``a`` is ``[H, T, KV]``): one more logit per head in the normalization whose
+    probability is dropped (ggml's ``soft_max_add_sinks``, gpt-oss)."""
     _need_float("soft_max", a)
     src = [a]
     if mask is not None:
@@ -265,9 +309,17 @@ def soft_max(
         if any(y != 1 and y != x for x, y in zip(a.shape, pm, strict=False)):
             raise GraphError(f"soft_max: mask{mask.shape} does not broadcast to a{a.shape}")
         src.append(mask)
-    return Tensor(
-        F32, a.shape, "soft_max", src, params=dict(scale=float(scale), max_bias=float(max_bias)), name=name
-    )
+    params: dict = dict(scale=float(scale), max_bias=float(max_bias))
+    if sinks is not None:
+        _check_sinks("soft_max", sinks, a.shape[-3] if a.ndim >= 3 else 1)
+        src.append(sinks)
+        params["sinks"] = True
+    return Tensor(F32, a.shape, "soft_max", src, params=params, name=name)
+
+
+def _check_sinks(op: str, sinks: Tensor, n_head: int) -> None:
+    if sinks.type != F32 or sinks.shape != (n_head,):
+        raise GraphError(f"{op}: sinks must be F32[n_head={n_head}], got {sinks.type.name}{sinks.shape}")
 
 
 def flash_attn_ext(
@@ -279,9 +331,12 @@ def flash_attn_ext(
     max_bias: float = 0.0,
     logit_softcap: float = 0.0,
     name: str = "",
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """Fused attention: ``q F32[T, H, D]``, ``k[KV, Hkv, D]``, ``v[KV, Hkv, Dv]`` (F16/F32/Q8_0/Q4_0),
-    ``mask F32[T, KV]`` (0 or -inf) -> ``F32[T, H, Dv]``; head ``h`` uses kv head ``h // (H // Hkv)``."""
+    ``mask F32[T, KV]`` (0 or -inf) -> ``F32[T, H, Dv]``; head ``h`` uses kv head ``h // (H // Hkv)``.
+    ``sinks F32[H]`` (needs a mask): a per-head logit joining the softmax (ggml's
+    ``flash_attn_ext_add_sinks``, gpt-oss); its value row is zero."""
     _need_float("flash_attn_ext", q)
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
         raise GraphError(f"flash_attn_ext: q{q.shape} k{k.shape} v{v.shape} must be 3-D")
@@ -301,6 +356,12 @@ def flash_attn_ext(
             raise GraphError(f"flash_attn_ext: mask must be [T={T}, KV={KV}], got {mask.shape}")
         src.append(mask)
     params = dict(scale=float(scale), max_bias=float(max_bias), logit_softcap=float(logit_softcap))
+    if sinks is not None:
+        if mask is None:
+            raise GraphError("flash_attn_ext: sinks need a mask")
+        _check_sinks("flash_attn_ext", sinks, H)
+        src.append(sinks)
+        params["sinks"] = True
     return Tensor(F32, (T, H, v.shape[2]), "flash_attn_ext", src, params=params, name=name)
 
 
@@ -473,6 +534,33 @@ def pad(a: Tensor, pads: Sequence[int | Sequence[int]], name: str = "") -> Tenso
     return Tensor(F32, shape, "pad", [a], params=dict(pads=tuple(pp)), name=name)
 
 
+def attn_temp_scale(
+    pos: Tensor, scale: float, floor_scale: int, offset: float = 0.0, name: str = ""
+) -> Tensor:
+    """Attention temperature tuning per token (llama.cpp's ``inp_attn_scale``, Llama 4 / Mistral 3):
+    ``F32[T, 1, 1] = log(floor((pos + offset) / floor_scale) + 1) * scale + 1`` from ``pos I32[T]``."""
+    if pos.type != I32 or pos.ndim != 1:
+        raise GraphError(f"attn_temp_scale: pos must be I32[T], got {pos.type.name}{pos.shape}")
+    if floor_scale <= 0:
+        raise GraphError(f"attn_temp_scale: floor_scale must be positive, got {floor_scale}")
+    params = dict(scale=float(scale), floor_scale=int(floor_scale), offset=float(offset))
+    return Tensor(F32, (pos.shape[0], 1, 1), "attn_temp_scale", [pos], params=params, name=name)
+
+
+def moe_group_mask(a: Tensor, n_group: int, n_group_used: int, name: str = "") -> Tensor:
+    """Group-limited expert selection (DeepSeek V3, GLM-4.5): ``a[T, E]``'s experts in ``n_group``
+    equal groups, each scored by the sum of its top two; the best ``n_group_used`` groups keep their
+    values, the others become -inf (llama.cpp's top_k / sum_rows / fill / set_rows sequence)."""
+    _need_float("moe_group_mask", a)
+    if a.ndim != 2 or n_group <= 0 or a.shape[1] % n_group or not 0 < n_group_used <= n_group:
+        raise GraphError(
+            f"{_where('moe_group_mask', a)}: {a.shape} cannot be split into {n_group} groups keeping "
+            f"{n_group_used}"
+        )
+    params = dict(n_group=int(n_group), n_group_used=int(n_group_used))
+    return Tensor(F32, a.shape, "moe_group_mask", [a], params=params, name=name)
+
+
 def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
     """ALiBi slope per head, as ggml computes it (all ones when ``max_bias == 0``)."""
     if max_bias <= 0:
@@ -483,3 +571,77 @@ def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
     h = np.arange(n_head)
     s = np.where(h < n_log2, m0 ** (h + 1), m1 ** (2 * (h - n_log2) + 1))
     return s.astype(np.float32)
+
+
+# -- recurrent (SSM / linear attention) ops -----------------------------------------------------------
+def sigmoid(a: Tensor, name: str = "") -> Tensor:
+    return _unary("sigmoid", a, name)
+
+
+def softplus(a: Tensor, name: str = "") -> Tensor:
+    """``log(1 + exp(a))`` (``a`` itself above 20, as ggml and torch)."""
+    return _unary("softplus", a, name)
+
+
+def l2_norm(a: Tensor, eps: float = 1e-6, name: str = "") -> Tensor:
+    """``a / max(||a||, eps)`` over the last axis (ggml's ``l2_norm``)."""
+    return _unary("l2_norm", a, name, eps=float(eps))
+
+
+def ssm_conv(sx: Tensor, c: Tensor, name: str = "") -> Tensor:
+    """Causal depthwise conv1d: ``sx F32[S, K - 1 + T, C]`` (each sequence's conv state, then its T new
+    rows), kernel ``c F32[C, K]`` -> ``F32[S, T, C]`` with ``out[s, t, ch] = sum_k sx[s, t + k, ch] * c[ch, k]``.
+    (ggml's ``ssm_conv``, whose ``sx`` is channel-major; here time is the middle axis.)"""
+    _need_float("ssm_conv", sx, c)
+    if sx.ndim != 3 or c.ndim != 2 or c.shape[0] != sx.shape[2] or sx.shape[1] < c.shape[1]:
+        raise GraphError(f"ssm_conv: sx{sx.shape} and kernel{c.shape} must be [S, K-1+T, C] and [C, K]")
+    n_s, n, ch = sx.shape
+    return Tensor(F32, (n_s, n - c.shape[1] + 1, ch), "ssm_conv", [sx, c], name=name)
+
+
+def gated_delta_net(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, name: str = ""
+) -> Tensor:
+    """The gated delta rule (Gated DeltaNet) over ``S`` sequences of ``T`` tokens each.
+
+    ``q, k F32[S, T, Hk, D]``, ``v F32[S, T, H, D]``, log-decay ``g F32[S, T, H]`` (<= 0), ``beta
+    F32[S, T, H]``, ``state F32[S, H, D, D]`` (key dim, value dim). Value head ``h`` reads key head
+    ``h % Hk`` (llama.cpp's converter tiles the value heads so). Per token and head:
+    ``M = exp(g) M; M += k (beta (v - M^T k))^T; y = M^T q`` (q unscaled: scale it before).
+    Result: ``F32[S*T*H*D + S*H*D*D]``, the outputs ``[S, T, H, D]`` then the final states ``[S, H, D, D]``
+    (views of it give both, as ggml's ``gated_delta_net``)."""
+    _need_float("gated_delta_net", q, k, v, g, beta, state)
+    if q.ndim != 4 or k.shape != q.shape or v.ndim != 4 or v.shape[:2] != q.shape[:2]:
+        raise GraphError(f"gated_delta_net: q{q.shape} k{k.shape} v{v.shape} must be [S, T, H, D]")
+    n_s, n_t, hk, d = q.shape
+    h = v.shape[2]
+    if v.shape[3] != d or hk == 0 or h % hk:
+        raise GraphError(f"gated_delta_net: v{v.shape} must be [S, T, H, {d}] with H a multiple of {hk}")
+    for what, t in (("g", g), ("beta", beta)):
+        if t.shape != (n_s, n_t, h):
+            raise GraphError(f"gated_delta_net: {what}{t.shape} must be [{n_s}, {n_t}, {h}]")
+    if state.shape != (n_s, h, d, d):
+        raise GraphError(f"gated_delta_net: state{state.shape} must be [{n_s}, {h}, {d}, {d}]")
+    n = n_s * n_t * h * d + n_s * h * d * d
+    return Tensor(F32, (n,), "gated_delta_net", [q, k, v, g, beta, state], name=name)
+
+
+def ssm_scan(s: Tensor, x: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, name: str = "") -> Tensor:
+    """The Mamba2 selective scan with groups over ``S`` sequences of ``T`` tokens.
+
+    ``s F32[S, H, P, N]`` (state), ``x F32[S, T, H, P]``, ``dt F32[S, T, H]`` (after softplus), ``a
+    F32[H]`` (Mamba2) or ``F32[H, N]`` (Mamba1: P = 1, one decay per state), ``b, c F32[S, T, G, N]``
+    (head ``h`` reads group ``h // (H // G)``). Per token and head:
+    ``s = exp(dt a) s + dt x b^T``, ``y = s c``. Result ``F32[S*T*H*P + S*H*P*N]``: ``y [S, T, H, P]``
+    then the final states (as ggml's ``ssm_scan``; the D skip and the gate are separate ops)."""
+    _need_float("ssm_scan", s, x, dt, a, b, c)
+    if s.ndim != 4 or x.ndim != 4 or b.ndim != 4 or c.shape != b.shape:
+        raise GraphError(f"ssm_scan: s{s.shape} x{x.shape} b{b.shape} c{c.shape} must be 4-D")
+    n_s, h, p, n = s.shape
+    n_t, g = x.shape[1], b.shape[2]
+    if x.shape != (n_s, n_t, h, p) or dt.shape != (n_s, n_t, h) or a.shape not in ((h,), (h, n)):
+        raise GraphError(f"ssm_scan: x{x.shape} dt{dt.shape} a{a.shape} do not fit state{s.shape}")
+    if b.shape != (n_s, n_t, g, n) or g == 0 or h % g:
+        raise GraphError(f"ssm_scan: b{b.shape} must be [{n_s}, {n_t}, G, {n}] with G dividing {h}")
+    size = n_s * n_t * h * p + n_s * h * p * n
+    return Tensor(F32, (size,), "ssm_scan", [s, x, dt, a, b, c], name=name)

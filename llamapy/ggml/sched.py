@@ -16,7 +16,7 @@ import numpy as np
 from .alloc import Plan, array_of, owner_bytes, plan_graph
 from .backend import Backend, ComputeError
 from .graph import Graph
-from .tensor import GraphError, Tensor
+from .tensor import INPLACE_OPS, GraphError, Tensor
 
 __all__ = ["Scheduler", "Split", "default_backends"]
 
@@ -50,6 +50,33 @@ class _Compiled:
     fresh: bool = True
 
 
+@dataclass
+class _SplitInfo:
+    """What a device backend's ``compile_split`` needs: the host plan and arena (it mirrors them), the
+    node -> backend map, the owners read by other backends or as outputs, and per-graph state."""
+
+    plan: Plan
+    arena: np.ndarray
+    arrays: dict[int, np.ndarray]
+    where: dict[int, Backend]
+    read_elsewhere: set[int]
+    host_writes: set[int] = field(default_factory=set)  # owners a host backend writes in place
+    state: dict = field(default_factory=dict)
+
+
+def _read_elsewhere(graph: Graph, where: dict[int, Backend]) -> set[int]:
+    """Ids of owners read by a host backend's node (or that are graph outputs): a device split that
+    produces one copies it back to the host arena."""
+    out = {id(t.owner) for t in graph.outputs}
+    for n in graph.nodes:
+        b = where[id(n)]
+        if b.host:
+            out.update(id(s.owner) for s in n.src)
+            if n.owner is not n:
+                out.add(id(n.owner))
+    return out
+
+
 class Scheduler:
     """Runs graphs over one or more backends (earlier backends are preferred).
 
@@ -67,13 +94,25 @@ class Scheduler:
         self.backends: list[Backend] = list(backends)
         if not self.backends:
             raise GraphError("Scheduler: no backends")
-        if any(not b.host for b in self.backends):
-            raise GraphError("Scheduler: only host backends are supported")
+        for b in self.backends:
+            if not b.host and not hasattr(b, "compile_split"):
+                raise GraphError(f"Scheduler: device backend {b!r} has no compile_split")
+        if not self.backends[0].host:
+            raise GraphError("Scheduler: the first backend must be a host backend (it holds the arena)")
+        self._devices = any(not b.host for b in self.backends)
         self._pinned: dict[int, Backend] = {}
         self._cache: weakref.WeakKeyDictionary[Graph, _Compiled] = weakref.WeakKeyDictionary()
         self._last: _Compiled | None = None
 
     # -- assignment ---------------------------------------------------------------------------------
+    def add_backend(self, backend: Backend) -> None:
+        """Add a backend after the others (a device backend joining the CPU: ``n_gpu_layers``)."""
+        if not backend.host and not hasattr(backend, "compile_split"):
+            raise GraphError(f"Scheduler: device backend {backend!r} has no compile_split")
+        self.backends.append(backend)
+        self._devices = self._devices or not backend.host
+        self._cache = weakref.WeakKeyDictionary()
+
     def set_backend(self, t: Tensor, backend: Backend) -> None:
         if backend not in self.backends:
             raise GraphError(f"set_backend: {backend!r} is not one of this scheduler's backends")
@@ -88,7 +127,9 @@ class Scheduler:
             b = self._pinned.get(id(node))
             if b is None:
                 # weights first, then the inputs' backends, then the first backend that can
-                cands = [where[id(s)] for s in node.src if s.op == "weight" and id(s) in where]
+                cands = [where[id(s.owner)] for s in node.src if s.owner.is_leaf and id(s.owner) in where]
+                # a device backend's result pulls its consumers along (llama.cpp's "expand" passes)
+                cands += [where[id(s)] for s in node.src if not s.is_leaf and not where[id(s)].host]
                 cands += [where[id(s)] for s in node.src if not s.is_leaf and id(s) in where]
                 cands += self.backends
                 b = next((c for c in cands if c.supports_op(node)), None)
@@ -121,7 +162,14 @@ class Scheduler:
             mem = owner_bytes(t.owner, arena, plan)
             arrays[id(t)] = array_of(t, mem)
         steps: list[Callable[[], None]] = []
+        info = None
+        if self._devices:
+            info = _SplitInfo(plan, arena, arrays, where, _read_elsewhere(graph, where))
+            info.host_writes = {id(n.owner) for n in graph.nodes if where[id(n)].host and n.op in INPLACE_OPS}
         for sp in splits:
+            if not sp.backend.host:  # a device backend runs a whole split as one step (copies included)
+                steps.append(sp.backend.compile_split(sp.nodes, info))
+                continue
             pre = getattr(sp.backend, "begin_split", None)
             if pre is not None:
                 steps.append(pre)

@@ -9,18 +9,37 @@ sliding-window cache for local layers when the model has them (as llama.cpp's is
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from ..batch import AllocatedBatch, UBatch
 from ..errors import LlamapyError
 from ..ggml.types import GGMLType
 from .kv_cache import N_PAD, ContextFullError, KVCache, LayerShape, StateError, kv_type, pad_to, seq_bits_of
 
-__all__ = ["ContextFullError", "KVCache", "Memory", "StateError", "kv_type", "seq_bits_of"]
+__all__ = [
+    "ContextFullError", "KVCache", "Memory", "create_memory", "StateError", "kv_type", "seq_bits_of", "ubatch_mask",
+]  # fmt: skip
+
+
+def create_memory(hp: Any, *args: Any, **kwargs: Any) -> Memory:
+    """``Memory``, or ``HybridMemory`` (KV caches plus recurrent states) when the model has recurrent layers."""
+    if any(getattr(hp, "is_recurrent", lambda il: False)(il) for il in range(hp.n_layer)):
+        from .hybrid import HybridMemory
+
+        return HybridMemory(hp, *args, **kwargs)
+    return Memory(hp, *args, **kwargs)
 
 
 class Memory:
     """The KV caches of one context (``caches[0]`` full-attention, ``caches[1]`` sliding-window if any)."""
+
+    has_checkpoints = False  # (a recurrent state needs them to go back: hybrid.HybridMemory)
+
+    #: set by ``n_gpu_layers`` when KV buffers live on a GPU (their device copy is the current one):
+    #: ``to_host()`` before host code reads buffer data, ``from_host()`` after host code wrote it
+    device_sync: Any = None
 
     def __init__(
         self,
@@ -39,24 +58,36 @@ class Memory:
                     f"{what} cache type {t.name.lower()} needs a head size that is a multiple of 32, this model has {d}"
                 )
         n_layer = hp.n_layer  # type: ignore[attr-defined]
-        shapes = [LayerShape(il, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)) for il in range(n_layer)]  # type: ignore[attr-defined]
+        # KV sharing (Gemma 3n / 4): a layer that reuses an earlier layer's K/V has no buffers of its own
+        kv_layer = getattr(hp, "kv_layer", lambda il: il)
+        # recurrent layers keep their state in hybrid.HybridMemory (and some no KV: Nemotron-H's MLP layers)
+        has_kv = getattr(hp, "has_kv", lambda il: True)
+        own = [il for il in range(n_layer) if kv_layer(il) == il and has_kv(il)]
+        shapes = [LayerShape(il, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)) for il in own]  # type: ignore[attr-defined]
         causal = bool(getattr(hp, "causal_attn", True))
-        swa = [hp.is_swa(il) for il in range(n_layer)] if hp.has_swa else [False] * n_layer  # type: ignore[attr-defined]
+        alibi = float(getattr(hp, "f_max_alibi_bias", 0.0)) > 0  # the masks hold -|i - j| (MPT, Refact)
+        swa = [hp.is_swa(il) for il in own] if hp.has_swa else [False] * len(own)  # type: ignore[attr-defined]
         full_layers = [s for s, w in zip(shapes, swa, strict=False) if not w]
         swa_layers = [s for s, w in zip(shapes, swa, strict=False) if w]
+        if not causal:  # an encoder keeps no KV cache: each ubatch attends over itself (as llama.cpp)
+            full_layers, swa_layers = [], []
         self.caches: list[KVCache] = []
         self.layer_cache: dict[int, KVCache] = {}
         if full_layers:
-            c = KVCache(full_layers, n_ctx, tk, tv, n_seq_max, 0, causal, name="KV")
+            c = KVCache(full_layers, n_ctx, tk, tv, n_seq_max, 0, causal, name="KV", alibi=alibi)
             self.caches.append(c)
         if swa_layers:
             n_swa = hp.n_swa  # type: ignore[attr-defined]
             size = n_ctx if swa_full else min(n_ctx, pad_to(n_swa * n_seq_max + n_ubatch, N_PAD))
-            c = KVCache(swa_layers, size, tk, tv, n_seq_max, n_swa, causal, name="SWA KV")
+            swa_type = getattr(hp, "swa_type", "standard")
+            c = KVCache(swa_layers, size, tk, tv, n_seq_max, n_swa, causal, "SWA KV", swa_type, alibi)
             self.caches.append(c)
         for c in self.caches:
             for ls in c.layers:
                 self.layer_cache[ls.il] = c
+        for il in range(n_layer if causal else 0):  # (an encoder has no cache to share)
+            if has_kv(il):
+                self.layer_cache.setdefault(il, self.layer_cache[kv_layer(il)])
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
 
@@ -82,6 +113,8 @@ class Memory:
             if data:
                 for t in (*c.k.values(), *c.v.values()):
                     t.data[:] = 0
+        if data and self.device_sync is not None:
+            self.device_sync.from_host()
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         """Remove positions [p0, p1) of ``seq_id`` (-1: every sequence; negative bounds: open).
@@ -95,17 +128,27 @@ class Memory:
                 if c.n_swa <= 0:
                     continue
                 seqs = range(self.n_seq_max) if seq_id < 0 else [seq_id]
+                lo = max(0, int(c.window_start(p0)))  # the window a token at p0 attends over
                 for s in seqs:
-                    have = c.pos[c._seq_cells(s, max(0, p0 - c.n_swa + 1), p0)]
+                    have = c.pos[c._seq_cells(s, lo, p0)]
                     last = c.seq_pos_max(s)
                     if last < 0:
                         continue
-                    need = min(p0, last + 1) - max(0, p0 - c.n_swa + 1)
+                    need = min(p0, last + 1) - lo
                     if len(np.unique(have)) < need:
                         return False
         for c in self.caches:
             c.seq_rm(seq_id, p0, p1)
         return True
+
+    def checkpoint(self, seq_id: int) -> int:
+        """Remember the sequence's state at its last position for a later ``seq_rm`` of what follows
+        (only recurrent states need it: ``hybrid.HybridMemory``); -1: nothing kept."""
+        return -1
+
+    def seq_pos_restorable(self, seq_id: int, p0: int) -> int:
+        """The largest ``q <= p0`` that ``seq_rm(seq_id, q, -1)`` accepts (the KV cache: ``p0``)."""
+        return max(0, p0)
 
     def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
         self._check_seq(seq_id_src, False)
@@ -144,7 +187,26 @@ class Memory:
         for c, s in zip(self.caches, snap, strict=False):
             c.restore(s)
 
-    def place(self, pos: np.ndarray, seq_bits: np.ndarray) -> list[np.ndarray]:
+    def split(self, ab: AllocatedBatch, n_ubatch: int) -> list[UBatch]:
+        """The ubatches of a batch (recurrent memories need sequence-wise splits, as llama.cpp's)."""
+        return ab.split_simple(n_ubatch)
+
+    # the graph inputs a memory adds besides the KV caches' (hybrid.HybridMemory: recurrent-state rows)
+    def graph_key(self) -> tuple:
+        """What of the placed ubatch shapes the graph beyond its tokens and n_kv (part of the reuse key)."""
+        return ()
+
+    def build_inputs(self) -> Any:
+        """Input tensors for a new graph of the placed ubatch (``Inputs.rs``); None: none."""
+        return None
+
+    def input_values(self, mem_inputs: Any) -> dict:
+        """Values of ``build_inputs``'s tensors for the placed ubatch."""
+        return {}
+
+    def place(
+        self, pos: np.ndarray, seq_bits: np.ndarray, seq_first: np.ndarray | None = None
+    ) -> list[np.ndarray]:
         """Find and take cells for one ubatch in every cache (ContextFullError when one is full)."""
         idxs = [c.find_slot(pos, seq_bits) for c in self.caches]
         for c, idx in zip(self.caches, idxs, strict=False):
@@ -156,16 +218,54 @@ class Memory:
         self._check_seq(seq_id)
         if self.has_shift:
             raise StateError("cannot save state while a position shift is pending (decode once first)")
+        if self.device_sync is not None:
+            self.device_sync.to_host()
         return b"".join(c.state_write(seq_id) for c in self.caches)
 
     def state_read(self, data: bytes, seq_id: int = -1) -> int:
         self._check_seq(seq_id)
         snap = self.snapshot()
         off = 0
+        if self.device_sync is not None:  # rows the state does not cover keep their device values
+            self.device_sync.to_host()
         try:
             for c in self.caches:
                 off = c.state_read(data, seq_id, off)
         except (StateError, ContextFullError):
             self.restore(snap)
             raise
+        finally:
+            if self.device_sync is not None:
+                self.device_sync.from_host()
         return off
+
+
+def ubatch_mask(
+    pos: np.ndarray,
+    seq_first: np.ndarray,
+    causal: bool = False,
+    n_swa: int = 0,
+    swa_type: str = "standard",
+    alibi: bool = False,
+) -> np.ndarray:
+    """F32[T, T] attention mask of a ubatch over itself, for models without a KV cache (llama.cpp's
+    ``llm_graph_input_attn_no_cache``): token i attends to token j of its own sequence (block-diagonal
+    over the ubatch's sequences), not to a later one when ``causal``, within the window when ``n_swa``
+    (``"standard"``: i - j < n_swa; ``"symmetric"``: |i - j| <= n_swa // 2); the value is 0, or
+    -|pos_i - pos_j| with ``alibi`` (scaled per head by the attention), -inf where masked."""
+    p = np.asarray(pos, dtype=np.int64)
+    s = np.asarray(seq_first)
+    ok = s[:, None] == s[None, :]
+    d = p[:, None] - p[None, :]  # query minus key
+    if causal:
+        ok &= d >= 0
+    if n_swa > 0:
+        if swa_type == "symmetric":
+            ok &= np.abs(d) <= n_swa // 2
+        elif swa_type == "standard":
+            ok &= d < n_swa
+        else:
+            raise LlamapyError(f"sliding-window type {swa_type!r} is not standard or symmetric")
+    out = np.full(ok.shape, -np.inf, dtype=np.float32)
+    out[ok] = -np.abs(d[ok]).astype(np.float32) if alibi else 0.0
+    return out

@@ -6,7 +6,8 @@ are ggml ``buffer`` tensors (types F16, F32, Q8_0, Q4_0) that the graphs write w
 read through views of the first ``n_kv`` cells.
 
 A sliding-window cache (``n_swa > 0``) treats cells whose position has left every query's window as
-free, so a local-attention layer never needs more than ``n_swa * n_seq + n_ubatch`` cells.
+free, so a local-attention layer never needs more than ``n_swa * n_seq + n_ubatch`` cells. The window is
+the last ``n_swa`` positions, or (``swa_type="chunked"``, Llama 4) the query's chunk of ``n_swa``.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ class KVCache:
         n_swa: int = 0,
         causal: bool = True,
         name: str = "kv",
+        swa_type: str = "standard",
+        alibi: bool = False,
     ) -> None:
         if n_cells <= 0:
             raise LlamapyError(f"{name}: a KV cache needs at least one cell, got {n_cells}")
@@ -79,7 +82,13 @@ class KVCache:
         self.name = name
         self.n_cells = n_cells
         self.n_seq_max = n_seq_max
+        if swa_type not in ("standard", "chunked"):
+            raise LlamapyError(f"{name}: sliding-window type {swa_type!r} is not standard or chunked")
         self.n_swa = n_swa
+        self.swa_type = swa_type  # "chunked" (Llama 4): a token sees only its own chunk of n_swa positions
+        self.alibi = (
+            alibi  # the mask holds -(query pos - key pos) for ALiBi, scaled per head by the attention
+        )
         self.causal = causal
         self.type_k, self.type_v = type_k, type_v
         self.layers = list(layers)
@@ -210,7 +219,7 @@ class KVCache:
                     if not mine.any():
                         continue
                     nxt = int(self.pos[mine].max()) + 1
-                    free |= single & mine & (nxt - self.pos >= self.n_swa)
+                    free |= single & mine & (self.pos < self.window_start(nxt))
         idx = np.flatnonzero(free)
         if len(idx) < n:
             raise ContextFullError(
@@ -224,6 +233,16 @@ class KVCache:
         self.seq[idx] = seq_bits
         self.shift[idx] = 0
 
+    def window_start(self, p: int | np.ndarray) -> int | np.ndarray:
+        """The first key position a query at ``p`` sees in this cache's window (``"standard"``: the last
+        ``n_swa`` positions; ``"chunked"``: the start of ``p``'s chunk, as llama.cpp's
+        ``LLAMA_SWA_TYPE_CHUNKED``); 0 without a window."""
+        if self.n_swa <= 0:
+            return 0 if np.isscalar(p) else np.zeros_like(p)
+        if self.swa_type == "chunked":
+            return p // self.n_swa * self.n_swa
+        return p - self.n_swa + 1
+
     def n_kv(self) -> int:
         """Cells the attention reads: up to the last used cell, padded to N_PAD (shapes repeat)."""
         used = np.flatnonzero(self.seq)
@@ -231,7 +250,8 @@ class KVCache:
         return min(self.n_cells, pad_to(last, N_PAD))
 
     def mask(self, pos: np.ndarray, seq_first: np.ndarray, n_kv: int) -> np.ndarray:
-        """F32[T, n_kv]: 0 where token t may attend to cell j (same sequence, causal, in window), -inf else."""
+        """F32[T, n_kv]: 0 where token t may attend to cell j (same sequence, causal, in window), -inf else;
+        with ``alibi`` the allowed entries hold ``-|pos_t - pos_j|`` (llama.cpp's KQ mask)."""
         cpos = self.pos[:n_kv][None, :]
         cseq = self.seq[:n_kv][None, :]
         bits = (np.uint64(1) << seq_first.astype(np.uint64))[:, None]
@@ -240,9 +260,13 @@ class KVCache:
         if self.causal:
             ok &= cpos <= p
         if self.n_swa > 0:
-            ok &= p - cpos < self.n_swa
+            ok &= cpos >= self.window_start(p)
         out = np.full(ok.shape, -np.inf, dtype=np.float32)
-        out[ok] = 0.0
+        if self.alibi:
+            d = np.abs(p - cpos).astype(np.float32)
+            out[ok] = -np.broadcast_to(d, ok.shape)[ok]
+        else:
+            out[ok] = 0.0
         return out
 
     # -- state ----------------------------------------------------------------------------------------

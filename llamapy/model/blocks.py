@@ -85,6 +85,33 @@ class TensorLoader:
         return self(f"blk.{il}.{name}", shape, required)
 
 
+def load_head_tensors(t: TensorLoader, hp: HParams) -> None:
+    """The optional pooling heads any family may carry (llama.cpp's ``cls``, ``cls.output``,
+    ``cls.norm``: a reranker's classification head; ``dense_2``/``dense_3``: EmbeddingGemma's
+    projections), read by ``GraphBuilder.build_pooling``."""
+    n_embd = hp.n_embd
+    n_cls = n_embd  # cls.weight: [n_embd, n_embd], or [1, n_embd] without cls.output (jina-reranker-v1)
+    cls = t("cls.weight", None, required=False)
+    if cls is not None:
+        if cls.ndim != 2 or cls.shape[1] != n_embd:
+            raise ModelLoadError(f"tensor 'cls.weight' has shape {cls.shape}, expected (n, {n_embd})")
+        n_cls = cls.shape[0]
+        t("cls.bias", (n_cls,), required=False)
+        t("cls.norm.weight", (n_cls,), required=False)
+    if t("cls.output.weight", (hp.n_cls_out, n_cls), required=False) is not None:
+        t("cls.output.bias", (hp.n_cls_out,), required=False)
+    d2 = t("dense_2.weight", None, required=False)
+    n = n_embd
+    if d2 is not None:
+        if d2.ndim != 2 or d2.shape[1] != n_embd:
+            raise ModelLoadError(f"tensor 'dense_2.weight' has shape {d2.shape}, expected (n, {n_embd})")
+        n = d2.shape[0]
+        t("dense_2.bias", (n,), required=False)
+    d3 = t("dense_3.weight", None, required=False)
+    if d3 is not None and (d3.ndim != 2 or d3.shape[1] != n):
+        raise ModelLoadError(f"tensor 'dense_3.weight' has shape {d3.shape}, expected (n, {n})")
+
+
 # ---------------------------------------------------------------------------------------------
 # graph inputs
 
@@ -111,14 +138,24 @@ class Inputs:
     kv: dict[int, KVInputs] = field(default_factory=dict)  # layer -> its cache inputs
     n_ctx: int = 0  # context size (per sequence), for rope long/short factor choice
     flash_attn: bool = True  # fused attention (else mul_mat + soft_max + mul_mat)
+    rs: Any = None  # recurrent layers: the memory's RSInputs (state buffers, rows per stream)
+    # weight name -> (LoRA pair, effective scale) of the context's active adapters (llamapy.model.lora)
+    loras: Mapping[str, tuple[tuple[Any, float], ...]] = field(default_factory=dict)
+    # encoders (no KV cache): F32[T, T] masks over the ubatch itself (full layers, sliding-window layers)
+    kq_mask: Tensor | None = None
+    kq_mask_swa: Tensor | None = None
+    # pooling (embeddings): F32[S, T] mean weights, I32[S] the row of each sequence's cls/last token
+    pool_mean: Tensor | None = None
+    pool_rows: Tensor | None = None
 
 
 @dataclass
 class Outputs:
     """What ``Architecture.build`` returns (llama.cpp's ``t_logits`` / ``t_embd``)."""
 
-    logits: Tensor  # F32[n_outputs, n_vocab]
+    logits: Tensor | None  # F32[n_outputs, n_vocab] (None: an encoder without a language-model head)
     embd: Tensor | None = None  # F32[n_outputs, n_embd]: the normed last hidden state (embeddings mode)
+    embd_pooled: Tensor | None = None  # F32[n_seqs, n]: per sequence (``GraphBuilder.build_pooling``)
 
 
 @dataclass
@@ -183,6 +220,8 @@ class GraphBuilder:
         self.arch = arch
         self.hp: HParams = arch.hp
         self.inp = inp
+        # layer -> its cached K, V views and mask, for the layers that reuse them (``HParams.kv_layer``)
+        self.kv_views: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
 
     @staticmethod
     def cb(t: Tensor, name: str, il: int = -1) -> Tensor:
@@ -195,15 +234,24 @@ class GraphBuilder:
     # -- basic pieces -----------------------------------------------------------------------------
     def embed(self, tok_embd: Tensor, scale: float | None = None) -> Tensor:
         inp = self.inp
-        x = inp.embd if inp.embd is not None else self.cb(ops.get_rows(tok_embd, inp.tokens), "inp_embd")
+        if inp.embd is not None:
+            x = inp.embd
+        else:
+            x = ops.get_rows(tok_embd, inp.tokens)
+            for lw, s in inp.loras.get(tok_embd.name, ()):  # flipped pair: B A[t] (see model.lora)
+                x = ops.add(x, ops.scale(ops.mul_mat(lw.b, ops.get_rows(lw.a, inp.tokens)), s))
+            x = self.cb(x, "inp_embd")
         if scale is not None:
             x = self.cb(ops.scale(x, scale), "inp_scaled")
         return x
 
-    @staticmethod
-    def mm(w: Tensor, x: Tensor, b: Tensor | None = None) -> Tensor:
-        """``x @ w.T`` (+ bias): x[..., K], w[N, K] -> [..., N]."""
+    def mm(self, w: Tensor, x: Tensor, b: Tensor | None = None) -> Tensor:
+        """``x @ w.T`` (+ bias): x[..., K], w[N, K] -> [..., N]; with LoRA adapters on ``w``, plus
+        ``s * B (A x)`` for each (llama.cpp's ``build_lora_mm``)."""
         y = ops.mul_mat(w, x)
+        for lw, s in self.inp.loras.get(w.name, ()):
+            if not lw.embd:  # a tied output reads token_embd, whose pair is for the row lookup only
+                y = ops.add(y, ops.scale(ops.mul_mat(lw.b, ops.mul_mat(lw.a, x)), s))
         return ops.add(y, b) if b is not None else y
 
     def build_norm(
@@ -249,24 +297,53 @@ class GraphBuilder:
         return ops.reshape(q, (T, nh, dk)), ops.reshape(k, (T, nkv, dk)), ops.reshape(v, (T, nkv, dv))
 
     def build_attn(
-        self, q: Tensor, k: Tensor, v: Tensor, il: int, kq_scale: float, softcap: float = 0.0
+        self,
+        q: Tensor,
+        k: Tensor | None,
+        v: Tensor | None,
+        il: int,
+        kq_scale: float,
+        softcap: float = 0.0,
+        max_bias: float = 0.0,
+        sinks: Tensor | None = None,
     ) -> Tensor:
-        """Store K/V of the new tokens in the layer's cache cells and attend over the cache.
+        """Store K/V of the new tokens in the layer's cache cells and attend over the cache; without a
+        cache for the layer (an encoder) attend over the ubatch itself (``inp.kq_mask``/``kq_mask_swa``,
+        llama.cpp's ``build_attn_inp_no_cache``). ``max_bias``: ALiBi (the mask holds -|i - j|, the
+        encoder's and the KV cache's alike: ``KVCache.alibi``).
+        ``sinks`` F32[H]: a learned logit per head joining the softmax (gpt-oss's ``attn_sinks``).
 
         q [T, H, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv] -> [T, H * Dv] (before the output projection).
         """
         T = self.inp.n_tokens
-        kvi = self.inp.kv[il]
         _, nkv, dk, dv = self.hp.heads(il)
-        kbuf, vbuf = kvi.k[il], kvi.v[il]
-        k_st = ops.set_rows(kbuf, ops.reshape(k, (T, nkv * dk)), kvi.idx)
-        v_st = ops.set_rows(
-            vbuf, ops.reshape(ops.cont(v) if not v.is_contiguous() else v, (T, nkv * dv)), kvi.idx
-        )
-        kc = ops.view(k_st, (kvi.n_kv, nkv, dk))
-        vc = ops.view(v_st, (kvi.n_kv, nkv, dv))
+        src = self.hp.kv_layer(il)
+        if src != il:  # KV sharing (Gemma 3n / 4): attend over an earlier layer's cached K/V (k, v unused)
+            if src not in self.kv_views:
+                raise ModelLoadError(
+                    f"layer {il} reuses the K/V of layer {src}, which was not built before it"
+                )
+            kc, vc, mask = self.kv_views[src]
+        elif il not in self.inp.kv:
+            kc, vc = k, ops.cont(v) if not v.is_contiguous() else v
+            mask = self.inp.kq_mask_swa if self.hp.is_swa(il) else self.inp.kq_mask
+            if mask is None:
+                raise ModelLoadError(f"layer {il}: no KV cache and no encoder mask for its attention")
+        else:
+            kvi = self.inp.kv[il]
+            kbuf, vbuf = kvi.k[il], kvi.v[il]
+            k_st = ops.set_rows(kbuf, ops.reshape(k, (T, nkv * dk)), kvi.idx)
+            v_st = ops.set_rows(
+                vbuf, ops.reshape(ops.cont(v) if not v.is_contiguous() else v, (T, nkv * dv)), kvi.idx
+            )
+            kc = ops.view(k_st, (kvi.n_kv, nkv, dk))
+            vc = ops.view(v_st, (kvi.n_kv, nkv, dv))
+            mask = kvi.mask
+            self.kv_views[il] = (kc, vc, mask)
         if self.inp.flash_attn:
-            out = ops.flash_attn_ext(q, kc, vc, kvi.mask, kq_scale, logit_softcap=softcap)
+            out = ops.flash_attn_ext(
+                q, kc, vc, mask, kq_scale, max_bias=max_bias, logit_softcap=softcap, sinks=sinks
+            )
             return self.cb(ops.reshape(out, (T, q.shape[1] * dv)), "kqv_out", il)
         # unfused: softmax(q k^T * scale + mask) v, heads as the batch axis
         qh = ops.cont(ops.permute(q, (1, 0, 2)))  # [H, T, Dk]
@@ -275,7 +352,7 @@ class GraphBuilder:
         if softcap:
             kq = ops.scale(ops.tanh(ops.scale(kq, kq_scale / softcap)), softcap)
             kq_scale = 1.0
-        kq = ops.soft_max(kq, kvi.mask, scale=kq_scale)
+        kq = ops.soft_max(kq, mask, scale=kq_scale, max_bias=max_bias, sinks=sinks)
         vt = ops.cont(ops.permute(vc, (1, 2, 0)))  # [Hkv, Dv, n_kv]
         out = ops.cont(ops.permute(ops.mul_mat(vt, kq), (1, 0, 2)))  # [H, T, Dv] -> [T, H, Dv]
         return self.cb(ops.reshape(out, (T, q.shape[1] * dv)), "kqv_out", il)
@@ -291,6 +368,8 @@ class GraphBuilder:
         kq_scale: float | None = None,
         softcap: float = 0.0,
         qk_norm_kind: str = "rms",
+        attn_temp: Tensor | None = None,
+        sinks: Tensor | None = None,
     ) -> Tensor:
         """The whole attention sub-block: projections, optional q/k norm (per head, or ``"full"``:
         over the whole projection, as OLMo 2; ``qk_norm_kind`` "rms" or "layer", the weight one vector
@@ -316,11 +395,19 @@ class GraphBuilder:
             k = rope.apply(k, self.inp.pos)
         if q_scale is not None:
             q = ops.scale(q, q_scale)
+        if attn_temp is not None:  # per-token temperature tuning [T, 1, 1] (``inp_attn_temp``)
+            q = self.cb(ops.mul(q, attn_temp), "Qcur_attn_temp_scaled", il)
         q, k, v = self.cb(q, "Qcur", il), self.cb(k, "Kcur", il), self.cb(v, "Vcur", il)
         if kq_scale is None:
             kq_scale = 1.0 / math.sqrt(self.hp.heads(il).n_embd_head_k)
-        out = self.build_attn(q, k, v, il, kq_scale, softcap)
+        # ALiBi (MPT, Refact): the cache's mask holds -|i - j|, scaled per head by the slopes of max_bias
+        out = self.build_attn(q, k, v, il, kq_scale, softcap, max_bias=self.hp.f_max_alibi_bias, sinks=sinks)
         return self.cb(self.mm(blk["attn_output.weight"], out, blk.get("attn_output.bias")), "attn_out", il)
+
+    def inp_attn_temp(self, scale: float, floor_scale: int, offset: float = 0.0) -> Tensor:
+        """Attention temperature per token, ``log(floor((pos + offset) / floor_scale) + 1) * scale + 1``
+        ``[T, 1, 1]`` (llama.cpp's ``inp_attn_scale``: Llama 4, Mistral 3); multiplies Q after rope."""
+        return self.cb(ops.attn_temp_scale(self.inp.pos, scale, floor_scale, offset), "inp_attn_scale")
 
     # -- feed-forward -----------------------------------------------------------------------------
     def build_ffn(
@@ -362,30 +449,88 @@ class GraphBuilder:
         g = self.cb(ops.scale(ops.tanh(ops.scale(g, 0.5)), 0.5, 0.5), "ffn_shexp_gate", il)  # sigmoid
         return self.cb(ops.mul(y, g), "ffn_shexp_out", il)
 
-    def build_moe_ffn(self, h: Tensor, blk: Weights, il: int, norm_w: bool) -> Tensor:
-        """Mixture of experts with softmax routing over ``n_expert_used`` of ``n_expert`` SwiGLU experts."""
+    def build_moe_ffn(
+        self,
+        h: Tensor,
+        blk: Weights,
+        il: int,
+        norm_w: bool,
+        *,
+        gating: str = "softmax",
+        act: str = "silu",
+        w_scale: float = 0.0,
+        weight_before_ffn: bool = False,
+    ) -> Tensor:
+        """Mixture of experts with softmax routing over ``n_expert_used`` of ``n_expert`` SwiGLU experts.
+        ``gating="sigmoid"`` (DeepSeek V3, GLM-4.5): sigmoid scores; experts chosen on the scores plus
+        the layer's ``exp_probs_b.bias`` where it has one, within the best ``hp.n_group_used`` of
+        ``hp.n_expert_groups`` groups when those are set, weighted by the unbiased scores; ``w_scale``:
+        the weights x this (llama.cpp's ``expert_weights_scale``, after the normalization);
+        ``weight_before_ffn`` (Llama 4, one expert per token): the input is weighted, not the output.
+        ``gating="softmax_weight"`` (gpt-oss, llama.cpp's ``SOFTMAX_WEIGHT``): top-k of the raw logits,
+        then a softmax over the selected ones; ``act="swiglu_oai"``: gpt-oss's clamped SwiGLU. Biases
+        where the layer has them: on the router (``ffn_gate_inp.bias``) and per expert
+        (``ffn_{up,gate,down}_exps.bias``, added with ``add_id``)."""
         hp = self.hp
         T = h.shape[0]
         k = hp.n_expert_used
-        logits = self.cb(self.mm(blk["ffn_gate_inp.weight"], h), "ffn_moe_logits", il)  # [T, E]
-        probs = self.cb(ops.soft_max(logits), "ffn_moe_probs", il)
-        ids = self.cb(ops.top_k(probs, k), "ffn_moe_topk", il)  # I32[T, k]
+        logits = self.mm(blk["ffn_gate_inp.weight"], h, blk.get("ffn_gate_inp.bias"))
+        logits = self.cb(logits, "ffn_moe_logits", il)  # [T, E]
+        if gating == "softmax_weight":
+            probs = logits
+        elif gating == "softmax":
+            probs = self.cb(ops.soft_max(logits), "ffn_moe_probs", il)
+        elif gating == "sigmoid":
+            probs = self.cb(ops.sigmoid(logits), "ffn_moe_probs", il)
+        else:
+            raise ModelLoadError(
+                f"build_moe_ffn: unknown gating {gating!r} (softmax, softmax_weight, sigmoid)"
+            )
+        sel = probs
+        if (b := blk.get("exp_probs_b.bias")) is not None:  # selection bias (DeepSeek V3's correction)
+            sel = self.cb(ops.add(probs, b), "ffn_moe_probs_biased", il)
+        if 1 < hp.n_expert_groups and 0 < hp.n_group_used < hp.n_expert_groups:
+            sel = ops.moe_group_mask(sel, hp.n_expert_groups, hp.n_group_used)
+            sel = self.cb(sel, "ffn_moe_probs_masked", il)
+        ids = self.cb(ops.top_k(sel, k), "ffn_moe_topk", il)  # I32[T, k]
         # gather probs[t, ids[t, j]] as a product with one-hot "experts" (get_rows is 2-D only)
         eye = ops.weight(
             "moe_onehot", GGMLType.F32, (hp.n_expert, 1, hp.n_expert), np.eye(hp.n_expert, dtype=np.float32)
         )
         w = self.cb(ops.mul_mat_id(eye, ops.reshape(probs, (T, 1, hp.n_expert)), ids), "ffn_moe_weights", il)
+        if gating == "softmax_weight":
+            w = ops.reshape(ops.soft_max(ops.reshape(w, (T, k))), (T, k, 1))
+            self.cb(w, "ffn_moe_weights_softmax", il)
         if norm_w:
             w = ops.div(w, ops.reshape(ops.sum_rows(ops.reshape(w, (T, k))), (T, 1, 1)))
             self.cb(w, "ffn_moe_weights_norm", il)  # [T, k, 1]
+        if w_scale and w_scale != 1.0:
+            w = self.cb(ops.scale(w, w_scale), "ffn_moe_weights_scaled", il)
         x = ops.reshape(h, (T, 1, h.shape[-1]))
-        up = self.cb(ops.mul_mat_id(blk["ffn_up_exps.weight"], x, ids), "ffn_moe_up", il)  # [T, k, n_ff]
-        gate = self.cb(ops.mul_mat_id(blk["ffn_gate_exps.weight"], x, ids), "ffn_moe_gate", il)
-        act = self.cb(ops.swiglu(gate, up), "ffn_moe_swiglu", il)
-        y = self.cb(ops.mul_mat_id(blk["ffn_down_exps.weight"], act, ids), "ffn_moe_down", il)
-        y = self.cb(ops.mul(y, w), "ffn_moe_weighted", il)  # [T, k, n_embd]
+        if weight_before_ffn:
+            if k != 1:
+                raise ModelLoadError(f"build_moe_ffn: weighting the input needs 1 expert per token, not {k}")
+            x = self.cb(ops.mul(x, w), "ffn_moe_weighted_inp", il)
+        up = self.cb(self._mm_id(blk, "ffn_up_exps", x, ids), "ffn_moe_up", il)  # [T, k, n_ff]
+        gate = self.cb(self._mm_id(blk, "ffn_gate_exps", x, ids), "ffn_moe_gate", il)
+        if act == "swiglu_oai":  # llama.cpp's LLM_FFN_SWIGLU_OAI_MOE: alpha 1.702, limit 7
+            a = self.cb(ops.swiglu_oai(gate, up, 1.702, 7.0), "ffn_moe_swiglu_oai", il)
+        elif act == "silu":
+            a = self.cb(ops.swiglu(gate, up), "ffn_moe_swiglu", il)
+        else:
+            raise ModelLoadError(f"build_moe_ffn: unknown activation {act!r} (silu, swiglu_oai)")
+        y = self.cb(self._mm_id(blk, "ffn_down_exps", a, ids), "ffn_moe_down", il)
+        if not weight_before_ffn:
+            y = self.cb(ops.mul(y, w), "ffn_moe_weighted", il)  # [T, k, n_embd]
         out = ops.sum_rows(ops.cont(ops.permute(y, (0, 2, 1))))
         return self.cb(ops.reshape(out, (T, hp.n_embd)), "ffn_moe_out", il)
+
+    @staticmethod
+    def _mm_id(blk: Weights, name: str, x: Tensor, ids: Tensor) -> Tensor:
+        """The experts ``ids`` of ``{name}.weight`` applied to ``x``, plus their ``{name}.bias`` rows."""
+        y = ops.mul_mat_id(blk[f"{name}.weight"], x, ids)
+        b = blk.get(f"{name}.bias")
+        return ops.add_id(y, b, ids) if b is not None else y
 
     # -- output -----------------------------------------------------------------------------------
     def output(
@@ -410,6 +555,55 @@ class GraphBuilder:
             logits = ops.scale(ops.tanh(ops.scale(logits, 1.0 / softcap)), softcap)
         return Outputs(self.cb(logits, "result_output"), embd=x)
 
+    # -- pooling (embeddings) ---------------------------------------------------------------------
+    def build_pooling(self, res: Outputs, pooling_type: int) -> Outputs:
+        """llama.cpp's ``build_pooling`` + ``build_dense_out``: the per-sequence embedding of the
+        ubatch's sequences from ``res.embd`` (all tokens are outputs): 1 mean (``inp.pool_mean``),
+        2 cls / 3 last (``inp.pool_rows``), 4 rank (the cls or last row, or the mean for modern-bert,
+        through the classification head: ``cls`` dense + tanh (gelu and ``cls.norm`` for modern-bert),
+        then ``cls.output``; a softmax for qwen3's yes/no head). Then the dense projections
+        (``dense_2`` + bias, ``dense_3``: EmbeddingGemma), on the pooled rows or, without pooling,
+        on every token. Names: ``result_embd_pooled``."""
+        w, arch, inp = self.arch.w, self.hp.arch, self.inp
+        x = res.embd
+        if x is None:
+            raise ModelLoadError(f"{arch}: the graph has no embeddings output to pool")
+        if pooling_type == 0:
+            cur = x
+        elif pooling_type == 1 or (pooling_type == 4 and arch == "modern-bert"):
+            cur = ops.mul_mat(ops.cont(ops.transpose(x)), inp.pool_mean)  # [S, T] x [T, E] -> [S, E]
+        elif pooling_type in (2, 3, 4):
+            cur = ops.get_rows(x, inp.pool_rows)
+        else:
+            raise ModelLoadError(
+                f"pooling type {pooling_type} is not 0 none, 1 mean, 2 cls, 3 last or 4 rank"
+            )
+        if pooling_type == 4:
+            if "cls.output.weight" not in w and "cls.weight" not in w:
+                raise ModelLoadError(
+                    f"{arch}: pooling type rank needs a classification head (cls.weight or cls.output.weight)"
+                )
+            if "cls.weight" in w:
+                cur = self.mm(w["cls.weight"], cur, w.get("cls.bias"))
+                cur = ops.gelu(cur) if arch == "modern-bert" else ops.tanh(cur)
+                if "cls.norm.weight" in w:
+                    cur = self.build_norm(cur, w["cls.norm.weight"], w.get("cls.norm.bias"), kind="layer")
+            if "cls.output.weight" in w:
+                cur = self.mm(w["cls.output.weight"], cur, w.get("cls.output.bias"))
+            if arch in ("qwen3", "qwen3vl"):
+                cur = ops.soft_max(cur)
+        if pooling_type != 0:
+            cur = self.cb(cur, "result_embd_pooled")
+        if "dense_2.weight" in w or "dense_3.weight" in w:
+            if "dense_2.weight" in w:
+                cur = self.mm(w["dense_2.weight"], cur, w.get("dense_2.bias"))
+            if "dense_3.weight" in w:
+                cur = self.mm(w["dense_3.weight"], cur)
+            cur = self.cb(cur, "result_embd_pooled")
+        if pooling_type == 0:  # per token (through the dense projections where the model has them)
+            return Outputs(res.logits, cur)
+        return Outputs(res.logits, res.embd, cur)
+
 
 def neox(hp: HParams) -> HParams:
     hp.rope_type = ROPE_NEOX
@@ -425,6 +619,7 @@ __all__ = [
     "Rope",
     "TensorLoader",
     "Weights",
+    "load_head_tensors",
     "neox",
     "rope_for_layer",
 ]

@@ -104,6 +104,9 @@ class MetaReader:
         return [self.u32(key, required=True)] * n_layer  # type: ignore[list-item]
 
 
+# hybrid families whose recurrent layers have head_count_kv 0 (llama.cpp marks them recurrent so)
+HYBRID_NO_KV_ARCHS = ("lfm2", "lfm2moe", "granitehybrid", "falcon-h1", "nemotron_h", "jamba", "mamba2")
+
 # rope modes (ggml): normal = adjacent pairs, neox = first/second half
 ROPE_NORM = 0
 ROPE_NEOX = 2
@@ -157,19 +160,85 @@ class HParams:
     expert_weights_norm: bool = False
     causal_attn: bool = True
     pooling_type: int = 0
+    n_cls_out: int = 1  # outputs of a rank head (classifier.output_labels)
+    f_max_alibi_bias: float = 0.0  # ALiBi (jina-bert-v2): the encoder mask holds -|i - j|
+    swa_type: str = "standard"  # "symmetric": |i - j| <= n_swa / 2 (modern-bert, EmbeddingGemma)
+    n_token_types: int = 0  # bert's token_types table
+    moe_every_n_layers: int = 0  # nomic-bert-moe: layers il % n == 1 are MoE
     n_ctx_orig: int = 0
+    # attention temperature tuning (Llama 4, Mistral 3): Q x log(floor((pos + offset) / floor) + 1) * scale + 1
+    f_attn_temp_scale: float = 0.0  # 0: none
+    n_attn_temp_floor_scale: int = 0
+    f_attn_temp_offset: float = 0.0
+    n_expert_groups: int = 0  # group-limited routing (DeepSeek V3): experts in groups, the best used
+    n_group_used: int = 0
+    expert_weights_scale: float = 0.0  # 0: none
+    expert_gating_func: int = 0  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE: 1 softmax, 2 sigmoid (0: unset)
+    n_layer_dense_lead: int = 0  # the first layers' feed-forward is dense (DeepSeek, GLM-4.5)
+    n_expert_shared: int = 0
+    n_moe_layer_step: int = 0  # ERNIE 4.5 / Llama 4: every n-th layer (from the dense lead on) is MoE
+    n_attn_chunk: int = 0  # Llama 4: chunked attention on its rope layers (0: none)
+    n_layer_nextn: int = 0  # next-token-prediction layers after the trunk (GLM-4.5, DeepSeek V3: skipped)
+    v_in_k: bool = False  # the graph reads V from the cached K rows (DeepSeek's MLA): no V cache
+    n_lora_q: int = 0  # DeepSeek's MLA: q's low-rank projection (0: a full attn_q)
+    n_lora_kv: int = 0  # the compressed KV latent's size
+    n_embd_head_k_mla: int = 0  # the decompressed head sizes (key_length_mla / value_length_mla)
+    n_embd_head_v_mla: int = 0
+    rope_yarn_log_mul: float = 0.0  # YaRN's attention magnitude x (1 + log_mul ln(1 / freq_scale))
+    n_embd_head_k_swa: int = 0  # 0: n_embd_head_k (Gemma 4: sliding-window layers have their own head size)
+    n_embd_head_v_swa: int = 0
+    n_layer_kv_from_start: int = -1  # -1: every layer has its own K/V; else later layers reuse earlier ones'
+    n_rot_swa: int = 0  # rotary dims of sliding-window layers when they differ (Gemma 4; 0: n_rot)
+    n_embd_per_layer: int = 0  # per-layer embedding size (Gemma 3n / 4; 0: none)
+    n_altup: int = 0  # Gemma 3n: AltUp streams (altup.num_inputs), the active one, and per-layer FFN
+    i_altup_act: int = 0  # activation sparsity (std multiplier of the gaussian top-k cutoff; -inf: dense)
+    activation_sparsity_scale: list[float] = field(default_factory=list)
+    # recurrent layers (SSM / gated delta net / short conv; llama.cpp's ssm.* keys): which layers, and the
+    # per-sequence conv and recurrent state sizes the memory keeps for each (floats)
+    recurrent_layers: list[bool] = field(default_factory=list)
+    n_embd_r: int = 0
+    n_embd_s: int = 0
+    ssm_d_conv: int = 0
+    ssm_d_inner: int = 0
+    ssm_d_state: int = 0
+    ssm_dt_rank: int = 0
+    ssm_n_group: int = 0
+    rope_sections: tuple[int, ...] = ()  # multi-section rope (Qwen3.5's interleaved mrope)
+    recurrent_with_attn: bool = (
+        False  # recurrent layers attend as well (Falcon-H1: mamba2 + attention per layer)
+    )
 
     # Per-layer choices that the cache shares with the graph are data here, each read through one
     # method: head counts and sizes (``heads``), window or global (``is_swa``: ``swa_layers``).
     def heads(self, il: int) -> LayerHeads:
         """Query heads, KV heads, K head size and V head size of layer ``il``."""
+        if self.n_embd_head_k_swa and self.is_swa(il):
+            return LayerHeads(
+                self.n_head[il], self.n_head_kv[il], self.n_embd_head_k_swa, self.n_embd_head_v_swa
+            )
         return LayerHeads(self.n_head[il], self.n_head_kv[il], self.n_embd_head_k, self.n_embd_head_v)
+
+    def kv_layer(self, il: int) -> int:
+        """The layer whose cached K/V layer ``il`` attends over: itself, or (KV sharing, Gemma 3n / 4: layers
+        from ``n_layer_kv_from_start`` on) the last earlier layer of the same kind (window or global) that
+        stores its own. The cache holds buffers only for layers that are their own ``kv_layer``."""
+        n = self.n_layer_kv_from_start
+        if n < 0 or il < n:
+            return il
+        swa = self.is_swa(il)
+        for j in range(n - 1, -1, -1):
+            if self.is_swa(j) == swa:
+                return j
+        raise ModelLoadError(f"layer {il} shares K/V, but no earlier layer of its kind stores them")
 
     def n_embd_k_gqa(self, il: int) -> int:
         h = self.heads(il)
         return h.n_embd_head_k * h.n_head_kv
 
     def n_embd_v_gqa(self, il: int) -> int:
+        """V values cached per token (0 with ``v_in_k``: MLA's latent cache holds K only)."""
+        if self.v_in_k:
+            return 0
         h = self.heads(il)
         return h.n_embd_head_v * h.n_head_kv
 
@@ -180,6 +249,14 @@ class HParams:
     @property
     def has_swa(self) -> bool:
         return self.n_swa > 0 and any(self.swa_layers)
+
+    def is_recurrent(self, il: int) -> bool:
+        """Whether layer ``il`` keeps a recurrent state (else it attends over the KV cache)."""
+        return bool(self.recurrent_layers and self.recurrent_layers[il])
+
+    def has_kv(self, il: int) -> bool:
+        """Whether layer ``il`` attends over a KV cache (it has KV heads and is not only recurrent)."""
+        return self.n_head_kv[il] > 0 and (self.recurrent_with_attn or not self.is_recurrent(il))
 
 
 def read_common(md: MetaReader, n_vocab_fallback: int) -> HParams:
@@ -195,13 +272,15 @@ def read_common(md: MetaReader, n_vocab_fallback: int) -> HParams:
     if not md.has("attention.head_count_kv"):
         n_head_kv = list(n_head)
     for il in range(n_layer):
+        if md.arch in HYBRID_NO_KV_ARCHS and n_head_kv[il] == 0:  # a recurrent layer (LFM2's short conv)
+            continue
         if n_head[il] == 0 or n_head_kv[il] == 0 or n_head[il] % n_head_kv[il]:
             raise md._err(
                 f"layer {il}: attention.head_count {n_head[il]} is not a positive multiple of "
                 f"attention.head_count_kv {n_head_kv[il]}"
             )
     n_ff = md.per_layer("feed_forward_length", n_layer, default=0)
-    head_k_default = n_embd // n_head[0]
+    head_k_default = n_embd // n_head[0] if n_head[0] else 0  # (0: Mamba2, no attention)
     n_embd_head_k = md.u32("attention.key_length", head_k_default)
     n_embd_head_v = md.u32("attention.value_length", head_k_default)
     n_rot = md.u32("rope.dimension_count", n_embd_head_k)
@@ -256,6 +335,10 @@ def read_common(md: MetaReader, n_vocab_fallback: int) -> HParams:
         raise md._err(f"expert_used_count {hp.n_expert_used} must be in 1..expert_count ({hp.n_expert})")
     hp.causal_attn = md.boolean("attention.causal", True)
     hp.pooling_type = md.u32("pooling_type", 0)
+    labels = md.raw("classifier.output_labels")
+    if labels is not None and len(labels):
+        hp.n_cls_out = len(labels)
+    hp.f_max_alibi_bias = md.f32("attention.max_alibi_bias", 0.0)
     return hp
 
 

@@ -323,3 +323,181 @@ def test_matvec_kernels_on_random_bits(t, m):
     mk.MATVEC[t.name](raw, x, out, mk.F16_TABLE)
     ref = as_kernel_sees(t.name, x) @ dequantize(raw, t).astype(np.float64).T
     assert nmse(out, ref) < 1e-10
+
+
+def test_attn_temp_scale():
+    """Attention temperature per token (Llama 4: offset 1; Mistral 3: offset 0), the formula of
+    transformers' get_llama_4_attn_scale; steps at multiples of floor_scale."""
+    from llamapy.ggml.tensor import GraphError
+
+    pos = ops.new_tensor(T.I32, (9,))
+    p = np.array([0, 1, 3, 4, 7, 8, 15, 16, 100], np.int32)
+    outs = [ops.attn_temp_scale(pos, 0.1, 4, 0.0), ops.attn_temp_scale(pos, 0.5, 8, 1.0)]
+    got, ref = check(outs, {pos: p}, tol=0)
+    for g, s, f, off in ((got[0], 0.1, 4, 0), (got[1], 0.5, 8, 1)):
+        want = 1 + s * np.log(1 + np.floor((p + off) / f))
+        np.testing.assert_allclose(g.reshape(-1), want, rtol=1e-6)
+    assert got[0].shape == (9, 1, 1) and got[0][0, 0, 0] == 1.0 and got[0][3, 0, 0] > 1.0
+    with pytest.raises(GraphError):
+        ops.attn_temp_scale(ops.new_tensor(T.F32, (9,)), 0.1, 4)
+
+
+# -- gpt-oss ops: swiglu_oai, add_id, attention sinks ---------------------------------------------
+def test_swiglu_oai_clamps_gate_and_up():
+    """gate clamped above at limit, up to [-limit, limit]: values beyond +-limit on both inputs."""
+    a, b = ops.new_tensor(T.F32, (5, 24)), ops.new_tensor(T.F32, (5, 24))
+    av, bv = f32(5, 24, scale=6.0), f32(5, 24, scale=6.0)
+    assert (av > 7).any() and (np.abs(bv) > 7).any()
+    got, _ = check(
+        [ops.swiglu_oai(a, b), ops.swiglu_oai(a, b, alpha=1.0, limit=2.0)], {a: av, b: bv}, tol=1e-12
+    )
+    for g, al, lim in ((got[0], 1.702, 7.0), (got[1], 1.0, 2.0)):
+        x, y = np.minimum(av.astype(np.float64), lim), np.clip(bv.astype(np.float64), -lim, lim)
+        np.testing.assert_allclose(g, x / (1 + np.exp(-al * x)) * (y + 1), rtol=1e-5, atol=1e-6)
+
+
+def test_add_id_adds_each_slots_expert_bias():
+    from llamapy.ggml.tensor import GraphError
+
+    Tn, U, E, N = 5, 2, 4, 12
+    a, b, ids = (
+        ops.new_tensor(T.F32, (Tn, U, N)),
+        ops.new_tensor(T.F32, (E, N)),
+        ops.new_tensor(T.I32, (Tn, U)),
+    )
+    av, bv = f32(Tn, U, N), f32(E, N)
+    iv = RNG.integers(0, E, size=(Tn, U)).astype(np.int32)
+    got, _ = check(ops.add_id(a, b, ids), {a: av, b: bv, ids: iv}, tol=0)
+    np.testing.assert_array_equal(got[0], av + bv[iv])
+    with pytest.raises(ComputeError, match="expert id 9"):
+        run_both(ops.add_id(a, b, ids), {a: av, b: bv, ids: np.full((Tn, U), 9, np.int32)})
+    with pytest.raises(GraphError):
+        ops.add_id(a, ops.new_tensor(T.F32, (E, N + 1)), ids)
+
+
+def _sink_reference(s: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """softmax over [scores | sink] per head (s: [H, T, KV]), the sink's column dropped (HF's gpt-oss)."""
+    full = np.concatenate([s, np.broadcast_to(sinks[:, None, None], s.shape[:2] + (1,))], axis=-1)
+    full = np.exp(full - full.max(axis=-1, keepdims=True))
+    return (full / full.sum(axis=-1, keepdims=True))[..., :-1]
+
+
+def test_soft_max_with_sinks():
+    H, Tn, KV = 4, 3, 9
+    a, m, sk = (
+        ops.new_tensor(T.F32, (H, Tn, KV)),
+        ops.new_tensor(T.F32, (Tn, KV)),
+        ops.new_tensor(T.F32, (H,)),
+    )
+    av = f32(H, Tn, KV)
+    mv = np.where(RNG.random((Tn, KV)) < 0.3, -np.inf, 0).astype(np.float32)
+    mv[:, 0] = 0
+    sv = np.array([-1.0, 0.0, 2.0, 30.0], np.float32)  # the last one takes almost all the mass
+    got, _ = check(
+        [ops.soft_max(a, m, scale=0.5, sinks=sk), ops.soft_max(a, sinks=sk)], {a: av, m: mv, sk: sv}, 1e-10
+    )
+    np.testing.assert_allclose(got[0], _sink_reference(av * 0.5 + mv, sv), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got[1], _sink_reference(av.astype(np.float64), sv), rtol=1e-5, atol=1e-7)
+    assert got[0][3].sum() < 1e-6 and abs(got[0][0].sum(-1) - 1).max() > 1e-3  # rows no longer sum to 1
+
+
+@pytest.mark.parametrize("n_tokens", [1, 6])
+def test_flash_attn_with_sinks(n_tokens):
+    """Fused attention with sinks equals the unfused softmax-with-sinks (and the HF formula)."""
+    from llamapy.ggml.tensor import GraphError
+
+    H, Hkv, D, KV = 4, 2, 16, 8
+    q, k, v = (
+        ops.new_tensor(T.F32, (n_tokens, H, D)),
+        ops.new_tensor(T.F32, (KV, Hkv, D)),
+        ops.new_tensor(T.F32, (KV, Hkv, D)),
+    )
+    mask, sk = ops.new_tensor(T.F32, (n_tokens, KV)), ops.new_tensor(T.F32, (H,))
+    pos = np.arange(KV - n_tokens, KV)
+    mv = np.where(np.arange(KV)[None, :] <= pos[:, None], 0, -np.inf).astype(np.float32)
+    qv, kv_, vv = f32(n_tokens, H, D), f32(KV, Hkv, D), f32(KV, Hkv, D)
+    sv = f32(H, scale=2.0)
+    got, _ = check(
+        ops.flash_attn_ext(q, k, v, mask, 0.25, sinks=sk), {q: qv, k: kv_, v: vv, mask: mv, sk: sv}, 1e-10
+    )
+    kh = np.repeat(kv_, H // Hkv, axis=1).transpose(1, 0, 2)  # [H, KV, D]
+    vh = np.repeat(vv, H // Hkv, axis=1).transpose(1, 0, 2)
+    s = np.einsum("thd,hkd->htk", qv.astype(np.float64), kh) * 0.25 + mv
+    want = np.einsum("htk,hkd->thd", _sink_reference(s, sv.astype(np.float64)), vh)
+    np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-6)
+    with pytest.raises(GraphError, match="sinks"):
+        ops.flash_attn_ext(q, k, v, None, 0.25, sinks=sk)
+    with pytest.raises(GraphError, match="sinks"):
+        ops.flash_attn_ext(q, k, v, mask, 0.25, sinks=ops.new_tensor(T.F32, (H + 1,)))
+
+
+def test_moe_group_mask():
+    """Group-limited routing: groups ranked by the sum of their top two; the others are -inf."""
+    a = np.array(
+        [[0.9, 0.1, 0.5, 0.5, 0.2, 0.3, 0.0, 0.05], [0.0, 0.1, 0.2, 0.3, 0.9, 0.8, 0.7, 0.0]], np.float32
+    )
+    x = ops.new_tensor(T.F32, a.shape)
+    outs = [ops.moe_group_mask(x, 4, 2), ops.moe_group_mask(x, 2, 1), ops.moe_group_mask(x, 4, 4)]
+    got, ref = run_both(outs, {x: a})
+    for g, r in zip(got, ref, strict=True):
+        np.testing.assert_array_equal(g, r)
+    inf = -np.inf
+
+    def f32(*v: float) -> np.ndarray:
+        return np.array(v, np.float32)
+
+    # row 0: group sums 1.0, 1.0, 0.5, 0.05 -> groups 0 and 1; row 1: 0.1, 0.5, 1.7, 0.7 -> 2 and 3
+    np.testing.assert_array_equal(got[0][0], f32(0.9, 0.1, 0.5, 0.5, inf, inf, inf, inf))
+    np.testing.assert_array_equal(got[0][1], f32(inf, inf, inf, inf, 0.9, 0.8, 0.7, 0.0))
+    np.testing.assert_array_equal(got[1][0], f32(0.9, 0.1, 0.5, 0.5, inf, inf, inf, inf))
+    np.testing.assert_array_equal(got[1][1], f32(inf, inf, inf, inf, 0.9, 0.8, 0.7, 0.0))
+    np.testing.assert_array_equal(got[2], a)  # every group kept
+
+
+@pytest.mark.parametrize("kv_type", [T.F16, T.F32], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tokens", [1, 5])
+def test_alibi_over_a_kv_cache(kv_type, n_tokens):
+    """ALiBi over cached K/V (MPT, Refact): the mask holds -(query pos - key pos) (-inf where masked)
+    and each head scales it by its slope; fused (flash_attn_ext) and unfused (soft_max) attention, CPU
+    and NumPy, against a float64 reference of the formula itself."""
+    H, D, n_ctx, n_kv, max_bias, scale = 6, 32, 16, 9, 8.0, 0.25  # 6 heads: both slope series
+    kc, vc = ops.buffer("ka", kv_type, (n_ctx, H * D)), ops.buffer("va", kv_type, (n_ctx, H * D))
+    kn, vn = ops.new_tensor(T.F32, (n_tokens, H * D)), ops.new_tensor(T.F32, (n_tokens, H * D))
+    idx = ops.new_tensor(T.I32, (n_tokens,))
+    kw_, vw_ = ops.set_rows(kc, kn, idx), ops.set_rows(vc, vn, idx)
+    k = ops.view(kw_, (n_kv, H, D), strides=(kc.strides[0], kc.strides[0] // H, kc.strides[1]))
+    v = ops.view(vw_, (n_kv, H, D), strides=(vc.strides[0], vc.strides[0] // H, vc.strides[1]))
+    q = ops.new_tensor(T.F32, (n_tokens, H, D))
+    mask = ops.new_tensor(T.F32, (n_tokens, n_kv))
+    pos = np.arange(n_kv - n_tokens - 1, n_kv - 1)  # the last cell stays unused (masked)
+    d = (pos[:, None] - np.arange(n_kv)[None, :]).astype(np.float32)
+    mv = np.where(d >= 0, -d, -np.inf).astype(np.float32)
+    qh = ops.cont(ops.permute(q, (1, 0, 2)))
+    kh = ops.cont(ops.permute(k, (1, 0, 2)))
+    kq = ops.soft_max(ops.mul_mat(kh, qh), mask, scale=scale, max_bias=max_bias)
+    unfused = ops.cont(ops.permute(ops.mul_mat(ops.cont(ops.permute(v, (1, 2, 0))), kq), (1, 0, 2)))
+    outs = [ops.flash_attn_ext(q, k, v, mask, scale, max_bias=max_bias), unfused]
+    qv, knv, vnv = f32(n_tokens, H, D), f32(n_tokens, H * D), f32(n_tokens, H * D)
+    feeds = {q: qv, idx: pos.astype(np.int32), mask: mv, kn: knv, vn: vnv}
+    g = Graph(outs)
+    res = []
+    for be in (CPU, NumpyBackend()):
+        kc.data[:] = 0
+        vc.data[:] = 0
+        s = Scheduler([be])
+        s.compute(g, feeds)
+        res.append([s.get(o) for o in outs])
+        kall = kc.data.view(np.float16 if kv_type == T.F16 else np.float32).astype(np.float64)
+        vall = vc.data.view(np.float16 if kv_type == T.F16 else np.float32).astype(np.float64)
+    kall = kall.reshape(n_ctx, H, D)[:n_kv]
+    vall = vall.reshape(n_ctx, H, D)[:n_kv]
+    slopes = ops.alibi_slopes(H, max_bias).astype(np.float64)
+    ref = np.zeros((n_tokens, H, D))
+    for h in range(H):
+        sc = qv[:, h].astype(np.float64) @ kall[:, h].T * scale + slopes[h] * mv
+        e = np.exp(sc - sc.max(-1, keepdims=True))
+        ref[:, h] = (e / e.sum(-1, keepdims=True)) @ vall[:, h]
+    for got in res:
+        for a in got:
+            assert nmse(a, ref) < 1e-10
+    assert slopes[4] > slopes[0] > slopes[3]  # 6 heads: 2^-2, 2^-4, 2^-6, 2^-8, then 2^-1, 2^-3

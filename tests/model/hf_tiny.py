@@ -331,13 +331,14 @@ def _randomize(model: torch.nn.Module, family: Family, seed: int) -> None:
     """Weights of unit-ish scale: matrices ~ N(0, 1/fan_in) (q, k: 4/fan_in), norms around 1 (gemma's stored as w,
     used as 1 + w), biases small, embeddings N(0, 1) (N(0, 1/16) when tied to the output)."""
     g = torch.Generator().manual_seed(seed)
-    gemma = family.arch.startswith("gemma")
+    # Gemma 3n / 4 norms multiply by w itself, the older Gemmas by 1 + w
+    gemma = family.arch.startswith("gemma") and family.arch not in ("gemma3n", "gemma4")
     tied = bool(model.config.tie_word_embeddings)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1:
                 noise = torch.randn(p.shape, generator=g) * 0.1
-                if "norm" in name and not name.endswith("bias"):
+                if "norm" in name.lower() and not name.endswith("bias"):  # (BERT's LayerNorm too)
                     p.copy_(noise if gemma else 1.0 + noise)
                 else:  # biases
                     p.copy_(noise * 2)

@@ -47,8 +47,13 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     g = H // Hkv
     p = node.params
     scale, cap = np.float32(p["scale"]), np.float32(p["logit_softcap"])
+    # gpt-oss's per-head sink logits (src 4, after the mask): only the NumPy path below takes them
+    sinks = arrays[id(node.src[4])].reshape(Hkv, g, 1, 1) if p.get("sinks") else None
     small = (
-        T <= ATTN_SMALL_MAX_TOKENS and Q.dtype == np.float32 and (mask is None or mask.dtype == np.float32)
+        T <= ATTN_SMALL_MAX_TOKENS
+        and Q.dtype == np.float32
+        and (mask is None or mask.dtype == np.float32)
+        and sinks is None
     )
     if small and k.type == GGMLType.F16 and v.type == GGMLType.F16:
         # decode over an F16 cache: read the half bits in place, only the unmasked keys (no conversion step)
@@ -81,8 +86,10 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         return step_small
     from . import blas
 
-    if blas.attention_supported(Q, Kf, Vf, out) and (
-        mask is None or (mask.dtype == np.float32 and mask.shape == (T, KV))
+    if (
+        blas.attention_supported(Q, Kf, Vf, out)
+        and (mask is None or (mask.dtype == np.float32 and mask.shape == (T, KV)))
+        and sinks is None
     ):
         nth = _threads(be)
         scores = be.scratch("fa_scores", (nth, blas.ATTN_CHUNK, KV))
@@ -101,6 +108,7 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     S = be.scratch("fa_s", (Hkv, g * T, KV))
     S4 = S.reshape(Hkv, g, T, KV)
     red = be.scratch("fa_red", (Hkv, g * T, 1))
+    red4 = red.reshape(Hkv, g, T, 1)
     O = be.scratch("fa_o", (Hkv, g * T, Dv))
     out4 = out.reshape(T, Hkv, g, Dv)
     Q4 = Q.reshape(T, Hkv, g, D) if Q.flags.c_contiguous else None
@@ -126,10 +134,17 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
             else:
                 np.add(S4, mask, out=S4)
         np.max(S, axis=-1, keepdims=True, out=red)
+        if sinks is not None:
+            np.maximum(red4, sinks, out=red4)
         red[~np.isfinite(red)] = 0.0
         np.subtract(S, red, out=S)
         np.exp(S, out=S)
-        np.sum(S, axis=-1, keepdims=True, out=red)
+        if sinks is not None:  # exp(sink - max) joins the denominator
+            np.subtract(sinks, red4, out=red4)
+            np.exp(red4, out=red4)
+            np.add(red, np.sum(S, axis=-1, keepdims=True), out=red)
+        else:
+            np.sum(S, axis=-1, keepdims=True, out=red)
         red[red == 0] = 1.0
         np.divide(S, red, out=S)
         np.matmul(S, Vf.transpose(1, 0, 2), out=O)

@@ -21,6 +21,7 @@ from ..numpy_backend import REF_OPS, NumpyBackend, from_f32
 from ..ops import alibi_slopes
 from ..tensor import VIEW_OPS, Tensor
 from ..types import TRAITS, GGMLType
+from .layouts import GLU_KIND, UNARY_KIND
 
 __all__ = ["CPUBackend", "MATVEC_MAX_TOKENS"]
 
@@ -258,7 +259,7 @@ def _rms_norm(
     return step
 
 
-_UNARY_KIND = {"silu": 0, "gelu": 1, "gelu_quick": 2, "tanh": 3, "relu": 4, "softcap": 5}
+_UNARY_KIND = UNARY_KIND  # the codes op_kernels.unary_rows reads (layouts.py)
 
 
 @_compiler(*_UNARY_KIND)
@@ -279,7 +280,7 @@ def _unary(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     return step
 
 
-@_compiler("swiglu", "geglu")
+@_compiler(*GLU_KIND)
 def _glu(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     A, B = arrays[id(node.src[0])], arrays[id(node.src[1])]
     if (
@@ -297,7 +298,7 @@ def _glu(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     _, ok = _kernels()
     kern = ok.glu_rows
     be.need(kern)
-    kind = 0 if node.op == "swiglu" else 1
+    kind = GLU_KIND[node.op]
 
     def step() -> None:
         if pa is not None:
@@ -322,7 +323,7 @@ def _rope(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     key = (id(node.src[1]), id(node.src[2]) if ff is not None else None, tuple(sorted(p.items())))
     steps: list[Step] = []
     if key not in be._rope_cache:
-        T = pos.shape[0]
+        T = node.shape[0]  # pos is [4 * T] for multi-section rope with per-section positions
         cos = np.empty((T, p["n_dims"] // 2), np.float32)
         sin = np.empty_like(cos)
         be._rope_cache[key] = (cos, sin)
@@ -337,7 +338,7 @@ def _rope(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     _, ok = _kernels()
     kern = ok.rope_rows
     be.need(kern)
-    n_dims, neox = p["n_dims"], p["mode"] == 2
+    n_dims, neox = p["n_dims"], p["mode"] != 0  # mrope / imrope rotate neox pairs
     first = steps[0] if steps else None
 
     def step() -> None:
@@ -351,8 +352,11 @@ def _rope(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
 @_compiler("soft_max")
 def _soft_max(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     A, out = arrays[id(node.src[0])], arrays[id(node)]
-    mask = arrays[id(node.src[1])] if len(node.src) > 1 else None
     p = node.params
+    sinks = arrays[id(node.src[-1])] if p.get("sinks") else None
+    mask = arrays[id(node.src[1])] if len(node.src) > 1 + (sinks is not None) else None
+    if sinks is not None:  # [H] -> broadcast over [..., H, T, 1]
+        sinks = sinks.reshape((-1,) + (1,) * min(2, node.ndim - 1))
     scale = np.float32(p["scale"])
     if mask is not None and p["max_bias"] > 0:
         n_head = node.shape[-3] if node.ndim >= 3 else 1
@@ -372,10 +376,54 @@ def _soft_max(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
             else:
                 np.add(out, mask, out=out)
         np.max(out, axis=-1, keepdims=True, out=red)
+        if sinks is not None:
+            np.maximum(red, sinks, out=red)
         np.subtract(out, red, out=out)
         np.exp(out, out=out)
-        np.sum(out, axis=-1, keepdims=True, out=red)
+        if sinks is not None:  # the sink's own exp(s - max) joins the sum
+            np.subtract(sinks, red, out=red)
+            np.exp(red, out=red)
+            np.add(red, np.sum(out, axis=-1, keepdims=True), out=red)
+        else:
+            np.sum(out, axis=-1, keepdims=True, out=red)
         np.divide(out, red, out=out)
+
+    return step
+
+
+@_compiler("swiglu_oai")
+def _swiglu_oai(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
+    """gpt-oss's clamped SwiGLU in float32 NumPy: min(a, limit) * sigmoid(alpha * .) * (clamp(b) + 1)."""
+    A, B, out = arrays[id(node.src[0])], arrays[id(node.src[1])], arrays[id(node)]
+    alpha, limit = np.float32(node.params["alpha"]), np.float32(node.params["limit"])
+    tmp = be.scratch("swiglu_oai", node.shape)
+
+    def step() -> None:
+        np.minimum(A, limit, out=out)  # x
+        np.multiply(out, -alpha, out=tmp)
+        np.exp(tmp, out=tmp)
+        np.add(tmp, np.float32(1.0), out=tmp)
+        np.divide(out, tmp, out=out)  # x * sigmoid(alpha x)
+        np.clip(B, -limit, limit, out=tmp)
+        np.add(tmp, np.float32(1.0), out=tmp)
+        np.multiply(out, tmp, out=out)
+
+    return step
+
+
+@_compiler("add_id")
+def _add_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
+    """Per-expert biases: out[t, u] = a[t, u] + b[ids[t, u]] (ids checked as mul_mat_id does)."""
+    A, B, ids, out = (arrays[id(s)] for s in (*node.src, node))
+    if B.dtype != np.float32:
+        return None
+    E, nm = B.shape[0], node.name
+
+    def step() -> None:
+        if ids.size and (ids.min() < 0 or ids.max() >= E):
+            bad = ids[(ids < 0) | (ids >= E)][0]
+            raise ComputeError(f"add_id {nm!r}: expert id {int(bad)} not in 0..{E - 1}")
+        np.add(A, B[ids], out=out)
 
     return step
 
@@ -422,4 +470,4 @@ assert set(_COMPILERS) <= set(REF_OPS) | {"cpy", "set_rows"}
 
 
 # the compilers of the other op families register themselves on import (they use the helpers above)
-from . import attention_steps, matmul_steps  # noqa: E402, F401
+from . import attention_steps, matmul_steps, ssm_steps  # noqa: E402, F401

@@ -74,6 +74,10 @@ def _build(found: tuple[str, str, str, bool]) -> tuple[Callable[..., None], Call
     import llvmlite.binding as llb
     from numba import types
 
+    # sgemm, fexp and ftanh are module globals, not closure cells: Numba's cache index key pickles a
+    # kernel's closure, and dispatchers and ExternalFunction types pickle differently in every process
+    # (with them in the closure both kernels missed the cache each time: 3-5 s on a server's first prompt)
+    global fexp, ftanh, sgemm
     from .vmath import fexp, ftanh
 
     path, name, _, ilp64 = found

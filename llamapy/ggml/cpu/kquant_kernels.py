@@ -21,7 +21,23 @@ from __future__ import annotations
 import numpy as np
 
 from ..._numba import njit, prange
+from ..quants.layouts import (
+    Q4_K_BYTES,
+    Q4_K_DMIN,
+    Q4_K_QS,
+    Q4_K_SCALES,
+    Q5_K_BYTES,
+    Q5_K_DMIN,
+    Q5_K_QH,
+    Q5_K_QS,
+    Q5_K_SCALES,
+    Q6_K_BYTES,
+    Q6_K_D,
+    Q6_K_QH,
+    Q6_K_SCALES,
+)
 from .isimd import bload, bnib, bq5, bq6, iadd, ib8, ikscales, ilane, iload, imadd, imadd2, imul, itof, izero
+from .layouts import ROWS_PER_PASS
 from .rowgroups import PREFETCH_ROWS, f16at, prefetch_bytes, rows4, store4
 from .simd import vfma, vsplat, vzero
 
@@ -95,26 +111,28 @@ def _nan_rows(out, ok):
 def _q4k_row(acc, wr, o, xq, x0, d8, bsv, f16):
     """One Q4_K block (``o``) of one row against the activation bytes from ``x0``: 8 sub-blocks of
     32, each nibble run times its 6-bit scale; the mins times the per-32 byte sums ``bsv``."""
-    sc, mn = ikscales(wr, o + 4)
+    sc, mn = ikscales(wr, o + Q4_K_SCALES)
     s = izero()
     for c in range(4):
-        s = imadd(s, bnib(wr, o + 16 + 32 * c, False), bload(xq, x0 + 64 * c), ilane(sc, 2 * c))
-        s = imadd(s, bnib(wr, o + 16 + 32 * c, True), bload(xq, x0 + 64 * c + 32), ilane(sc, 2 * c + 1))
+        q = o + Q4_K_QS + 32 * c
+        s = imadd(s, bnib(wr, q, False), bload(xq, x0 + 64 * c), ilane(sc, 2 * c))
+        s = imadd(s, bnib(wr, q, True), bload(xq, x0 + 64 * c + 32), ilane(sc, 2 * c + 1))
     acc = vfma(acc, vsplat(f16at(wr, o, f16) * d8), itof(s))
-    return vfma(acc, vsplat(-f16at(wr, o + 2, f16) * d8), itof(imul(mn, bsv)))
+    return vfma(acc, vsplat(-f16at(wr, o + Q4_K_DMIN, f16) * d8), itof(imul(mn, bsv)))
 
 
 @njit(inline="always")
 def _q5k_row(acc, wr, o, xq, x0, d8, bsv, f16):
-    """As ``_q4k_row`` for Q5_K: fifth bits 2c and 2c + 1 of the 32 bytes of ``qh`` (at ``o + 16``)."""
-    sc, mn = ikscales(wr, o + 4)
+    """As ``_q4k_row`` for Q5_K: fifth bits 2c and 2c + 1 of the 32 bytes of ``qh``."""
+    sc, mn = ikscales(wr, o + Q5_K_SCALES)
+    qh = o + Q5_K_QH
     s = izero()
     for c in range(4):
-        q = o + 48 + 32 * c
-        s = imadd(s, bq5(wr, q, False, o + 16, 2 * c), bload(xq, x0 + 64 * c), ilane(sc, 2 * c))
-        s = imadd(s, bq5(wr, q, True, o + 16, 2 * c + 1), bload(xq, x0 + 64 * c + 32), ilane(sc, 2 * c + 1))
+        q = o + Q5_K_QS + 32 * c
+        s = imadd(s, bq5(wr, q, False, qh, 2 * c), bload(xq, x0 + 64 * c), ilane(sc, 2 * c))
+        s = imadd(s, bq5(wr, q, True, qh, 2 * c + 1), bload(xq, x0 + 64 * c + 32), ilane(sc, 2 * c + 1))
     acc = vfma(acc, vsplat(f16at(wr, o, f16) * d8), itof(s))
-    return vfma(acc, vsplat(-f16at(wr, o + 2, f16) * d8), itof(imul(mn, bsv)))
+    return vfma(acc, vsplat(-f16at(wr, o + Q5_K_DMIN, f16) * d8), itof(imul(mn, bsv)))
 
 
 @njit(inline="always")
@@ -126,16 +144,17 @@ def _q6k_row(acc, wr, o, xq, x0, d8, bs16, f16):
     s = izero()
     for n in range(2):
         ql = o + 64 * n
-        qh = o + 128 + 32 * n
-        sc = o + 192 + 8 * n
+        qh = o + Q6_K_QH + 32 * n
+        sc = o + Q6_K_SCALES + 8 * n
         xb = x0 + 128 * n
         s = imadd2(s, bq6(wr, ql, False, qh, 0), bload(xq, xb), si[sc], si[sc + 1])
         s = imadd2(s, bq6(wr, ql + 32, False, qh, 2), bload(xq, xb + 32), si[sc + 2], si[sc + 3])
         s = imadd2(s, bq6(wr, ql, True, qh, 4), bload(xq, xb + 64), si[sc + 4], si[sc + 5])
         s = imadd2(s, bq6(wr, ql + 32, True, qh, 6), bload(xq, xb + 96), si[sc + 6], si[sc + 7])
     b16 = x0 // 16
-    off = iadd(imul(ib8(si, o + 192), iload(bs16, b16)), imul(ib8(si, o + 200), iload(bs16, b16 + 8)))
-    d = f16at(wr, o + 208, f16) * d8
+    sc = o + Q6_K_SCALES
+    off = iadd(imul(ib8(si, sc), iload(bs16, b16)), imul(ib8(si, sc + 8), iload(bs16, b16 + 8)))
+    d = f16at(wr, o + Q6_K_D, f16) * d8
     acc = vfma(acc, vsplat(d), itof(s))
     return vfma(acc, vsplat(np.float32(-32.0) * d), itof(off))
 
@@ -147,7 +166,7 @@ def _q6k_row(acc, wr, o, xq, x0, d8, bs16, f16):
 @njit(parallel=True, cache=True)
 def mm_q4_k(w, x, out, f16):
     N, rb = w.shape
-    nb = rb // 144
+    nb = rb // Q4_K_BYTES
     wf = w.reshape(-1)
     xq, xd, _, bs32, ok = _q8k(x)
     for g in prange((N + 3) // 4):
@@ -158,8 +177,10 @@ def mm_q4_k(w, x, out, f16):
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
             for b in range(nb):
                 if m == 0:
-                    prefetch_bytes(wf, pf + b * 4 * 144, 4 * 144, N * rb)
-                o, x0, d8 = b * 144, b * QK_K, xd[m, b]
+                    prefetch_bytes(
+                        wf, pf + b * ROWS_PER_PASS * Q4_K_BYTES, ROWS_PER_PASS * Q4_K_BYTES, N * rb
+                    )
+                o, x0, d8 = b * Q4_K_BYTES, b * QK_K, xd[m, b]
                 bsv = iload(bs32[m], b * 8)
                 a0 = _q4k_row(a0, w0, o, xqm, x0, d8, bsv, f16)
                 a1 = _q4k_row(a1, w1, o, xqm, x0, d8, bsv, f16)
@@ -172,7 +193,7 @@ def mm_q4_k(w, x, out, f16):
 @njit(parallel=True, cache=True)
 def mm_q5_k(w, x, out, f16):
     N, rb = w.shape
-    nb = rb // 176
+    nb = rb // Q5_K_BYTES
     wf = w.reshape(-1)
     xq, xd, _, bs32, ok = _q8k(x)
     for g in prange((N + 3) // 4):
@@ -183,8 +204,10 @@ def mm_q5_k(w, x, out, f16):
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
             for b in range(nb):
                 if m == 0:
-                    prefetch_bytes(wf, pf + b * 4 * 176, 4 * 176, N * rb)
-                o, x0, d8 = b * 176, b * QK_K, xd[m, b]
+                    prefetch_bytes(
+                        wf, pf + b * ROWS_PER_PASS * Q5_K_BYTES, ROWS_PER_PASS * Q5_K_BYTES, N * rb
+                    )
+                o, x0, d8 = b * Q5_K_BYTES, b * QK_K, xd[m, b]
                 bsv = iload(bs32[m], b * 8)
                 a0 = _q5k_row(a0, w0, o, xqm, x0, d8, bsv, f16)
                 a1 = _q5k_row(a1, w1, o, xqm, x0, d8, bsv, f16)
@@ -197,7 +220,7 @@ def mm_q5_k(w, x, out, f16):
 @njit(parallel=True, cache=True)
 def mm_q6_k(w, x, out, f16):
     N, rb = w.shape
-    nb = rb // 210
+    nb = rb // Q6_K_BYTES
     wf = w.reshape(-1)
     xq, xd, bs16, _, ok = _q8k(x)
     for g in prange((N + 3) // 4):
@@ -208,8 +231,10 @@ def mm_q6_k(w, x, out, f16):
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
             for b in range(nb):
                 if m == 0:
-                    prefetch_bytes(wf, pf + b * 4 * 210, 4 * 210, N * rb)
-                o, x0, d8 = b * 210, b * QK_K, xd[m, b]
+                    prefetch_bytes(
+                        wf, pf + b * ROWS_PER_PASS * Q6_K_BYTES, ROWS_PER_PASS * Q6_K_BYTES, N * rb
+                    )
+                o, x0, d8 = b * Q6_K_BYTES, b * QK_K, xd[m, b]
                 a0 = _q6k_row(a0, w0, o, xqm, x0, d8, bsm, f16)
                 a1 = _q6k_row(a1, w1, o, xqm, x0, d8, bsm, f16)
                 a2 = _q6k_row(a2, w2, o, xqm, x0, d8, bsm, f16)

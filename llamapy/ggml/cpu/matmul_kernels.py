@@ -26,8 +26,26 @@ import numpy as np
 
 from ..._numba import njit, prange
 from ..quants.fast import F16_TABLE  # noqa: F401  (re-exported: the kernels' ``f16`` argument)
+from ..quants.layouts import (
+    Q4_0_BYTES,
+    Q4_0_QS,
+    Q4_1_BYTES,
+    Q4_1_M,
+    Q4_1_QS,
+    Q5_0_BYTES,
+    Q5_0_QH,
+    Q5_0_QS,
+    Q5_1_BYTES,
+    Q5_1_M,
+    Q5_1_QH,
+    Q5_1_QS,
+    Q8_0_BYTES,
+    Q8_0_QS,
+)
 from ..types import GGMLType
 from .kquant_kernels import mm_q4_k, mm_q5_k, mm_q6_k
+from .layouts import ROWS_PER_PASS
+from .mxfp4_kernels import mm_mxfp4
 from .rowgroups import PREFETCH_ROWS, f16at, prefetch_bytes, rows4, store4
 from .simd import vadd, vfma, vi8, vload, vmul, vq4, vsplat, vsub, vzero
 
@@ -63,7 +81,7 @@ def _nib5(wr, q, qh, x0, x1, x2, x3, bits):
 @njit(parallel=True, cache=True, fastmath=True)
 def mm_q4_0(w, x, out, f16):
     N, rb = w.shape
-    nb = rb // 18
+    nb = rb // Q4_0_BYTES
     wf = w.reshape(-1)
     for g in prange((N + 3) // 4):
         w0, w1, w2, w3 = rows4(w, g, N)
@@ -73,8 +91,10 @@ def mm_q4_0(w, x, out, f16):
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
             for b in range(nb):
                 if m == 0:
-                    prefetch_bytes(wf, pf + b * 72, 72, N * rb)
-                o = b * 18
+                    prefetch_bytes(
+                        wf, pf + b * ROWS_PER_PASS * Q4_0_BYTES, ROWS_PER_PASS * Q4_0_BYTES, N * rb
+                    )
+                o = b * Q4_0_BYTES
                 x0, x1, x2, x3 = (
                     vload(xm, b * 32),
                     vload(xm, b * 32 + 8),
@@ -82,23 +102,23 @@ def mm_q4_0(w, x, out, f16):
                     vload(xm, b * 32 + 24),
                 )
                 c = vmul(vadd(vadd(x0, x1), vadd(x2, x3)), vsplat(_F8))  # the -8 offset
-                a0 = vfma(a0, vsplat(f16at(w0, o, f16)), vsub(_nib(w0, o + 2, x0, x1, x2, x3), c))
-                a1 = vfma(a1, vsplat(f16at(w1, o, f16)), vsub(_nib(w1, o + 2, x0, x1, x2, x3), c))
-                a2 = vfma(a2, vsplat(f16at(w2, o, f16)), vsub(_nib(w2, o + 2, x0, x1, x2, x3), c))
-                a3 = vfma(a3, vsplat(f16at(w3, o, f16)), vsub(_nib(w3, o + 2, x0, x1, x2, x3), c))
+                a0 = vfma(a0, vsplat(f16at(w0, o, f16)), vsub(_nib(w0, o + Q4_0_QS, x0, x1, x2, x3), c))
+                a1 = vfma(a1, vsplat(f16at(w1, o, f16)), vsub(_nib(w1, o + Q4_0_QS, x0, x1, x2, x3), c))
+                a2 = vfma(a2, vsplat(f16at(w2, o, f16)), vsub(_nib(w2, o + Q4_0_QS, x0, x1, x2, x3), c))
+                a3 = vfma(a3, vsplat(f16at(w3, o, f16)), vsub(_nib(w3, o + Q4_0_QS, x0, x1, x2, x3), c))
             store4(out, m, g, N, a0, a1, a2, a3)
 
 
 @njit(inline="always")
 def _q41(acc, wr, o, x0, x1, x2, x3, xsum, f16):
-    acc = vfma(acc, vsplat(f16at(wr, o, f16)), _nib(wr, o + 4, x0, x1, x2, x3))
-    return vfma(acc, vsplat(f16at(wr, o + 2, f16)), xsum)
+    acc = vfma(acc, vsplat(f16at(wr, o, f16)), _nib(wr, o + Q4_1_QS, x0, x1, x2, x3))
+    return vfma(acc, vsplat(f16at(wr, o + Q4_1_M, f16)), xsum)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
 def mm_q4_1(w, x, out, f16):
     N, rb = w.shape
-    nb = rb // 20
+    nb = rb // Q4_1_BYTES
     wf = w.reshape(-1)
     for g in prange((N + 3) // 4):
         w0, w1, w2, w3 = rows4(w, g, N)
@@ -108,8 +128,10 @@ def mm_q4_1(w, x, out, f16):
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
             for b in range(nb):
                 if m == 0:
-                    prefetch_bytes(wf, pf + b * 80, 80, N * rb)
-                o = b * 20
+                    prefetch_bytes(
+                        wf, pf + b * ROWS_PER_PASS * Q4_1_BYTES, ROWS_PER_PASS * Q4_1_BYTES, N * rb
+                    )
+                o = b * Q4_1_BYTES
                 x0, x1, x2, x3 = (
                     vload(xm, b * 32),
                     vload(xm, b * 32 + 8),
@@ -127,7 +149,7 @@ def mm_q4_1(w, x, out, f16):
 @njit(parallel=True, cache=True, fastmath=True)
 def mm_q5_0(w, x, out, f16):
     N, rb = w.shape
-    nb = rb // 22
+    nb = rb // Q5_0_BYTES
     wf = w.reshape(-1)
     for g in prange((N + 3) // 4):
         w0, w1, w2, w3 = rows4(w, g, N)
@@ -137,8 +159,10 @@ def mm_q5_0(w, x, out, f16):
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
             for b in range(nb):
                 if m == 0:
-                    prefetch_bytes(wf, pf + b * 88, 88, N * rb)
-                o = b * 22
+                    prefetch_bytes(
+                        wf, pf + b * ROWS_PER_PASS * Q5_0_BYTES, ROWS_PER_PASS * Q5_0_BYTES, N * rb
+                    )
+                o, qs, qh = b * Q5_0_BYTES, b * Q5_0_BYTES + Q5_0_QS, b * Q5_0_BYTES + Q5_0_QH
                 x0, x1, x2, x3 = (
                     vload(xm, b * 32),
                     vload(xm, b * 32 + 8),
@@ -146,31 +170,23 @@ def mm_q5_0(w, x, out, f16):
                     vload(xm, b * 32 + 24),
                 )
                 c = vmul(vadd(vadd(x0, x1), vadd(x2, x3)), vsplat(_F16))  # the -16 offset
-                a0 = vfma(
-                    a0, vsplat(f16at(w0, o, f16)), vsub(_nib5(w0, o + 6, o + 2, x0, x1, x2, x3, BITS16), c)
-                )
-                a1 = vfma(
-                    a1, vsplat(f16at(w1, o, f16)), vsub(_nib5(w1, o + 6, o + 2, x0, x1, x2, x3, BITS16), c)
-                )
-                a2 = vfma(
-                    a2, vsplat(f16at(w2, o, f16)), vsub(_nib5(w2, o + 6, o + 2, x0, x1, x2, x3, BITS16), c)
-                )
-                a3 = vfma(
-                    a3, vsplat(f16at(w3, o, f16)), vsub(_nib5(w3, o + 6, o + 2, x0, x1, x2, x3, BITS16), c)
-                )
+                a0 = vfma(a0, vsplat(f16at(w0, o, f16)), vsub(_nib5(w0, qs, qh, x0, x1, x2, x3, BITS16), c))
+                a1 = vfma(a1, vsplat(f16at(w1, o, f16)), vsub(_nib5(w1, qs, qh, x0, x1, x2, x3, BITS16), c))
+                a2 = vfma(a2, vsplat(f16at(w2, o, f16)), vsub(_nib5(w2, qs, qh, x0, x1, x2, x3, BITS16), c))
+                a3 = vfma(a3, vsplat(f16at(w3, o, f16)), vsub(_nib5(w3, qs, qh, x0, x1, x2, x3, BITS16), c))
             store4(out, m, g, N, a0, a1, a2, a3)
 
 
 @njit(inline="always")
 def _q51(acc, wr, o, x0, x1, x2, x3, xsum, f16):
-    acc = vfma(acc, vsplat(f16at(wr, o, f16)), _nib5(wr, o + 8, o + 4, x0, x1, x2, x3, BITS16))
-    return vfma(acc, vsplat(f16at(wr, o + 2, f16)), xsum)
+    acc = vfma(acc, vsplat(f16at(wr, o, f16)), _nib5(wr, o + Q5_1_QS, o + Q5_1_QH, x0, x1, x2, x3, BITS16))
+    return vfma(acc, vsplat(f16at(wr, o + Q5_1_M, f16)), xsum)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
 def mm_q5_1(w, x, out, f16):
     N, rb = w.shape
-    nb = rb // 24
+    nb = rb // Q5_1_BYTES
     wf = w.reshape(-1)
     for g in prange((N + 3) // 4):
         w0, w1, w2, w3 = rows4(w, g, N)
@@ -180,8 +196,10 @@ def mm_q5_1(w, x, out, f16):
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
             for b in range(nb):
                 if m == 0:
-                    prefetch_bytes(wf, pf + b * 96, 96, N * rb)
-                o = b * 24
+                    prefetch_bytes(
+                        wf, pf + b * ROWS_PER_PASS * Q5_1_BYTES, ROWS_PER_PASS * Q5_1_BYTES, N * rb
+                    )
+                o = b * Q5_1_BYTES
                 x0, x1, x2, x3 = (
                     vload(xm, b * 32),
                     vload(xm, b * 32 + 8),
@@ -198,17 +216,18 @@ def mm_q5_1(w, x, out, f16):
 
 @njit(inline="always")
 def _q80(acc, wr, o, x0, x1, x2, x3, f16):
-    t = vmul(vi8(wr, o + 2), x0)
-    t = vfma(t, vi8(wr, o + 10), x1)
-    t = vfma(t, vi8(wr, o + 18), x2)
-    t = vfma(t, vi8(wr, o + 26), x3)
+    q = o + Q8_0_QS
+    t = vmul(vi8(wr, q), x0)
+    t = vfma(t, vi8(wr, q + 8), x1)
+    t = vfma(t, vi8(wr, q + 16), x2)
+    t = vfma(t, vi8(wr, q + 24), x3)
     return vfma(acc, vsplat(f16at(wr, o, f16)), t)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
 def mm_q8_0(w, x, out, f16):
     N, rb = w.shape
-    nb = rb // 34
+    nb = rb // Q8_0_BYTES
     wf = w.reshape(-1)
     for g in prange((N + 3) // 4):
         w0, w1, w2, w3 = rows4(w, g, N)
@@ -218,8 +237,10 @@ def mm_q8_0(w, x, out, f16):
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
             for b in range(nb):
                 if m == 0:
-                    prefetch_bytes(wf, pf + b * 136, 136, N * rb)
-                o = b * 34
+                    prefetch_bytes(
+                        wf, pf + b * ROWS_PER_PASS * Q8_0_BYTES, ROWS_PER_PASS * Q8_0_BYTES, N * rb
+                    )
+                o = b * Q8_0_BYTES
                 x0, x1, x2, x3 = (
                     vload(xm, b * 32),
                     vload(xm, b * 32 + 8),
@@ -240,4 +261,5 @@ VEC_DOT_TYPE = {"Q4_K": GGMLType.Q8_K, "Q5_K": GGMLType.Q8_K, "Q6_K": GGMLType.Q
 MATVEC = {
     "Q4_0": mm_q4_0, "Q4_1": mm_q4_1, "Q5_0": mm_q5_0, "Q5_1": mm_q5_1, "Q8_0": mm_q8_0,
     "Q4_K": mm_q4_k, "Q5_K": mm_q5_k, "Q6_K": mm_q6_k,
+    "MXFP4": mm_mxfp4,
 }  # fmt: skip

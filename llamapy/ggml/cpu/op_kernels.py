@@ -17,6 +17,7 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
+from .layouts import GLU_SWIGLU, UNARY_GELU, UNARY_GELU_QUICK, UNARY_RELU, UNARY_SILU, UNARY_TANH
 from .simd import bitcast_f32
 from .vmath import fexp, ftanh
 
@@ -92,25 +93,25 @@ def _silu(v):
     return v / (_F1 + fexp(-v))
 
 
-# kind: 0 silu, 1 gelu, 2 gelu_quick, 3 tanh, 4 relu, 5 softcap (p = cap)
+# kind: layouts.UNARY_KIND (UNARY_SOFTCAP: p = cap)
 @njit(parallel=True, cache=True, fastmath=True, error_model="numpy")
 def unary_rows(x, kind, p, out):
     n, d = x.shape
     for i in prange(n):
-        if kind == 0:
+        if kind == UNARY_SILU:
             for j in range(d):
                 out[i, j] = _silu(x[i, j])
-        elif kind == 1:
+        elif kind == UNARY_GELU:
             for j in range(d):
                 out[i, j] = _gelu(x[i, j])
-        elif kind == 2:
+        elif kind == UNARY_GELU_QUICK:
             for j in range(d):
                 v = x[i, j]
                 out[i, j] = v / (_F1 + fexp(np.float32(-1.702) * v))
-        elif kind == 3:
+        elif kind == UNARY_TANH:
             for j in range(d):
                 out[i, j] = ftanh(x[i, j])
-        elif kind == 4:
+        elif kind == UNARY_RELU:
             for j in range(d):
                 out[i, j] = max(x[i, j], _F0)
         else:
@@ -118,12 +119,12 @@ def unary_rows(x, kind, p, out):
                 out[i, j] = p * ftanh(x[i, j] / p)
 
 
-# kind: 0 swiglu = silu(a) * b, 1 geglu = gelu(a) * b
+# kind: layouts.GLU_KIND (GLU_SWIGLU = silu(a) * b, GLU_GEGLU = gelu(a) * b)
 @njit(parallel=True, cache=True, fastmath=True, error_model="numpy")
 def glu_rows(a, b, kind, out):
     n, d = a.shape
     for i in prange(n):
-        if kind == 0:
+        if kind == GLU_SWIGLU:
             for j in range(d):
                 out[i, j] = _silu(a[i, j]) * b[i, j]
         else:

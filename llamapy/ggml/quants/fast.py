@@ -15,6 +15,52 @@ import numpy as np
 from ..._numba import njit, prange
 from ..types import GGMLType
 from .iq_tables import KVALUES_IQ4NL
+from .layouts import (
+    IQ4_NL_BYTES,
+    IQ4_NL_QS,
+    IQ4_XS_BYTES,
+    IQ4_XS_QS,
+    IQ4_XS_SCALES_H,
+    IQ4_XS_SCALES_L,
+    Q2_K_BYTES,
+    Q2_K_D,
+    Q2_K_DMIN,
+    Q2_K_QS,
+    Q2_K_SCALES,
+    Q3_K_BYTES,
+    Q3_K_D,
+    Q3_K_HMASK,
+    Q3_K_QS,
+    Q3_K_SCALES,
+    Q4_0_BYTES,
+    Q4_0_QS,
+    Q4_1_BYTES,
+    Q4_1_M,
+    Q4_1_QS,
+    Q4_K_BYTES,
+    Q4_K_DMIN,
+    Q4_K_QS,
+    Q4_K_SCALES,
+    Q5_0_BYTES,
+    Q5_0_QH,
+    Q5_0_QS,
+    Q5_1_BYTES,
+    Q5_1_M,
+    Q5_1_QH,
+    Q5_1_QS,
+    Q5_K_BYTES,
+    Q5_K_DMIN,
+    Q5_K_QH,
+    Q5_K_QS,
+    Q5_K_SCALES,
+    Q6_K_BYTES,
+    Q6_K_D,
+    Q6_K_QH,
+    Q6_K_QL,
+    Q6_K_SCALES,
+    Q8_0_BYTES,
+    Q8_0_QS,
+)
 
 F32 = np.float32
 KVALUES_IQ4NL_F32 = KVALUES_IQ4NL.astype(np.float32)
@@ -28,55 +74,56 @@ def _h(src, o, tab):
 
 @njit(parallel=True, cache=True)
 def _q4_0(raw, out, tab):
-    nb = raw.shape[1] // 18
+    nb = raw.shape[1] // Q4_0_BYTES
     for r in prange(raw.shape[0]):
         src = raw[r]
         dst = out[r]
         for b in range(nb):
-            o = b * 18
+            o = b * Q4_0_BYTES
             d = _h(src, o, tab)
             y = b * 32
             for j in range(16):
-                v = np.int32(src[o + 2 + j])
+                v = np.int32(src[o + Q4_0_QS + j])
                 dst[y + j] = d * F32((v & 15) - 8)
                 dst[y + j + 16] = d * F32((v >> 4) - 8)
 
 
 @njit(parallel=True, cache=True)
 def _q4_1(raw, out, tab):
-    nb = raw.shape[1] // 20
+    nb = raw.shape[1] // Q4_1_BYTES
     for r in prange(raw.shape[0]):
         src = raw[r]
         dst = out[r]
         for b in range(nb):
-            o = b * 20
+            o = b * Q4_1_BYTES
             d = _h(src, o, tab)
-            m = _h(src, o + 2, tab)
+            m = _h(src, o + Q4_1_M, tab)
             y = b * 32
             for j in range(16):
-                v = np.int32(src[o + 4 + j])
+                v = np.int32(src[o + Q4_1_QS + j])
                 dst[y + j] = d * F32(v & 15) + m
                 dst[y + j + 16] = d * F32(v >> 4) + m
 
 
 @njit(parallel=True, cache=True)
 def _q5_0(raw, out, tab):
-    nb = raw.shape[1] // 22
+    nb = raw.shape[1] // Q5_0_BYTES
     for r in prange(raw.shape[0]):
         src = raw[r]
         dst = out[r]
         for b in range(nb):
-            o = b * 22
+            o = b * Q5_0_BYTES
             d = _h(src, o, tab)
+            q = o + Q5_0_QH
             qh = (
-                np.int64(src[o + 2])
-                | (np.int64(src[o + 3]) << 8)
-                | (np.int64(src[o + 4]) << 16)
-                | (np.int64(src[o + 5]) << 24)
+                np.int64(src[q])
+                | (np.int64(src[q + 1]) << 8)
+                | (np.int64(src[q + 2]) << 16)
+                | (np.int64(src[q + 3]) << 24)
             )
             y = b * 32
             for j in range(16):
-                v = np.int64(src[o + 6 + j])
+                v = np.int64(src[o + Q5_0_QS + j])
                 h0 = ((qh >> j) << 4) & 16
                 h1 = (qh >> (j + 12)) & 16
                 dst[y + j] = d * F32(((v & 15) | h0) - 16)
@@ -85,23 +132,24 @@ def _q5_0(raw, out, tab):
 
 @njit(parallel=True, cache=True)
 def _q5_1(raw, out, tab):
-    nb = raw.shape[1] // 24
+    nb = raw.shape[1] // Q5_1_BYTES
     for r in prange(raw.shape[0]):
         src = raw[r]
         dst = out[r]
         for b in range(nb):
-            o = b * 24
+            o = b * Q5_1_BYTES
             d = _h(src, o, tab)
-            m = _h(src, o + 2, tab)
+            m = _h(src, o + Q5_1_M, tab)
+            q = o + Q5_1_QH
             qh = (
-                np.int64(src[o + 4])
-                | (np.int64(src[o + 5]) << 8)
-                | (np.int64(src[o + 6]) << 16)
-                | (np.int64(src[o + 7]) << 24)
+                np.int64(src[q])
+                | (np.int64(src[q + 1]) << 8)
+                | (np.int64(src[q + 2]) << 16)
+                | (np.int64(src[q + 3]) << 24)
             )
             y = b * 32
             for j in range(16):
-                v = np.int64(src[o + 8 + j])
+                v = np.int64(src[o + Q5_1_QS + j])
                 h0 = ((qh >> j) << 4) & 16
                 h1 = (qh >> (j + 12)) & 16
                 dst[y + j] = d * F32((v & 15) | h0) + m
@@ -110,34 +158,34 @@ def _q5_1(raw, out, tab):
 
 @njit(parallel=True, cache=True)
 def _q8_0(raw, out, tab):
-    nb = raw.shape[1] // 34
+    nb = raw.shape[1] // Q8_0_BYTES
     for r in prange(raw.shape[0]):
         src = raw[r]
         dst = out[r]
         for b in range(nb):
-            o = b * 34
+            o = b * Q8_0_BYTES
             d = _h(src, o, tab)
             y = b * 32
             for j in range(32):
-                dst[y + j] = d * F32(np.int8(src[o + 2 + j]))
+                dst[y + j] = d * F32(np.int8(src[o + Q8_0_QS + j]))
 
 
 @njit(parallel=True, cache=True)
 def _q2_k(raw, out, tab):
-    nb = raw.shape[1] // 84
+    nb = raw.shape[1] // Q2_K_BYTES
     for r in prange(raw.shape[0]):
         src = raw[r]
         dst = out[r]
         for b in range(nb):
-            o = b * 84
-            d = _h(src, o + 80, tab)
-            dmin = _h(src, o + 82, tab)
+            o = b * Q2_K_BYTES
+            d = _h(src, o + Q2_K_D, tab)
+            dmin = _h(src, o + Q2_K_DMIN, tab)
             y0 = b * 256
             for s in range(16):  # sub-block of 16: half s//8, shift 2*((s%8)//2), bytes 16*(s%2)
-                sc = np.int32(src[o + s])
+                sc = np.int32(src[o + Q2_K_SCALES + s])
                 dl = d * F32(sc & 15)
                 ml = dmin * F32(sc >> 4)
-                q0 = o + 16 + 32 * (s // 8) + 16 * (s % 2)
+                q0 = o + Q2_K_QS + 32 * (s // 8) + 16 * (s % 2)
                 sh = 2 * ((s % 8) // 2)
                 y = y0 + 16 * s
                 for l in range(16):
@@ -153,21 +201,21 @@ def _q3_scale(src, o, j):
 
 @njit(parallel=True, cache=True)
 def _q3_k(raw, out, tab):
-    nb = raw.shape[1] // 110
+    nb = raw.shape[1] // Q3_K_BYTES
     for r in prange(raw.shape[0]):
         src = raw[r]
         dst = out[r]
         for b in range(nb):
-            o = b * 110
-            d = _h(src, o + 108, tab)
+            o = b * Q3_K_BYTES
+            d = _h(src, o + Q3_K_D, tab)
             y0 = b * 256
             for s in range(16):
-                dl = d * F32(_q3_scale(src, o + 96, s))
+                dl = d * F32(_q3_scale(src, o + Q3_K_SCALES, s))
                 k = (s % 8) // 2  # shift index inside the half
                 sh = 2 * k
                 hbit = (s // 8) * 4 + k
-                q0 = o + 32 + 32 * (s // 8) + 16 * (s % 2)
-                h0 = o + 16 * (s % 2)
+                q0 = o + Q3_K_QS + 32 * (s // 8) + 16 * (s % 2)
+                h0 = o + Q3_K_HMASK + 16 * (s % 2)
                 y = y0 + 16 * s
                 for l in range(16):
                     q = (np.int32(src[q0 + l]) >> sh) & 3
@@ -186,22 +234,22 @@ def _scale_min_k4(src, o, j):
 
 @njit(parallel=True, cache=True)
 def _q4_k(raw, out, tab):
-    nb = raw.shape[1] // 144
+    nb = raw.shape[1] // Q4_K_BYTES
     for r in prange(raw.shape[0]):
         src = raw[r]
         dst = out[r]
         for b in range(nb):
-            o = b * 144
+            o = b * Q4_K_BYTES
             d = _h(src, o, tab)
-            dmin = _h(src, o + 2, tab)
+            dmin = _h(src, o + Q4_K_DMIN, tab)
             for c in range(4):
-                sc1, m1i = _scale_min_k4(src, o + 4, 2 * c)
-                sc2, m2i = _scale_min_k4(src, o + 4, 2 * c + 1)
+                sc1, m1i = _scale_min_k4(src, o + Q4_K_SCALES, 2 * c)
+                sc2, m2i = _scale_min_k4(src, o + Q4_K_SCALES, 2 * c + 1)
                 d1 = d * F32(sc1)
                 m1 = dmin * F32(m1i)
                 d2 = d * F32(sc2)
                 m2 = dmin * F32(m2i)
-                q0 = o + 16 + 32 * c
+                q0 = o + Q4_K_QS + 32 * c
                 y = b * 256 + 64 * c
                 for l in range(32):
                     v = np.int32(src[q0 + l])
@@ -211,43 +259,43 @@ def _q4_k(raw, out, tab):
 
 @njit(parallel=True, cache=True)
 def _q5_k(raw, out, tab):
-    nb = raw.shape[1] // 176
+    nb = raw.shape[1] // Q5_K_BYTES
     for r in prange(raw.shape[0]):
         src = raw[r]
         dst = out[r]
         for b in range(nb):
-            o = b * 176
+            o = b * Q5_K_BYTES
             d = _h(src, o, tab)
-            dmin = _h(src, o + 2, tab)
+            dmin = _h(src, o + Q5_K_DMIN, tab)
             for c in range(4):
-                sc1, m1i = _scale_min_k4(src, o + 4, 2 * c)
-                sc2, m2i = _scale_min_k4(src, o + 4, 2 * c + 1)
+                sc1, m1i = _scale_min_k4(src, o + Q5_K_SCALES, 2 * c)
+                sc2, m2i = _scale_min_k4(src, o + Q5_K_SCALES, 2 * c + 1)
                 d1 = d * F32(sc1)
                 m1 = dmin * F32(m1i)
                 d2 = d * F32(sc2)
                 m2 = dmin * F32(m2i)
-                q0 = o + 48 + 32 * c
+                q0 = o + Q5_K_QS + 32 * c
                 y = b * 256 + 64 * c
                 for l in range(32):
                     v = np.int32(src[q0 + l])
-                    h = np.int32(src[o + 16 + l])
+                    h = np.int32(src[o + Q5_K_QH + l])
                     dst[y + l] = d1 * F32((v & 15) | (((h >> (2 * c)) & 1) << 4)) - m1
                     dst[y + 32 + l] = d2 * F32((v >> 4) | (((h >> (2 * c + 1)) & 1) << 4)) - m2
 
 
 @njit(parallel=True, cache=True)
 def _q6_k(raw, out, tab):
-    nb = raw.shape[1] // 210
+    nb = raw.shape[1] // Q6_K_BYTES
     for r in prange(raw.shape[0]):
         src = raw[r]
         dst = out[r]
         for b in range(nb):
-            o = b * 210
-            d = _h(src, o + 208, tab)
+            o = b * Q6_K_BYTES
+            d = _h(src, o + Q6_K_D, tab)
             for half in range(2):  # like dequantize_row_q6_K: 4 outputs per ql/qh byte pair
-                ql0 = o + 64 * half
-                qh0 = o + 128 + 32 * half
-                sc0 = o + 192 + 8 * half
+                ql0 = o + Q6_K_QL + 64 * half
+                qh0 = o + Q6_K_QH + 32 * half
+                sc0 = o + Q6_K_SCALES + 8 * half
                 for g in range(2):  # elements l = 16g .. 16g+15 of each 32-run share their scales
                     d1 = d * F32(np.int8(src[sc0 + g]))
                     d2 = d * F32(np.int8(src[sc0 + g + 2]))
@@ -267,34 +315,35 @@ def _q6_k(raw, out, tab):
 
 @njit(parallel=True, cache=True)
 def _iq4_nl(raw, out, tab, kv):
-    nb = raw.shape[1] // 18
+    nb = raw.shape[1] // IQ4_NL_BYTES
     for r in prange(raw.shape[0]):
         src = raw[r]
         dst = out[r]
         for b in range(nb):
-            o = b * 18
+            o = b * IQ4_NL_BYTES
             d = _h(src, o, tab)
             y = b * 32
             for j in range(16):
-                v = np.int32(src[o + 2 + j])
+                v = np.int32(src[o + IQ4_NL_QS + j])
                 dst[y + j] = d * kv[v & 15]
                 dst[y + j + 16] = d * kv[v >> 4]
 
 
 @njit(parallel=True, cache=True)
 def _iq4_xs(raw, out, tab, kv):
-    nb = raw.shape[1] // 136
+    nb = raw.shape[1] // IQ4_XS_BYTES
     for r in prange(raw.shape[0]):
         src = raw[r]
         dst = out[r]
         for b in range(nb):
-            o = b * 136
+            o = b * IQ4_XS_BYTES
             d = _h(src, o, tab)
-            sh = np.int32(src[o + 2]) | (np.int32(src[o + 3]) << 8)
+            sh = np.int32(src[o + IQ4_XS_SCALES_H]) | (np.int32(src[o + IQ4_XS_SCALES_H + 1]) << 8)
             for ib in range(8):
-                ls = ((np.int32(src[o + 4 + ib // 2]) >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3) << 4)
+                sl = np.int32(src[o + IQ4_XS_SCALES_L + ib // 2])
+                ls = ((sl >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3) << 4)
                 dl = d * F32(ls - 32)
-                q0 = o + 8 + 16 * ib
+                q0 = o + IQ4_XS_QS + 16 * ib
                 y = b * 256 + 32 * ib
                 for j in range(16):
                     v = np.int32(src[q0 + j])
@@ -332,3 +381,7 @@ KERNELS: dict[GGMLType, Callable[[np.ndarray, np.ndarray], None]] = {
     GGMLType.IQ4_NL: _with_lut(_iq4_nl, KVALUES_IQ4NL_F32),
     GGMLType.IQ4_XS: _with_lut(_iq4_xs, KVALUES_IQ4NL_F32),
 }
+
+from .mxfp4 import dequantize_mxfp4_rows  # noqa: E402  (its own module: the gpt-oss type)
+
+KERNELS[GGMLType.MXFP4] = dequantize_mxfp4_rows
