@@ -7,7 +7,8 @@ from the shared blocks in ``llamapy.model.blocks``. Adding a family is one file 
 Per-layer choices are data read through one method each, by the graph and by whatever else needs them:
 rope or none (``Architecture.layer_rope``: the forward graph and the K-shift), dense or MoE
 (``Architecture.layer_moe``), window or global (``HParams.is_swa``: the graph's rope base and the
-cache), head counts and sizes (``HParams.heads``: the graph and the cache). A family changes them by
+cache), head counts and sizes (``HParams.heads``: the graph and the cache), K/V stored or reused from an
+earlier layer (``HParams.kv_layer``: the cache allocates only the former). A family changes them by
 overriding the method or by setting the hparams data in ``adjust_hparams``.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import importlib
 
 from ...ggml.tensor import Tensor
-from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, Weights, rope_for_layer
+from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, Weights, load_head_tensors, rope_for_layer
 from ..hparams import HParams, MetaReader, ModelLoadError, read_common
 
 REGISTRY: dict[str, type[Architecture]] = {}
@@ -31,6 +32,8 @@ _FAMILY_MODULES = {
     "gemma": "gemma",
     "gemma2": "gemma2",
     "gemma3": "gemma3",
+    "gemma4": "gemma4",
+    "gemma3n": "gemma3n",
     "phi3": "phi3",
     "smollm3": "smollm3",
     "olmo2": "olmo2",
@@ -43,6 +46,36 @@ _FAMILY_MODULES = {
     "command-r": "command_r",
     "cohere2": "command_r",
     "gpt2": "gpt2",
+    "qwen35": "qwen35",
+    "qwen35moe": "qwen35",
+    "qwen3next": "qwen3next",
+    "lfm2": "lfm2",
+    "lfm2moe": "lfm2",
+    "mamba2": "mamba2",
+    "granitehybrid": "granitehybrid",
+    "nemotron_h": "nemotron_h",
+    "falcon-h1": "falcon_h1",
+    "jamba": "jamba",
+    "bert": "bert",
+    "modern-bert": "modern_bert",
+    "nomic-bert": "nomic_bert",
+    "nomic-bert-moe": "nomic_bert",
+    "jina-bert-v2": "jina_bert",
+    "gemma-embedding": "gemma_embedding",
+    "gpt-oss": "gpt_oss",
+    "mistral3": "mistral3",
+    "glm4": "glm4",
+    "glm4moe": "glm4moe",
+    "deepseek2": "deepseek2",
+    "exaone4": "exaone4",
+    "ernie4_5": "ernie4_5",
+    "ernie4_5-moe": "ernie4_5",
+    "seed_oss": "seed_oss",
+    "falcon": "falcon",
+    "llama4": "llama4",
+    "phimoe": "phimoe",
+    "mpt": "mpt",
+    "refact": "refact",
 }
 
 
@@ -98,6 +131,7 @@ class Architecture:
         raise NotImplementedError
 
     def _finish_tensors(self, t: TensorLoader) -> None:
+        load_head_tensors(t, self.hp)  # optional rank / dense pooling heads (any family)
         self.w = Weights(t.tensors)
         self.blocks = [Weights(t.tensors, f"blk.{il}.") for il in range(self.hp.n_layer)]
 

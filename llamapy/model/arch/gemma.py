@@ -35,11 +35,16 @@ def load_gemma_tensors(arch: Architecture, t: TensorLoader, post_norms: bool, qk
             t.layer(il, "post_ffw_norm.weight", (n_embd,))
 
 
-def build_gemma(arch: Architecture, g: GraphBuilder, post_norms: bool, qk_norm: bool = False) -> Outputs:
-    """x = embd * sqrt(n_embd); per layer: [post-normed] attention and GeGLU FFN residuals."""
+def build_gemma(
+    arch: Architecture, g: GraphBuilder, post_norms: bool, qk_norm: bool = False, scale_raw_embd: bool = True
+) -> Outputs:
+    """x = embd * sqrt(n_embd); per layer: [post-normed] attention and GeGLU FFN residuals.
+    ``scale_raw_embd=False``: embeddings given as input (image embeddings) are not scaled, only
+    token embeddings (Gemma 3's ``if (ubatch.token)``)."""
     hp = arch.hp
     q_scale, softcap = hp.f_attention_scale, hp.f_attn_logit_softcapping
-    x = g.embed(arch.w["token_embd.weight"], scale=math.sqrt(hp.n_embd))
+    scale = math.sqrt(hp.n_embd) if scale_raw_embd or g.inp.tokens is not None else None
+    x = g.embed(arch.w["token_embd.weight"], scale=scale)
     for il, blk in enumerate(arch.blocks):
         h = g.build_norm(x, blk["attn_norm.weight"], name="attn_norm", il=il)
         h = g.attention(h, blk, il, qk_norm=qk_norm, q_scale=q_scale, kq_scale=1.0, softcap=softcap)

@@ -26,4 +26,4 @@ class Gemma3(Architecture):
         self._finish_tensors(t)
 
     def build(self, g: GraphBuilder) -> Outputs:
-        return build_gemma(self, g, post_norms=True, qk_norm=True)
+        return build_gemma(self, g, post_norms=True, qk_norm=True, scale_raw_embd=False)

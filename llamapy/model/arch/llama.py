@@ -1,8 +1,9 @@
-"""LLaMA 1/2/3 (incl. llama3 rope frequency factors), Mistral, SmolLM, TinyLlama."""
+"""LLaMA 1/2/3 (incl. llama3 rope frequency factors), Mistral, Mixtral (experts), SmolLM, TinyLlama."""
 
 from __future__ import annotations
 
 from ...ggml import ops
+from ...ggml.tensor import Tensor
 from ..blocks import GraphBuilder, Outputs, TensorLoader
 from . import Architecture, register
 
@@ -94,17 +95,21 @@ def build_dense(
     ffn_act: str = "silu",
     gated_ffn: bool = True,
     parallel: bool = False,
+    attn_temp: Tensor | None = None,
 ) -> Outputs:
     """Pre-norm decoder: x += attn(norm(x)); x += ffn(norm(x)); logits. The scalars (Granite's):
     embeddings x embd_scale, attention scores x kq_scale (default 1/sqrt(head size)), each residual
     branch x residual_scale, logits / logit_scale. ``shared_expert``: MoE layers add a shared expert;
     ``norm``: "rms" or "layer" (LayerNorm, with the file's ``*_norm.bias`` where present, also on q/k);
     ``ffn_act`` / ``gated_ffn``: the dense FFN's activation and whether it is gated; ``parallel``: the
-    attention and the FFN both read the one attn_norm (x += attn(n) + ffn(n), Command-R's layout)."""
+    attention and the FFN both read the one attn_norm (x += attn(n) + ffn(n), Command-R's layout);
+    ``attn_temp``: Q x this per-token temperature (``GraphBuilder.inp_attn_temp``, Mistral 3)."""
     x = g.embed(arch.w["token_embd.weight"], scale=embd_scale)
     for il, blk in enumerate(arch.blocks):
         n = g.build_norm(x, blk["attn_norm.weight"], blk.get("attn_norm.bias"), norm, "attn_norm", il)
-        h = g.attention(n, blk, il, qk_norm=qk_norm, kq_scale=kq_scale, qk_norm_kind=norm)
+        h = g.attention(
+            n, blk, il, qk_norm=qk_norm, kq_scale=kq_scale, qk_norm_kind=norm, attn_temp=attn_temp
+        )
         h, x, n = g.select_outputs(il, h, x, n) if parallel else (*g.select_outputs(il, h, x), n)
         if residual_scale:
             h = ops.scale(h, residual_scale)
@@ -141,4 +146,4 @@ class Llama(Architecture):
         self._finish_tensors(t)
 
     def build(self, g: GraphBuilder) -> Outputs:
-        return build_dense(self, g)
+        return build_dense(self, g, moe_norm_w=True)  # Mixtral (llama with experts): top-k renormalized

@@ -1,0 +1,33 @@
+"""jina-bert-v2 (jina-embeddings-v2, jina-reranker-v1; llama.cpp's ``src/models/bert.cpp`` branch):
+BERT's post-norm encoder without positions; attention biased by ALiBi (slopes from max bias 8, which
+llama.cpp hard-codes; the mask holds -|i - j|, symmetric); a GeGLU feed-forward: gelu(gate) * up
+with the gate either ``ffn_gate`` or the first half of a fused ``ffn_up`` (the checkpoints'
+``gated_layers``), then ``ffn_down`` with a bias."""
+
+from __future__ import annotations
+
+from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
+from ..hparams import HParams, MetaReader
+from . import Architecture, register
+from .bert import build_bert, load_bert_tensors, read_encoder_hparams
+
+
+@register("jina-bert-v2")
+class JinaBertV2(Architecture):
+    @classmethod
+    def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
+        read_encoder_hparams(hp, md)
+        hp.f_max_alibi_bias = 8.0
+
+    def layer_rope(self, il: int, n_ctx: int = 0) -> Rope | None:
+        return None
+
+    def layer_moe(self, il: int) -> bool:
+        return False
+
+    def load_tensors(self, t: TensorLoader) -> None:
+        load_bert_tensors(self, t, positions=False, ffn="geglu", ffn_biases=False)
+        self._finish_tensors(t)
+
+    def build(self, g: GraphBuilder) -> Outputs:
+        return build_bert(self, g, ffn="geglu", positions=False, max_bias=self.hp.f_max_alibi_bias)

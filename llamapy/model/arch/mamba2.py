@@ -1,0 +1,62 @@
+"""Mamba2 (``mamba2``), a state-space model without attention: every layer a Mamba2 mixer (causal conv,
+selective scan with groups, gated group RMSNorm) after an RMS norm, no attention and no feed-forward;
+``ssm.*`` keys as llama.cpp's."""
+
+from __future__ import annotations
+
+from ...ggml import ops
+from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hparams import HParams, MetaReader
+from ..rs_blocks import build_mamba2, read_ssm_hparams
+from . import Architecture, register
+
+
+def load_mamba2_hparams(hp: HParams, md: MetaReader, recurrent: list[bool]) -> None:
+    read_ssm_hparams(hp, md)
+    if hp.ssm_d_inner % hp.ssm_n_group:
+        raise md._err(
+            f"ssm.inner_size {hp.ssm_d_inner} is not a multiple of ssm.group_count {hp.ssm_n_group}"
+        )
+    hp.recurrent_layers = recurrent
+    hp.n_embd_r = (hp.ssm_d_conv - 1) * (hp.ssm_d_inner + 2 * hp.ssm_n_group * hp.ssm_d_state)
+    hp.n_embd_s = hp.ssm_d_state * hp.ssm_d_inner
+
+
+def load_mamba2_tensors(arch: Architecture, t: TensorLoader, il: int) -> None:
+    hp = arch.hp
+    di, ds, nh, ng = hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank, hp.ssm_n_group
+    ch = di + 2 * ng * ds
+    t.layer(il, "ssm_in.weight", (2 * di + 2 * ng * ds + nh, hp.n_embd))
+    t.layer(il, "ssm_conv1d.weight", (ch, hp.ssm_d_conv))
+    t.layer(il, "ssm_conv1d.bias", (ch,), required=False)
+    t.layer(il, "ssm_dt.bias", (nh,))
+    t.layer(il, "ssm_a", (nh, 1))
+    t.layer(il, "ssm_d", (nh, 1))
+    t.layer(il, "ssm_norm.weight", (ng, di // ng), required=False)
+    t.layer(il, "ssm_out.weight", (hp.n_embd, di))
+
+
+@register("mamba2")
+class Mamba2(Architecture):
+    @classmethod
+    def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
+        load_mamba2_hparams(hp, md, [True] * hp.n_layer)
+
+    def load_tensors(self, t: TensorLoader) -> None:
+        hp = self.hp
+        t("token_embd.weight", (hp.n_vocab, hp.n_embd))
+        t("output_norm.weight", (hp.n_embd,))
+        t("output.weight", (hp.n_vocab, hp.n_embd), required=False)
+        for il in range(hp.n_layer):
+            t.layer(il, "attn_norm.weight", (hp.n_embd,))
+            load_mamba2_tensors(self, t, il)
+        self._finish_tensors(t)
+
+    def build(self, g: GraphBuilder) -> Outputs:
+        x = g.embed(self.w["token_embd.weight"])
+        for il, blk in enumerate(self.blocks):
+            h = g.build_norm(x, blk["attn_norm.weight"], name="attn_norm", il=il)
+            h = build_mamba2(g, h, blk, il)
+            h, x = g.select_outputs(il, h, x)
+            x = g.cb(ops.add(x, h), "l_out", il)
+        return g.output(x, self.w["output_norm.weight"], self.output_weight())

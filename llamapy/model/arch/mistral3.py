@@ -1,0 +1,46 @@
+"""Mistral 3 text (Ministral 3, Mistral Small 3.x; llama.cpp's ``mistral3``), LLaMA's layout (normal
+rope, permuted q/k rows, optional experts) with YaRN whose magnitude correction is cancelled (rope
+attention factor ``1 / (1 + 0.1 ln(1 / freq_scale))``) and optional attention temperature tuning:
+Q x ``1 + temperature_scale * log(1 + floor(pos / n_ctx_orig))`` (Llama 4's, without its offset)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
+from ..hparams import HParams, MetaReader, ModelLoadError
+from . import Architecture, register
+from .llama import build_dense, load_dense_tensors
+
+
+@register("mistral3")
+class Mistral3(Architecture):
+    @classmethod
+    def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
+        hp.f_attn_temp_scale = md.f32("attention.temperature_scale", 0.0)
+        hp.f_attn_temp_offset = 0.0
+        if hp.f_attn_temp_scale:
+            hp.n_attn_temp_floor_scale = md.u32("attention.temperature_length", 0) or hp.n_ctx_orig_yarn
+            if not hp.n_attn_temp_floor_scale:
+                raise ModelLoadError(
+                    f"{md.where}: attention.temperature_scale needs rope.scaling.original_context_length > 0"
+                )
+        hp.expert_weights_norm = True
+
+    def layer_rope(self, il: int, n_ctx: int = 0) -> Rope | None:
+        rope = super().layer_rope(il, n_ctx)
+        fs = rope.freq_scale
+        # llama.cpp's mistral3 graph: the YaRN magnitude (1 + 0.1 ln(1/s)) is cancelled
+        return dataclasses.replace(rope, attn_factor=1.0 / (1.0 + 0.1 * math.log(1.0 / fs)))
+
+    def load_tensors(self, t: TensorLoader) -> None:
+        load_dense_tensors(self, t)
+        self._finish_tensors(t)
+
+    def build(self, g: GraphBuilder) -> Outputs:
+        hp = self.hp
+        temp = None
+        if hp.f_attn_temp_scale:
+            temp = g.inp_attn_temp(hp.f_attn_temp_scale, hp.n_attn_temp_floor_scale, hp.f_attn_temp_offset)
+        return build_dense(self, g, moe_norm_w=True, attn_temp=temp)

@@ -1,0 +1,75 @@
+"""nomic-bert (nomic-embed-text v1/v1.5) and nomic-bert-moe (nomic-embed-text v2 MoE), llama.cpp's
+``src/models/bert.cpp`` branches: BERT's post-norm encoder with rotary positions (neox) instead of a
+position table, a fused QKV projection, token type 0 added to the embeddings; the feed-forward is a
+SwiGLU without biases (nomic-bert), or for nomic-bert-moe a GELU MLP with biases, and every
+``moe_every_n_layers``-th layer (il % n == 1) a mixture of GELU experts (softmax routing over
+``expert_count``, the top ``expert_used_count`` weights not renormalized)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...ggml import ops
+from ...ggml.tensor import Tensor
+from ...ggml.types import GGMLType
+from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hparams import ROPE_NEOX, HParams, MetaReader
+from . import Architecture, register
+from .bert import build_bert, load_bert_tensors, read_encoder_hparams
+
+
+@register("nomic-bert", "nomic-bert-moe")
+class NomicBert(Architecture):
+    @classmethod
+    def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
+        read_encoder_hparams(hp, md)
+        hp.rope_type = ROPE_NEOX
+        every = md.u32("moe_every_n_layers", 0) or 0
+        if hp.arch == "nomic-bert" and every:
+            raise md._err("moe_every_n_layers is set: the file is nomic-bert-moe, not nomic-bert")
+        if every and not hp.n_expert:
+            raise md._err("moe_every_n_layers needs expert_count and expert_used_count")
+        hp.expert_weights_scale = md.f32("expert_weights_scale", 0.0) or 0.0
+        hp.n_ff_exp = hp.n_ff_exp or hp.n_ff[0]
+        hp.moe_every_n_layers = every
+
+    def layer_moe(self, il: int) -> bool:
+        n = self.hp.moe_every_n_layers
+        return n > 0 and il % n == 1
+
+    @property
+    def _ffn(self) -> str:
+        return "seq" if self.hp.arch == "nomic-bert-moe" else "swiglu"
+
+    def load_tensors(self, t: TensorLoader) -> None:
+        hp = self.hp
+        load_bert_tensors(self, t, positions=False, ffn=self._ffn, ffn_biases=False)
+        for il in range(hp.n_layer):
+            if self.layer_moe(il):
+                t.layer(il, "ffn_gate_inp.weight", (hp.n_expert, hp.n_embd))
+                t.layer(il, "ffn_up_exps.weight", (hp.n_expert, hp.n_ff_exp, hp.n_embd))
+                t.layer(il, "ffn_down_exps.weight", (hp.n_expert, hp.n_embd, hp.n_ff_exp))
+        self._finish_tensors(t)
+
+    def moe_ffn(self, g: GraphBuilder, x: Tensor, il: int) -> Tensor:
+        """Softmax routing, top-k weights as they are, GELU experts (llama.cpp's build_moe_ffn with
+        LLM_FFN_GELU, no gate experts, norm_w false)."""
+        hp, blk = self.hp, self.blocks[il]
+        T, E, k = x.shape[0], hp.n_expert, hp.n_expert_used
+        logits = g.cb(g.mm(blk["ffn_gate_inp.weight"], x), "ffn_moe_logits", il)
+        probs = g.cb(ops.soft_max(logits), "ffn_moe_probs", il)
+        ids = g.cb(ops.top_k(probs, k), "ffn_moe_topk", il)
+        eye = ops.weight("moe_onehot", GGMLType.F32, (E, 1, E), np.eye(E, dtype=np.float32))
+        w = g.cb(ops.mul_mat_id(eye, ops.reshape(probs, (T, 1, E)), ids), "ffn_moe_weights", il)  # [T, k, 1]
+        if hp.expert_weights_scale:
+            w = ops.scale(w, hp.expert_weights_scale)
+        xx = ops.reshape(x, (T, 1, hp.n_embd))
+        up = g.cb(ops.mul_mat_id(blk["ffn_up_exps.weight"], xx, ids), "ffn_moe_up", il)
+        act = g.cb(ops.gelu(up), "ffn_moe_gelu", il)
+        y = g.cb(ops.mul_mat_id(blk["ffn_down_exps.weight"], act, ids), "ffn_moe_down", il)
+        y = g.cb(ops.mul(y, w), "ffn_moe_weighted", il)  # [T, k, n_embd]
+        out = ops.sum_rows(ops.cont(ops.permute(y, (0, 2, 1))))
+        return g.cb(ops.reshape(out, (T, hp.n_embd)), "ffn_moe_out", il)
+
+    def build(self, g: GraphBuilder) -> Outputs:
+        return build_bert(self, g, ffn=self._ffn, positions=False)
