@@ -176,6 +176,7 @@ def plan_chat(
     kwargs: dict[str, Any] = dict(fmt.template_kwargs(tools, choice, parallel) if use_tools else {})
     kwargs.update(chat_template_kwargs or {})
     prompt = template.render(msgs, add_generation_prompt=add_generation_prompt, tools=tools, **kwargs)
+    prompt = fmt.finish_prompt(prompt, add_generation_prompt)  # (Gemma 4: the turn its template omits)
     preserved: list[int] = []
     if use_tools:
         forced_open = fmt.thinking_forced_open(prompt)

@@ -720,6 +720,11 @@ class ChatFormat:
         """The family's grammar for ``req``."""
         raise NotImplementedError
 
+    def finish_prompt(self, prompt: str, add_generation_prompt: bool) -> str:
+        """The rendered prompt, amended where the family's template leaves the generation prompt out
+        (as llama.cpp does after rendering); unchanged by default."""
+        return prompt
+
     def thinking_forced_open(self, prompt_text: str) -> bool:
         """Whether the rendered prompt ends inside an open reasoning block."""
         return self.think is not None and prompt_opens_block(prompt_text, self.think)

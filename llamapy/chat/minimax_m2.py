@@ -1,0 +1,137 @@
+"""MiniMax M2: XML-style calls in a ``<minimax:tool_call>`` block
+
+```
+<minimax:tool_call>
+<invoke name="get_weather">
+<parameter name="location">Paris</parameter>
+<parameter name="days">3</parameter>
+</invoke>
+</minimax:tool_call>
+```
+
+Parameter values are text; as llama.cpp, a value becomes JSON when it parses as JSON, except that a
+parameter whose schema says ``string`` stays a string (the request's tools are in ``ChatSyntax.tools``).
+Reasoning: ``<think>``, which the generation prompt opens.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import regex
+
+from .common import (
+    NOT_A_CALL,
+    WS,
+    CallParse,
+    ChatFormat,
+    ChatParser,
+    ChatSyntax,
+    GrammarRequest,
+    StreamParser,
+    ToolCall,
+    ToolGrammar,
+    assemble,
+    call_triggers,
+    expect_tag,
+    functions_of,
+    json_rule,
+    lark_str,
+    reasoning_prefix,
+    skip_ws,
+)
+from .qwen3_coder import convert_value
+from .reasoning import THINK
+
+BLOCK, BLOCK_END = "<minimax:tool_call>", "</minimax:tool_call>"
+INVOKE_END, PARAM_END = "</invoke>", "</parameter>"
+_BLOCK = regex.compile(r"<minimax:tool_call>")
+_INVOKE = regex.compile(r'<invoke\s+name="([^"]+)"\s*>')
+_PARAM = regex.compile(r'<parameter\s+name="([^"]+)"\s*>')
+
+
+def _is_string(schema: Any) -> bool:
+    t = schema.get("type") if isinstance(schema, dict) else None
+    types = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else set()
+    return "string" in types and types <= {"string", "null"}
+
+
+class MiniMaxM2Parser(StreamParser):
+    """Parser of ``<minimax:tool_call>`` blocks."""
+
+    call_start = _BLOCK
+
+    def __init__(self, syntax: ChatSyntax) -> None:
+        super().__init__(syntax)
+        self._schemas = {f["name"]: f["parameters"] for f in functions_of(syntax.tools)}
+
+    def parse_call(self, buf: str, final: bool) -> CallParse | None:
+        calls: list[ToolCall] = []
+        i = len(BLOCK)
+        while True:
+            j = skip_ws(buf, i)
+            if buf.startswith(BLOCK_END, j) or (final and j == len(buf) and calls):
+                end = expect_tag(buf, j, BLOCK_END, final)
+                return CallParse(calls, end) if calls and end is not None and end >= 0 else NOT_A_CALL
+            inv = _INVOKE.match(buf, j, partial=not final)
+            if inv is None or inv.partial:
+                if not final and (inv is not None or BLOCK_END.startswith(buf[j:])):
+                    return None
+                return NOT_A_CALL
+            props = self._schemas.get(inv.group(1), {}).get("properties") or {}
+            args: dict[str, Any] = {}
+            i = inv.end()
+            while True:
+                j = skip_ws(buf, i)
+                if buf.startswith(INVOKE_END, j):
+                    i = j + len(INVOKE_END)
+                    break
+                p = _PARAM.match(buf, j, partial=not final)
+                if p is None or p.partial:
+                    if not final and (p is not None or INVOKE_END.startswith(buf[j:])):
+                        return None
+                    return NOT_A_CALL
+                e = buf.find(PARAM_END, p.end())
+                if e < 0:
+                    return NOT_A_CALL if final else None
+                args[p.group(1)] = convert_value(buf[p.end() : e], props.get(p.group(1)))
+                i = e + len(PARAM_END)
+            calls.append(ToolCall(inv.group(1), json.dumps(args, ensure_ascii=False)))
+
+
+class MiniMaxM2Format(ChatFormat):
+    """Templates with ``<minimax:tool_call>``."""
+
+    name = "minimax-m2"
+    supports_tools = True
+    think = THINK
+    object_arguments = True
+    preserved = ("<think>", "</think>", BLOCK, BLOCK_END)
+
+    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
+        str_value, rules = req.until("str_value", PARAM_END)
+        alts = []
+        for k, f in enumerate(req.functions):
+            params = f["parameters"]
+            props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+            kvs = []
+            for j, (key, schema) in enumerate(props.items()):
+                head = lark_str(f'<parameter name="{key}">')
+                if _is_string(schema):
+                    kvs.append(f"{head} {str_value}")
+                else:
+                    rules.append(f"f{k}_v{j}: {json_rule(schema)}")
+                    kvs.append(f"{head} f{k}_v{j} {lark_str(PARAM_END)}")
+            body = f"((({') | ('.join(kvs)})) {WS})*" if kvs else ""
+            head = lark_str('<invoke name="' + f["name"] + '">')
+            rules.append(f"f{k}: {head} {WS} {body} {lark_str(INVOKE_END)}")
+            alts.append(f"f{k}")
+        invoke = f"({' | '.join(alts)})"
+        calls = f"{invoke} ({WS} {invoke})*" if req.parallel else invoke
+        prefix, extra = reasoning_prefix(req, self.think)
+        rules = [f"start: {prefix} {req.lit(BLOCK)} {WS} {calls} {WS} {req.lit(BLOCK_END)}", *rules, *extra]
+        return ToolGrammar(assemble(rules), call_triggers(req, self.think, BLOCK), self.preserved)
+
+    def parser(self, syntax: ChatSyntax) -> ChatParser:
+        return MiniMaxM2Parser(syntax)
