@@ -16,6 +16,13 @@ from ..sampling.logprobs import log_softmax, top_logprobs
 from .chat_request import ChatPlan, delta_dicts, message_dict, plan_chat
 from .common import LogitsProcessor
 
+
+def _has_images(messages: Any) -> bool:
+    from ..mtmd.prompt import has_images
+
+    return isinstance(messages, list) and has_images(messages)
+
+
 # llama-cpp-python chat_format names -> llamapy's built-in templates
 _CHAT_FORMAT_ALIASES = {
     "llama-3": "llama3",
@@ -111,6 +118,9 @@ class ChatMixin:
         ``response_format`` (json_object, json_schema) or ``grammar`` constrain the text;
         ``reasoning_format`` (none, deepseek, auto) splits ``<think>`` into ``reasoning_content``."""
         grammar = self._grammar(grammar)
+        images = None
+        if _has_images(messages):  # OpenAI image_url content parts: need the mmproj
+            messages, images = self._split_images(messages)
         if functions and not tools:
             tools = [{"type": "function", "function": f} for f in functions]
             if isinstance(function_call, dict) and function_call.get("name"):
@@ -120,7 +130,10 @@ class ChatMixin:
         plan = self._plan(messages, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
                           response_format=response_format, grammar=grammar, reasoning_format=reasoning_format,
                           chat_template_kwargs=chat_template_kwargs)  # fmt: skip
-        prompt_tokens = self._chat_tokens(plan.prompt)
+        if images is not None:
+            prompt_tokens = self._prefill_images(plan.prompt, images)
+        else:
+            prompt_tokens = self._chat_tokens(plan.prompt)
         sampling = dict(temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
                         repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                         presence_penalty=presence_penalty, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
@@ -148,6 +161,26 @@ class ChatMixin:
                     choices=[dict(index=0, message=message_dict(message, text), logprobs=lp,
                                   finish_reason=finish)],
                     usage=dict(prompt_tokens=n_prompt, completion_tokens=n_gen, total_tokens=n_prompt + n_gen))  # fmt: skip
+
+    def _split_images(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Any]]:
+        from ..mtmd.prompt import split_content
+        from .chat_request import ChatRequestError
+
+        if getattr(self, "mtmd", None) is None:
+            raise ChatRequestError(
+                "the messages have images but this model was loaded without an mmproj (Llama(mmproj=...), "
+                "--mmproj FILE)",
+                "messages",
+            )
+        return split_content(messages)
+
+    def _prefill_images(self, prompt: str, images: list[Any]) -> list[int]:
+        """Evaluate the prompt's text and image chunks (the token view has pseudo tokens for images)."""
+        from ..mtmd.prompt import prefill
+
+        mt = self.mtmd
+        chunks = mt.tokenize(prompt, [mt.bitmap_from_bytes(data, where) for where, data in images])
+        return prefill(mt, self._need_ctx(), chunks)
 
     def _chat_logprob(self, token: int, logits: np.ndarray, n: int) -> dict[str, Any]:
         logp = log_softmax(logits)

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from .common import add_generation_args, add_model_args, add_sampling_args, log
+from .common import add_generation_args, add_model_args, add_mtmd_args, add_sampling_args, log
 from .run import build_sampler, write_out
 
 
@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "chat",
         help="chat with a model (interactive, or one message per line on a pipe)",
-        description="Chat with a model through its chat template. Commands: /exit, /clear.",
+        description="Chat with a model through its chat template. Commands: /exit, /clear, /image FILE.",
         allow_abbrev=False,
     )
     g = p.add_argument_group("chat")
@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_generation_args(p)
     add_model_args(p)
     add_sampling_args(p)
+    add_mtmd_args(p)
     p.set_defaults(func=run)
 
 
@@ -98,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
     messages: list[dict[str, str]] = list(system)
     n_accepted = 0
+    pending: list[str] = list(getattr(args, "image", None) or [])  # images for the next user message
+    bitmaps: list[Any] = []  # every image of the conversation, in order
     try:
         for text in read_messages(sys.stdin, interactive):
             cmd = text.strip()
@@ -105,14 +108,35 @@ def run(args: argparse.Namespace) -> int:
                 break
             if cmd == "/clear":
                 messages = list(system)
+                bitmaps = []
                 chain.reset()
                 n_accepted = 0
                 log("llamapy: conversation cleared")
                 continue
+            if cmd.startswith("/image "):  # the next message gets this image (llama-mtmd-cli)
+                pending.append(cmd[len("/image ") :].strip())
+                log(f"llamapy: {pending[-1]} goes with the next message")
+                continue
             if not cmd:
                 continue
+            if pending:
+                if llm.mtmd is None:
+                    from ..mtmd import MtmdError
+
+                    raise MtmdError("images need a multimodal projector: give --mmproj FILE")
+                from ..mtmd import MEDIA_MARKER
+
+                bitmaps += [llm.mtmd.bitmap_from_file(f) for f in pending]
+                text = MEDIA_MARKER * len(pending) + text
+                pending = []
             messages.append({"role": "user", "content": text})
-            prompt = llm.apply_chat_template(messages)
+            if bitmaps:
+                from ..mtmd.prompt import prefill
+
+                rendered = llm._chat_template().render(messages, add_generation_prompt=True)
+                prompt = prefill(llm.mtmd, seq, llm.mtmd.tokenize(rendered, bitmaps))
+            else:
+                prompt = llm.apply_chat_template(messages)
             chain.set_grammar(None)
             chain.accept_prompt(prompt[n_accepted:])
             gs = grammar.sampler(llm.vocab) if grammar is not None else None  # a fresh one per answer

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from .common import add_generation_args, add_model_args, add_sampling_args, log
+from .common import add_generation_args, add_model_args, add_mtmd_args, add_sampling_args, log
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_generation_args(p)
     add_model_args(p)
     add_sampling_args(p)
+    add_mtmd_args(p)
     p.set_defaults(func=run, _parser=p)
 
 
@@ -90,6 +91,19 @@ def keep_tokens(args: argparse.Namespace, prompt: list[int], vocab: Any) -> int:
     return args.keep + int(has_bos)
 
 
+def image_prompt(llm: Any, text: str, images: list[str]) -> list[int]:
+    """Evaluate ``text`` with the images at its media markers (or before it); the prompt's token view."""
+    from ..mtmd import MEDIA_MARKER, MtmdError
+    from ..mtmd.prompt import prefill
+
+    if llm.mtmd is None:
+        raise MtmdError("--image needs a multimodal projector: give --mmproj FILE")
+    if MEDIA_MARKER not in text:
+        text = MEDIA_MARKER * len(images) + text
+    bitmaps = [llm.mtmd.bitmap_from_file(f) for f in images]
+    return prefill(llm.mtmd, llm._need_ctx(), llm.mtmd.tokenize(text, bitmaps))
+
+
 def run(args: argparse.Namespace) -> int:
     from ..generation import GenerationParams, generate
     from .common import grammar_from_args, load_llama
@@ -98,7 +112,10 @@ def run(args: argparse.Namespace) -> int:
     grammar = grammar_from_args(args)
     llm = load_llama(args)
     seq = llm._need_ctx()
-    prompt = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+    if getattr(args, "image", None):  # llama-mtmd-cli: text and image chunks
+        prompt = image_prompt(llm, text, args.image)
+    else:
+        prompt = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
     seq.n_keep = keep_tokens(args, prompt, llm.vocab)
     if args.verbose:
         log(f"llamapy: prompt has {len(prompt)} tokens: {prompt[:32]}{' ...' if len(prompt) > 32 else ''}")

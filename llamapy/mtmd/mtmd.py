@@ -1,0 +1,260 @@
+"""Text and images in one prompt (llama.cpp's ``mtmd.cpp`` / ``mtmd-helper.cpp``).
+
+``MtmdContext(mmproj, text_model)`` loads the mmproj and checks it fits the text model.
+``tokenize(text, bitmaps)`` splits the prompt at each media marker (``<__media__>``) into text chunks
+(token ids) and image chunks (the preprocessed image, its token count and the hash of its pixels), the
+model's image marker tokens around each image (gemma3: ``<start_of_image>`` ... ``<end_of_image>``;
+idefics3: ``<fake_token_around_image><global-img>`` ..., and with ``clip.vision.preproc_image_size`` SmolVLM's
+tiles, each ``<fake_token_around_image><row_R_col_C>`` + a tile, then the global image; mlp: none).
+``eval_chunks(ctx, chunks, n_past)`` decodes them in order into a ``Context``: text in ``n_batch``
+pieces, images as embeddings (``Batch.from_embd``), with non-causal attention inside the image for the
+projectors that need it (gemma3: the whole image then goes in one ubatch).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..batch import Batch
+from . import llava, siglip  # noqa: F401  (register the projector types)
+from .clip import ClipModel
+from .errors import MtmdError
+from .image import DEFAULT_MAX_PIXELS, Bitmap, idefics3_frames, load_image, preprocess_fixed
+
+__all__ = ["MEDIA_MARKER", "ImageChunk", "MtmdContext", "TextChunk"]
+
+MEDIA_MARKER = "<__media__>"  # mtmd_default_marker()
+# projector type -> (text before the image, text after it)
+_IMAGE_WRAP = {
+    "gemma3": ("<start_of_image>", "<end_of_image>"),
+    "idefics3": ("<fake_token_around_image><global-img>", "<fake_token_around_image>"),  # one global image
+}
+
+
+@dataclass
+class TextChunk:
+    tokens: list[int]
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_pos(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class ImageChunk:
+    id: str  # sha256 of the bitmap's pixels (the prompt cache's key)
+    n_tokens: int
+    pixels: np.ndarray  # F32[3, H, W], preprocessed
+    non_causal: bool = False
+    embd: np.ndarray | None = field(default=None, repr=False)  # set by MtmdContext.encode
+
+    @property
+    def n_pos(self) -> int:
+        return self.n_tokens
+
+
+Chunk = TextChunk | ImageChunk
+
+
+class MtmdContext:
+    """The multimodal side of a model: its mmproj, image preprocessing and chunking."""
+
+    def __init__(
+        self,
+        mmproj_path: str | os.PathLike,
+        text_model: object,
+        n_threads: int | None = None,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        image_pad: bool = True,
+        backend: str | None = None,
+    ) -> None:
+        if not os.path.exists(os.fspath(mmproj_path)):
+            raise MtmdError(f"{os.fspath(mmproj_path)}: mmproj file not found")
+        self.clip = ClipModel(mmproj_path, n_threads=n_threads, backend=backend)
+        self.model = text_model
+        hp = text_model.hparams  # type: ignore[attr-defined]
+        self.clip.check_text_model(hp.n_embd, f"{getattr(text_model, 'path', '')}")
+        self.vocab = text_model.vocab  # type: ignore[attr-defined]
+        if self.vocab is None:
+            raise MtmdError(
+                f"{getattr(text_model, 'path', 'the text model')}: has no vocabulary; images need one"
+            )
+        self.max_pixels = max_pixels
+        self.image_pad = image_pad
+        ptype = self.clip.hparams.projector_type
+        self.image_wrap = _IMAGE_WRAP.get(ptype, ("", ""))
+        for tok in (t for w in self.image_wrap for t in w.replace("><", ">\0<").split("\0")):
+            if tok and (self.vocab is None or self.vocab.text_to_token(tok) < 0):
+                raise MtmdError(
+                    f"{self.clip.path}: the {ptype} projector needs the token {tok!r}, which the text model's "
+                    "vocabulary lacks; this mmproj is for another model"
+                )
+
+    @property
+    def support_vision(self) -> bool:
+        return True
+
+    @property
+    def decode_use_non_causal(self) -> bool:
+        return self.clip.projector.non_causal
+
+    # -- images ---------------------------------------------------------------------------------------
+    def bitmap_from_bytes(self, data: bytes, where: str = "image") -> Bitmap:
+        return load_image(data, self.max_pixels, where)
+
+    def bitmap_from_file(self, path: str | os.PathLike) -> Bitmap:
+        p = os.fspath(path)
+        try:
+            with open(p, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise MtmdError(f"{p}: cannot read the image: {e.strerror or e}") from None
+        return load_image(data, self.max_pixels, p)
+
+    def _image_chunk(self, bmp: Bitmap) -> ImageChunk:
+        hp = self.clip.hparams
+        pr = self.clip.projector
+        pad = self.image_pad and not pr.stretch
+        px = preprocess_fixed(
+            bmp,
+            hp.image_size,
+            hp.image_mean,
+            hp.image_std,
+            pad=pad,
+            resample=pr.resample,
+            pad_color=pr.pad_color,
+        )
+        n = self.clip.n_output_tokens(px.shape[2], px.shape[1])
+        return ImageChunk(bmp.id, n, px, self.decode_use_non_causal)
+
+    def _media_pieces(self, bmp: Bitmap) -> list[str | ImageChunk]:
+        """The text and image chunks one image becomes (its marker tokens around it)."""
+        hp = self.clip.hparams
+        beg, end = self.image_wrap
+        longest = int(self.clip.metadata.get("clip.vision.preproc_image_size") or 0)
+        if hp.projector_type != "idefics3" or longest <= 0:
+            return [beg, self._image_chunk(bmp), end]
+        # SmolVLM's image splitting (HF Idefics3Processor): row-major tiles, then the global image
+        frames, rows, cols = idefics3_frames(bmp, hp.image_size, longest, hp.image_mean, hp.image_std)
+        n = self.clip.n_output_tokens(hp.image_size, hp.image_size)
+
+        def chunk(k: int) -> ImageChunk:
+            tid = bmp.id if k == len(frames) - 1 else hashlib.sha256(f"{bmp.id}:{k}".encode()).hexdigest()
+            return ImageChunk(tid, n, frames[k], self.decode_use_non_causal)
+
+        if rows == 0:
+            return [beg, chunk(0), end]
+        out: list[str | ImageChunk] = []
+        for r in range(rows):
+            for c in range(cols):
+                out += [f"<fake_token_around_image><row_{r + 1}_col_{c + 1}>", chunk(r * cols + c)]
+            out.append("\n")
+        return [*out, "\n" + beg, chunk(len(frames) - 1), end]
+
+    # -- chunks ---------------------------------------------------------------------------------------
+    def tokenize(
+        self,
+        text: str,
+        bitmaps: Sequence[Bitmap] = (),
+        add_special: bool = True,
+        parse_special: bool = True,
+        marker: str = MEDIA_MARKER,
+    ) -> list[Chunk]:
+        """``text`` with one ``marker`` per bitmap -> chunks (mtmd_tokenize)."""
+        parts = text.split(marker)
+        if len(parts) - 1 != len(bitmaps):
+            raise MtmdError(
+                f"the prompt has {len(parts) - 1} image marker(s) {marker!r} but {len(bitmaps)} image(s) were given"
+            )
+        pieces: list[str | ImageChunk] = [parts[0]]
+        for bmp, part in zip(bitmaps, parts[1:], strict=True):
+            pieces += [*self._media_pieces(bmp), part]
+        merged: list[str | ImageChunk] = []  # neighbouring texts joined
+        for p in pieces:
+            if isinstance(p, str) and merged and isinstance(merged[-1], str):
+                merged[-1] += p
+            else:
+                merged.append(p)
+        chunks: list[Chunk] = []
+        for k, p in enumerate(merged):
+            if isinstance(p, ImageChunk):
+                chunks.append(p)
+                continue
+            toks = self.vocab.tokenize(p, add_special=add_special and k == 0, parse_special=parse_special)
+            if toks:
+                chunks.append(TextChunk(list(toks)))
+        return chunks
+
+    def encode(self, chunk: ImageChunk) -> np.ndarray:
+        """The image's embeddings ``F32[n_tokens, n_embd]`` (computed once per chunk)."""
+        if chunk.embd is None:
+            e = self.clip.encode(chunk.pixels)
+            if e.shape[0] != chunk.n_tokens:
+                raise MtmdError(f"encode: the projector made {e.shape[0]} tokens, expected {chunk.n_tokens}")
+            chunk.embd = e
+        return chunk.embd
+
+    def eval_chunks(
+        self,
+        ctx: object,
+        chunks: Sequence[Chunk],
+        n_past: int,
+        seq_id: int = 0,
+        n_batch: int | None = None,
+        logits_last: bool = True,
+    ) -> int:
+        """Decode ``chunks`` into ``ctx`` from position ``n_past``; returns the new n_past
+        (mtmd_helper_eval_chunks). Logits are kept for the last position when ``logits_last``."""
+        nb = int(n_batch or ctx.n_batch)  # type: ignore[attr-defined]
+        for ci, ch in enumerate(chunks):
+            last_chunk = ci == len(chunks) - 1
+            if isinstance(ch, TextChunk):
+                for i in range(0, ch.n_tokens, nb):
+                    toks = ch.tokens[i : i + nb]
+                    b = Batch.from_tokens(toks, pos0=n_past, seq_id=seq_id)
+                    b.logits = np.zeros(len(toks), dtype=bool)
+                    b.logits[-1] = logits_last and last_chunk and i + nb >= ch.n_tokens
+                    ctx.decode(b)  # type: ignore[attr-defined]
+                    n_past += len(toks)
+            else:
+                n_past = self._eval_image(ctx, ch, n_past, seq_id, nb, logits_last and last_chunk)
+        return n_past
+
+    def _eval_image(
+        self, ctx: object, ch: ImageChunk, n_past: int, seq_id: int, nb: int, logits: bool
+    ) -> int:
+        embd = self.encode(ch)
+        n = embd.shape[0]
+        if ch.non_causal:
+            n_ub = int(ctx.n_ubatch)  # type: ignore[attr-defined]
+            if n > min(nb, n_ub):
+                raise MtmdError(
+                    f"an image of {n} tokens needs non-causal attention within one batch, but n_batch = {nb} "
+                    f"and n_ubatch = {n_ub}; raise both to at least {n}"
+                )
+        caches = ctx.memory.caches  # type: ignore[attr-defined]
+        saved = [c.causal for c in caches]
+        try:
+            if ch.non_causal:  # llama_set_causal_attn(ctx, false) for the image's decode
+                for c in caches:
+                    c.causal = False
+            for i in range(0, n, nb):
+                e = embd[i : i + nb]
+                b = Batch.from_embd(e, pos0=n_past, seq_id=seq_id)
+                b.logits = np.zeros(len(e), dtype=bool)
+                b.logits[-1] = logits and i + nb >= n
+                ctx.decode(b)  # type: ignore[attr-defined]
+                n_past += len(e)
+        finally:
+            for c, s in zip(caches, saved, strict=True):
+                c.causal = s
+        return n_past
