@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "tokenize": "tokenize",
     "perplexity": "perplexity",
     "bench": "bench",
+    "embed": "embed",
     "gguf": "gguf",
 }
 
