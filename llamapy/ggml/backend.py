@@ -92,9 +92,19 @@ def _builtin() -> None:
         from .numpy_backend import NumpyBackend
 
         register_backend("numpy", NumpyBackend)
+    if "cuda" not in _REGISTRY:
+        register_backend("cuda", _cuda_factory)
     if "cpu" not in _REGISTRY:
         try:
             from .cpu.backend import CPUBackend
         except ImportError:  # pragma: no cover - cpu backend not available yet
             return
         register_backend("cpu", CPUBackend)
+
+
+def _cuda_factory(**kwargs: Any) -> Backend:
+    """The CUDA backend, imported only when asked for (numba.cuda / CuPy never load otherwise)."""
+    from .cuda.backend import CUDABackend
+
+    kwargs.pop("n_threads", None)
+    return CUDABackend(**kwargs)
