@@ -16,14 +16,23 @@ _LAZY = {
     "LlamaState": "llamapy.api",
     "LlamaGrammar": "llamapy.grammar",
     "LlamaPromptLookupDecoding": "llamapy.generation.speculative",
+    "LlamaModelDraft": "llamapy.generation.draft_model",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from .api import Llama, LlamaState
+    from .generation.draft_model import LlamaModelDraft
     from .generation.speculative import LlamaPromptLookupDecoding
     from .grammar import LlamaGrammar
 
-__all__ = ["Llama", "LlamaGrammar", "LlamaPromptLookupDecoding", "LlamaState", "__version__"]
+__all__ = [
+    "Llama",
+    "LlamaGrammar",
+    "LlamaModelDraft",
+    "LlamaPromptLookupDecoding",
+    "LlamaState",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -209,8 +209,8 @@ def test_unsupported_features_are_typed_errors(fake_llm):
 
     with pytest.raises(UnsupportedError, match="grammar"):
         fake_llm("x>", grammar=object())
-    with pytest.raises(UnsupportedError, match="lora_path"):
-        Llama("whatever.gguf", lora_path="adapter.gguf")
+    with pytest.raises(UnsupportedError, match="tokenizer"):
+        Llama("whatever.gguf", tokenizer=object())
     with pytest.raises(Exception, match="embedding=True"):
         fake_llm.embed("hello")
 

@@ -86,7 +86,7 @@ def test_draft_never_overflows_the_context():
 
 def test_draft_model_must_be_callable(smollm2_path):
     with pytest.raises(TypeError, match="draft_model"):
-        Llama(str(smollm2_path), draft_model="yes", verbose=False)
+        Llama(str(smollm2_path), draft_model=42, verbose=False)
 
 
 # ------------------------------------------------------------------------------------ the real model

@@ -4,6 +4,7 @@ sampling, ``generate``, saved state. Completions, chat and embeddings are its mi
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -47,6 +48,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         n_ubatch: int = 512,
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
+        n_seq_max: int | None = None,
         pooling_type: int | str | None = None,
         logits_all: bool = False,
         embedding: bool = False,
@@ -68,12 +70,20 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         verbose: bool = True,
         context_shift: bool = False,
         n_keep: int = 0,
+        mmproj: str | None = None,
         **kwargs: Any,
     ) -> None:
-        for name, value in (("lora_path", lora_path), ("lora_base", lora_base), ("chat_handler", chat_handler),
-                            ("tokenizer", tokenizer), ("kv_overrides", kv_overrides)):  # fmt: skip
+        if chat_handler is not None and getattr(chat_handler, "clip_model_path", None):
+            mmproj = mmproj or chat_handler.clip_model_path  # llama-cpp-python's multimodal handlers
+            chat_handler = None
+        for name, value in (("chat_handler", chat_handler), ("tokenizer", tokenizer),
+                            ("kv_overrides", kv_overrides)):  # fmt: skip
             if value:
                 raise UnsupportedError(f"Llama({name}=...) is not supported by llamapy")
+        if isinstance(draft_model, (str, os.PathLike)):  # a second GGUF (llama.cpp's --model-draft)
+            from ..generation.draft_model import LlamaModelDraft
+
+            draft_model = LlamaModelDraft(draft_model, n_ctx=max(int(n_ctx or 0), 512), n_threads=n_threads)
         if draft_model is not None and not callable(draft_model):
             raise TypeError(
                 "Llama(draft_model=...) must be called as draft(input_ids) -> token ids, such as "
@@ -84,6 +94,10 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         self.model_path = str(model_path)
         self.verbose = verbose
         model = Model.load(self.model_path, use_mmap=use_mmap, use_mlock=use_mlock, vocab_only=vocab_only)
+        if hasattr(draft_model, "model") and hasattr(draft_model, "ctx"):  # a LlamaModelDraft
+            from ..generation.draft_model import check_compatible
+
+            check_compatible(model.vocab, draft_model.vocab)
         ctx = None
         if not vocab_only:
             from ..context import Context, ContextParams
@@ -91,6 +105,9 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
             n_ctx = int(n_ctx) if n_ctx else 0
             cp: dict[str, Any] = dict(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads)
             cp.update(embeddings=embedding, pooling_type=pooling_type)
+            cp.update(n_gpu_layers=int(n_gpu_layers), main_gpu=int(main_gpu), offload_kqv=bool(offload_kqv))
+            # embeddings: several inputs per decode (llama-embedding runs as many sequences as it can)
+            cp["n_seq_max"] = int(n_seq_max) if n_seq_max else (64 if embedding else 1)
             if n_ctx:
                 cp["n_batch"] = min(n_ctx, n_batch)
                 cp["n_ubatch"] = min(cp["n_batch"], n_ubatch)
@@ -99,9 +116,17 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
                 if val is not None:
                     cp[key] = val
             ctx = Context(model, ContextParams(**cp))
+            if lora_path:  # applied in the graph, never merged (lora_base is not needed for that)
+                from ..model.lora import LoraAdapter
+
+                ctx.set_adapter_lora(LoraAdapter.load(lora_path, model), lora_scale)
         self._setup(model, ctx, seed=seed, logits_all=logits_all, embedding=embedding, chat_format=chat_format,
                     spm_infill=spm_infill, context_shift=context_shift, n_keep=n_keep,
                     last_n_tokens_size=last_n_tokens_size, draft_model=draft_model)  # fmt: skip
+        if mmproj and ctx is not None:  # images in, text out (llama-mtmd): the vision encoder + projector
+            from ..mtmd import MtmdContext
+
+            self.mtmd = MtmdContext(mmproj, model, n_threads=n_threads)
         if verbose:
             import sys
 
@@ -148,6 +173,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         self.metadata = {k: str(v) for k, v in getattr(model, "metadata", {}).items() if not isinstance(v, list | np.ndarray)}  # fmt: skip
         self._scores: np.ndarray | None = None
         self._seq: TokenSequence | None = None
+        self.mtmd: Any = None  # llamapy.mtmd.MtmdContext when made with mmproj=...
         if ctx is not None:
             self._seq = TokenSequence(
                 ctx, context_shift=context_shift, n_keep=n_keep, batch_factory=batch_factory

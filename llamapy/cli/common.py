@@ -87,17 +87,38 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-ctv", "--cache-type-v", choices=CACHE_TYPES, default="f16", metavar="TYPE")
     g.add_argument("-fa", "--flash-attn", type=_on_off, default=None, metavar="on|off|auto")
     g.add_argument(
-        "-ngl", "--n-gpu-layers", "--gpu-layers", type=int_, default=0, metavar="N", help="(ignored: CPU)"
+        "-ngl", "--n-gpu-layers", "--gpu-layers", type=int_, default=0, metavar="N",
+        help="the last N layers on the CUDA backend (-1 = all; needs llamapy[cuda], else the CPU with a warning)",
+    )  # fmt: skip
+    g.add_argument("-mg", "--main-gpu", type=int_, default=0, metavar="I", help="the GPU to use")
+    g.add_argument(
+        "-nkvo", "--no-kv-offload", dest="offload_kqv", action="store_false", help="the KV cache on the CPU"
     )
     g.add_argument(
         "--no-mmap", dest="use_mmap", action="store_false", help="read the file instead of mapping it"
     )
     g.add_argument("--mlock", action="store_true", help="keep the model in RAM")
+    g.add_argument("--lora", action="append", default=[], metavar="FILE", help="LoRA adapter (repeatable)")
+    g.add_argument(
+        "--lora-scaled", nargs=2, action="append", default=[], metavar=("FILE", "SCALE"),
+        help="LoRA adapter with a scale (repeatable)",
+    )  # fmt: skip
     g.add_argument("--context-shift", action="store_true", help="when the context is full, drop old tokens")
     g.add_argument(
         "--keep", type=int_, default=0, metavar="N", help="tokens of the prompt kept on a shift (-1 = all)"
     )
     g.add_argument("-v", "--verbose", action="store_true", help="more logs on stderr")
+
+
+def add_mtmd_args(p: argparse.ArgumentParser, images: bool = True) -> None:
+    """``--mmproj`` (and ``--image``): image input through a multimodal projector file."""
+    g = p.add_argument_group("images (multimodal)")
+    g.add_argument("--mmproj", metavar="FNAME", help="multimodal projector GGUF (vision encoder) for images")
+    if images:
+        g.add_argument(
+            "--image", action="append", default=[], metavar="FNAME",
+            help="image file (repeatable); placed at each <__media__> in the prompt, else before it",
+        )  # fmt: skip
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -212,6 +233,9 @@ def _read_text(path: str, what: str) -> str:
 def grammar_from_args(args: argparse.Namespace) -> Any:
     """The :class:`llamapy.grammar.LlamaGrammar` of ``--grammar``/``--grammar-file``/``-j``/``-jf``
     (None without them); a bad grammar raises :class:`llamapy.grammar.GrammarError` before any model loads."""
+    flags = ("grammar", "grammar_file", "json_schema", "json_schema_file")
+    if all(getattr(args, k, None) is None for k in flags):
+        return None  # before the import: llguidance costs ~35 ms of every start
     from ..grammar import LlamaGrammar
 
     if args.grammar is not None:
@@ -227,12 +251,14 @@ def grammar_from_args(args: argparse.Namespace) -> Any:
 
 def llama_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Model/context flags as :class:`llamapy.api.Llama` constructor arguments."""
-    return dict(
+    kw = dict(
         n_ctx=args.ctx_size,
         n_batch=args.batch_size,
         n_ubatch=args.ubatch_size,
         n_threads=None if args.threads <= 0 else args.threads,
         n_gpu_layers=args.n_gpu_layers,
+        main_gpu=getattr(args, "main_gpu", 0),
+        offload_kqv=getattr(args, "offload_kqv", True),
         use_mmap=args.use_mmap,
         use_mlock=args.mlock,
         type_k=args.cache_type_k,
@@ -242,6 +268,9 @@ def llama_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         seed=args.seed,
         verbose=args.verbose,
     )
+    if getattr(args, "mmproj", None):
+        kw["mmproj"] = args.mmproj
+    return kw
 
 
 def log(msg: str) -> None:
@@ -259,6 +288,15 @@ def load_llama(args: argparse.Namespace) -> Any:
     kw["verbose"] = False  # the one-line summary below instead
     llm = Llama(str(path), **kw)
     m = llm.model
+    if llm.ctx is not None and (args.lora or args.lora_scaled):
+        from ..model.lora import LoraAdapter
+
+        for f, scale in [(f, 1.0) for f in args.lora] + list(args.lora_scaled):
+            try:
+                s = float(scale)
+            except ValueError:
+                raise SystemExit(f"--lora-scaled {f} {scale}: the scale must be a number") from None
+            llm.ctx.set_adapter_lora(LoraAdapter.load(f, m), s)
     log(
         f"llamapy: loaded {path.name} ({m.desc}, {m.size / 2**20:.0f} MiB) in {time.perf_counter() - t0:.2f} s, "
         f"n_ctx = {llm.n_ctx()}"

@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,11 +37,38 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--chat-template", help="built-in template (chatml, llama3, gemma, phi3, mistral) or Jinja source"
     )
     p.add_argument("--chat-template-file", help="Jinja chat template to use instead of the model's")
-    p.add_argument("--embeddings", action="store_true", help="serve /v1/embeddings (no completions)")
-    p.add_argument(
-        "--pooling", choices=["none", "mean", "cls", "last"], help="embedding pooling (default: the model's)"
-    )
+    p.add_argument("--embedding", "--embeddings", dest="embeddings", action="store_true",
+                   help="serve /v1/embeddings and /embedding (no completions)")  # fmt: skip
+    p.add_argument("--pooling", choices=["none", "mean", "cls", "last", "rank"],
+                   help="embedding pooling (default: the model's)")  # fmt: skip
+    p.add_argument("--reranking", "--rerank", action="store_true",
+                   help="serve /rerank and /v1/rerank (embeddings with --pooling rank)")  # fmt: skip
     p.add_argument("--metrics", action="store_true", help="expose Prometheus metrics at /metrics")
+    p.add_argument("--mmproj", metavar="FILE", help="multimodal projector GGUF: image input in chat requests")
+    p.add_argument(
+        "--allow-image-urls",
+        action="store_true",
+        help="fetch http(s) image URLs in requests (public addresses only; default: data: URLs only)",
+    )
+    p.add_argument("--cache-reuse", type=int, default=0, metavar="N",
+                   help="re-use cached chunks of at least N tokens by shifting their KV cells (default 0: off)")  # fmt: skip
+    p.add_argument("-md", "--model-draft", metavar="FILE", help="draft model for speculative decoding")
+    p.add_argument("--draft-max", "--draft", "--draft-n", type=_positive, default=16, metavar="N",
+                   help="most tokens drafted per step (default 16)")  # fmt: skip
+    p.add_argument("--draft-min", type=int, default=0, metavar="N", help="fewest guesses used (default 0)")
+    p.add_argument("--draft-p-min", type=float, default=0.75, metavar="P",
+                   help="least draft probability to keep drafting (default 0.75)")  # fmt: skip
+    p.add_argument("-cd", "--ctx-size-draft", type=int, default=0, metavar="N",
+                   help="the draft's context per slot (default: the slot's)")  # fmt: skip
+    p.add_argument("--lora", action="append", default=[], metavar="FILE", help="LoRA adapter (repeatable)")
+    p.add_argument(
+        "--lora-scaled", nargs=2, action="append", default=[], metavar=("FILE", "SCALE"),
+        help="LoRA adapter with a scale (repeatable)",
+    )  # fmt: skip
+    p.add_argument(
+        "--lora-init-without-apply", action="store_true",
+        help="load the adapters with scale 0 (set them later with POST /lora-adapters)",
+    )  # fmt: skip
     p.add_argument("--no-slots", action="store_true", help="do not expose /slots")
     p.add_argument("--slots-verbose", action="store_true", help="include prompt and cached text in /slots")
     p.add_argument(
@@ -51,6 +79,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body-size", type=_positive, default=8 << 20, help="largest request body in bytes")
     p.add_argument(
         "-n", "--n-predict", type=int, default=-1, help="default max tokens per answer (-1: no limit)"
+    )
+    p.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="skip running the kernels once before /health says ok (the first request then loads them)",
     )
     p.add_argument(
         "--context-shift",
@@ -150,11 +183,19 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_size,
         n_batch=args.batch_size,
         context_shift=args.context_shift,
+        cache_reuse=args.cache_reuse,
+        warmup=not args.no_warmup,
         defaults=defaults,
+        allow_image_urls=args.allow_image_urls,
     )
 
+    if args.reranking:  # as llama-server: --reranking is --embedding --pooling rank
+        args.embeddings, args.pooling = True, "rank"
+
     def factory() -> ContextBackend:
-        return ContextBackend(
+        from ..server.embeddings import EmbeddingBackend  # keeps per-token embeddings (pooling none)
+
+        backend = (EmbeddingBackend if args.embeddings else ContextBackend)(
             model_path,
             n_ctx=args.ctx_size,
             n_seq_max=args.parallel,
@@ -164,7 +205,14 @@ def run(args: argparse.Namespace) -> int:
             embeddings=args.embeddings,
             chat_template=template,
             pooling=args.pooling,
+            loras=_loras(args),
+            draft=_draft(args),
         )
+        if args.mmproj:  # the vision encoder + projector next to the text model (llama-server --mmproj)
+            from ..mtmd import MtmdContext
+
+            backend.mtmd = MtmdContext(args.mmproj, backend.model, n_threads=args.threads)  # type: ignore[attr-defined]
+        return backend
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = create_app(settings, factory)
@@ -195,3 +243,24 @@ def _announce(server: object, host: str) -> None:
                 return
 
     server.startup = startup  # type: ignore[attr-defined]
+
+
+def _loras(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """--lora FILE (scale 1) and --lora-scaled FILE SCALE, in order; all at 0 with --lora-init-without-apply."""
+    out = [(f, 1.0) for f in args.lora]
+    for f, scale in args.lora_scaled:
+        try:
+            out.append((f, float(scale)))
+        except ValueError:
+            raise SystemExit(f"--lora-scaled {f} {scale}: the scale must be a number") from None
+    return [(f, 0.0) for f, _ in out] if args.lora_init_without_apply else out
+
+
+def _draft(args: argparse.Namespace) -> dict[str, Any] | None:
+    if not args.model_draft:
+        return None
+    kw: dict[str, Any] = dict(model=args.model_draft, n_draft=args.draft_max, n_min=args.draft_min,
+                              p_min=args.draft_p_min, n_threads=args.threads)  # fmt: skip
+    if args.ctx_size_draft:
+        kw["n_ctx"] = args.ctx_size_draft
+    return kw

@@ -13,6 +13,7 @@ from .loop import Generation, GenerationParams, Step, TokenLogprob, generate
 from .sequence import (
     PromptTooLongError,
     TokenSequence,
+    checkpoint_positions,
     common_prefix_length,
     context_shift_plan,
     truncate_prompt,
@@ -30,6 +31,7 @@ __all__ = [
     "StopStrings",
     "TokenLogprob",
     "TokenSequence",
+    "checkpoint_positions",
     "common_prefix_length",
     "context_shift_plan",
     "generate",

@@ -48,6 +48,18 @@ def context_shift_plan(n_past: int, n_keep: int, n_discard: int = 0) -> tuple[in
     return n_keep, n_discard
 
 
+# prompt-cache checkpoints of a recurrent state (llama-server's context checkpoints): taken this many
+# tokens before the end of an evaluated prompt, so that the next request of a conversation, whose
+# template re-renders the end of the last turn, can resume from one instead of from the start
+CHECKPOINT_OFFSETS = (64, 4)
+
+
+def checkpoint_positions(n_cached: int, n_prompt: int) -> list[int]:
+    """Token counts after which to checkpoint a prompt of ``n_prompt`` tokens evaluated from
+    ``n_cached`` on (ascending; each leaves at least one prompt token to evaluate after it)."""
+    return sorted({n_prompt - k for k in CHECKPOINT_OFFSETS if n_cached < n_prompt - k})
+
+
 def truncate_prompt(prompt: Sequence[int], n_ctx: int, n_keep: int) -> list[int]:
     """A prompt of ``n_ctx`` tokens or more cut to fit with room to generate, as llama-server did with
     ``--context-shift``: the first ``n_keep`` tokens (clamped to ``n_ctx - 4``, at least 0), then the end
@@ -95,6 +107,7 @@ class TokenSequence:
         # with logits_all, else only the last token's row (position of the last token)
         self.on_logits: Callable[[int, np.ndarray], None] | None = None
         self._last_logits: np.ndarray | None = None
+        self.n_reused = 0  # prompt tokens the last prefill took from the cache
 
     @property
     def n_ctx(self) -> int:
@@ -130,7 +143,12 @@ class TokenSequence:
         n_past = len(self.tokens)
         n_keep, n_discard = context_shift_plan(n_past, self.n_keep)
         mem = self.ctx.memory
-        mem.seq_rm(self.seq_id, n_keep, n_keep + n_discard)
+        if not mem.seq_rm(self.seq_id, n_keep, n_keep + n_discard):
+            raise ContextFullError(
+                f"the context of {self.n_ctx} tokens is full and this model's memory cannot drop tokens "
+                "from the middle (a recurrent state, or a window that no longer holds them): no context "
+                "shift is possible; use a larger context (-c N)"
+            )
         mem.seq_add(self.seq_id, n_keep + n_discard, n_past, -n_discard)
         del self.tokens[n_keep : n_keep + n_discard]
         self.n_shifted += n_discard
@@ -209,6 +227,16 @@ class TokenSequence:
         if n == len(prompt) == len(self.tokens) and self._last_logits is not None:
             return n  # already there, logits ready
         n = min(n, len(prompt) - 1)  # re-evaluate at least the last token for its logits
+        mem = self.ctx.memory
+        if n < len(self.tokens):  # a recurrent state goes back only to a checkpoint
+            n = min(n, int(getattr(mem, "seq_pos_restorable", lambda s, p: p)(self.seq_id, n)))
         self.truncate(n)
-        self.eval(prompt[n:])
+        done = n
+        if getattr(mem, "has_checkpoints", False):
+            for c in checkpoint_positions(n, len(prompt)):
+                self.eval(prompt[done:c])
+                mem.checkpoint(self.seq_id)
+                done = c
+        self.eval(prompt[done:])
+        self.n_reused = n
         return n

@@ -8,7 +8,6 @@ model: they validate, tokenize, hand a :class:`Task` to the engine thread and re
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import threading
@@ -18,7 +17,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -39,7 +37,6 @@ from .schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
-    EmbeddingRequest,
     InfillRequest,
     NativeCompletionRequest,
     TokenizeRequest,
@@ -63,7 +60,10 @@ class ServerSettings:
     max_body_bytes: int = 8 << 20
     n_batch: int | None = None  # tokens per engine step (default: the backend's n_batch)
     context_shift: bool = False  # --context-shift: a full slot drops old tokens instead of stopping
+    cache_reuse: int = 0  # --cache-reuse N: re-use cached chunks of >= N tokens by shifting (0: off)
+    warmup: bool = True  # run the kernels once before /health is ok (a backend with warmup()); --no-warmup
     defaults: P.Defaults = field(default_factory=P.Defaults)
+    allow_image_urls: bool = False  # --allow-image-urls: fetch http(s) image URLs (public hosts only)
 
     @property
     def model_id(self) -> str:
@@ -88,9 +88,34 @@ class ServerState:
 
     def attach(self, backend: Backend) -> None:
         s = self.settings
-        engine = Engine(backend, n_batch=s.n_batch, metrics=self.metrics, context_shift=s.context_shift)
+        engine = Engine(
+            backend,
+            n_batch=s.n_batch,
+            metrics=self.metrics,
+            context_shift=s.context_shift,
+            cache_reuse=s.cache_reuse,
+        )
         engine.start()
+        if s.warmup and callable(getattr(backend, "warmup", None)):
+            t0 = time.perf_counter()
+            try:
+                engine.warmup()  # on the engine thread; /health stays 503 "Loading model" until done
+                _warm_chat(backend)
+                log.info("warm-up done in %.2f s", time.perf_counter() - t0)
+            except Exception:  # an optimization only: serve anyway (the first request loads the kernels)
+                log.exception("warm-up failed; serving without it")
         self.backend, self.engine = backend, engine
+
+
+def _warm_chat(backend: Backend) -> None:
+    """Plan one chat request (template, chat-format detection, their imports: ~0.2 s the first time),
+    so that the first chat request after start costs what a later one does."""
+    import anyio._backends._asyncio  # noqa: F401  (run_in_threadpool's backend, imported on first use)
+
+    if getattr(backend, "embeddings", False):
+        return
+    req = validate(ChatCompletionRequest, {"messages": [{"role": "user", "content": "Hello"}]})
+    P.chat_tokens(P.chat_plan(req, backend).prompt, backend)
 
 
 def create_app(settings: ServerSettings, backend_factory: Callable[[], Backend]) -> FastAPI:
@@ -196,7 +221,7 @@ def _routes(app: FastAPI, state: ServerState) -> None:
             "bos_token": info.get("bos_token", ""),
             "eos_token": info.get("eos_token", ""),
             "embeddings": backend.embeddings,
-            "modalities": {"vision": False, "audio": False},
+            "modalities": {"vision": getattr(backend, "mtmd", None) is not None, "audio": False},
             "build_info": f"llamapy {__version__}",
         }
 
@@ -215,6 +240,10 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         raw = await request.body()
         body = parse_json(raw) if raw.strip() else {}
         return await slot_action(engine, s.slot_save_path, id_slot, request.query_params.get("action"), body)
+
+    from .lora import add_routes as add_lora_routes
+
+    add_lora_routes(app, state)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -343,57 +372,9 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         fmt = NativeFormatter(s.model_id, prompt_text, settings, gp.n_probs, req.return_tokens)
         return await _generate(request, engine, tokens, gp, fmt, req.stream, False, done_marker=False)
 
-    @app.post("/v1/embeddings")
-    @app.post("/embeddings")
-    async def embeddings(request: Request) -> dict[str, Any]:
-        engine, backend = state.ready()
-        if not backend.embeddings:
-            raise APIError(501, "this server does not compute embeddings; start it with --embeddings")
-        if getattr(backend, "pooling_type", 1) == 0:
-            raise bad_request(
-                "this model's embeddings are per token (pooling 'none'), which /v1/embeddings cannot return; "
-                "start the server with --pooling mean (or cls, last)"
-            )
-        req: EmbeddingRequest = await _body(request, EmbeddingRequest)
-        if req.dimensions is not None:
-            raise P.not_supported("'dimensions' (shortened embeddings)", param="dimensions")
-        inputs: list[Any] = [req.input] if isinstance(req.input, str) else list(req.input)
-        if inputs and all(isinstance(x, int) for x in inputs):
-            inputs = [inputs]
-        if not inputs:
-            raise bad_request("'input' is empty", "input")
-        token_lists = []
-        for i, x in enumerate(inputs):
-            toks = await run_in_threadpool(P.tokenize_prompt, x, backend, f"input[{i}]")
-            limit = min(engine.n_ctx_slot - 1, engine.n_batch)
-            if not toks or len(toks) > limit:
-                raise bad_request(
-                    f"input[{i}] has {len(toks)} tokens; an embedding input must have 1 to {limit}", "input"
-                )
-            token_lists.append(toks)
-        results = await asyncio.gather(
-            *(_collect(request, engine, t, GenParams(), "embedding") for t in token_lists)
-        )
-        data = []
-        n_tokens = 0
-        for i, (_, _, _, final) in enumerate(results):
-            v = final.embedding
-            assert v is not None
-            norm = float(np.linalg.norm(v))
-            v = v / norm if norm > 0 else v
-            emb: Any = (
-                base64.b64encode(v.astype("<f4").tobytes()).decode()
-                if req.encoding_format == "base64"
-                else v.tolist()
-            )
-            data.append({"object": "embedding", "index": i, "embedding": emb})
-            n_tokens += final.n_prompt
-        return {
-            "object": "list",
-            "data": data,
-            "model": s.model_id,
-            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-        }
+    from .embeddings import add_embedding_routes  # /v1/embeddings, /embedding(s), /rerank, /v1/rerank...
+
+    add_embedding_routes(app, state)
 
 
 async def chat_inputs(
@@ -418,11 +399,74 @@ async def chat_inputs(
         gp.logprobs, gp.n_probs = True, req.top_logprobs or 0
     elif req.top_logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    images = None
+    if _has_image_parts(req):  # OpenAI image_url parts -> media markers; the images go in GenParams
+        req, images = await run_in_threadpool(_split_images, req, backend, s.allow_image_urls)
     plan = await run_in_threadpool(P.chat_plan, req, backend)
-    tokens = await run_in_threadpool(P.chat_tokens, plan.prompt, backend)
+    if images is None:
+        tokens = await run_in_threadpool(P.chat_tokens, plan.prompt, backend)
+    else:
+        tokens, gp.images = await run_in_threadpool(_image_tokens, plan.prompt, images, backend)
     gp.grammar, gp.preserved_tokens = plan.grammar, plan.preserved_tokens
     gp.chat_format, gp.chat_syntax = plan.format, plan.syntax
     return tokens, gp
+
+
+def _has_image_parts(req: ChatCompletionRequest) -> bool:
+    return any(isinstance(m.content, list) and any(p.type != "text" for p in m.content) for m in req.messages)
+
+
+def _split_images(req: ChatCompletionRequest, backend: Backend, allow_remote: bool) -> tuple[Any, list[Any]]:
+    """The request with each image part turned into a media-marker text part, and the decoded images."""
+    from ..mtmd import MEDIA_MARKER, MtmdError
+    from ..mtmd.prompt import split_content
+    from .schemas import ChatMessage, ContentPart
+
+    mt = getattr(backend, "mtmd", None)
+    if mt is None:
+        raise bad_request(
+            "image content parts are not supported yet on this server: start it with --mmproj FILE for vision",
+            "messages",
+        )
+    raw = [{"role": m.role, "content": [p.model_dump() for p in m.content]} if isinstance(m.content, list)
+           else None for m in req.messages]  # fmt: skip
+    try:
+        split, encoded = split_content([r for r in raw if r is not None], allow_remote=allow_remote)
+        bitmaps = [mt.bitmap_from_bytes(data, where) for where, data in encoded]
+    except MtmdError as e:
+        raise bad_request(str(e), "messages") from None
+    it = iter(split)
+    msgs = []
+    for m, r in zip(req.messages, raw, strict=True):
+        if r is not None:
+            text = next(it)["content"]
+            parts = [ContentPart(type="text", text=text)]
+            m = ChatMessage(**{**m.model_dump(exclude_none=True), "content": parts})
+        msgs.append(m)
+    n_markers = sum(m.content[0].text.count(MEDIA_MARKER) for m, r in zip(msgs, raw, strict=True) if r)
+    if n_markers != len(bitmaps):
+        raise bad_request(f"the text of the messages may not contain {MEDIA_MARKER!r}", "messages")
+    return req.model_copy(update={"messages": msgs}), bitmaps
+
+
+def _image_tokens(prompt: str, bitmaps: list[Any], backend: Backend) -> tuple[list[int], dict[int, Any]]:
+    """The prompt's token view (negative pseudo tokens at image positions) and its images by first token."""
+    from ..mtmd import MtmdError
+    from ..mtmd.prompt import chunk_tokens, dedupe_bos, image_map
+
+    mt = backend.mtmd  # type: ignore[attr-defined]
+    try:
+        chunks = dedupe_bos(mt.tokenize(prompt, bitmaps), getattr(mt.vocab, "bos", -1))
+    except MtmdError as e:
+        raise bad_request(str(e), "messages") from None
+    n_ub = int(backend.ctx.n_ubatch)  # type: ignore[attr-defined]
+    for ch in image_map(chunks).values():
+        if ch.non_causal and ch.n_tokens > min(n_ub, int(backend.n_batch)):
+            raise bad_request(
+                f"an image takes {ch.n_tokens} tokens, more than the server's batch (-b/-ub {n_ub})",
+                "messages",
+            )
+    return chunk_tokens(chunks), image_map(chunks)
 
 
 def _no_completions(backend: Backend) -> None:

@@ -86,6 +86,8 @@ class ContextBackend:
         embeddings: bool = False,
         chat_template: str | None = None,
         pooling: str | None = None,
+        loras: Sequence[tuple[str, float]] = (),
+        draft: dict[str, Any] | None = None,
     ) -> None:
         from ..context import Context, ContextParams
         from ..model import Model
@@ -103,6 +105,26 @@ class ContextBackend:
             pooling_type=pooling,
         )
         self.ctx = Context(self.model, params)
+        from ..model.lora import LoraAdapter
+
+        # LoRA adapters (--lora / --lora-scaled): loaded once; the engine sets the scales per batch
+        self.loras = [(LoraAdapter.load(path, self.model), float(scale)) for path, scale in loras]
+        self.set_lora(tuple(s for _, s in self.loras))
+        # speculative decoding (-md): the draft model, loaded once; make_draft() gives each slot its own
+        # context over it (LlamaModelDraft keyword arguments besides "model")
+        self._draft_kw = dict(draft or {})
+        self._draft_model = None
+        hp = self.model.hparams
+        if self._draft_kw and any(hp.is_recurrent(il) for il in range(hp.n_layer)):
+            raise ValueError(
+                "speculative decoding (-md) needs a memory that can drop rejected tokens; "
+                f"{self.model.arch} keeps a recurrent state"
+            )
+        if self._draft_kw:
+            from ..generation.draft_model import check_compatible
+
+            self._draft_model = Model.load(self._draft_kw.pop("model"))
+            check_compatible(self.model.vocab, self._draft_model.vocab)
         self.pooling_type = int(getattr(self.ctx, "pooling_type", 0))  # 0: none (per-token, not OpenAI's)
         self.vocab = self.model.vocab
         self.n_ctx = int(self.ctx.n_ctx)
@@ -139,14 +161,54 @@ class ContextBackend:
             return np.asarray(self.ctx.get_logits())
         return np.zeros((0, self.n_vocab), np.float32)
 
+    def warmup(self) -> None:
+        """Decode once with each batch size up to the mat-vec limit + 1 (in-register mat-vec, small
+        attention, then the tile + BLAS path), so their kernels are loaded; the KV cache is left empty.
+        :meth:`llamapy.server.engine.Engine.warmup` then runs the engine's own batch shapes."""
+        from ..ggml.cpu.backend import MATVEC_MAX_TOKENS
+
+        bos = self.vocab.bos if self.vocab.bos >= 0 else 0
+        for n in range(1, min(MATVEC_MAX_TOKENS + 1, self.n_ctx // self.n_seq_max - 1, self.n_batch) + 1):
+            self.decode([bos] * n, list(range(n)), [0] * n, [False] * (n - 1) + [True])
+            self.ctx.memory.seq_rm(-1, -1, -1)
+
     def embeddings_seq(self, seq: int) -> np.ndarray:
         return np.asarray(self.ctx.get_embeddings_seq(seq), dtype=np.float32)
+
+    def make_draft(self) -> Any:
+        """A draft model for one slot (None without ``-md``)."""
+        if self._draft_model is None:
+            return None
+        from ..generation.draft_model import LlamaModelDraft
+
+        kw = dict(self._draft_kw)
+        kw.setdefault("n_ctx", self.n_ctx // max(1, self.n_seq_max))
+        return LlamaModelDraft(self._draft_model, **kw)
+
+    def lora_info(self) -> list[dict[str, Any]]:
+        """The adapters loaded at start: id, path and the scale given on the command line."""
+        return [{"id": i, "path": ad.path, "scale": s} for i, (ad, s) in enumerate(self.loras)]
+
+    def set_lora(self, scales: Sequence[float]) -> None:
+        """Apply the adapters with these scales (one per adapter, 0: off) to the next decodes."""
+        self.ctx.set_adapters_lora([(ad, s) for (ad, _), s in zip(self.loras, scales, strict=True)])
 
     def seq_rm(self, seq: int, p0: int, p1: int) -> bool:
         return bool(self.ctx.memory.seq_rm(seq, p0, p1))
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         self.ctx.memory.seq_cp(src, dst, p0, p1)
+
+    @property
+    def has_checkpoints(self) -> bool:
+        """Whether going back in a sequence needs state checkpoints (a recurrent model)."""
+        return bool(getattr(self.ctx.memory, "has_checkpoints", False))
+
+    def checkpoint(self, seq: int) -> int:
+        return int(self.ctx.memory.checkpoint(seq))
+
+    def seq_pos_restorable(self, seq: int, p0: int) -> int:
+        return int(self.ctx.memory.seq_pos_restorable(seq, p0))
 
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
         self.ctx.memory.seq_add(seq, p0, p1, delta)

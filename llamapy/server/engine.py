@@ -44,12 +44,14 @@ from ..generation import (
     Generation,
     GenerationParams,
     Step,
+    checkpoint_positions,
     common_prefix_length,
     context_shift_plan,
     truncate_prompt,
 )
 from .backend import Backend
 from .errors import APIError
+from .lora import resolve as resolve_lora
 from .metrics import Metrics
 from .sampling import SamplingParams, make_chain
 
@@ -76,6 +78,10 @@ class GenParams:
     # prompt; BOS is kept on top, as llama-server does), and tokens dropped per shift (0: half the rest)
     n_keep: int = 0
     n_discard: int = 0
+    lora: dict[int, float] | None = None  # this request's LoRA scales by adapter id (lora.py)
+    # image chunks (llamapy.mtmd) by the pseudo token of their first position: the prompt holds negative
+    # pseudo tokens where an image goes (llamapy.mtmd.prompt), decoded as embeddings by backend.mtmd
+    images: dict[int, Any] | None = None
 
 
 @dataclass
@@ -107,6 +113,8 @@ class Event:
     embedding: np.ndarray | None = None
     truncated: bool = False  # the prompt was cut to fit the slot (context shift)
     n_shifted: int = 0  # tokens dropped by context shifts during this request
+    draft_n: int = 0  # speculative decoding: tokens the draft model guessed / the ones kept
+    draft_n_accepted: int = 0
     deltas: list[Any] = field(
         default_factory=list
     )  # chat deltas (llamapy.chat.ChatDelta), with a chat format
@@ -145,6 +153,8 @@ class Slot:
         self.id = id
         self.n_ctx = n_ctx
         self.cache: list[int] = []  # exactly the tokens the KV cache holds for sequence `id`
+        self.cache_lora: tuple[float, ...] = ()  # the LoRA scales the cached tokens were computed with
+        self.lora: tuple[float, ...] = ()  # the scales of the current request
         self.state = SlotState.IDLE
         self.task: Task | None = None
         self.last_used = 0.0
@@ -157,6 +167,9 @@ class Slot:
         self.n_decoded = 0
         self.n_keep = 0  # tokens a context shift keeps at the start (clamped for this slot)
         self.n_shifted = 0  # tokens dropped by context shifts in this request
+        self.draft: list[int] = []  # the draft model's guesses in the batch being decoded
+        self.checkpoints: list[int] = []  # prompt positions after which to checkpoint the state
+        self.n_draft = self.n_draft_accepted = 0  # guesses made / kept in this request
         self.truncated = False
         self.t_start = self.t_first = 0.0
 
@@ -170,14 +183,21 @@ class Engine:
         n_batch: int | None = None,
         metrics: Metrics | None = None,
         context_shift: bool = False,
+        cache_reuse: int = 0,
     ) -> None:
         self.backend = backend
         self.context_shift = bool(context_shift)
+        self.cache_reuse = max(0, int(cache_reuse))  # --cache-reuse: least chunk re-used by shifting
         self._bos = list(backend.tokenize("", True, False))[:1]  # what the tokenizer starts a text with
         self.n_parallel = max(1, int(backend.n_seq_max))
         self.n_ctx_slot = int(backend.n_ctx) // self.n_parallel
         self.n_batch = min(int(n_batch or backend.n_batch), int(backend.n_batch))  # tokens per step
         self.slots = [Slot(i, self.n_ctx_slot) for i in range(self.n_parallel)]
+        lora_info = getattr(backend, "lora_info", None)
+        self.lora_scales: list[float] = [float(a["scale"]) for a in lora_info()] if lora_info else []
+        self._lora_active: tuple[float, ...] | None = None  # what the backend applies now
+        make_draft = getattr(backend, "make_draft", None)  # speculative decoding: one draft per slot
+        self._drafts: list[Any] = [make_draft() if make_draft else None for _ in self.slots]
         self.metrics = metrics or Metrics()
         self._cond = threading.Condition()
         self._incoming: deque[Task] = deque()
@@ -190,6 +210,48 @@ class Engine:
 
     def start(self) -> None:
         self._thread.start()
+
+    def warmup(self, n_prompt: int = 24, n_predict: int = 3) -> None:
+        """Run once every kernel the steps will use, on the engine thread (OpenMP gives each launching
+        thread its own worker pool: warmed from another thread, the first request still paid ~0.4 s),
+        so that the first request pays no kernel compilation or cache loading (llama-server warms up
+        before ``/health`` is ok too): the backend's own ``warmup()`` when it has one, then through the
+        real step loop 1, 2, ..., ``n_parallel`` concurrent requests of an ``n_prompt``-token prompt and
+        ``n_predict`` tokens each (greedy and sampled: decode batches of each size up to ``n_parallel``,
+        mixed prompt batches). Slots, KV cache and metrics are left as they were (empty). Call after
+        :meth:`start` and before any task is submitted; blocks until done."""
+        if threading.current_thread() is not self._thread:
+            if not self._thread.is_alive():
+                raise RuntimeError("Engine.warmup() runs on the engine thread: call Engine.start() first")
+            self.call(lambda e: e.warmup(n_prompt, n_predict)).result()
+            return
+        fn = getattr(self.backend, "warmup", None)
+        if callable(fn):
+            fn()
+        text = "The quick brown fox jumps over the lazy dog. " * (1 + n_prompt // 8)
+        n = max(1, min(n_prompt, self.n_ctx_slot - n_predict - 1))
+        prompt = list(self.backend.tokenize(text, True, False))[:n]
+        metrics, self.metrics = self.metrics, Metrics()
+        try:
+            for k in range(1, self.n_parallel + 1):
+                for i in range(k):
+                    sp = SamplingParams(temp=0.0) if i % 2 == 0 else SamplingParams(seed=i)
+                    gp = GenParams(n_predict=n_predict, sampling=sp, ignore_eos=True, cache_prompt=False)
+                    kind = "embedding" if getattr(self.backend, "embeddings", False) else "completion"
+                    task = Task(prompt=list(prompt), params=gp, sink=lambda ev: None, kind=kind)
+                    self._deferred.append(task)
+                for _ in range(4 * (n_predict + len(prompt) * k // max(1, self.n_batch) + 2)):
+                    if not self._has_work():
+                        break
+                    self._step()
+        finally:
+            self.metrics = metrics
+            self._deferred.clear()
+            for s in self.slots:
+                if s.task is not None:
+                    self._release(s)
+                self.backend.seq_rm(s.id, -1, -1)
+            self.slots = [Slot(i, self.n_ctx_slot) for i in range(self.n_parallel)]  # nothing cached
 
     def stop(self, timeout: float = 5.0) -> None:
         with self._cond:
@@ -247,7 +309,7 @@ class Engine:
                 },
             }
             if verbose:
-                d["cache_text"] = self.backend.detokenize(list(s.cache))
+                d["cache_text"] = self.backend.detokenize([t for t in s.cache if t >= 0])
                 d["prompt_tokens"] = list(task.prompt) if task else []
             out.append(d)
         return out
@@ -310,13 +372,20 @@ class Engine:
         outs: list[bool] = []
         sample_slots: list[Slot] = []
         embed_slots: list[Slot] = []
+        checkpoint_slots: list[Slot] = []  # recurrent states to keep after this decode
+        # one set of LoRA scales per batch: the oldest active request's (llama-server's can_batch_with)
+        busy = [s for s in self.slots if s.task is not None and s.state is not SlotState.IDLE]
+        lora = min(busy, key=lambda s: s.task.t_submit).lora if busy else ()
         for s in self.slots:
-            if s.state is SlotState.GENERATING:
-                tokens.append(s.next_token)
-                pos.append(len(s.cache))
-                seqs.append(s.id)
-                outs.append(True)
-                s.cache.append(s.next_token)
+            if s.state is SlotState.GENERATING and s.lora == lora:
+                s.draft = self._draft(s, self.n_batch - len(tokens) - 1)
+                p0 = len(s.cache)
+                for j, t in enumerate([s.next_token, *s.draft]):  # with a draft model: its guesses too
+                    tokens.append(t)
+                    pos.append(p0 + j)
+                    seqs.append(s.id)
+                    outs.append(True)
+                    s.cache.append(t)
                 sample_slots.append(s)
         budget = self.n_batch - len(tokens)
         prompting = sorted(
@@ -325,14 +394,24 @@ class Engine:
         for s in prompting:
             if budget <= 0:
                 break
+            if s.lora != lora:
+                continue
             task = s.task
             assert task is not None
             rest = task.prompt[len(s.cache) :]
             if task.kind == "embedding" and len(rest) > budget:
                 continue  # an embedding needs its whole input in one decode
-            chunk = rest[:budget]
-            done = len(chunk) == len(rest)
+            if task.params.images and rest[0] < 0:  # an image: decoded on its own, as embeddings
+                self._eval_image(s, task)
+                continue
+            chunk = rest[: min(budget, _text_len(task, rest))]
             p0 = len(s.cache)
+            while s.checkpoints and s.checkpoints[0] <= p0:
+                s.checkpoints.pop(0)
+            if s.checkpoints and p0 + len(chunk) >= s.checkpoints[0]:  # stop there to checkpoint
+                chunk = chunk[: s.checkpoints.pop(0) - p0]
+                checkpoint_slots.append(s)
+            done = len(chunk) == len(rest)
             for j, t in enumerate(chunk):
                 tokens.append(t)
                 pos.append(p0 + j)
@@ -345,6 +424,9 @@ class Engine:
         if not tokens:
             return
         try:
+            if lora != self._lora_active and hasattr(self.backend, "set_lora"):
+                self.backend.set_lora(lora)
+                self._lora_active = lora
             logits = self.backend.decode(tokens, pos, seqs, outs)
         except Exception as e:
             log.exception("decode failed")
@@ -357,19 +439,45 @@ class Engine:
         with self.metrics.lock:
             self.metrics.n_decode_total += 1
             self.metrics.n_busy_slots_total += sum(1 for s in self.slots if s.task is not None)
-        for row, s in enumerate(sample_slots):
+        row = 0
+        for s in sample_slots:
+            draft, s.draft = s.draft, []
+            first, row = row, row + 1 + len(draft)
             if s.task is None:
                 continue
             t = s.task
             if t.share_prompt and t.prompt_logits is None and s.state is SlotState.PROMPT:
-                t.prompt_logits, t.prompt_slot = np.array(logits[row], dtype=np.float32), s.id
+                t.prompt_logits, t.prompt_slot = np.array(logits[first], dtype=np.float32), s.id
             try:
-                self._sample(s, logits[row])
+                if draft:
+                    self._verify(s, draft, logits[first:row])
+                else:
+                    self._sample(s, logits[first])
             except Exception as e:
                 log.exception("sampling failed")
                 self._fail(s, APIError(500, f"sampling failed in slot {s.id}: {type(e).__name__}: {e}"))
         for s in embed_slots:
             self._finish_embedding(s)
+        for s in checkpoint_slots:
+            self.backend.checkpoint(s.id)
+
+    def _eval_image(self, s: Slot, task: Task) -> None:
+        p0 = len(s.cache)
+        mt = getattr(self.backend, "mtmd", None)
+        img = (task.params.images or {}).get(task.prompt[p0])
+        if mt is None or img is None:
+            self._fail(s, APIError(500, f"slot {s.id}: no image for prompt position {p0}"), drop_cache=True)
+            return
+        last = p0 + img.n_tokens == len(task.prompt)
+        try:
+            mt.eval_chunks(self.backend.ctx, [img], p0, seq_id=s.id, logits_last=last)  # type: ignore[attr-defined]
+        except Exception as e:
+            log.exception("image decode failed")
+            self._fail(s, APIError(500, f"image decode failed in slot {s.id}: {e}"), drop_cache=True)
+            return
+        s.cache.extend(task.prompt[p0 : p0 + img.n_tokens])
+        if last:  # the prompt ends with the image: sample from its last position
+            self._sample(s, np.array(self.backend.ctx.get_logits_ith(-1), dtype=np.float32))  # type: ignore[attr-defined]
 
     def _assign(self) -> None:
         for task in list(self._deferred):
@@ -411,18 +519,37 @@ class Engine:
             return
         if task.kind == "completion":
             s.n_keep = self._n_keep(task, s)
+            if len(task.prompt) >= s.n_ctx and task.params.images:  # never cut a prompt inside an image
+                self._fail(s, _prompt_error(len(task.prompt), s.n_ctx))
+                return
             if len(task.prompt) >= s.n_ctx:
                 task.prompt = truncate_prompt(task.prompt, s.n_ctx, s.n_keep)
                 s.truncated = True
-        if task.kind == "embedding":
+        s.lora = resolve_lora(task.params.lora, self.lora_scales)
+        if task.kind == "embedding" or s.cache_lora != s.lora:  # other adapters: the cache is stale
             n_keep = 0
         else:
             n_keep = common_prefix_length(s.cache, task.prompt) if task.params.cache_prompt else 0
             n_keep = min(n_keep, len(task.prompt) - 1)  # evaluate at least one token for its logits
+            if task.params.images:  # never keep part of an image: it is decoded whole
+                from ..mtmd.prompt import snap_prefix
+
+                n_keep = snap_prefix(task.prompt, n_keep)
+        if self.cache_reuse and n_keep and task.kind == "completion":
+            n_keep = self._reuse_chunks(s, task.prompt, n_keep)
+        restorable = getattr(self.backend, "seq_pos_restorable", None)
+        if restorable is not None and n_keep < len(s.cache):  # a recurrent state: back to a checkpoint
+            n_keep = min(n_keep, int(restorable(s.id, n_keep)))
         if not self.backend.seq_rm(s.id, n_keep, -1):
             self.backend.seq_rm(s.id, -1, -1)
             n_keep = 0
         del s.cache[n_keep:]
+        s.checkpoints = (
+            checkpoint_positions(n_keep, len(task.prompt))
+            if task.kind == "completion" and getattr(self.backend, "has_checkpoints", False)
+            else []
+        )
+        s.cache_lora = s.lora
         s.n_cached = n_keep
         s.state = SlotState.PROMPT
         if task.kind == "completion":
@@ -437,6 +564,39 @@ class Engine:
                 lead = task.leader
                 assert lead.prompt_logits is not None
                 self._sample(s, lead.prompt_logits.copy())
+
+    def _reuse_chunks(self, s: Slot, prompt: list[int], n_past: int) -> int:
+        """llama-server's ``--cache-reuse``: after the common prefix, find runs of at least
+        ``cache_reuse`` tokens of the prompt further on in the slot's cache and move their KV cells to the
+        prompt's positions (``seq_rm`` of the gap, ``seq_add`` of the run) instead of evaluating them
+        again. ``s.cache`` is rewritten to match; returns the prompt tokens now cached (the caller cuts
+        the rest, and keeps at least one prompt token to evaluate)."""
+        cache, b = s.cache, self.backend
+        head_c = head_p = n_past
+        while head_c < len(cache) and head_p < len(prompt) - 1:
+            n = 0
+            while (
+                head_c + n < len(cache)
+                and head_p + n < len(prompt) - 1
+                and cache[head_c + n] == prompt[head_p + n]
+            ):
+                n += 1
+            if n < self.cache_reuse:
+                head_c += 1
+                continue
+            try:
+                if not b.seq_rm(s.id, head_p, head_c):
+                    break
+                b.seq_add(s.id, head_c, head_c + n, head_p - head_c)
+            except Exception:
+                log.exception("cache reuse failed in slot %d: evaluating the rest of the prompt", s.id)
+                b.seq_rm(s.id, head_p, -1)
+                del cache[head_p:]
+                return head_p
+            cache[head_p : head_c + n] = cache[head_c : head_c + n]
+            head_c = head_p = head_p + n
+            n_past = head_p
+        return n_past
 
     def _share_prompt(self, s: Slot, task: Task) -> bool:
         """Start ``task`` in slot ``s`` from its leader's evaluated prompt: the prompt's KV cells are
@@ -500,6 +660,48 @@ class Engine:
             s.state = SlotState.GENERATING
             s.next_token = step.token
             self._send(task, self._event(step, s))
+
+    def _draft(self, s: Slot, room: int) -> list[int]:
+        """The draft model's guesses after ``s.next_token`` (none without one): as many as fit the batch
+        ``room``, the slot (no context shift in between) and the request's ``n_predict``."""
+        draft_model = self._drafts[s.id]
+        if draft_model is None or s.gen is None or s.task is None:
+            return []
+        n_max = min(room, s.n_ctx - len(s.cache) - 2)
+        if s.task.params.n_predict >= 0:
+            n_max = min(n_max, s.task.params.n_predict - s.n_decoded - 1)
+        from ..generation.speculative import draft_tokens
+
+        try:
+            guess = draft_tokens(draft_model, [*s.cache, s.next_token], self.backend.n_vocab, n_max)
+        except Exception:
+            log.exception("the draft model failed in slot %d: generating without it", s.id)
+            return []
+        s.n_draft += len(guess)
+        return guess
+
+    def _verify(self, s: Slot, draft: list[int], rows: np.ndarray) -> None:
+        """Sample row after row of a drafted batch (``rows[j]``: the logits after the j-th token of
+        ``[next_token, *draft]``): a guess is kept while the sampler picks it; the cache is cut back
+        after the last kept one. Each token is sampled from the logits of exactly the tokens before
+        it, so the output is what generation without a draft gives."""
+        p0 = len(s.cache) - len(draft) - 1  # the position of next_token
+        j = 0
+        for j in range(len(draft) + 1):
+            self._sample(s, rows[j])
+            if j == len(draft) or s.state is not SlotState.GENERATING or s.next_token != draft[j]:
+                break
+            s.n_draft_accepted += 1
+        keep = p0 + 1 + j  # next_token and the guesses kept
+        if keep < len(s.cache):
+            del s.cache[keep:]
+            if not self.backend.seq_rm(s.id, keep, -1):  # a memory that cannot roll back (no drafts there)
+                self.backend.seq_rm(s.id, -1, -1)
+                s.cache.clear()
+                if s.task is not None:
+                    self._fail(
+                        s, APIError(500, f"slot {s.id}: the rejected draft tokens could not be removed")
+                    )
 
     def _may_truncate(self, task: Task, s: Slot) -> bool:
         return self.context_shift and task.kind == "completion" and s.n_ctx >= 4
@@ -573,6 +775,11 @@ class Engine:
         ev.n_cached = s.n_cached
         ev.n_predicted = s.n_decoded
         ev.truncated, ev.n_shifted = s.truncated, s.n_shifted
+        ev.draft_n, ev.draft_n_accepted = s.n_draft, s.n_draft_accepted
+        if s.n_draft:
+            with self.metrics.lock:
+                self.metrics.n_draft_total += s.n_draft
+                self.metrics.n_draft_accepted_total += s.n_draft_accepted
         ev.prompt_ms = (t_first - s.t_start) * 1e3
         ev.predicted_ms = (now - t_first) * 1e3
         self.metrics.add_request(
@@ -639,6 +846,13 @@ class Engine:
             m.requests_deferred = len(self._deferred) + len(self._incoming)
             m.kv_cache_tokens = sum(len(s.cache) for s in self.slots)
             m.kv_cache_usage_ratio = m.kv_cache_tokens / max(1, self.n_ctx_slot * self.n_parallel)
+
+
+def _text_len(task: Task, rest: list[int]) -> int:
+    """Tokens of ``rest`` before the next image position (all of them without images)."""
+    if not task.params.images:
+        return len(rest)
+    return next((i for i, t in enumerate(rest) if t < 0), len(rest))
 
 
 def _prompt_error(n_prompt: int, n_ctx_slot: int) -> APIError:

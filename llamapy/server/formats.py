@@ -37,6 +37,7 @@ def usage(final: Event) -> dict[str, Any]:
 def timings(final: Event) -> dict[str, Any]:
     n_pp = final.n_prompt - final.n_cached
     n_tg = final.n_predicted
+    draft = {"draft_n": final.draft_n, "draft_n_accepted": final.draft_n_accepted} if final.draft_n else {}
     return {
         "cache_n": final.n_cached,
         "prompt_n": n_pp,
@@ -47,6 +48,7 @@ def timings(final: Event) -> dict[str, Any]:
         "predicted_ms": final.predicted_ms,
         "predicted_per_token_ms": final.predicted_ms / n_tg if n_tg else 0.0,
         "predicted_per_second": 1e3 * n_tg / final.predicted_ms if final.predicted_ms else 0.0,
+        **draft,
     }
 
 

@@ -17,6 +17,8 @@ class Metrics:
     n_decode_total: int = 0
     n_busy_slots_total: int = 0  # summed over decodes
     requests_total: int = 0
+    n_draft_total: int = 0  # speculative decoding: tokens guessed by the draft model / kept
+    n_draft_accepted_total: int = 0
     requests_processing: int = 0
     requests_deferred: int = 0
     kv_cache_tokens: int = 0
@@ -64,6 +66,13 @@ class Metrics:
                 ),
                 ("counter", "n_decode_total", "Total number of decode calls.", self.n_decode_total),
                 ("counter", "requests_total", "Requests completed.", self.requests_total),
+                ("counter", "n_draft_total", "Tokens guessed by the draft model.", self.n_draft_total),
+                (
+                    "counter",
+                    "n_draft_accepted_total",
+                    "Draft tokens the target model kept.",
+                    self.n_draft_accepted_total,
+                ),
                 ("gauge", "n_busy_slots_per_decode", "Average number of busy slots per decode.", busy),
                 ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s.", pp_rate),
                 ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s.", tg_rate),

@@ -8,6 +8,7 @@ from typing import Any
 from .backend import Backend
 from .engine import GenParams
 from .errors import APIError, bad_request, not_supported
+from .lora import n_lora_adapters, parse_lora_list
 from .sampling import SamplingError, SamplingParams, parse_samplers
 from .schemas import (
     ChatCompletionRequest,
@@ -193,6 +194,7 @@ def gen_params(
         n_probs=req.n_probs or 0,
         cache_prompt=req.cache_prompt,
         id_slot=-1 if req.id_slot is None else req.id_slot,
+        lora=None if req.lora is None else parse_lora_list(req.lora, n_lora_adapters(backend)),
     )
 
 

@@ -88,6 +88,7 @@ class SamplingFields(_Body):
     # llama-server's context shift fields (range-checked against the slot in params.gen_params)
     n_keep: int | None = None
     n_discard: int | None = None
+    lora: list[Any] | None = None  # [{"id", "scale"}]: this request's LoRA scales (server/lora.py)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -191,8 +192,9 @@ _OPEN = np.frombuffer(b"[{", np.uint8)
 _CLOSE = np.frombuffer(b"]}", np.uint8)
 
 
-def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """Parse a request body; anything but a JSON object is a 400 that says where it broke.
+def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH, array_ok: bool = False) -> Any:
+    """Parse a request body; anything but a JSON object (or array, with ``array_ok``) is a 400 that
+    says where it broke.
 
     Bounded before anything is built: the size by the guard middleware's body limit, the nesting depth
     here (deeper bodies are refused unparsed, so neither the parser nor validation can recurse without
@@ -214,7 +216,7 @@ def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
         raise bad_request(f"the request body is not valid JSON: {e} is not a JSON number") from None
     except (ValueError, RecursionError) as e:  # e.g. an integer of more than 4300 digits
         raise bad_request(f"the request body cannot be parsed: {e}") from None
-    if not isinstance(obj, dict):
+    if not isinstance(obj, dict) and not (array_ok and isinstance(obj, list)):
         raise bad_request(f"the request body must be a JSON object, not {type(obj).__name__}")
     if _SURROGATE_ESCAPE.search(raw):
         where = _lone_surrogate(obj)
