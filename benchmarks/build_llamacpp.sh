@@ -20,7 +20,11 @@ dest="$CACHE/$ver"
 NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 FLAGS=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON "-DCMAKE_C_FLAGS=$NO_AMX" "-DCMAKE_CXX_FLAGS=$NO_AMX"
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON)
-if [ -x "$dest/build/bin/llama-bench" ] && [ "$(cat "$dest/build/flags" 2>/dev/null)" = "${FLAGS[*]}" ]; then
+TOOLS=(llama-bench llama-cli llama-completion llama-server llama-perplexity llama-embedding
+    llama-speculative llama-lookup llama-mtmd-cli)
+have_all=1
+for t in "${TOOLS[@]}"; do [ -x "$dest/build/bin/$t" ] || have_all=0; done
+if [ "$have_all" = 1 ] && [ "$(cat "$dest/build/flags" 2>/dev/null)" = "${FLAGS[*]}" ]; then
     echo "$dest/build/bin"
     exit 0
 fi
@@ -30,8 +34,9 @@ if [ ! -f "$dest/CMakeLists.txt" ]; then
     cp -r "$work/llama_cpp_python-$ver/vendor/llama.cpp/." "$dest/"
 fi
 cmake -S "$dest" -B "$dest/build" -G Ninja "${FLAGS[@]}" >&2
-cmake --build "$dest/build" -j "$(nproc)" --target llama-bench llama-cli llama-completion llama-server \
-    llama-perplexity >&2 || cmake --build "$dest/build" -j "$(nproc)" --target llama-bench llama-cli \
-    llama-server llama-perplexity >&2
+# (older sdists lack some tools: build what exists)
+cmake --build "$dest/build" -j "$(nproc)" --target "${TOOLS[@]}" >&2 || for t in "${TOOLS[@]}"; do
+    cmake --build "$dest/build" -j "$(nproc)" --target "$t" >&2 || echo "no target $t in this version" >&2
+done
 echo "${FLAGS[*]}" > "$dest/build/flags"
 echo "$dest/build/bin"

@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # llamapy and llama.cpp side by side on this machine, interleaved in one run:
 #   1. speed: llama-bench and `llamapy bench` (pp512, tg128), model by model, alternating, R rounds;
-#   2. start-up and peak memory: the whole process `run -p Hello -n 16 -c 4096` (llamapy run vs
-#      llama.cpp's llama-completion, or llama-cli -no-cnv), warm caches, /usr/bin/time -v.
+#   2. long context: tg64 after filling the context to depth 0/1024/2048/4096/8192 (llama-bench -d and
+#      `llamapy bench -d`), depth by depth, alternating;
+#   3. start-up and peak memory: the whole process `run -p Hello -n 16 -c 4096` (llamapy run vs
+#      llama.cpp's llama-completion, or llama-cli -no-cnv), warm caches, /usr/bin/time -v;
+#   4. server (first model only, or SERVER_MODEL): llama-server and `llamapy serve`, -np 4, streamed
+#      128-token chats, aggregate t/s at 1/4/16/32 concurrent clients, none lost, TTFT of the first
+#      request after start vs a later one (benchmarks/server_compare.py), the two servers alternating.
 # llama.cpp is built from the llama-cpp-python sdist into a cache dir (benchmarks/build_llamacpp.sh);
 # it is a yardstick only. Writes benchmarks/results/vs_llamacpp.md with the machine line.
 #
 # Usage: benchmarks/compare_llamacpp.sh [threads] [rounds] [models...]
 #        (models: known names or GGUF paths; default: smollm2-135m-instruct gemma3-270m)
+# Environment: DEPTHS (default 0,1024,2048,4096,8192; empty: skip), SERVER=0 skips the server test,
+#              CLIENTS (default 1,4,16,32), SERVER_MODEL (default: the first model), OUT (the report).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T="${1:-2}"
@@ -15,13 +22,16 @@ R="${2:-2}"
 shift $(( $# > 2 ? 2 : $# )) || true
 MODELS=("$@")
 [ ${#MODELS[@]} -gt 0 ] || MODELS=(smollm2-135m-instruct gemma3-270m)
+DEPTHS="${DEPTHS-0,1024,2048,4096,8192}"
+CLIENTS="${CLIENTS:-1,4,16,32}"
+SERVER="${SERVER:-1}"
 BIN=$(bash benchmarks/build_llamacpp.sh | tail -1)
-OUT=benchmarks/results/vs_llamacpp.md
+OUT="${OUT:-benchmarks/results/vs_llamacpp.md}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
-flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx|avx2|fma|f16c|avx512f|avx512_vnni|avx_vnni' | tr '\n' ' ')
+flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx|avx2|fma|f16c|avx_vnni|avx512.*|amx.*' | tr '\n' ' ')
 {
     echo "# llamapy vs llama.cpp, side by side"
     echo
@@ -54,6 +64,22 @@ for m in "${MODELS[@]}"; do
     done
     echo '```' >> "$OUT"
     echo >> "$OUT"
+    if [ -n "$DEPTHS" ]; then
+        # long context: tg64 at each depth, llama.cpp then llamapy, depth by depth
+        echo '```' >> "$OUT"
+        echo "# tg64 by context depth (-d), load average $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT"
+        echo "| model | size | params | backend | threads | test | t/s |" >> "$OUT"
+        for r in $(seq "$R"); do
+            for d in ${DEPTHS//,/ }; do
+                echo "# round $r, depth $d: llama.cpp" >> "$OUT"
+                "$BIN/llama-bench" -m "$path" -p 0 -n 64 -d "$d" -t "$T" -r 3 -o md 2>/dev/null | grep -E '^\|' | grep -vE '^\| (model |-)' >> "$OUT" || true
+                echo "# round $r, depth $d: llamapy" >> "$OUT"
+                python3 -m llamapy bench -m "$path" -p 0 -n 64 -d "$d" -t "$T" -r 3 -o md 2>/dev/null | grep -E '^\|' | grep -vE '^\| (model |-)' >> "$OUT" || true
+            done
+        done
+        echo '```' >> "$OUT"
+        echo >> "$OUT"
+    fi
     # start-up and peak RSS (warm: one untimed run of each first)
     if [ -x "$BIN/llama-completion" ]; then
         lc=("$BIN/llama-completion" -m "$path" -p Hello -n 16 -c 4096 -t "$T" -no-cnv --no-warmup)
@@ -73,5 +99,24 @@ for m in "${MODELS[@]}"; do
     done
     echo >> "$OUT"
 done
+if [ "$SERVER" != 0 ]; then
+    spath=$(python3 -m llamapy pull "${SERVER_MODEL:-${MODELS[0]}}" 2>/dev/null | tail -1)
+    echo "## server: $(basename "$spath"), -np 4, streamed 128-token chats" >> "$OUT"
+    echo >> "$OUT"
+    echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT"
+    echo >> "$OUT"
+    echo "| server | round | clients | requests ok/sent | tokens | seconds | aggregate t/s | TTFT median s |" >> "$OUT"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" >> "$OUT"
+    for r in $(seq "$R"); do
+        for tool in llama.cpp llamapy; do
+            python3 benchmarks/server_compare.py --server "$tool" --bin "$BIN" -m "$spath" -t "$T" \
+                --parallel 4 --clients "$CLIENTS" --max-tokens 128 --round "$r" --md-rows-only \
+                >> "$OUT" 2> "$tmp/server.err" || { echo "| $tool | $r | failed: $(tail -1 "$tmp/server.err") |" >> "$OUT"; }
+        done
+    done
+    echo >> "$OUT"
+    echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT"
+    echo >> "$OUT"
+fi
 echo "- load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT"
 cat "$OUT"

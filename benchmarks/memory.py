@@ -21,6 +21,20 @@ def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def rss_split() -> str:
+    """Current RSS as anonymous memory (heap: vocabulary, scratch, compiled code) + file-backed pages
+    (the mmapped weights, shared libraries), from /proc/self/status."""
+    try:
+        d = {}
+        for line in open("/proc/self/status"):
+            k, v = line.split(":", 1)
+            if k in ("RssAnon", "RssFile"):
+                d[k] = int(v.split()[0]) // 1024
+        return f"anon {d['RssAnon']} + file {d['RssFile']} MiB"
+    except (OSError, KeyError, ValueError):
+        return "n/a"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?", default="gemma3-270m")
@@ -35,11 +49,11 @@ def main() -> None:
     from llamapy.model import Model
 
     path = args.model if os.path.exists(args.model) else str(hub.pull(args.model, quiet=True))
-    base = rss_mib()
+    base, base_split = rss_mib(), rss_split()
     t0 = time.perf_counter()
     model = Model.load(path)
     t_load = time.perf_counter() - t0
-    after_load = rss_mib()
+    after_load, load_split = rss_mib(), rss_split()
     ctx = Context(model, ContextParams(n_ctx=args.ctx_size, n_threads=args.threads))
     kv = ctx.memory.nbytes / 2**20
     toks = list(range(100, 100 + args.n_prompt))
@@ -48,7 +62,7 @@ def main() -> None:
     for _ in range(args.n_gen):
         ctx.decode(Batch.from_tokens([tok]))
         tok = int(ctx.get_logits_ith(-1).argmax())
-    peak = rss_mib()
+    peak, peak_split = rss_mib(), rss_split()
     fsize = os.path.getsize(path) / 2**20
     print(f"model {model.desc} ({path}), load {t_load:.2f} s")
     print(
@@ -59,6 +73,7 @@ def main() -> None:
         f"peak RSS: interpreter+imports {base:.0f} MiB, after load {after_load:.0f} MiB, "
         f"after {args.n_prompt}+{args.n_gen} tokens {peak:.0f} MiB"
     )
+    print(f"now: after imports {base_split}; after load {load_split}; after generation {peak_split}")
     print(f"peak - file - KV = {peak - fsize - kv:.0f} MiB; timings {ctx.timings()}")
 
 

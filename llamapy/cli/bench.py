@@ -1,8 +1,11 @@
 """``llamapy bench``: llama-bench's tests and output.
 
 pp<N>: one batch of N prompt tokens into an empty cache; tg<N>: N single-token decodes from an empty
-cache. Each test runs once as warm-up and then ``-r`` times; tokens/s per sample, their mean and
-standard deviation are reported as a Markdown table or JSON records with llama-bench's field names.
+cache. With ``-d/--n-depth D`` (comma list, like llama-bench's) the cache is first filled with D prompt
+tokens (not timed; filled once per test, then restored from a saved state before each repetition) and
+the test reads ``pp512 @ d4096``. Each test runs once as warm-up and then ``-r`` times; tokens/s per
+sample, their mean and standard deviation are reported as a Markdown table or JSON records with
+llama-bench's field names.
 ``--profile`` adds where the time of generated tokens goes (cProfile of one tg run, by function).
 """
 
@@ -41,23 +44,38 @@ def _tokens(model: Any, n: int, rng: np.random.Generator) -> np.ndarray:
     return toks
 
 
-def run_test(ctx: Any, model: Any, n_prompt: int, n_gen: int, reps: int, seed: int = 1) -> list[float]:
-    """Seconds per repetition (after one warm-up run)."""
+def _fill(ctx: Any, toks: np.ndarray, pos0: int = 0) -> None:
+    from ..batch import Batch
+
+    for i in range(0, len(toks), ctx.n_batch):
+        ctx.decode(Batch.from_tokens(toks[i : i + ctx.n_batch], pos0=pos0 + i))
+
+
+def run_test(
+    ctx: Any, model: Any, n_prompt: int, n_gen: int, reps: int, seed: int = 1, n_depth: int = 0
+) -> list[float]:
+    """Seconds per repetition (after one warm-up run), after filling the cache to ``n_depth``."""
     from ..batch import Batch
 
     rng = np.random.default_rng(seed)
+    depth_state = None
+    if n_depth:
+        ctx.memory.clear()
+        _fill(ctx, _tokens(model, n_depth, rng))
+        depth_state = ctx.state_seq_get_data(0)
     times = []
     for r in range(reps + 1):
         ctx.memory.clear()
+        if depth_state is not None:
+            ctx.state_seq_set_data(depth_state, 0)
         t0 = time.perf_counter()
         if n_prompt:
-            toks = _tokens(model, n_prompt, rng)
-            for i in range(0, n_prompt, ctx.n_batch):
-                ctx.decode(Batch.from_tokens(toks[i : i + ctx.n_batch], pos0=i))
+            toks = _tokens(model, n_prompt, rng) if not n_depth else rng.integers(0, model.n_vocab, n_prompt)
+            _fill(ctx, toks, n_depth)
         if n_gen:
-            tok = _tokens(model, 1, rng)
+            tok = _tokens(model, 1, rng) if not n_depth else rng.integers(0, model.n_vocab, size=1)
             for i in range(n_gen if r else 1):
-                ctx.decode(Batch.from_tokens(tok, pos0=n_prompt + i))
+                ctx.decode(Batch.from_tokens(tok, pos0=n_depth + n_prompt + i))
                 tok = rng.integers(0, model.n_vocab, size=1)
         dt = time.perf_counter() - t0
         if r:
@@ -75,6 +93,8 @@ def bench(
     n_ubatch: int = 512,
     type_k: str = "f16",
     type_v: str = "f16",
+    n_depth: list[int] | None = None,
+    n_gpu_layers: int = 0,
 ) -> list[dict[str, Any]]:
     from .._numba import set_num_threads
     from ..context import Context, ContextParams
@@ -82,13 +102,16 @@ def bench(
 
     model = Model.load(model_path)
     threads = set_num_threads(n_threads)
-    tests = [(p, 0) for p in n_prompt if p > 0] + [(0, g) for g in n_gen if g > 0]
+    depths = n_depth or [0]
+    tests = [(p, 0, d) for d in depths for p in n_prompt if p > 0]
+    tests += [(0, g, d) for d in depths for g in n_gen if g > 0]
     records = []
-    for p, g in tests:
-        n_ctx = max(256, p + g)
-        ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=threads,
-                                           type_k=type_k, type_v=type_v))  # fmt: skip
-        secs = run_test(ctx, model, p, g, reps)
+    for p, g, d in tests:
+        n_ctx = max(256, p + g + d)
+        ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
+                                           type_k=type_k, type_v=type_v, n_gpu_layers=n_gpu_layers))  # fmt: skip
+        off = ctx.offload
+        secs = run_test(ctx, model, p, g, reps, n_depth=d)
         n_tok = p + g
         samples_ts = [n_tok / s for s in secs]
         samples_ns = [int(s * 1e9) for s in secs]
@@ -96,8 +119,8 @@ def bench(
             "build_commit": "llamapy",
             "build_number": 0,
             "cpu_info": _cpu_info(),
-            "gpu_info": "",
-            "backends": "CPU",
+            "gpu_info": off.device if off is not None else "",
+            "backends": "CUDA" if off is not None else "CPU",
             "model_filename": os.path.abspath(model_path),
             "model_type": model.desc,
             "model_size": model.size,
@@ -107,11 +130,12 @@ def bench(
             "n_threads": threads,
             "type_k": type_k,
             "type_v": type_v,
-            "n_gpu_layers": 0,
+            "n_gpu_layers": n_gpu_layers if off is not None else 0,
             "flash_attn": True,
             "test_time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "n_prompt": p,
             "n_gen": g,
+            "n_depth": d,
             "avg_ns": int(statistics.mean(samples_ns)),
             "stddev_ns": int(statistics.stdev(samples_ns)) if len(samples_ns) > 1 else 0,
             "avg_ts": statistics.mean(samples_ts),
@@ -132,6 +156,8 @@ def markdown(records: list[dict[str, Any]]) -> str:
         test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
         if r["n_prompt"] and r["n_gen"]:
             test = f"pp{r['n_prompt']}+tg{r['n_gen']}"
+        if r.get("n_depth"):
+            test += f" @ d{r['n_depth']}"
         size = f"{r['model_size'] / 2**20:.2f} MiB"
         params = f"{r['model_n_params'] / 1e6:.2f} M"
         ts = f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}"
@@ -141,8 +167,8 @@ def markdown(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def profile_tg(model_path: str, n_gen: int, n_threads: int | None, top: int = 25) -> str:
-    """cProfile of ``n_gen`` generated tokens, sorted by own time."""
+def profile_tg(model_path: str, n_gen: int, n_threads: int | None, top: int = 25, n_depth: int = 0) -> str:
+    """cProfile of ``n_gen`` generated tokens (after ``n_depth`` tokens of context), sorted by own time."""
     import cProfile
     import io
     import pstats
@@ -151,14 +177,15 @@ def profile_tg(model_path: str, n_gen: int, n_threads: int | None, top: int = 25
     from ..model import Model
 
     model = Model.load(model_path)
-    ctx = Context(model, ContextParams(n_ctx=max(256, n_gen), n_threads=n_threads))
-    run_test(ctx, model, 0, 2, 1)  # compile kernels and build the graph first
+    ctx = Context(model, ContextParams(n_ctx=max(256, n_gen + n_depth), n_threads=n_threads))
+    run_test(ctx, model, 0, 2, 1, n_depth=n_depth)  # compile kernels and build the graph first
     prof = cProfile.Profile()
     prof.enable()
-    secs = run_test(ctx, model, 0, n_gen, 1)
+    secs = run_test(ctx, model, 0, n_gen, 1, n_depth=n_depth)
     prof.disable()
     out = io.StringIO()
-    out.write(f"tg{n_gen}: {n_gen / secs[0]:.2f} t/s ({1e3 * secs[0] / n_gen:.2f} ms/token)\n")
+    at = f" @ d{n_depth}" if n_depth else ""
+    out.write(f"tg{n_gen}{at}: {n_gen / secs[0]:.2f} t/s ({1e3 * secs[0] / n_gen:.2f} ms/token)\n")
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
     return out.getvalue()
 
@@ -182,12 +209,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "-n", "--n-gen", type=_int_list, default=[128], help="generated tokens (comma list; default 128)"
     )
+    p.add_argument(
+        "-d",
+        "--n-depth",
+        type=_int_list,
+        default=[0],
+        help="context depth before each test (comma list; default 0)",
+    )
     p.add_argument("-r", "--repetitions", type=int, default=5, help="repetitions per test (default 5)")
-    p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: all cores)")
+    p.add_argument(
+        "-t",
+        "--threads",
+        type=int,
+        default=None,
+        help="threads (default: the cores other processes leave free, at each decode)",
+    )
     p.add_argument("-b", "--batch-size", type=int, default=2048)
     p.add_argument("-ub", "--ubatch-size", type=int, default=512)
     p.add_argument("-ctk", "--cache-type-k", default="f16")
     p.add_argument("-ctv", "--cache-type-v", default="f16")
+    p.add_argument(
+        "-ngl", "--n-gpu-layers", type=int, default=0, help="layers on the CUDA backend (-1 / 99: all)"
+    )
     p.add_argument("-o", "--output", choices=("md", "json", "jsonl"), default="md")
     p.add_argument("--profile", action="store_true", help="also profile a tg run (time by function)")
     p.set_defaults(func=run)
@@ -201,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
         raise LlamapyError(f"-r {args.repetitions}: at least one repetition is needed")
     path = _resolve_model(args.model)
     recs = bench(path, args.n_prompt, args.n_gen, args.repetitions, args.threads, args.batch_size,
-                 args.ubatch_size, args.cache_type_k, args.cache_type_v)  # fmt: skip
+                 args.ubatch_size, args.cache_type_k, args.cache_type_v, args.n_depth, args.n_gpu_layers)  # fmt: skip
     if args.output == "json":
         print(json.dumps(recs, indent=2))
     elif args.output == "jsonl":
@@ -211,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
         print(markdown(recs))
     if args.profile:
         n = max(args.n_gen or [32])
-        print(profile_tg(path, n, args.threads), file=sys.stderr)
+        print(profile_tg(path, n, args.threads, n_depth=max(args.n_depth or [0])), file=sys.stderr)
     if any(not math.isfinite(r["avg_ts"]) for r in recs):
         return 1
     return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from llamapy.cli import main
 from llamapy.cli.bench import bench, markdown
 from tests.model.tiny import tiny_llama
@@ -23,3 +25,33 @@ def test_bench_records_and_table(tmp_path, capsys):
     assert main(["bench", "-m", str(path), "-p", "8", "-n", "2", "-r", "1", "-t", "1", "-o", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out[0]["n_prompt"] == 8 and out[1]["n_gen"] == 2 and out[0]["model_size"] > 0
+
+
+def test_bench_depth(tmp_path, capsys):
+    from llamapy.cli.bench import run_test
+    from llamapy.context import Context, ContextParams
+    from llamapy.model import Model
+
+    path = tiny_llama(tmp_path / "t.gguf")
+    model = Model.load(str(path))
+    ctx = Context(model, ContextParams(n_ctx=64, n_batch=16, n_ubatch=8, n_threads=1))
+    # each repetition starts from the saved depth state: the cache holds depth + test tokens, from 0
+    for p, g in ((8, 0), (0, 3)):
+        secs = run_test(ctx, model, p, g, reps=2, n_depth=20)
+        assert len(secs) == 2 and all(s > 0 for s in secs)
+        assert ctx.memory.seq_pos_min(0) == 0 and ctx.memory.seq_pos_max(0) == 20 + p + g - 1
+    recs = bench(str(path), [8], [2], reps=1, n_threads=1, n_depth=[0, 12])
+    assert [(r["n_prompt"], r["n_gen"], r["n_depth"]) for r in recs] == [
+        (8, 0, 0),
+        (8, 0, 12),
+        (0, 2, 0),
+        (0, 2, 12),
+    ]
+    table = markdown(recs)
+    assert "| pp8 |" in table and "| pp8 @ d12 |" in table and "| tg2 @ d12 |" in table
+    assert main(["bench", "-m", str(path), "-p", "0", "-n", "2", "-d", "4,8", "-r", "1", "-t", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| tg2 @ d4 |" in out and "| tg2 @ d8 |" in out
+    with pytest.raises(SystemExit):
+        main(["bench", "-m", str(path), "-d", "x", "-r", "1"])
+    assert "-d/--n-depth" in capsys.readouterr().err
