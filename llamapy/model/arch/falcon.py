@@ -1,6 +1,7 @@
 """Falcon (7B/40B/180B), fused qkv (MQA or GQA, no biases), neox rope, a parallel block
-(``x += attn(n1) + ffn(n2)``) with LayerNorms; ``n2`` is ``attn_norm_2`` where the file has it
-(the 40B's new decoder architecture), else the one ``attn_norm``. Sequential GELU FFN."""
+(``x += attn(n1) + ffn(n2)``) with LayerNorms; with the 40B's new decoder architecture ``n1`` is
+``attn_norm_2`` (HF's ``ln_attn``) and ``n2`` ``attn_norm`` (``ln_mlp``), as convert_hf_to_gguf.py names
+them and llama.cpp reads them; else both are the one ``attn_norm``. Sequential GELU FFN."""
 
 from __future__ import annotations
 
@@ -40,12 +41,11 @@ class Falcon(Architecture):
         x = g.embed(self.w["token_embd.weight"])
         for il, blk in enumerate(self.blocks):
             n = g.build_norm(x, blk["attn_norm.weight"], blk["attn_norm.bias"], "layer", "attn_norm", il)
-            if "attn_norm_2.weight" in blk:
-                n2 = g.build_norm(
+            n2 = n  # the FFN's input: attn_norm (ln_mlp in the 40B layout)
+            if "attn_norm_2.weight" in blk:  # the attention's own norm (ln_attn)
+                n = g.build_norm(
                     x, blk["attn_norm_2.weight"], blk["attn_norm_2.bias"], "layer", "attn_norm_2", il
                 )
-            else:
-                n2 = n
             h = g.attention(n, blk, il)
             h, x, n2 = g.select_outputs(il, h, x, n2)
             f = g.build_ffn(n2, blk, il, act="gelu", gated=False)

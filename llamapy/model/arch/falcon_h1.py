@@ -31,7 +31,9 @@ class FalconH1(Architecture):
         t("output.weight", (hp.n_vocab, n), required=False)
         for il in range(hp.n_layer):
             t.layer(il, "attn_norm.weight", (n,))
-            t.layer(il, "ffn_norm.weight", (n,))
+            # convert_hf_to_gguf.py maps pre_ff_layernorm.weight whole: real files name it blk.N.ffn_norm
+            if t.layer(il, "ffn_norm", (n,), required=False) is None:
+                t.layer(il, "ffn_norm.weight", (n,))
             load_mamba2_tensors(self, t, il)
             nh, nkv, d, _ = hp.heads(il)
             t.layer(il, "attn_q.weight", (nh * d, n))
@@ -51,6 +53,6 @@ class FalconH1(Architecture):
             attn = g.attention(h, blk, il)
             h, x = g.select_outputs(il, ops.add(attn, ssm), x)
             x = g.cb(ops.add(x, h), "ffn_inp", il)
-            h = g.build_ffn(g.build_norm(x, blk["ffn_norm.weight"], name="ffn_norm", il=il), blk, il)
+            h = g.build_ffn(g.build_norm(x, blk.get("ffn_norm", blk.get("ffn_norm.weight")), name="ffn_norm", il=il), blk, il)
             x = g.cb(ops.add(x, h), "l_out", il)
         return g.output(x, self.w["output_norm.weight"], self.output_weight())

@@ -16,10 +16,10 @@ from tests.model.hf_tiny import Family
 _LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
     "input_layernorm.bias": "attn_norm.bias",
-    "ln_attn.weight": "attn_norm.weight",
-    "ln_attn.bias": "attn_norm.bias",
-    "ln_mlp.weight": "attn_norm_2.weight",
-    "ln_mlp.bias": "attn_norm_2.bias",
+    "ln_attn.weight": "attn_norm_2.weight",  # (gguf-py's tensor map: ln_mlp is ATTN_NORM for the 40B)
+    "ln_attn.bias": "attn_norm_2.bias",
+    "ln_mlp.weight": "attn_norm.weight",
+    "ln_mlp.bias": "attn_norm.bias",
     "self_attention.query_key_value.weight": "attn_qkv.weight",
     "self_attention.dense.weight": "attn_output.weight",
     "mlp.dense_h_to_4h.weight": "ffn_up.weight",

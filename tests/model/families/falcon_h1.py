@@ -17,7 +17,7 @@ from tests.model.hf_tiny import Family
 
 _LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
-    "pre_ff_layernorm.weight": "ffn_norm.weight",
+    "pre_ff_layernorm.weight": "ffn_norm",  # (as convert_hf_to_gguf.py writes it, without .weight)
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight",
     "self_attn.v_proj.weight": "attn_v.weight",

@@ -30,6 +30,9 @@ def _metadata(family: Family, cfg: Any, ftype: GGMLType) -> dict[str, Any]:
     md[f"{a}.rope.scaling.yarn_beta_fast"] = float(rp["beta_fast"])
     md[f"{a}.rope.scaling.yarn_beta_slow"] = float(rp["beta_slow"])
     md[f"{a}.attention.temperature_scale"] = float(rp["llama_4_scaling_beta"])
+    # Ministral3Model writes mscale_all_dim; without it llama.cpp's YaRN attention factor is
+    # 1 + 0.1 ln(factor), with it (1.0) HF's get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) = 1
+    md[f"{a}.rope.scaling.yarn_log_multiplier"] = float(rp["mscale_all_dim"])
     return md
 
 

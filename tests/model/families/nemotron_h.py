@@ -65,6 +65,8 @@ def metadata(family: Family, cfg: Any, ftype: GGMLType) -> dict[str, Any]:
         f"{a}.attention.key_length": cfg.head_dim,
         f"{a}.attention.value_length": cfg.head_dim,
         f"{a}.attention.layer_norm_rms_epsilon": float(cfg.layer_norm_epsilon),
+        # NemotronHModel writes it too (add_layer_norm_eps), and llama.cpp's loader requires it
+        f"{a}.attention.layer_norm_epsilon": float(cfg.layer_norm_epsilon),
         f"{a}.ssm.conv_kernel": cfg.conv_kernel,
         f"{a}.ssm.inner_size": cfg.mamba_num_heads * cfg.mamba_head_dim,
         f"{a}.ssm.state_size": cfg.ssm_state_size,
