@@ -53,6 +53,10 @@ class FalconH1(Architecture):
             attn = g.attention(h, blk, il)
             h, x = g.select_outputs(il, ops.add(attn, ssm), x)
             x = g.cb(ops.add(x, h), "ffn_inp", il)
-            h = g.build_ffn(g.build_norm(x, blk.get("ffn_norm", blk.get("ffn_norm.weight")), name="ffn_norm", il=il), blk, il)
+            h = g.build_ffn(
+                g.build_norm(x, blk.get("ffn_norm", blk.get("ffn_norm.weight")), name="ffn_norm", il=il),
+                blk,
+                il,
+            )
             x = g.cb(ops.add(x, h), "l_out", il)
         return g.output(x, self.w["output_norm.weight"], self.output_weight())
