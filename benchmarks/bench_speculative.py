@@ -121,11 +121,11 @@ def main() -> int:
             rows.setdefault(name, []).append(f"{tps:.1f}{extra}")
             print(f"round {rnd}: {name}: {tps:.1f} t/s{extra}", flush=True)
         for name, tool, extra_args in (
-            ("llama.cpp llama-lookup", "llama-lookup", ["--draft-max", "10"]),
+            ("llama.cpp llama-lookup", "llama-lookup", ["--spec-draft-n-max", "10"]),
             (
                 "llama.cpp llama-speculative",
                 "llama-speculative",
-                ["-md", draft, "--draft-max", str(a.draft_max)],
+                ["-md", draft, "--spec-draft-n-max", str(a.draft_max), "--spec-draft-p-min", "0.75"],
             ),
         ):
             tps, note = llamacpp_run(bin_dir, tool, common + extra_args)

@@ -53,10 +53,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-reuse", type=int, default=0, metavar="N",
                    help="re-use cached chunks of at least N tokens by shifting their KV cells (default 0: off)")  # fmt: skip
     p.add_argument("-md", "--model-draft", metavar="FILE", help="draft model for speculative decoding")
-    p.add_argument("--draft-max", "--draft", "--draft-n", type=_positive, default=16, metavar="N",
+    p.add_argument("--draft-max", "--spec-draft-n-max", "--draft", "--draft-n", type=_positive, default=16, metavar="N",
                    help="most tokens drafted per step (default 16)")  # fmt: skip
-    p.add_argument("--draft-min", type=int, default=0, metavar="N", help="fewest guesses used (default 0)")
-    p.add_argument("--draft-p-min", type=float, default=0.75, metavar="P",
+    p.add_argument(
+        "--draft-min",
+        "--spec-draft-n-min",
+        type=int,
+        default=0,
+        metavar="N",
+        help="fewest guesses used (default 0)",
+    )
+    p.add_argument("--draft-p-min", "--spec-draft-p-min", type=float, default=0.75, metavar="P",
                    help="least draft probability to keep drafting (default 0.75)")  # fmt: skip
     p.add_argument("-cd", "--ctx-size-draft", type=int, default=0, metavar="N",
                    help="the draft's context per slot (default: the slot's)")  # fmt: skip
