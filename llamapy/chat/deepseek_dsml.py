@@ -35,6 +35,7 @@ from .common import (
     assemble,
     call_triggers,
     expect_tag,
+    is_string_schema,
     json_rule,
     lark_str,
     reasoning_prefix,
@@ -49,12 +50,6 @@ _INVOKE = regex.compile(r'<｜DSML｜invoke\s+name="([^"]+)"\s*>')
 _PARAM = regex.compile(r'<｜DSML｜parameter\s+name="([^"]+)"(?:\s+string="(true|false)")?\s*>')
 _BLOCK_TAGS = (f"<{DSML}function_calls>", f"<{DSML}tool_calls>")
 INVOKE_END, PARAM_END = "</｜DSML｜invoke>", "</｜DSML｜parameter>"
-
-
-def _is_string(schema: Any) -> bool:
-    t = schema.get("type") if isinstance(schema, dict) else None
-    types = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else set()
-    return "string" in types and types <= {"string", "null"}
 
 
 def _value(raw: str, is_string: bool) -> Any:
@@ -187,7 +182,7 @@ class DeepSeekDsmlFormat(ChatFormat):
             props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
             kvs = []
             for j, (key, schema) in enumerate(props.items()):
-                if _is_string(schema):
+                if is_string_schema(schema):
                     kvs.append(param + " " + lark_str('"' + key + '" string="true">') + " str_value")
                 else:
                     rules.append(f"f{k}_v{j}: {json_rule(schema)}")

@@ -37,6 +37,7 @@ from .common import (
     call_triggers,
     expect_tag,
     functions_of,
+    is_string_schema,
     json_rule,
     lark_str,
     reasoning_prefix,
@@ -49,12 +50,6 @@ TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
 _START = regex.compile(r"<tool_call>")
 _HEAD = regex.compile(r"<tool_call>([^\s<>]+)")
-
-
-def _is_string(schema: Any) -> bool:
-    t = schema.get("type") if isinstance(schema, dict) else None
-    types = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else set()
-    return "string" in types and types <= {"string", "null"}
 
 
 def _expect(buf: str, i: int, tag: str, final: bool) -> int | None:
@@ -129,7 +124,7 @@ class GlmFormat(ChatFormat):
             props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
             kvs = []
             for j, (key, schema) in enumerate(props.items()):
-                if _is_string(schema):
+                if is_string_schema(schema):
                     body, extra = req.until("str_value", VALUE_END)
                     rules.extend(r for r in extra if r not in rules)
                 else:

@@ -18,7 +18,6 @@ import regex
 
 from .common import (
     NOT_A_CALL,
-    WS,
     CallParse,
     ChatFormat,
     ChatParser,
@@ -30,11 +29,11 @@ from .common import (
     assemble,
     call_trigger,
     functions_of,
-    json_rule,
     lark_str,
     reasoning_prefix,
     regex_escape,
     skip_ws,
+    tagged_call_rules,
 )
 from .qwen3_coder import convert_value
 from .reasoning import THINK
@@ -43,12 +42,6 @@ _START = regex.compile(r'<function name="')
 _FUNCTION = regex.compile(r'<function name="([^"]+)">')
 _PARAM = regex.compile(r'<param name="([^"]+)">')
 CDATA, CDATA_END, PARAM_END, FUNCTION_END = "<![CDATA[", "]]>", "</param>", "</function>"
-
-
-def _is_string(schema: Any) -> bool:
-    t = schema.get("type") if isinstance(schema, dict) else None
-    types = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else set()
-    return "string" in types and types <= {"string", "null"}
 
 
 class MiniCpm5Parser(StreamParser):
@@ -120,23 +113,13 @@ class MiniCpm5Format(ChatFormat):
             rf"cdata_body[lazy]: /(?s:.*){regex_escape(CDATA_END)}/",
             rf"plain_body[lazy]: /(?s:.*){regex_escape(PARAM_END)}/",
         ]
-        alts = []
-        for k, f in enumerate(req.functions):
-            params = f["parameters"]
-            props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
-            kvs = []
-            for j, (key, schema) in enumerate(props.items()):
-                head = lark_str(f'<param name="{key}">')
-                if _is_string(schema):
-                    kvs.append(f"{head} str_value")
-                else:
-                    rules.append(f"f{k}_v{j}: {json_rule(schema)}")
-                    kvs.append(f"{head} f{k}_v{j} {lark_str(PARAM_END)}")
-            body = f"((({') | ('.join(kvs)})) {WS})*" if kvs else ""
-            head = lark_str('<function name="' + f["name"] + '">')
-            rules.append(f"f{k}: {head} {WS} {body} {lark_str(FUNCTION_END)}")
-            alts.append(f"f{k}")
-        call = f"({' | '.join(alts)})"
+        call = tagged_call_rules(
+            req,
+            rules,
+            lambda name: (f'<function name="{name}">', FUNCTION_END),
+            lambda key: (f'<param name="{key}">', PARAM_END),
+            "str_value",
+        )
         prefix, extra = reasoning_prefix(req, self.think)
         rules = [f"start: {prefix} {req.calls(call)}", *rules, *extra]
         triggers: tuple[tuple[str, str], ...] = ()

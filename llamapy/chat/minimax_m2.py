@@ -36,10 +36,9 @@ from .common import (
     call_triggers,
     expect_tag,
     functions_of,
-    json_rule,
-    lark_str,
     reasoning_prefix,
     skip_ws,
+    tagged_call_rules,
 )
 from .qwen3_coder import convert_value
 from .reasoning import THINK
@@ -49,12 +48,6 @@ INVOKE_END, PARAM_END = "</invoke>", "</parameter>"
 _BLOCK = regex.compile(r"<minimax:tool_call>")
 _INVOKE = regex.compile(r'<invoke\s+name="([^"]+)"\s*>')
 _PARAM = regex.compile(r'<parameter\s+name="([^"]+)"\s*>')
-
-
-def _is_string(schema: Any) -> bool:
-    t = schema.get("type") if isinstance(schema, dict) else None
-    types = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else set()
-    return "string" in types and types <= {"string", "null"}
 
 
 class MiniMaxM2Parser(StreamParser):
@@ -111,23 +104,13 @@ class MiniMaxM2Format(ChatFormat):
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
         str_value, rules = req.until("str_value", PARAM_END)
-        alts = []
-        for k, f in enumerate(req.functions):
-            params = f["parameters"]
-            props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
-            kvs = []
-            for j, (key, schema) in enumerate(props.items()):
-                head = lark_str(f'<parameter name="{key}">')
-                if _is_string(schema):
-                    kvs.append(f"{head} {str_value}")
-                else:
-                    rules.append(f"f{k}_v{j}: {json_rule(schema)}")
-                    kvs.append(f"{head} f{k}_v{j} {lark_str(PARAM_END)}")
-            body = f"((({') | ('.join(kvs)})) {WS})*" if kvs else ""
-            head = lark_str('<invoke name="' + f["name"] + '">')
-            rules.append(f"f{k}: {head} {WS} {body} {lark_str(INVOKE_END)}")
-            alts.append(f"f{k}")
-        invoke = f"({' | '.join(alts)})"
+        invoke = tagged_call_rules(
+            req,
+            rules,
+            lambda name: (f'<invoke name="{name}">', INVOKE_END),
+            lambda key: (f'<parameter name="{key}">', PARAM_END),
+            str_value,
+        )
         calls = f"{invoke} ({WS} {invoke})*" if req.parallel else invoke
         prefix, extra = reasoning_prefix(req, self.think)
         rules = [f"start: {prefix} {req.lit(BLOCK)} {WS} {calls} {WS} {req.lit(BLOCK_END)}", *rules, *extra]

@@ -35,10 +35,9 @@ from .common import (
     call_triggers,
     expect_tag,
     functions_of,
-    json_rule,
-    lark_str,
     reasoning_prefix,
     skip_ws,
+    tagged_call_rules,
 )
 from .qwen3_coder import convert_value
 from .reasoning import ThinkTags
@@ -48,12 +47,6 @@ BLOCK, BLOCK_END = "<seed:tool_call>", "</seed:tool_call>"
 _BLOCK = regex.compile(regex.escape(BLOCK))
 _FUNCTION = regex.compile(r"<function=([^>\n]+)>")
 _PARAM = regex.compile(r"<parameter=([^>\n]+)>")
-
-
-def _is_string(schema: Any) -> bool:
-    t = schema.get("type") if isinstance(schema, dict) else None
-    types = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else set()
-    return "string" in types and types <= {"string", "null"}
 
 
 class SeedOssParser(StreamParser):
@@ -110,23 +103,14 @@ class SeedOssFormat(ChatFormat):
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
         str_value, rules = req.until("str_value", "</parameter>")
-        alts = []
-        for k, f in enumerate(req.functions):
-            params = f["parameters"]
-            props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
-            kvs = []
-            for j, (key, schema) in enumerate(props.items()):
-                head = lark_str(f"<parameter={key}>")
-                if _is_string(schema):
-                    kvs.append(f"{head} {str_value}")
-                else:
-                    rules.append(f"f{k}_v{j}: {json_rule(schema)}")
-                    kvs.append(f'{head} f{k}_v{j} "</parameter>"')
-            body = f"((({') | ('.join(kvs)})) {WS})*" if kvs else ""
-            head = lark_str(f"<function={f['name']}>")
-            rules.append(f'f{k}: {head} {WS} {body} "</function>"')
-            alts.append(f"f{k}")
-        call = f"{req.lit(BLOCK)} {WS} ({' | '.join(alts)}) {WS} {req.lit(BLOCK_END)}"
+        funcs = tagged_call_rules(
+            req,
+            rules,
+            lambda name: (f"<function={name}>", "</function>"),
+            lambda key: (f"<parameter={key}>", "</parameter>"),
+            str_value,
+        )
+        call = f"{req.lit(BLOCK)} {WS} {funcs} {WS} {req.lit(BLOCK_END)}"
         prefix, extra = reasoning_prefix(req, self.think)
         rules = [f"start: {prefix} {req.calls('call')}", f"call: {call}", *rules, *extra]
         return ToolGrammar(assemble(rules), call_triggers(req, self.think, BLOCK), self.preserved)
