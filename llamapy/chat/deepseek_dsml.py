@@ -38,6 +38,7 @@ from .common import (
     is_string_schema,
     json_rule,
     lark_str,
+    read_tagged_params,
     reasoning_prefix,
     regex_escape,
     skip_ws,
@@ -100,23 +101,18 @@ class DeepSeekDsmlParser(StreamParser):
                 if not final and (inv is not None or close.startswith(buf[j:])):
                     return None
                 return NOT_A_CALL
-            args: dict[str, Any] = {}
-            i = inv.end()
-            while True:
-                j = skip_ws(buf, i)
-                if buf.startswith(INVOKE_END, j):
-                    i = j + len(INVOKE_END)
-                    break
-                p = _PARAM.match(buf, j, partial=not final)
-                if p is None or p.partial:
-                    if not final and (p is not None or INVOKE_END.startswith(buf[j:])):
-                        return None
-                    return NOT_A_CALL
-                e = buf.find(PARAM_END, p.end())
-                if e < 0:
-                    return NOT_A_CALL if final else None
-                args[p.group(1)] = _value(buf[p.end() : e], p.group(2) != "false")
-                i = e + len(PARAM_END)
+            got = read_tagged_params(
+                buf,
+                inv.end(),
+                final,
+                _PARAM,
+                PARAM_END,
+                INVOKE_END,
+                lambda p, raw: _value(raw, p.group(2) != "false"),
+            )
+            if got is None or got is NOT_A_CALL:
+                return got
+            args, i = got
             calls.append(ToolCall(inv.group(1), json.dumps(args, ensure_ascii=False)))
 
 

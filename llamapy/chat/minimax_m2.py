@@ -17,7 +17,6 @@ Reasoning: ``<think>``, which the generation prompt opens.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import regex
 
@@ -36,6 +35,7 @@ from .common import (
     call_triggers,
     expect_tag,
     functions_of,
+    read_tagged_params,
     reasoning_prefix,
     skip_ws,
     tagged_call_rules,
@@ -73,23 +73,13 @@ class MiniMaxM2Parser(StreamParser):
                     return None
                 return NOT_A_CALL
             props = self._schemas.get(inv.group(1), {}).get("properties") or {}
-            args: dict[str, Any] = {}
-            i = inv.end()
-            while True:
-                j = skip_ws(buf, i)
-                if buf.startswith(INVOKE_END, j):
-                    i = j + len(INVOKE_END)
-                    break
-                p = _PARAM.match(buf, j, partial=not final)
-                if p is None or p.partial:
-                    if not final and (p is not None or INVOKE_END.startswith(buf[j:])):
-                        return None
-                    return NOT_A_CALL
-                e = buf.find(PARAM_END, p.end())
-                if e < 0:
-                    return NOT_A_CALL if final else None
-                args[p.group(1)] = convert_value(buf[p.end() : e], props.get(p.group(1)))
-                i = e + len(PARAM_END)
+            got = read_tagged_params(
+                buf, inv.end(), final, _PARAM, PARAM_END, INVOKE_END,
+                lambda p, raw, props=props: convert_value(raw, props.get(p.group(1))),
+            )  # fmt: skip
+            if got is None or got is NOT_A_CALL:
+                return got
+            args, i = got
             calls.append(ToolCall(inv.group(1), json.dumps(args, ensure_ascii=False)))
 
 
