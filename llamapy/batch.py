@@ -5,6 +5,11 @@ ubatches (llama.cpp's ``llama_batch`` and ``llama_batch_allocr``).
 ``logits`` (output flags). ``pos``, ``seq_id`` and ``logits`` may be left ``None``: positions then
 continue each sequence in the KV cache, every token goes to sequence 0, and only the last token
 produces an output.
+
+M-RoPE (models whose rope has position sections, llama.cpp's ``n_pos_per_embd() == 4``): ``mpos``
+int32[n, 4] gives each token its (t, h, w, e) positions; text tokens are (p, p, p, 0), image patches
+(p0, p0 + y, p0 + x, 0). The memory stores ``t`` as the token's position (``pos`` defaults to
+``mpos[:, 0]``), and positions may repeat or jump forward as llama.cpp allows for M-RoPE.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Batch:
     pos: np.ndarray | None = None  # int32[n]
     seq_id: list[list[int]] | None = None
     logits: list[bool] | np.ndarray | None = None
+    mpos: np.ndarray | None = None  # int32[n, 4]: (t, h, w, e) per token, for M-RoPE models
 
     @classmethod
     def from_tokens(
@@ -55,11 +61,20 @@ class Batch:
 
     @classmethod
     def from_embd(
-        cls, embd: np.ndarray, pos0: int | None = None, seq_id: int = 0, logits_all: bool = False
+        cls,
+        embd: np.ndarray,
+        pos0: int | None = None,
+        seq_id: int = 0,
+        logits_all: bool = False,
+        mpos: np.ndarray | None = None,
     ) -> Batch:
+        """One sequence of embeddings; ``mpos`` int32[n, 4] (M-RoPE models): each row's (t, h, w, e)
+        positions, ``t`` being the position in the memory (``pos0`` is then ignored)."""
         e = np.asarray(embd, dtype=np.float32)
         if e.ndim != 2:
             raise BatchError(f"embeddings must be [n_tokens, n_embd], got shape {e.shape}")
+        if mpos is not None:
+            return cls(embd=e, **_one_sequence(e.shape[0], None, seq_id, logits_all), mpos=mpos)
         return cls(embd=e, **_one_sequence(e.shape[0], pos0, seq_id, logits_all))
 
     @property
@@ -78,6 +93,8 @@ class Batch:
         )
         self.seq_id = (self.seq_id or []) + [list(seq_ids)]
         self.logits = list(self.logits if self.logits is not None else []) + [bool(logits)]
+        if self.mpos is not None:  # a text token: (p, p, p, 0)
+            self.mpos = np.concatenate([self.mpos, np.array([[pos, pos, pos, 0]], np.int32)])
 
 
 @dataclass
@@ -91,6 +108,7 @@ class UBatch:
     seq_first: np.ndarray  # int32[T] (first sequence of each token)
     seq_bits: np.ndarray  # uint64[T]
     output: np.ndarray  # bool[T]
+    mpos: np.ndarray | None = None  # int32[T, 4]: M-RoPE (t, h, w, e) positions, when the batch had them
 
     @property
     def n_tokens(self) -> int:
@@ -113,6 +131,7 @@ class AllocatedBatch:
     seq_bits: np.ndarray
     output: np.ndarray
     out_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # batch index -> output row
+    mpos: np.ndarray | None = None  # int32[n, 4]
 
     @property
     def n_tokens(self) -> int:
@@ -132,6 +151,7 @@ class AllocatedBatch:
             seq_first=self.seq_first[idx],
             seq_bits=self.seq_bits[idx],
             output=self.output[idx],
+            mpos=None if self.mpos is None else self.mpos[idx],
         )
 
     # -- splits ---------------------------------------------------------------------------------------
@@ -146,6 +166,32 @@ class AllocatedBatch:
         for bits in dict.fromkeys(self.seq_bits.tolist()):
             sel = np.flatnonzero(self.seq_bits == np.uint64(bits))
             out += [self.ubatch(sel[i : i + n_ubatch]) for i in range(0, len(sel), n_ubatch)]
+        return out
+
+    def split_whole_seqs(self, n_ubatch: int) -> list[UBatch]:
+        """Ubatches holding whole sequences (by first sequence id), as many per ubatch as fit in
+        ``n_ubatch`` tokens (an encoder attends within its ubatch; pooling reads one ubatch). A sequence
+        longer than ``n_ubatch`` is a ``BatchError``."""
+        groups: list[np.ndarray] = []
+        for s in dict.fromkeys(self.seq_first.tolist()):
+            sel = np.flatnonzero(self.seq_first == s)
+            if len(sel) > n_ubatch:
+                raise BatchError(
+                    f"sequence {s} has {len(sel)} tokens in the batch, more than n_ubatch = {n_ubatch}: pooled "
+                    f"embeddings and encoders need each sequence whole in one ubatch (raise n_ubatch and n_batch)"
+                )
+            groups.append(sel)
+        out: list[UBatch] = []
+        cur: list[np.ndarray] = []
+        n = 0
+        for sel in groups:
+            if cur and n + len(sel) > n_ubatch:
+                out.append(self.ubatch(np.sort(np.concatenate(cur))))
+                cur, n = [], 0
+            cur.append(sel)
+            n += len(sel)
+        if cur:
+            out.append(self.ubatch(np.sort(np.concatenate(cur))))
         return out
 
     def split_equal(self, n_ubatch: int, seq_major: bool = False) -> list[UBatch]:
@@ -188,8 +234,11 @@ def allocate(
     n_batch: int,
     seq_pos_max: Callable[[int], int],
     output_all: bool = False,
+    n_pos_per_embd: int = 1,
 ) -> AllocatedBatch:
-    """Validate ``batch`` and fill what is missing (llama.cpp's ``llama_batch_allocr::init``)."""
+    """Validate ``batch`` and fill what is missing (llama.cpp's ``llama_batch_allocr::init``).
+    ``n_pos_per_embd`` 4 (M-RoPE models): ``batch.mpos`` is accepted, and positions of a sequence may
+    repeat and jump (a text batch starts after the memory's last position, embeddings at or after it)."""
     if batch.token is not None and batch.embd is not None:
         raise BatchError("a batch holds either tokens or embeddings, not both")
     n = batch.n_tokens
@@ -237,8 +286,11 @@ def allocate(
     seq_first = np.array([ss[0] for ss in seq_id], dtype=np.int32)
     seq_bits = np.array([sum(1 << s for s in set(ss)) for ss in seq_id], dtype=np.uint64)
     used_seqs = sorted({s for ss in seq_id for s in ss})
+    mpos = _check_mpos(batch, n, n_pos_per_embd)
     # positions
-    if batch.pos is None:
+    if batch.pos is None and mpos is not None:
+        pos = mpos[:, 0].copy()
+    elif batch.pos is None:
         pos = np.zeros(n, dtype=np.int32)
         nxt = {s: seq_pos_max(s) + 1 for s in used_seqs}
         for i, ss in enumerate(seq_id):
@@ -254,6 +306,14 @@ def allocate(
             i = int(np.flatnonzero(pos < 0)[0])
             raise BatchError(f"batch.pos[{i}] = {int(pos[i])} is negative")
         pos = pos.astype(np.int32)
+        if mpos is not None and not np.array_equal(pos, mpos[:, 0]):
+            i = int(np.flatnonzero(pos != mpos[:, 0])[0])
+            raise BatchError(
+                f"batch.pos[{i}] = {int(pos[i])} differs from batch.mpos[{i}, 0] = {int(mpos[i, 0])}"
+            )
+    if n_pos_per_embd > 1:
+        _check_mrope_positions(pos, seq_id, used_seqs, seq_pos_max, embd is not None)
+    elif batch.pos is not None:
         for s in used_seqs:
             sel = np.array([s in ss for ss in seq_id])
             ps = pos[sel]
@@ -279,4 +339,46 @@ def allocate(
             raise BatchError(f"batch.logits has {len(output)} flags for {n} tokens")
     out_rows = np.full(n, -1, dtype=np.int64)
     out_rows[output] = np.arange(int(output.sum()))
-    return AllocatedBatch(token, embd, pos, seq_id, seq_first, seq_bits, output, out_rows)
+    return AllocatedBatch(token, embd, pos, seq_id, seq_first, seq_bits, output, out_rows, mpos)
+
+
+def _check_mpos(batch: Batch, n: int, n_pos_per_embd: int) -> np.ndarray | None:
+    """``batch.mpos`` as int32[n, 4] (None when absent), or a ``BatchError`` saying what is wrong."""
+    if batch.mpos is None:
+        return None
+    if n_pos_per_embd != 4:
+        raise BatchError(
+            "batch.mpos (M-RoPE positions) was given, but this model's rope takes one position per token"
+        )
+    m = np.asarray(batch.mpos)
+    if m.shape != (n, 4) or m.dtype.kind not in "iu":
+        raise BatchError(
+            f"batch.mpos must be int32[{n}, 4] (t, h, w, e per token), got {m.dtype} of shape {m.shape}"
+        )
+    if (m < 0).any():
+        i, j = (int(v) for v in np.argwhere(m < 0)[0])
+        raise BatchError(f"batch.mpos[{i}, {j}] = {int(m[i, j])} is negative")
+    if m.max(initial=0) > np.iinfo(np.int32).max:
+        raise BatchError("batch.mpos holds positions beyond int32")
+    return m.astype(np.int32)
+
+
+def _check_mrope_positions(
+    pos: np.ndarray,
+    seq_id: list[list[int]],
+    used_seqs: list[int],
+    seq_pos_max: Callable[[int], int],
+    is_embd: bool,
+) -> None:
+    """M-RoPE position rules (llama.cpp's): a sequence's positions may repeat (an image's patches share
+    ``t``) and jump, but a text batch starts after the memory's last position, embeddings at or after it."""
+    for s in used_seqs:
+        ps = pos[np.array([s in ss for ss in seq_id])]
+        last = seq_pos_max(s)
+        first = int(ps.min())
+        if last >= 0 and (first < last if is_embd else first <= last):
+            need = "at or after" if is_embd else "after"
+            raise BatchError(
+                f"sequence {s}: the batch starts at position {first} but the memory ends at {last}; with M-RoPE "
+                f"positions must start {need} it"
+            )

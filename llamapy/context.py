@@ -4,11 +4,14 @@ logits), embeddings, per-sequence state and timings (llama.cpp's ``llama_context
 Graph reuse: a graph is built per shape (tokens, outputs, KV cells read per cache) and kept; the next
 ubatch of the same shape only rewrites the graph's inputs. ``n_kv`` is padded to a multiple of 256 so
 token-by-token generation reuses one graph for 256 steps.
+
+Graph inputs fill themselves (``llamapy.graph_inputs``): the context makes those of the ubatch (tokens
+or embeddings, positions, output rows, an encoder's masks, pooling), the memory its own (KV masks and
+cells, recurrent-state rows, the K-shift); a decode gathers their ``set_input(ub)`` values and computes.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import struct
 import time
@@ -23,13 +26,22 @@ from ._cpuload import ThreadPolicy
 from ._numba import cap_threads, set_num_threads
 from .batch import AllocatedBatch, Batch, BatchError, UBatch, allocate
 from .errors import LlamapyError
-from .ggml import ops
 from .ggml.graph import Graph
 from .ggml.sched import Scheduler
 from .ggml.tensor import Tensor
 from .ggml.types import GGMLType
-from .memory import ContextFullError, StateError, create_memory, kv_type, ubatch_mask
-from .model.blocks import GraphBuilder, Inputs, KVInputs
+from .graph_inputs import (
+    GraphInput,
+    InpAttnNoCache,
+    InpEmbd,
+    InpOutIds,
+    InpPooling,
+    InpPos,
+    out_ids,
+    ubatch_seqs,
+)
+from .memory import ContextFullError, StateError, create_memory, kv_type
+from .model.blocks import GraphBuilder, Inputs
 from .model.lora import LoraAdapter, lora_map
 from .model.model import Model
 
@@ -71,20 +83,12 @@ class ContextParams:
 @dataclass
 class _GraphEntry:
     graph: Graph
-    logits: Tensor
+    logits: Tensor | None
     embd: Tensor | None
-    tokens: Tensor | None
-    embd_in: Tensor | None
-    pos: Tensor | None
-    out_ids: Tensor | None
-    masks: list[Tensor]
-    idxs: list[Tensor]
+    inputs: list[GraphInput]  # those the graph reads; each fills itself from the ubatch
     watched: list[Tensor] = field(default_factory=list)  # named nodes cb_eval asked for
     embd_pooled: Tensor | None = None  # F32[n_seqs, n]: per sequence of the ubatch (pooling)
-    enc_masks: list[Tensor] = field(default_factory=list)  # an encoder's masks over the ubatch
-    pool_mean: Tensor | None = None
-    pool_rows: Tensor | None = None
-    mem: Any = None  # the memory's graph inputs (Memory.build_inputs)
+    used: set[int] = field(default_factory=set)  # ids of the graph's input tensors
 
 
 class Context:
@@ -165,8 +169,9 @@ class Context:
         if p.n_gpu_layers:
             from .ggml.cuda.offload import offload_to_cuda, plan_offload
 
-            bufs = [t for c in getattr(self.memory, "caches", ()) for t in (*c.k.values(), *c.v.values())]
-            off = plan_offload(model.impl.w, bufs, hp.n_layer, p.n_gpu_layers, p.offload_kqv)
+            off = plan_offload(
+                model.impl.w, self.memory.kv_buffers(), hp.n_layer, p.n_gpu_layers, p.offload_kqv
+            )
             self.memory.device_sync = offload_to_cuda(self.sched, off, p.main_gpu)
             self.offload = off if self.memory.device_sync is not None else None
         self._graphs: OrderedDict[tuple, _GraphEntry] = OrderedDict()
@@ -177,6 +182,10 @@ class Context:
         self._out_rows = np.zeros(0, dtype=np.int64)
         self.n_graph_builds = 0
         self.n_graph_reuses = 0
+        self.causal_attn = bool(hp.causal_attn)  # llama_set_causal_attn
+        self.n_embd_inp = int(
+            getattr(hp, "n_embd_inp", 0) or hp.n_embd
+        )  # llama.cpp's n_embd_inp() (Qwen3-VL)
         self._t = {"t_p_eval": 0.0, "n_p_eval": 0, "t_eval": 0.0, "n_eval": 0}
 
     # -- properties -----------------------------------------------------------------------------------
@@ -204,11 +213,12 @@ class Context:
         ab = allocate(
             batch,
             self.n_vocab,
-            self.model.n_embd,
+            self.n_embd_inp,  # Qwen3-VL: + deepstack slices
             self.n_seq_max,
             self.n_batch,
             self.memory.seq_pos_max,
             output_all=pooled or self.encoder,
+            n_pos_per_embd=self.memory.n_pos_per_embd,
         )
         if self.memory.has_shift:
             self._apply_shift()
@@ -219,7 +229,7 @@ class Context:
             )
         # pooling and encoders need each sequence whole in one ubatch; several sequences share one
         ubatches = (
-            split_whole_seqs(ab, self.n_ubatch)
+            ab.split_whole_seqs(self.n_ubatch)
             if pooled or self.encoder
             else self.memory.split(ab, self.n_ubatch)
         )
@@ -255,41 +265,24 @@ class Context:
         ``get_embeddings_seq(s)`` the pooled vector (rank: the head's scores, float32[n_cls_out])."""
         return self.decode(batch)
 
+    def set_causal_attn(self, causal: bool) -> None:
+        """Whether attention is causal from the next decode on (llama.cpp's ``llama_set_causal_attn``):
+        False lets a batch's tokens see each other both ways (an image's embeddings in some VLMs)."""
+        self.causal_attn = bool(causal)
+
     def _decode_ubatch(
         self, ab: AllocatedBatch, ub: UBatch, logits: np.ndarray, embd: np.ndarray | None
     ) -> None:
-        idxs = self.memory.place(ub.pos, ub.seq_bits, ub.seq_first)
-        n_kvs = [c.n_kv() for c in self.memory.caches]
-        out_local = np.flatnonzero(ub.output)
-        n_out = len(out_local)
-        if n_out == 0:
-            out_local = np.array([ub.n_tokens - 1])
-        seqs = list(dict.fromkeys(ub.seq_first.tolist())) if self.embeddings and self.pooling_type else []
-        ge = self._graph(ub.n_tokens, len(out_local), ub.token is None, n_kvs, len(seqs))
-        inputs: dict[Tensor, np.ndarray] = {} if ge.pos is None else {ge.pos: ub.pos.astype(np.int32)}
-        hp = self.model.hparams
-        for m, swa in zip(ge.enc_masks, (False, True), strict=False):
-            inputs[m] = ubatch_mask(ub.pos, ub.seq_first, False, hp.n_swa if swa else 0, hp.swa_type,
-                                    hp.f_max_alibi_bias > 0)  # fmt: skip
-        if ge.pool_mean is not None:
-            inputs[ge.pool_mean] = pool_mean_weights(ub.seq_first, seqs)
-        if ge.pool_rows is not None:
-            inputs[ge.pool_rows] = pool_rows(ub.pos, ub.seq_first, seqs, self._pool_last)
-        if ge.tokens is not None:
-            inputs[ge.tokens] = ub.token.astype(np.int32)
-        if ge.embd_in is not None:
-            inputs[ge.embd_in] = ub.embd
-        if ge.out_ids is not None:
-            inputs[ge.out_ids] = out_local.astype(np.int32)
-        for c, n_kv, m, it, idx in zip(self.memory.caches, n_kvs, ge.masks, ge.idxs, idxs, strict=False):
-            inputs[m] = c.mask(ub.pos, ub.seq_first, n_kv)
-            inputs[it] = idx
-        if ge.mem is not None:  # the memory's own inputs (recurrent-state rows)
-            inputs.update(self.memory.input_values(ge.mem))
-        if self.encoder:  # an encoder may not read every input (jina-bert-v2 has no positions)
-            used = {id(t) for t in ge.graph.inputs}
-            inputs = {t: v for t, v in inputs.items() if id(t) in used}
-        self.sched.compute(ge.graph, inputs)
+        self.memory.place_ubatch(ub)
+        out_local = out_ids(ub)
+        n_out = int(ub.output.sum())
+        seqs = ubatch_seqs(ub) if self.embeddings and self.pooling_type else []
+        ge = self._graph(ub.n_tokens, len(out_local), ub.token is None, len(seqs))
+        inputs: dict[Tensor, np.ndarray] = {}
+        for gi in ge.inputs:
+            inputs.update(gi.set_input(ub))
+        # an input may make a tensor the model does not read (jina-bert-v2 has no positions)
+        self.sched.compute(ge.graph, {t: v for t, v in inputs.items() if id(t) in ge.used})
         for t in ge.watched:
             if not self.cb_eval(t, False, self.sched.get(t)):
                 break
@@ -304,52 +297,37 @@ class Context:
             for i, s in enumerate(seqs):
                 self._embd_seq[int(s)] = pooled[i]
 
-    def _graph(
-        self, n_tokens: int, n_out: int, is_embd: bool, n_kvs: list[int], n_seqs: int = 0
-    ) -> _GraphEntry:
-        key = (n_tokens, n_out, is_embd, tuple(n_kvs), n_seqs, self.memory.graph_key())
+    def _graph(self, n_tokens: int, n_out: int, is_embd: bool, n_seqs: int = 0) -> _GraphEntry:
+        key = (n_tokens, n_out, is_embd, n_seqs, self.causal_attn, self.memory.graph_key())
         ge = self._graphs.get(key)
         if ge is not None:
             self._graphs.move_to_end(key)
             self.n_graph_reuses += 1
             return ge
         hp = self.model.hparams
-        tokens = None if is_embd else ops.new_tensor(GGMLType.I32, (n_tokens,), "inp_tokens")
-        embd_in = ops.new_tensor(GGMLType.F32, (n_tokens, hp.n_embd), "inp_embd") if is_embd else None
-        pos = ops.new_tensor(GGMLType.I32, (n_tokens,), "inp_pos")
-        out_ids = ops.new_tensor(GGMLType.I32, (n_out,), "inp_out_ids") if n_out < n_tokens else None
-        masks, idxs = [], []
-        kv: dict[int, KVInputs] = {}
-        for ci, (c, n_kv) in enumerate(zip(self.memory.caches, n_kvs, strict=False)):
-            m = ops.new_tensor(GGMLType.F32, (n_tokens, n_kv), f"kq_mask_{ci}")
-            ix = ops.new_tensor(GGMLType.I64, (n_tokens,), f"kv_idx_{ci}")
-            masks.append(m)
-            idxs.append(ix)
-            ki = KVInputs(n_kv, m, ix, c.k, c.v)
-            for ls in c.layers:
-                kv[ls.il] = ki
-        inp = Inputs(n_tokens, n_out, pos, tokens, embd_in, out_ids, kv, n_ctx=self.n_ctx_seq,
+        emb = InpEmbd(n_tokens, self.n_embd_inp, is_embd)
+        pos = InpPos(n_tokens, self.memory.n_pos_per_embd)
+        oid = InpOutIds(n_tokens, n_out)
+        inp = Inputs(n_tokens, n_out, pos.pos, emb.tokens, emb.embd, oid.out_ids, n_ctx=self.n_ctx_seq,
                      flash_attn=self.flash_attn, loras=lora_map(self._loras))  # fmt: skip
-        inp.rs = self.memory.build_inputs()
-        enc_masks = []
+        gis: list[GraphInput] = [emb, pos, oid, *self.memory.build_inputs(inp, self.causal_attn)]
         if self.encoder:  # masks over the ubatch itself: full layers, then sliding-window ones
-            inp.kq_mask = ops.new_tensor(GGMLType.F32, (n_tokens, n_tokens), "kq_mask_enc")
-            enc_masks.append(inp.kq_mask)
-            if hp.has_swa:
-                inp.kq_mask_swa = ops.new_tensor(GGMLType.F32, (n_tokens, n_tokens), "kq_mask_enc_swa")
-                enc_masks.append(inp.kq_mask_swa)
+            enc = InpAttnNoCache(n_tokens, self.causal_attn, hp.n_swa if hp.has_swa else 0, hp.swa_type,
+                                 hp.f_max_alibi_bias > 0)  # fmt: skip
+            inp.kq_mask, inp.kq_mask_swa = enc.kq_mask, enc.kq_mask_swa
+            gis.append(enc)
         mean = self.pooling_type == 1 or (self.pooling_type == 4 and hp.arch == "modern-bert")
-        if n_seqs and mean:  # (modern-bert's rank head reads the mean, as llama.cpp's build_pooling)
-            inp.pool_mean = ops.new_tensor(GGMLType.F32, (n_seqs, n_tokens), "inp_mean")
-        if n_seqs and not mean and self.pooling_type in (2, 3, 4):
-            inp.pool_rows = ops.new_tensor(GGMLType.I32, (n_seqs,), "inp_cls")
+        if n_seqs and (mean or self.pooling_type in (2, 3, 4)):  # (modern-bert's rank head reads the mean)
+            pool = InpPooling(n_tokens, n_seqs, mean, self._pool_last)
+            inp.pool_mean, inp.pool_rows = pool.mean, pool.rows
+            gis.append(pool)
         g = GraphBuilder(self.model.impl, inp)
         res = self.model.impl.build(g)
         if self.embeddings:  # pooling and heads: llama.cpp's build_pooling + build_dense_out
             res = g.build_pooling(res, self.pooling_type if n_seqs else 0)
         embd = res.embd if self.embeddings else None
         outs = [t for t in (res.logits, embd, res.embd_pooled) if t is not None]
-        writes = getattr(inp.rs, "writes", [])  # memory writes no output reads (recurrent states)
+        writes = [w for gi in gis for w in gi.writes]  # memory writes no output reads (recurrent states)
         graph = Graph(outs, extra=writes)
         watched: list[Tensor] = []
         cb = self.cb_eval
@@ -357,11 +335,9 @@ class Context:
             watched = [t for t in graph.nodes if t.name and cb(t, True, None)]
             if watched:
                 graph = Graph(outs + watched, extra=writes)
-        if not any(t is pos for t in graph.inputs):  # no position anywhere (Mamba2)
-            pos = None
-        ge = _GraphEntry(graph, res.logits, embd, tokens, embd_in, pos, out_ids, masks, idxs, watched,
-                         res.embd_pooled, enc_masks, inp.pool_mean, inp.pool_rows)  # fmt: skip
-        ge.mem = inp.rs
+        used = {id(t) for t in graph.inputs}
+        gis = [gi for gi in gis if any(id(t) in used for t in gi.tensors())]  # (Mamba2 reads no position)
+        ge = _GraphEntry(graph, res.logits, embd, gis, watched, res.embd_pooled, used)
         self._graphs[key] = ge
         self.n_graph_builds += 1
         while len(self._graphs) > self.MAX_GRAPHS:
@@ -369,35 +345,10 @@ class Context:
         return ge
 
     def _apply_shift(self) -> None:
-        """Re-rotate cached K of cells whose position moved (seq_add / seq_div)."""
-        impl = self.model.impl
-        for c in self.memory.caches:
-            if not c.has_shift:
-                continue
-            cells = np.flatnonzero(c.shift != 0)
-            n = len(cells)
-            idx = ops.new_tensor(GGMLType.I64, (n,), "shift_idx")
-            delta = ops.new_tensor(GGMLType.I32, (n,), "shift_pos")
-            outs = []
-            for ls in c.layers:
-                rope = impl.layer_rope(ls.il, self.n_ctx_seq)
-                if rope is None:
-                    continue
-                # a shift re-rotates already scaled rows: under YaRN ggml's rope multiplies by
-                # 1 + 0.1 ln(1 / freq_scale) again, so undo that (llama.cpp's build_rope_shift)
-                yarn = rope.ext_factor != 0.0 and 0.0 < rope.freq_scale < 1.0
-                rope.attn_factor = 1.0 / (1.0 + 0.1 * math.log(1.0 / rope.freq_scale)) if yarn else 1.0
-                kbuf = c.k[ls.il]
-                hkv = self.model.hparams.n_head_kv[ls.il]
-                k = ops.reshape(ops.get_rows(kbuf, idx), (n, hkv, ls.n_embd_k // hkv))
-                k = rope.apply(k, delta)
-                outs.append(ops.set_rows(kbuf, ops.reshape(k, (n, ls.n_embd_k)), idx))
-            if outs:
-                self.sched.compute(
-                    Graph(outs), {idx: cells.astype(np.int64), delta: c.shift[cells].astype(np.int32)}
-                )
-            c.shift[:] = 0
-            c.has_shift = False
+        """Re-rotate cached K of cells whose position moved (seq_add / seq_div): the memory's K-shift
+        graph, with each layer's rope as the forward graph has it."""
+        impl, n_ctx = self.model.impl, self.n_ctx_seq
+        self.memory.apply_shift(self.sched, lambda il: impl.layer_rope(il, n_ctx))
 
     # -- LoRA adapters (llama_set_adapter_lora & co.) -------------------------------------------------
     @property
@@ -531,47 +482,3 @@ class Context:
 
     def reset_timings(self) -> None:
         self._t = {"t_p_eval": 0.0, "n_p_eval": 0, "t_eval": 0.0, "n_eval": 0}
-
-
-# -- encoders and pooling: ubatches of whole sequences, the pooling inputs ------------------------------
-def split_whole_seqs(ab: AllocatedBatch, n_ubatch: int) -> list[UBatch]:
-    """Ubatches holding whole sequences (by first sequence id), as many per ubatch as fit in
-    ``n_ubatch`` tokens (an encoder attends within its ubatch; pooling reads one ubatch). A sequence
-    longer than ``n_ubatch`` is a ``BatchError``."""
-    groups: list[np.ndarray] = []
-    for s in dict.fromkeys(ab.seq_first.tolist()):
-        sel = np.flatnonzero(ab.seq_first == s)
-        if len(sel) > n_ubatch:
-            raise BatchError(
-                f"sequence {s} has {len(sel)} tokens in the batch, more than n_ubatch = {n_ubatch}: pooled "
-                f"embeddings and encoders need each sequence whole in one ubatch (raise n_ubatch and n_batch)"
-            )
-        groups.append(sel)
-    out: list[UBatch] = []
-    cur: list[np.ndarray] = []
-    n = 0
-    for sel in groups:
-        if cur and n + len(sel) > n_ubatch:
-            out.append(ab.ubatch(np.sort(np.concatenate(cur))))
-            cur, n = [], 0
-        cur.append(sel)
-        n += len(sel)
-    if cur:
-        out.append(ab.ubatch(np.sort(np.concatenate(cur))))
-    return out
-
-
-def pool_mean_weights(seq_first: np.ndarray, seqs: list[int]) -> np.ndarray:
-    """F32[S, T]: 1/n for the n tokens of sequence ``seqs[s]``, 0 elsewhere (llama.cpp's inp_mean)."""
-    m = (np.asarray(seqs)[:, None] == np.asarray(seq_first)[None, :]).astype(np.float32)
-    return m / np.maximum(m.sum(axis=1, keepdims=True), 1.0)
-
-
-def pool_rows(pos: np.ndarray, seq_first: np.ndarray, seqs: list[int], last: bool) -> np.ndarray:
-    """I32[S]: the ubatch row of each sequence's first (cls) or last token by position (inp_cls)."""
-    out = np.zeros(len(seqs), dtype=np.int32)
-    for i, s in enumerate(seqs):
-        rows = np.flatnonzero(seq_first == s)
-        p = pos[rows]
-        out[i] = rows[int(np.argmax(p)) if last else int(np.argmin(p))]
-    return out

@@ -80,3 +80,35 @@ def test_splits_cover_every_token_once(seqs, n_ubatch):
     for u in ab.split_equal(n_ubatch):
         counts = [int((u.seq_bits == b).sum()) for b in set(u.seq_bits.tolist())]
         assert len(set(counts)) == 1
+
+
+def test_mpos_carried_into_ubatches():
+    mpos = np.array([[5, 5, 5, 0], [6, 6, 6, 0], [6, 7, 8, 0], [6, 7, 9, 0], [9, 9, 9, 0]], np.int32)
+    ab = alloc(Batch(token=np.arange(5), mpos=mpos), {0: 4}, n_pos_per_embd=4)
+    assert ab.pos.tolist() == [5, 6, 6, 6, 9]  # t is the memory's position; it may repeat and jump
+    for split in (ab.split_simple, ab.split_equal):
+        ubs = split(2)
+        assert np.array_equal(
+            np.concatenate([u.mpos for u in ubs]), mpos[np.concatenate([u.idx for u in ubs])]
+        )
+    assert alloc(Batch.from_tokens([1, 2]), n_pos_per_embd=4).mpos is None
+    b = Batch.from_embd(np.zeros((2, 8)), pos0=7, mpos=mpos[:2])
+    assert alloc(b, n_pos_per_embd=4).pos.tolist() == [5, 6]
+    # embeddings may start at the memory's last position (llama.cpp: X <= Y), text only after it
+    assert alloc(Batch(embd=np.zeros((1, 8)), mpos=mpos[:1]), {0: 5}, n_pos_per_embd=4).pos.tolist() == [5]
+
+
+@pytest.mark.parametrize(
+    "mpos, kw, msg",
+    [
+        (np.zeros((2, 3), np.int32), {}, r"batch.mpos must be int32\[2, 4\]"),
+        (np.zeros((2, 4), np.float32), {}, r"batch.mpos must be int32\[2, 4\]"),
+        (np.array([[0, 0, 0, 0], [1, -1, 1, 0]]), {}, r"batch.mpos\[1, 1\] = -1 is negative"),
+        (np.array([[4, 4, 4, 0], [5, 5, 5, 0]]), {"cache_max": {0: 4}}, "must start after it"),
+        (np.zeros((2, 4), np.int32), {"n_pos_per_embd": 1}, "one position per token"),
+    ],
+)
+def test_invalid_mpos(mpos, kw, msg):
+    kw.setdefault("n_pos_per_embd", 4)
+    with pytest.raises(BatchError, match=msg):
+        alloc(Batch(token=np.array([1, 2]), mpos=mpos), **kw)

@@ -226,3 +226,97 @@ def test_unfused_attention_matches_flash(tiny, kv):
     np.testing.assert_allclose(np.concatenate(got), ref, rtol=1e-3, atol=1e-3)
     with pytest.raises(LlamapyError, match="needs flash_attn"):
         ctx_of(tiny, type_v="q8_0", flash_attn=False)
+
+
+# -- M-RoPE positions (Batch.mpos) on a tiny Qwen3.5 (interleaved multi-section rope) ---------------------
+@pytest.fixture(scope="module")
+def qwen35(tmp_path_factory) -> Model:
+    pytest.importorskip("torch")
+    from llamapy.ggml.types import GGMLType
+    from tests.model import hf_tiny
+
+    tm = hf_tiny.make_tiny(hf_tiny.FAMILIES["qwen35"], tmp_path_factory.mktemp("mrope"), seed=3)
+    return Model.load(tm.write(GGMLType.F32))
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> None:  # (chunked and recurrent delta rule differ by rounding)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
+
+
+def _text_mpos(pos: np.ndarray) -> np.ndarray:
+    return np.stack([pos, pos, pos, np.zeros_like(pos)], axis=1).astype(np.int32)
+
+
+def test_mpos_text_equals_plain_positions(qwen35):
+    toks = TOKS * 2
+    ref = full_logits(qwen35, toks)
+    assert qwen35.hparams.rope_sections and ctx_of(qwen35).memory.n_pos_per_embd == 4
+    pos = np.arange(len(toks), dtype=np.int32)
+    for n_ubatch in (64, 7):  # one ubatch, then split
+        c = ctx_of(qwen35, n_ubatch=n_ubatch)
+        c.decode(Batch(token=np.array(toks), mpos=_text_mpos(pos), logits=[True] * len(toks)))
+        _close(c.get_logits(), ref)
+    # embeddings of the same tokens with explicit mpos, in two batches: the same logits
+    e = qwen35.impl.w["token_embd.weight"].data.view(np.float32).reshape(-1, qwen35.hparams.n_embd)[toks]
+    c = ctx_of(qwen35)
+    c.decode(Batch.from_embd(e[:9], mpos=_text_mpos(pos[:9]), logits_all=True))
+    first = c.get_logits().copy()
+    c.decode(Batch.from_embd(e[9:], mpos=_text_mpos(pos[9:]), logits_all=True))
+    _close(np.concatenate([first, c.get_logits()]), ref)
+
+
+def test_mpos_image_like_positions(qwen35):
+    toks = TOKS[:8]
+    n = len(toks)
+    mpos = _text_mpos(np.full(n, 2, np.int32))  # 8 "patches" at t = 2: a 2 x 4 grid
+    mpos[:, 1] += np.arange(n) // 4
+    mpos[:, 2] += np.arange(n) % 4
+    ref = full_logits(qwen35, toks)
+
+    def run(n_ubatch: int, **kw) -> np.ndarray:
+        c = ctx_of(qwen35, n_ubatch=n_ubatch)
+        c.decode(Batch.from_tokens([9, 4], pos0=0))
+        c.decode(Batch(token=np.array(toks), mpos=mpos, logits=[True] * n, **kw))
+        out = c.get_logits().copy()
+        c.decode(Batch.from_tokens([11], pos0=int(mpos[:, 1:3].max()) + 1))  # text jumps past the grid
+        return np.concatenate([out, c.get_logits()])
+
+    a = run(64)
+    assert not np.allclose(a[:n], ref, atol=1e-3)  # distinct h/w rotate differently than text positions
+    _close(run(3), a)  # ubatch splits keep the 2-D causal order
+    # the patches attend in raster order: the first one sees only itself among them, as its own decode
+    c = ctx_of(qwen35)
+    c.decode(Batch.from_tokens([9, 4], pos0=0))
+    c.decode(Batch(token=np.array(toks[:1]), mpos=mpos[:1]))
+    _close(c.get_logits()[0], a[0])
+
+
+def test_mpos_errors(qwen35, tiny):
+    c = ctx_of(qwen35)
+    with pytest.raises(BatchError, match=r"batch.mpos must be int32\[2, 4\]"):
+        c.decode(Batch(token=np.array([1, 2]), mpos=np.zeros((2, 3), np.int32)))
+    with pytest.raises(BatchError, match=r"batch.mpos\[1, 2\] = -1 is negative"):
+        c.decode(Batch(token=np.array([1, 2]), mpos=np.array([[0, 0, 0, 0], [1, 1, -1, 0]])))
+    with pytest.raises(BatchError, match="differs from batch.mpos"):
+        c.decode(Batch(token=np.array([1, 2]), pos=np.array([0, 1]), mpos=_text_mpos(np.array([0, 2]))))
+    c.decode(Batch.from_tokens([1, 2], pos0=0))
+    with pytest.raises(BatchError, match="must start after"):
+        c.decode(Batch(token=np.array([3]), mpos=_text_mpos(np.array([1]))))
+    with pytest.raises(BatchError, match="one position per token"):
+        ctx_of(tiny).decode(Batch(token=np.array([1]), mpos=_text_mpos(np.array([0]))))
+
+
+def test_set_causal_attn(tiny):
+    ref = full_logits(tiny, TOKS)
+    c = ctx_of(tiny)
+    c.decode(Batch.from_tokens(TOKS[:4], logits_all=True))
+    c.set_causal_attn(False)  # the next batch's tokens see each other both ways (and the cache)
+    c.decode(Batch.from_tokens(TOKS[4:8], logits_all=True))
+    nc = c.get_logits().copy()
+    assert not c.causal_attn and c.n_graph_builds == 2  # (a graph of its own)
+    assert np.abs(nc[0] - ref[4]).max() > 1e-3  # the first one saw the later ones
+    c.set_causal_attn(True)
+    c.memory.seq_rm(0, 4, -1)
+    c.decode(Batch.from_tokens(TOKS[4:8], logits_all=True))
+    np.testing.assert_allclose(c.get_logits(), ref[4:8], rtol=1e-5, atol=1e-5)
+    assert c.n_graph_builds == 2 and c.n_graph_reuses >= 1  # the causal graph again

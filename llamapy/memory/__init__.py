@@ -4,22 +4,40 @@ sliding-window cache for local layers when the model has them (as llama.cpp's is
 ``Memory`` offers llama.cpp's ``llama_memory_*`` operations: ``seq_rm``, ``seq_cp``, ``seq_keep``,
 ``seq_add`` (positions shift; K is re-rotated before the next decode), ``seq_div``, ``seq_pos_min``,
 ``seq_pos_max`` and ``clear``.
+
+The memory owns its graph inputs (``build_inputs``: per KV cache the mask and cell indices of the placed
+ubatch, filled by ``set_input(ub)``; ``hybrid.HybridMemory`` adds the recurrent-state rows) and the
+K-shift graph (``apply_shift``), so that a context never reads cache internals.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..batch import AllocatedBatch, UBatch
 from ..errors import LlamapyError
+from ..ggml.tensor import Tensor
 from ..ggml.types import GGMLType
-from .kv_cache import N_PAD, ContextFullError, KVCache, LayerShape, StateError, kv_type, pad_to, seq_bits_of
+from ..graph_inputs import GraphInput, ubatch_mask
+from ..model.blocks import Inputs, Rope
+from .kv_cache import (
+    N_PAD,
+    ContextFullError,
+    KVCache,
+    KVCacheInput,
+    LayerShape,
+    StateError,
+    kv_type,
+    pad_to,
+    seq_bits_of,
+)
 
 __all__ = [
-    "ContextFullError", "KVCache", "Memory", "create_memory", "StateError", "kv_type", "seq_bits_of", "ubatch_mask",
+    "ContextFullError", "KVCache", "KVCacheInput", "Memory", "create_memory", "StateError", "kv_type", "seq_bits_of",
+    "ubatch_mask",
 ]  # fmt: skip
 
 
@@ -66,6 +84,9 @@ class Memory:
         shapes = [LayerShape(il, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)) for il in own]  # type: ignore[attr-defined]
         causal = bool(getattr(hp, "causal_attn", True))
         alibi = float(getattr(hp, "f_max_alibi_bias", 0.0)) > 0  # the masks hold -|i - j| (MPT, Refact)
+        # M-RoPE (rope over position sections): 4 positions per token (llama.cpp's n_pos_per_embd)
+        self.n_pos_per_embd = 4 if getattr(hp, "rope_sections", ()) else 1
+        p2 = self.n_pos_per_embd == 4
         swa = [hp.is_swa(il) for il in own] if hp.has_swa else [False] * len(own)  # type: ignore[attr-defined]
         full_layers = [s for s, w in zip(shapes, swa, strict=False) if not w]
         swa_layers = [s for s, w in zip(shapes, swa, strict=False) if w]
@@ -74,13 +95,13 @@ class Memory:
         self.caches: list[KVCache] = []
         self.layer_cache: dict[int, KVCache] = {}
         if full_layers:
-            c = KVCache(full_layers, n_ctx, tk, tv, n_seq_max, 0, causal, name="KV", alibi=alibi)
+            c = KVCache(full_layers, n_ctx, tk, tv, n_seq_max, 0, causal, name="KV", alibi=alibi, pos_2d=p2)
             self.caches.append(c)
         if swa_layers:
             n_swa = hp.n_swa  # type: ignore[attr-defined]
             size = n_ctx if swa_full else min(n_ctx, pad_to(n_swa * n_seq_max + n_ubatch, N_PAD))
             swa_type = getattr(hp, "swa_type", "standard")
-            c = KVCache(swa_layers, size, tk, tv, n_seq_max, n_swa, causal, "SWA KV", swa_type, alibi)
+            c = KVCache(swa_layers, size, tk, tv, n_seq_max, n_swa, causal, "SWA KV", swa_type, alibi, p2)
             self.caches.append(c)
         for c in self.caches:
             for ls in c.layers:
@@ -90,6 +111,7 @@ class Memory:
                 self.layer_cache.setdefault(il, self.layer_cache[kv_layer(il)])
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
+        self.n_head_kv = list(getattr(hp, "n_head_kv", ()))  # per layer, for the K-shift
 
     @property
     def nbytes(self) -> int:
@@ -98,6 +120,21 @@ class Memory:
     @property
     def has_shift(self) -> bool:
         return any(c.has_shift for c in self.caches)
+
+    def kv_buffers(self) -> list[Tensor]:
+        """Every K and V buffer (where ``n_gpu_layers`` places them)."""
+        return [t for c in self.caches for t in (*c.k.values(), *c.v.values())]
+
+    def apply_shift(self, sched: Any, layer_rope: Callable[[int], Rope | None]) -> None:
+        """Re-rotate the cached K of cells whose position moved (``seq_add`` / ``seq_div``) with each
+        layer's rope (``layer_rope(il)``, None: a layer without one), computed by ``sched``."""
+        for c in self.caches:
+            if not c.has_shift:
+                continue
+            shift = c.build_graph_shift(layer_rope, self.n_head_kv)
+            if shift is not None:
+                sched.compute(*shift)
+            c.shift_done()
 
     def _check_seq(self, seq_id: int, allow_all: bool = True) -> None:
         if not isinstance(seq_id, (int, np.integer)):
@@ -191,27 +228,41 @@ class Memory:
         """The ubatches of a batch (recurrent memories need sequence-wise splits, as llama.cpp's)."""
         return ab.split_simple(n_ubatch)
 
-    # the graph inputs a memory adds besides the KV caches' (hybrid.HybridMemory: recurrent-state rows)
+    # -- graph inputs (llama.cpp's memory contexts build and fill these) ------------------------------
     def graph_key(self) -> tuple:
-        """What of the placed ubatch shapes the graph beyond its tokens and n_kv (part of the reuse key)."""
-        return ()
+        """What of the placed ubatch shapes the graph beyond its tokens (part of the reuse key): the
+        cells each KV cache's attention reads."""
+        return tuple(c.cur_n_kv for c in self.caches)
 
-    def build_inputs(self) -> Any:
-        """Input tensors for a new graph of the placed ubatch (``Inputs.rs``); None: none."""
-        return None
-
-    def input_values(self, mem_inputs: Any) -> dict:
-        """Values of ``build_inputs``'s tensors for the placed ubatch."""
-        return {}
+    def build_inputs(self, inp: Inputs, causal: bool | None = None) -> list[GraphInput]:
+        """The memory's inputs of a new graph for the placed ubatch, set into ``inp`` (``inp.kv``: each
+        layer's cache inputs) and returned (each fills itself: ``set_input(ub)``). ``causal`` False:
+        attention over the cache is not causal (``Context.set_causal_attn``)."""
+        out: list[GraphInput] = []
+        for ci, c in enumerate(self.caches):
+            ki = c.build_input(inp.n_tokens, ci, causal)
+            out.append(ki)
+            for ls in c.layers:
+                inp.kv[ls.il] = ki
+        return out
 
     def place(
-        self, pos: np.ndarray, seq_bits: np.ndarray, seq_first: np.ndarray | None = None
+        self,
+        pos: np.ndarray,
+        seq_bits: np.ndarray,
+        seq_first: np.ndarray | None = None,
+        mpos: np.ndarray | None = None,
     ) -> list[np.ndarray]:
-        """Find and take cells for one ubatch in every cache (ContextFullError when one is full)."""
-        idxs = [c.find_slot(pos, seq_bits) for c in self.caches]
-        for c, idx in zip(self.caches, idxs, strict=False):
-            c.apply(idx, pos, seq_bits)
-        return idxs
+        """Find and take cells for one ubatch in every cache (ContextFullError when one is full, and
+        no cache changed); ``mpos`` int32[T, 4]: M-RoPE positions (the cells keep (h, w) for the 2-D
+        causal mask). The placement is what the next graph's inputs read."""
+        idxs = [c.find_slot(pos, seq_bits) for c in self.caches]  # every cache has room before any changes
+        ext = None if mpos is None else np.asarray(mpos)[:, 1:3].astype(np.int64)
+        return [c.place(pos, seq_bits, ext, idx) for c, idx in zip(self.caches, idxs, strict=True)]
+
+    def place_ubatch(self, ub: UBatch) -> None:
+        """``place`` the ubatch's tokens."""
+        self.place(ub.pos, ub.seq_bits, ub.seq_first, ub.mpos)
 
     # -- state ----------------------------------------------------------------------------------------
     def state_write(self, seq_id: int = -1) -> bytes:
@@ -238,34 +289,3 @@ class Memory:
             if self.device_sync is not None:
                 self.device_sync.from_host()
         return off
-
-
-def ubatch_mask(
-    pos: np.ndarray,
-    seq_first: np.ndarray,
-    causal: bool = False,
-    n_swa: int = 0,
-    swa_type: str = "standard",
-    alibi: bool = False,
-) -> np.ndarray:
-    """F32[T, T] attention mask of a ubatch over itself, for models without a KV cache (llama.cpp's
-    ``llm_graph_input_attn_no_cache``): token i attends to token j of its own sequence (block-diagonal
-    over the ubatch's sequences), not to a later one when ``causal``, within the window when ``n_swa``
-    (``"standard"``: i - j < n_swa; ``"symmetric"``: |i - j| <= n_swa // 2); the value is 0, or
-    -|pos_i - pos_j| with ``alibi`` (scaled per head by the attention), -inf where masked."""
-    p = np.asarray(pos, dtype=np.int64)
-    s = np.asarray(seq_first)
-    ok = s[:, None] == s[None, :]
-    d = p[:, None] - p[None, :]  # query minus key
-    if causal:
-        ok &= d >= 0
-    if n_swa > 0:
-        if swa_type == "symmetric":
-            ok &= np.abs(d) <= n_swa // 2
-        elif swa_type == "standard":
-            ok &= d < n_swa
-        else:
-            raise LlamapyError(f"sliding-window type {swa_type!r} is not standard or symmetric")
-    out = np.full(ok.shape, -np.inf, dtype=np.float32)
-    out[ok] = -np.abs(d[ok]).astype(np.float32) if alibi else 0.0
-    return out

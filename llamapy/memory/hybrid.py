@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from ..batch import AllocatedBatch, UBatch
-from ..ggml.tensor import Tensor
 from ..ggml.types import GGMLType
+from ..graph_inputs import GraphInput
+from ..model.blocks import Inputs
 from . import Memory, StateError
 from .recurrent import RecurrentCache, RecurrentLayer, RSInputs
 
@@ -42,7 +43,8 @@ class HybridMemory(Memory):
         layers = [
             RecurrentLayer(il, hp.n_embd_r, hp.n_embd_s) for il in range(hp.n_layer) if hp.is_recurrent(il)
         ]
-        self.recurrent = RecurrentCache(layers, n_seq_max)
+        # M-RoPE positions may repeat (an image's patches) or jump: the states then only need them in order
+        self.recurrent = RecurrentCache(layers, n_seq_max, strict_pos=self.n_pos_per_embd == 1)
 
     @property
     def nbytes(self) -> int:
@@ -119,22 +121,26 @@ class HybridMemory(Memory):
         self.recurrent.restore(snap[-1])
 
     def place(
-        self, pos: np.ndarray, seq_bits: np.ndarray, seq_first: np.ndarray | None = None
+        self,
+        pos: np.ndarray,
+        seq_bits: np.ndarray,
+        seq_first: np.ndarray | None = None,
+        mpos: np.ndarray | None = None,
     ) -> list[np.ndarray]:
-        idxs = super().place(pos, seq_bits)
+        idxs = super().place(pos, seq_bits, seq_first, mpos)
         if seq_first is None:
             raise StateError("hybrid memory: place() needs the ubatch's seq_first")
         self.recurrent.place(pos, seq_bits, seq_first)
         return idxs
 
     def graph_key(self) -> tuple:
-        return self.recurrent.graph_key()
+        return super().graph_key() + self.recurrent.graph_key()
 
-    def build_inputs(self) -> RSInputs:
-        return self.recurrent.build_inputs()
-
-    def input_values(self, mem_inputs: Any) -> dict[Tensor, np.ndarray]:
-        return self.recurrent.input_values(mem_inputs)
+    def build_inputs(self, inp: Inputs, causal: bool | None = None) -> list[GraphInput]:
+        """The KV caches' inputs and the recurrent-state rows (``inp.rs``: ``RSInputs``)."""
+        rs: RSInputs = self.recurrent.build_inputs()
+        inp.rs = rs
+        return [*super().build_inputs(inp, causal), rs]
 
     # -- state ----------------------------------------------------------------------------------------
     def state_write(self, seq_id: int = -1) -> bytes:

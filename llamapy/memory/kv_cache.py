@@ -8,20 +8,30 @@ read through views of the first ``n_kv`` cells.
 A sliding-window cache (``n_swa > 0``) treats cells whose position has left every query's window as
 free, so a local-attention layer never needs more than ``n_swa * n_seq + n_ubatch`` cells. The window is
 the last ``n_swa`` positions, or (``swa_type="chunked"``, Llama 4) the query's chunk of ``n_swa``.
+
+An M-RoPE cache (``pos_2d``) also keeps each cell's (y, x) = (h, w) positions: tokens of one image share
+their position ``t``, and among cells at the query's own ``t`` the causal mask lets it see those before it
+in raster order (llama.cpp's ``llama_kv_cell_ext::is_2d_gt``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..batch import UBatch
 from ..errors import LlamapyError
 from ..ggml import ops
+from ..ggml.graph import Graph
 from ..ggml.tensor import Tensor
 from ..ggml.types import GGMLType, row_size
+from ..graph_inputs import GraphInput
+from ..model.blocks import KVInputs, Rope
 
 MAX_SEQ = 64  # sequence ids are bits of a uint64
 N_PAD = 256  # n_kv is padded to a multiple of this so graph shapes repeat between decode steps
@@ -74,6 +84,7 @@ class KVCache:
         name: str = "kv",
         swa_type: str = "standard",
         alibi: bool = False,
+        pos_2d: bool = False,
     ) -> None:
         if n_cells <= 0:
             raise LlamapyError(f"{name}: a KV cache needs at least one cell, got {n_cells}")
@@ -106,6 +117,10 @@ class KVCache:
         self.seq = np.zeros(n_cells, dtype=np.uint64)
         self.shift = np.zeros(n_cells, dtype=np.int64)
         self.has_shift = False
+        # M-RoPE: (y, x) of each cell (text tokens: (pos, pos)), for the 2-D causal order within one t
+        self.ext: np.ndarray | None = np.zeros((n_cells, 2), dtype=np.int64) if pos_2d else None
+        self.slot = np.zeros(0, dtype=np.int64)  # cells of the placed ubatch (``place``)
+        self.cur_n_kv = 1  # cells its graph reads
 
     # -- bookkeeping ----------------------------------------------------------------------------------
     @property
@@ -228,10 +243,29 @@ class KVCache:
             )
         return idx[:n].astype(np.int64)
 
-    def apply(self, idx: np.ndarray, pos: np.ndarray, seq_bits: np.ndarray) -> None:
+    def place(
+        self,
+        pos: np.ndarray,
+        seq_bits: np.ndarray,
+        ext: np.ndarray | None = None,
+        idx: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Take cells ``idx`` (None: ``find_slot``'s, ContextFullError when full) for a ubatch; they and the
+        cells its graph reads (``n_kv``) are kept for the graph inputs (``build_input``)."""
+        self.slot = self.find_slot(pos, seq_bits) if idx is None else idx
+        self.apply(self.slot, pos, seq_bits, ext)
+        self.cur_n_kv = self.n_kv()
+        return self.slot
+
+    def apply(
+        self, idx: np.ndarray, pos: np.ndarray, seq_bits: np.ndarray, ext: np.ndarray | None = None
+    ) -> None:
+        """Take cells ``idx`` for tokens at ``pos``; ``ext`` int[T, 2]: their (y, x) (M-RoPE; None: text)."""
         self.pos[idx] = pos
         self.seq[idx] = seq_bits
         self.shift[idx] = 0
+        if self.ext is not None:
+            self.ext[idx] = np.stack([pos, pos], axis=1) if ext is None else ext
 
     def window_start(self, p: int | np.ndarray) -> int | np.ndarray:
         """The first key position a query at ``p`` sees in this cache's window (``"standard"``: the last
@@ -249,16 +283,30 @@ class KVCache:
         last = int(used[-1]) + 1 if len(used) else 1
         return min(self.n_cells, pad_to(last, N_PAD))
 
-    def mask(self, pos: np.ndarray, seq_first: np.ndarray, n_kv: int) -> np.ndarray:
+    def mask(
+        self,
+        pos: np.ndarray,
+        seq_first: np.ndarray,
+        n_kv: int,
+        ext: np.ndarray | None = None,
+        causal: bool | None = None,
+    ) -> np.ndarray:
         """F32[T, n_kv]: 0 where token t may attend to cell j (same sequence, causal, in window), -inf else;
-        with ``alibi`` the allowed entries hold ``-|pos_t - pos_j|`` (llama.cpp's KQ mask)."""
+        with ``alibi`` the allowed entries hold ``-|pos_t - pos_j|`` (llama.cpp's KQ mask). An M-RoPE cache
+        orders cells at the query's own position by (y, x) (``ext`` int[T, 2] of the queries; None: text).
+        ``causal`` None: the cache's own (``self.causal``)."""
         cpos = self.pos[:n_kv][None, :]
         cseq = self.seq[:n_kv][None, :]
         bits = (np.uint64(1) << seq_first.astype(np.uint64))[:, None]
         ok = (cseq & bits) != 0
         p = pos[:, None]
-        if self.causal:
+        if self.causal if causal is None else causal:
             ok &= cpos <= p
+            if self.ext is not None:  # same t: a cell later in raster order (y, then x) is masked
+                q = np.stack([pos, pos], axis=1) if ext is None else np.asarray(ext)
+                cy, cx = self.ext[:n_kv, 0][None, :], self.ext[:n_kv, 1][None, :]
+                qy, qx = q[:, 0:1], q[:, 1:2]
+                ok &= ~((cpos == p) & ((cy > qy) | ((cy == qy) & (cx > qx))))
         if self.n_swa > 0:
             ok &= cpos >= self.window_start(p)
         out = np.full(ok.shape, -np.inf, dtype=np.float32)
@@ -268,6 +316,48 @@ class KVCache:
         else:
             out[ok] = 0.0
         return out
+
+    # -- graphs ---------------------------------------------------------------------------------------
+    def build_input(self, n_tokens: int, ci: int, causal: bool | None = None) -> KVCacheInput:
+        """The graph inputs of the placed ubatch: ``kq_mask_{ci}`` and ``kv_idx_{ci}`` (causal: None, the
+        cache's own; False: ``llama_set_causal_attn(ctx, false)``)."""
+        n_kv = self.cur_n_kv
+        m = ops.new_tensor(GGMLType.F32, (n_tokens, n_kv), f"kq_mask_{ci}")
+        ix = ops.new_tensor(GGMLType.I64, (n_tokens,), f"kv_idx_{ci}")
+        return KVCacheInput(n_kv, m, ix, self.k, self.v, self, self.causal if causal is None else causal)
+
+    def build_graph_shift(
+        self, layer_rope: Callable[[int], Rope | None], n_head_kv: Sequence[int]
+    ) -> tuple[Graph, dict[Tensor, np.ndarray]] | None:
+        """The graph (and its inputs) that re-rotates the cached K of cells whose position moved
+        (``seq_add`` / ``seq_div``) on the layers ``layer_rope`` rotates (llama.cpp's
+        ``build_graph_shift``); None when no layer has a rope."""
+        cells = np.flatnonzero(self.shift != 0)
+        n = len(cells)
+        idx = ops.new_tensor(GGMLType.I64, (n,), "shift_idx")
+        delta = ops.new_tensor(GGMLType.I32, (n,), "shift_pos")
+        outs = []
+        for ls in self.layers:
+            rope = layer_rope(ls.il)
+            if rope is None:
+                continue
+            # a shift re-rotates already scaled rows: under YaRN ggml's rope multiplies by
+            # 1 + 0.1 ln(1 / freq_scale) again, so undo that (llama.cpp's build_rope_shift)
+            yarn = rope.ext_factor != 0.0 and 0.0 < rope.freq_scale < 1.0
+            fix = 1.0 / (1.0 + 0.1 * math.log(1.0 / rope.freq_scale)) if yarn else 1.0
+            rope = dataclasses.replace(rope, attn_factor=fix)
+            kbuf = self.k[ls.il]
+            hkv = n_head_kv[ls.il]
+            k = ops.reshape(ops.get_rows(kbuf, idx), (n, hkv, ls.n_embd_k // hkv))
+            k = rope.apply(k, delta)
+            outs.append(ops.set_rows(kbuf, ops.reshape(k, (n, ls.n_embd_k)), idx))
+        if not outs:
+            return None
+        return Graph(outs), {idx: cells.astype(np.int64), delta: self.shift[cells].astype(np.int32)}
+
+    def shift_done(self) -> None:
+        self.shift[:] = 0
+        self.has_shift = False
 
     # -- state ----------------------------------------------------------------------------------------
     def _rows(self, t: Tensor) -> np.ndarray:
@@ -281,6 +371,8 @@ class KVCache:
             struct.pack("<4sIIII", b"KVST", len(cells), len(self.layers), int(self.type_k), int(self.type_v))
         ]
         parts.append(self.pos[cells].astype("<i8").tobytes())
+        if self.ext is not None:
+            parts.append(self.ext[cells].astype("<i8").tobytes())
         if seq_id < 0:
             parts.append(self.seq[cells].astype("<u8").tobytes())
         for ls in self.layers:
@@ -314,6 +406,9 @@ class KVCache:
             return b
 
         pos = np.frombuffer(take(8 * n, "positions"), dtype="<i8").astype(np.int64)
+        ext = None
+        if self.ext is not None:
+            ext = np.frombuffer(take(16 * n, "2-D positions"), dtype="<i8").astype(np.int64).reshape(n, 2)
         if seq_id < 0:
             bits = np.frombuffer(take(8 * n, "sequence sets"), dtype="<u8").astype(np.uint64)
         else:
@@ -331,9 +426,27 @@ class KVCache:
                 rows = self._rows(buf)
                 rb = rows.shape[1]
                 rows[cells] = np.frombuffer(take(rb * n, f"layer {il} rows"), dtype=np.uint8).reshape(n, rb)
-        self.apply(cells, pos, bits)
+        self.apply(cells, pos, bits, ext)
         return off
 
 
 def seq_bits_of(seq_ids: Iterable[Iterable[int]]) -> np.ndarray:
     return np.array([sum(1 << s for s in ss) for ss in seq_ids], dtype=np.uint64)
+
+
+@dataclass
+class KVCacheInput(KVInputs, GraphInput):
+    """One KV cache's graph inputs (llama.cpp's ``llm_graph_input_attn_kv``): the attention mask of the
+    ubatch over the cache's first ``n_kv`` cells and the cells its K/V go to, filled from the placed
+    ubatch (``KVCache.place``)."""
+
+    cache: KVCache | None = None
+    causal: bool = True
+
+    def tensors(self) -> list[Tensor]:
+        return [self.mask, self.idx]
+
+    def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        c = self.cache
+        ext = None if ub.mpos is None else ub.mpos[:, 1:3]
+        return {self.mask: c.mask(ub.pos, ub.seq_first, self.n_kv, ext, self.causal), self.idx: c.slot}

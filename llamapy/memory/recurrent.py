@@ -12,7 +12,8 @@ copies the states (and checkpoints); an empty sequence's rows are zero.
 A ubatch for this memory is sequence-major with equal lengths (``AllocatedBatch.split_equal(...,
 seq_major=True)``): ``n_seqs`` streams of ``n_seq_tokens`` tokens, each stream one set of sequences that
 share the stream's state (read from the stream's first sequence, written to all of them). The memory
-makes the graph inputs that say which rows to read and write (``RSInputs``).
+makes the graph inputs that say which rows to read and write (``RSInputs``, llama.cpp's
+``llm_graph_input_rs``), filled from the placed ubatch.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..batch import UBatch
 from ..errors import LlamapyError
 from ..ggml import ops
 from ..ggml.tensor import Tensor
 from ..ggml.types import GGMLType
+from ..graph_inputs import GraphInput
 from .kv_cache import StateError
 
 __all__ = ["RSInputs", "RecurrentCache", "RecurrentLayer"]
@@ -40,8 +43,9 @@ class RecurrentLayer:
 
 
 @dataclass
-class RSInputs:
-    """A graph's view of the recurrent memory: per-layer state buffers and the rows a ubatch uses."""
+class RSInputs(GraphInput):
+    """A graph's view of the recurrent memory: per-layer state buffers and the rows a ubatch uses
+    (``inp_s_copy``, and ``inp_s_wsrc``/``inp_s_wdst`` when a stream's state goes to several sequences)."""
 
     n_seqs: int
     n_seq_tokens: int
@@ -51,6 +55,19 @@ class RSInputs:
     r: dict[int, Tensor]  # layer -> conv state buffer [n_seq_max, n_embd_r]
     s: dict[int, Tensor]  # layer -> recurrent state buffer [n_seq_max, n_embd_s]
     writes: list[Tensor] = field(default_factory=list)
+    cache: RecurrentCache | None = None
+
+    def tensors(self) -> list[Tensor]:
+        return [t for t in (self.idx, self.w_src, self.w_dst) if t is not None]
+
+    def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        """The rows of the placed ubatch (``RecurrentCache.place``)."""
+        c = self.cache.current
+        vals: dict[Tensor, np.ndarray] = {self.idx: c.src}
+        if self.w_dst is not None:
+            vals[self.w_src] = c.pairs[:, 0].astype(np.int32)
+            vals[self.w_dst] = c.pairs[:, 1].astype(np.int64)
+        return vals
 
     def read(self, buf: Tensor) -> Tensor:
         """The streams' rows of ``buf``: F32[n_seqs, row]."""
@@ -88,11 +105,14 @@ class _Placement:
 class RecurrentCache:
     """Conv and recurrent states of the layers in ``layers`` for ``n_seq_max`` sequences."""
 
-    def __init__(self, layers: Sequence[RecurrentLayer], n_seq_max: int = 1) -> None:
+    def __init__(self, layers: Sequence[RecurrentLayer], n_seq_max: int = 1, strict_pos: bool = True) -> None:
         if n_seq_max < 1:
             raise LlamapyError(f"n_seq_max = {n_seq_max} must be at least 1")
         self.layers = list(layers)
         self.n_seq_max = n_seq_max
+        # positions of a stream go up by one and continue the state (False, M-RoPE: they only do not
+        # decrease, and may start at the state's last position: an image's patches share it)
+        self.strict_pos = strict_pos
         self.r: dict[int, Tensor] = {}
         self.s: dict[int, Tensor] = {}
         for ls in self.layers:
@@ -275,14 +295,15 @@ class RecurrentCache:
                 raise LlamapyError("recurrent memory: two streams of one ubatch share a sequence")
             seen |= bits
             p = pos[st : st + n_t].astype(np.int64)
-            if (np.diff(p) != 1).any():
+            if (np.diff(p) != 1).any() if self.strict_pos else (np.diff(p) < 0).any():
                 raise LlamapyError(
                     f"recurrent memory: positions of a stream are not in order: {p[:8].tolist()}"
                 )
             s0 = int(src[i])
             first = self.pos_min[s0] if self.pos_max[s0] >= 0 else p[0]
             for s in (b for b in range(self.n_seq_max) if bits >> b & 1):
-                if self.pos_max[s] >= 0 and p[0] != self.pos_max[s] + 1:
+                last = self.pos_max[s]
+                if last >= 0 and (p[0] != last + 1 if self.strict_pos else p[0] < last):
                     raise LlamapyError(
                         f"recurrent memory: sequence {s} continues at position {int(p[0])}, its state ends "
                         f"at "
@@ -314,15 +335,7 @@ class RecurrentCache:
         if c.pairs is not None:
             w_src = ops.new_tensor(GGMLType.I32, (len(c.pairs),), "inp_s_wsrc")
             w_dst = ops.new_tensor(GGMLType.I64, (len(c.pairs),), "inp_s_wdst")
-        return RSInputs(c.n_seqs, c.n_seq_tokens, idx, w_src, w_dst, self.r, self.s)
-
-    def input_values(self, rs: RSInputs) -> dict[Tensor, np.ndarray]:
-        c = self.current
-        vals: dict[Tensor, np.ndarray] = {rs.idx: c.src}
-        if rs.w_dst is not None:
-            vals[rs.w_src] = c.pairs[:, 0].astype(np.int32)
-            vals[rs.w_dst] = c.pairs[:, 1].astype(np.int64)
-        return vals
+        return RSInputs(c.n_seqs, c.n_seq_tokens, idx, w_src, w_dst, self.r, self.s, cache=self)
 
     # -- state ----------------------------------------------------------------------------------------
     def state_write(self, seq_id: int) -> bytes:

@@ -131,7 +131,7 @@ class KVInputs:
 class Inputs:
     n_tokens: int
     n_outputs: int
-    pos: Tensor  # I32[T]
+    pos: Tensor  # I32[T]; M-RoPE models (n_pos_per_embd 4): I32[4 T], (t, h, w, e) section-major
     tokens: Tensor | None = None  # I32[T]
     embd: Tensor | None = None  # F32[T, n_embd]
     out_ids: Tensor | None = None  # I32[n_outputs] (None: every token is an output)

@@ -184,3 +184,51 @@ def test_swa_partial_removal_refused_when_window_is_gone():
     assert not mem.seq_rm(0, 20, -1)  # positions 17..19 were dropped by the window: refused, unchanged
     assert mem.seq_pos_max(0) == 198
     assert mem.seq_rm(0, -1, -1) and mem.seq_pos_max(0) == -1
+
+
+def _hp(n_layer=2, **kw) -> SimpleNamespace:
+    base = dict(n_layer=n_layer, has_swa=False, causal_attn=True, n_embd_head_k=32, n_embd_head_v=32,
+                n_head_kv=[1] * n_layer, n_embd_k_gqa=lambda il: 32, n_embd_v_gqa=lambda il: 32,
+                is_swa=lambda il: False)  # fmt: skip
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_memory_inputs_fill_themselves():
+    """The memory's graph inputs: per cache a mask and the placed cells, read from the placed ubatch."""
+    from llamapy.batch import Batch, allocate
+    from llamapy.model.blocks import Inputs
+
+    mem = Memory(_hp(), n_ctx=256, n_ubatch=8, n_seq_max=2)
+    ab = allocate(Batch(token=np.arange(5), seq_id=[[0], [0], [1], [0], [1]]), 10, 8, 2, 8, mem.seq_pos_max)
+    (ub,) = ab.split_simple(8)
+    mem.place_ubatch(ub)
+    (c,) = mem.caches
+    inp = Inputs(5, 5, None)
+    (ki,) = mem.build_inputs(inp, causal=None)
+    assert inp.kv[0] is ki and inp.kv[1] is ki and mem.graph_key() == (256,)
+    assert [t.name for t in ki.tensors()] == ["kq_mask_0", "kv_idx_0"] and ki.mask.shape == (5, 256)
+    vals = ki.set_input(ub)
+    assert vals[ki.idx].tolist() == [0, 1, 2, 3, 4]
+    np.testing.assert_array_equal(vals[ki.mask], c.mask(ub.pos, ub.seq_first, 256))
+    assert vals[ki.mask][1, 3] == -np.inf and vals[ki.mask][3, 1] == 0  # causal within sequence 0
+    assert vals[ki.mask][2, 0] == -np.inf  # not across sequences
+    (nc,) = mem.build_inputs(Inputs(5, 5, None), causal=False)  # llama_set_causal_attn(ctx, false)
+    assert nc.set_input(ub)[nc.mask][1, 3] == 0 and nc.set_input(ub)[nc.mask][2, 0] == -np.inf
+
+
+def test_mrope_cache_orders_one_position_by_rows_then_columns():
+    mem = Memory(_hp(rope_sections=(2, 1, 1, 0)), n_ctx=256, n_ubatch=8)
+    assert mem.n_pos_per_embd == 4
+    (c,) = mem.caches
+    mem.place(np.array([0]), np.ones(1, np.uint64))  # text at 0, then a 2 x 2 image at t = 1
+    yx = np.array([[1, 1], [1, 2], [2, 1], [2, 2]])
+    mpos = np.concatenate([np.ones((4, 1), int), yx, np.zeros((4, 1), int)], axis=1)
+    mem.place(np.ones(4, np.int64), np.ones(4, np.uint64), mpos=mpos)
+    m = c.mask(np.ones(4, np.int64), np.zeros(4, np.int32), 8, yx)[:, :5]
+    assert (m == 0).tolist() == [[True, True, False, False, False], [True, True, True, False, False],
+                                 [True, True, True, True, False], [True, True, True, True, True]]  # fmt: skip
+    assert (c.mask(np.ones(4, np.int64), np.zeros(4, np.int32), 8, yx, causal=False)[:, :5] == 0).all()
+    data = c.state_write(0)  # the (h, w) of the cells travel with the state
+    c.clear()
+    c.state_read(data, 0)
+    np.testing.assert_array_equal(c.mask(np.ones(4, np.int64), np.zeros(4, np.int32), 8, yx)[:, :5], m)
