@@ -95,6 +95,8 @@ def bench(
     type_v: str = "f16",
     n_depth: list[int] | None = None,
     n_gpu_layers: int = 0,
+    main_gpu: int = 0,
+    offload_kqv: bool = True,
 ) -> list[dict[str, Any]]:
     from .._numba import set_num_threads
     from ..context import Context, ContextParams
@@ -109,7 +111,8 @@ def bench(
     for p, g, d in tests:
         n_ctx = max(256, p + g + d)
         ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
-                                           type_k=type_k, type_v=type_v, n_gpu_layers=n_gpu_layers))  # fmt: skip
+                                           type_k=type_k, type_v=type_v, n_gpu_layers=n_gpu_layers,
+                                           main_gpu=main_gpu, offload_kqv=offload_kqv))  # fmt: skip
         off = ctx.offload
         secs = run_test(ctx, model, p, g, reps, n_depth=d)
         n_tok = p + g
@@ -131,6 +134,8 @@ def bench(
             "type_k": type_k,
             "type_v": type_v,
             "n_gpu_layers": n_gpu_layers if off is not None else 0,
+            "main_gpu": main_gpu,
+            "no_kv_offload": not offload_kqv,
             "flash_attn": True,
             "test_time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "n_prompt": p,
@@ -231,6 +236,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "-ngl", "--n-gpu-layers", type=int, default=0, help="layers on the CUDA backend (-1 / 99: all)"
     )
+    p.add_argument("-mg", "--main-gpu", type=int, default=0, help="the GPU to use (default 0)")
+    p.add_argument(
+        "-nkvo", "--no-kv-offload", type=int, choices=(0, 1), default=0, help="1: the KV cache on the CPU"
+    )
     p.add_argument("-o", "--output", choices=("md", "json", "jsonl"), default="md")
     p.add_argument("--profile", action="store_true", help="also profile a tg run (time by function)")
     p.set_defaults(func=run)
@@ -244,7 +253,8 @@ def run(args: argparse.Namespace) -> int:
         raise LlamapyError(f"-r {args.repetitions}: at least one repetition is needed")
     path = _resolve_model(args.model)
     recs = bench(path, args.n_prompt, args.n_gen, args.repetitions, args.threads, args.batch_size,
-                 args.ubatch_size, args.cache_type_k, args.cache_type_v, args.n_depth, args.n_gpu_layers)  # fmt: skip
+                 args.ubatch_size, args.cache_type_k, args.cache_type_v, args.n_depth, args.n_gpu_layers,
+                 args.main_gpu, not args.no_kv_offload)  # fmt: skip
     if args.output == "json":
         print(json.dumps(recs, indent=2))
     elif args.output == "jsonl":

@@ -7,11 +7,17 @@ host. Weights are uploaded once (kept quantized, in their GGUF type) and shared 
 current one: ``sync_to_host`` / ``invalidate`` for code that reads or writes the host copy). At a split's
 start the host-produced tensors it reads are uploaded; at its end the tensors it produced that another
 backend reads, or that are graph outputs, are downloaded.
+
+Launches: a split's first run walks its nodes' closures (``steps.build_step``) and records every launch
+they make into a ``plan.LaunchPlan``; later runs of the same graph replay the record (on a GPU with
+CuPy, as one CUDA graph), so a reused decode graph pays no per-node Python work.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +28,7 @@ from ..tensor import VIEW_OPS, Tensor
 from ..types import GGMLType
 from .dequant import DQ_TYPES
 from .device import Device, get_device
+from .plan import Launch, LaunchPlan
 from .steps import GEMM_MIN_TOKENS, build_step
 
 __all__ = ["CUDABackend", "GEMM_MIN_TOKENS"]
@@ -57,6 +64,14 @@ class CUDABackend(Backend):
         self._err_host = np.zeros(2, dtype=np.int32)
         self._err_buf = self.dev.upload(self._err_host)
         self._err = self._err_buf.view(np.int32)
+        #: replay recorded launches on later runs of a split (LLAMAPY_CUDA_REPLAY=0: walk the nodes
+        #: every time); capture the replay in a CUDA graph where the device can (LLAMAPY_CUDA_GRAPHS=0: no)
+        self.replay = os.environ.get("LLAMAPY_CUDA_REPLAY", "1") != "0"
+        self.graphs = self.dev.can_capture() and os.environ.get("LLAMAPY_CUDA_GRAPHS", "1") != "0"
+        #: plans (one per split of a graph), records (node walks), replays (plain), captures,
+        #: capture_failures, graph_launches, launches (device launches run, all paths)
+        self.stats: Counter[str] = Counter()
+        self._rec: list[Launch] | None = None
         from . import kernels  # noqa: F401  (compile lazily, fail early if numba.cuda is broken)
 
     def __repr__(self) -> str:
@@ -204,14 +219,15 @@ class CUDABackend(Backend):
             if id(n) in info.read_elsewhere
         ]
         dev, err, err_host = self.dev, self._err_buf, self._err_host
+        plan = LaunchPlan(self, launches)  # recorded on the first run, replayed after (see plan.py)
+        self.stats["plans"] += 1
 
         def step() -> None:
             for buf, host in leaf_up:
                 dev.write(buf, 0, host)
             for buf, off, host in uploads:
                 dev.write(buf, off, host)
-            for f in launches:
-                f()
+            plan.run()
             if checks:
                 dev.read(err, 0, err_host)
                 if err_host[0]:
@@ -228,13 +244,43 @@ class CUDABackend(Backend):
         return step
 
     # -- launching ----------------------------------------------------------------------------------------
+    # Every device launch of a step goes through ``emit``: it runs the launch and, while a split is being
+    # recorded (``LaunchPlan``), appends it to the plan so that later runs replay it as is.
     def launch(self, kernel: Any, n: int, *args: Any) -> None:
+        """A grid-stride kernel over ``n`` work items."""
         if n <= 0:
             return
-        if self.dev.sim:  # one simulated thread walks the whole grid-stride loop (see device.sim_run)
-            from .device import sim_run
+        tpb = 128
+        self.emit(kernel, min(-(-n // tpb), 65535), tpb, args)
 
-            sim_run(kernel, args)
+    def launch_cfg(self, kernel: Any, grid: Any, block: Any, *args: Any) -> None:
+        """A kernel with an explicit grid and block (shared-memory kernels: tiled GEMM, block mat-vec)."""
+        self.emit(kernel, grid, block, args, grid_stride=False)
+
+    def device_call(self, fn: Callable[[], None]) -> None:
+        """Device work that is not a Numba kernel (a cuBLAS GEMM through CuPy), on the device's stream."""
+        self.emit(None, None, None, (), call=self.dev.on_stream(fn))
+
+    def emit(
+        self, kernel: Any, grid: Any, block: Any, args: tuple, grid_stride: bool = True, call: Any = None
+    ) -> None:
+        if call is not None:
+            ln: Launch = (call, ())
+        elif self.dev.sim:
+            ln = _sim_launcher(kernel, grid, block, args, grid_stride)
         else:  # pragma: no cover - needs a GPU
-            tpb = 128
-            kernel[min(-(-n // tpb), 65535), tpb](*args)
+            ln = (self.dev.configure(kernel, grid, block), tuple(self.dev.kernel_arg(a) for a in args))
+        if self._rec is not None:
+            self._rec.append(ln)
+        ln[0](*ln[1])
+
+
+def _sim_launcher(kernel: Any, grid: Any, block: Any, args: tuple, grid_stride: bool) -> Launch:
+    """Under the simulator a grid-stride kernel runs as one simulated thread (``device.sim_run``); the
+    others through the simulator's own launch (configured at call time: its kernels keep their last
+    configuration on the kernel object)."""
+    if grid_stride:
+        from .device import sim_run
+
+        return (lambda *a: sim_run(kernel, a)), args
+    return (lambda *a: kernel[grid, block](*a)), args

@@ -64,6 +64,8 @@ class Device:
         self.sim = simulator()
         self.index = index
         self.cp: Any = None
+        self.stream: Any = None  # CuPy: one non-blocking stream for all of this device's work
+        self.nb_stream: Any = None  # ... and the same stream as Numba sees it (kernel launches)
         if not self.sim:  # pragma: no cover - needs a GPU
             n = len(cuda.gpus)
             if not 0 <= index < n:
@@ -74,9 +76,11 @@ class Device:
 
                 if cupy.cuda.runtime.getDeviceCount() > index:
                     cupy.cuda.Device(index).use()
+                    self.stream = cupy.cuda.Stream(non_blocking=True)
+                    self.nb_stream = cuda.external_stream(self.stream.ptr)
                     self.cp = cupy
             except Exception:
-                self.cp = None
+                self.cp = self.stream = self.nb_stream = None
         self.name = "CUDA simulator" if self.sim else self._gpu_name()
 
     def _gpu_name(self) -> str:  # pragma: no cover - needs a GPU
@@ -105,7 +109,7 @@ class Device:
         if flat.nbytes == 0:
             return
         if self.cp is not None:  # pragma: no cover - needs a GPU
-            buf[off : off + flat.nbytes].set(flat)
+            buf[off : off + flat.nbytes].set(flat, stream=self.stream)
         else:
             buf[off : off + flat.nbytes].copy_to_device(flat)
 
@@ -115,7 +119,7 @@ class Device:
         if flat.nbytes == 0:
             return
         if self.cp is not None:  # pragma: no cover - needs a GPU
-            flat[...] = buf[off : off + flat.nbytes].get()
+            buf[off : off + flat.nbytes].get(stream=self.stream, out=flat)  # blocking: waits for the stream
         else:
             buf[off : off + flat.nbytes].copy_to_host(flat)
 
@@ -130,8 +134,62 @@ class Device:
             return None
 
     def synchronize(self) -> None:
-        if not self.sim:  # pragma: no cover - needs a GPU
+        if self.stream is not None:  # pragma: no cover - needs a GPU
+            self.stream.synchronize()
+        elif not self.sim:  # pragma: no cover - needs a GPU
             self.cuda.synchronize()
+
+    # -- launches and CUDA graphs (used by plan.LaunchPlan) ----------------------------------------------
+    def configure(self, kernel: Any, grid: Any, block: Any) -> Any:  # pragma: no cover - needs a GPU
+        """``kernel`` configured for ``grid`` x ``block`` on this device's stream (reusable)."""
+        if self.nb_stream is not None:
+            return kernel[grid, block, self.nb_stream]
+        return kernel[grid, block]
+
+    def kernel_arg(self, a: Any) -> Any:  # pragma: no cover - needs a GPU
+        """A CuPy array as a Numba device array, converted once when a launch is recorded: Numba would
+        otherwise convert it at every launch and synchronize on the stream CuPy exports with it, which
+        is not allowed while a stream is being captured."""
+        if self.cp is not None and isinstance(a, self.cp.ndarray):
+            return self.cuda.as_cuda_array(a, sync=False)
+        return a
+
+    def on_stream(self, fn: Any) -> Any:
+        """``fn`` run with this device's stream as CuPy's current stream (a cuBLAS call, say)."""
+        if self.stream is None:
+            return fn
+        stream = self.stream
+
+        def call() -> None:  # pragma: no cover - needs a GPU
+            with stream:
+                fn()
+
+        return call
+
+    def can_capture(self) -> bool:
+        """Whether launches can be captured into CUDA graphs (a GPU with CuPy)."""
+        return self.stream is not None
+
+    # GPU ONLY: CUDA graph capture through CuPy. Never runs under the simulator (the simulator tests
+    # replace these two methods with fakes that defer the launches to the graph's launch, as CUDA does);
+    # tests/ggml/cuda/test_cuda_replay.py::test_cuda_graph_on_a_real_gpu runs them on a GPU.
+    def capture(self, run: Any) -> Any:  # pragma: no cover - needs a GPU with CuPy
+        """A CUDA graph of what ``run()`` enqueues on this device's stream (nothing runs now)."""
+        s = self.stream
+        with s:
+            s.begin_capture()
+            try:
+                run()
+            except BaseException:
+                try:
+                    s.end_capture()  # leave capture mode; the partial graph is dropped
+                except Exception:
+                    pass
+                raise
+            return s.end_capture()
+
+    def launch_graph(self, graph: Any) -> None:  # pragma: no cover - needs a GPU with CuPy
+        graph.launch(self.stream)
 
 
 _DEVICE: Device | None = None
@@ -141,6 +199,8 @@ def get_device(index: int = 0) -> Device:
     """The process's device (made on first use, GPU ``index``; raises ``CUDAUnavailable``). One device
     per process: asking for another index later is an error."""
     global _DEVICE
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise CUDAUnavailable(f"main_gpu = {index!r}: must be a GPU index >= 0")
     if _DEVICE is None:
         _DEVICE = Device(index)
     elif _DEVICE.index != index and not _DEVICE.sim:  # pragma: no cover - needs two GPUs

@@ -52,6 +52,9 @@ class Offload:
     buffers: list[Tensor] = field(default_factory=list)
     device: str = ""
     requested: int = 0  # the n_gpu_layers asked for
+    kv_offload: bool = True  # False: --no-kv-offload
+    cpu_weight_bytes: int = 0  # the weights left on the CPU
+    main_gpu: int = 0
 
     @property
     def weight_bytes(self) -> int:
@@ -61,13 +64,29 @@ class Offload:
     def buffer_bytes(self) -> int:
         return sum(t.data.nbytes for t in self.buffers)
 
+    @property
+    def need_bytes(self) -> int:
+        """Device memory the pinned tensors take (weights and KV cache of the offloaded layers)."""
+        return self.weight_bytes + self.buffer_bytes
+
     def summary(self) -> str:
-        mib = 1 << 20
+        """The load line: what went where."""
         out = " and the output layer" if self.output else ""
+        first, last = self.n_layer - self.n_gpu, self.n_layer - 1
+        which = "" if not self.n_gpu else f" (blk.{first})" if first == last else f" (blk.{first}-blk.{last})"
+        if not self.kv_offload:
+            kv = "KV cache on the CPU (no KV offload)"
+        else:
+            kv = f"KV cache of the offloaded layers on the GPU ({_size(self.buffer_bytes)})"
         return (
-            f"llamapy: offloaded {self.n_gpu}/{self.n_layer} layers{out} to {self.device}: "
-            f"{self.weight_bytes / mib:.1f} MiB of weights, {self.buffer_bytes / mib:.1f} MiB of KV cache on the GPU"
+            f"llamapy: offloaded {self.n_gpu}/{self.n_layer} layers{which}{out} to {self.device} "
+            f"(GPU {self.main_gpu}): {_size(self.weight_bytes)} of weights on the GPU, "
+            f"{_size(self.cpu_weight_bytes)} on the CPU; {kv}"
         )
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"
 
 
 def plan_offload(
@@ -82,8 +101,9 @@ def plan_offload(
         raise LlamapyError(f"n_gpu_layers = {n_gpu_layers!r} must be -1 (all) or a number of layers >= 0")
     ngl = n_layer + 1 if n_gpu_layers == -1 else min(n_gpu_layers, n_layer + 1)
     start = n_layer - min(ngl, n_layer)
-    off = Offload(n_layer, min(ngl, n_layer), ngl > n_layer, requested=n_gpu_layers)
+    off = Offload(n_layer, min(ngl, n_layer), ngl > n_layer, requested=n_gpu_layers, kv_offload=offload_kqv)
     seen: set[int] = set()
+    cpu: dict[int, int] = {}
     for name, t in weights.items():
         m = _BLK.match(name)
         on = (m is not None and int(m.group(1)) >= start) or (off.output and name.startswith(_OUTPUT))
@@ -92,6 +112,9 @@ def plan_offload(
         if on and t.data is not None and id(t) not in seen:
             seen.add(id(t))
             off.weights.append(t)
+        elif t.data is not None:
+            cpu[id(t)] = t.data.nbytes
+    off.cpu_weight_bytes = sum(n for i, n in cpu.items() if i not in seen)
     if offload_kqv:
         for b in buffers:
             m = _CACHE.match(b.name)
@@ -128,14 +151,18 @@ def offload_to_cuda(sched: Any, off: Offload, main_gpu: int = 0, quiet: bool = F
     from .backend import CUDABackend
 
     be = CUDABackend(main_gpu=main_gpu)
-    need = off.weight_bytes + off.buffer_bytes
+    need = off.need_bytes
     free = be.dev.free_bytes()
     if free is not None and need > free:
+        mib = 1 << 20
+        kv = f" + {off.buffer_bytes / mib:.1f} MiB of KV cache" if off.buffer_bytes else ""
         raise LlamapyError(
-            f"n_gpu_layers = {off.n_gpu}: the offloaded weights and KV cache need {need} bytes "
-            f"({need / (1 << 30):.2f} GiB) of GPU memory, {be.dev.name} has {free} free; lower n_gpu_layers"
+            f"n_gpu_layers = {off.requested}: the {off.n_gpu} offloaded layers need {need} bytes "
+            f"({need / mib:.1f} MiB: {off.weight_bytes / mib:.1f} MiB of weights{kv}) of GPU memory, "
+            f"{be.dev.name} (GPU {main_gpu}) has {free} free ({free / mib:.1f} MiB); lower n_gpu_layers"
+            + (" or use --no-kv-offload" if off.buffer_bytes else "")
         )
-    off.device = be.dev.name
+    off.device, off.main_gpu = be.dev.name, main_gpu
     sched.add_backend(be)
     for t in (*off.weights, *off.buffers):
         sched.set_backend(t, be)

@@ -1,7 +1,16 @@
 """Per-node launches of the CUDA backend: ``build_step(backend, node, source descriptors, output
-descriptor)`` returns a no-argument closure launching the node's kernel (its arguments bound at compile
-time, so a reused graph only walks closures). A descriptor is ``(device buffer, byte offset, shape4,
-byte strides4)`` (see ``backend.CUDABackend.compile_split``)."""
+descriptor)`` returns a no-argument closure launching the node's kernel(s) through ``be.launch`` /
+``be.launch_cfg`` / ``be.device_call`` (its arguments bound at compile time). A descriptor is
+``(device buffer, byte offset, shape4, byte strides4)`` (see ``backend.CUDABackend.compile_split``).
+
+The first run of a split records what these closures launch and later runs replay the record
+(``plan.LaunchPlan``), so a closure must launch the same kernels with the same arguments on every run.
+Audit (each op below): grids, shapes, strides, offsets, op codes and scalars come from the node's shapes
+and params; every input-dependent value (token ids and rows in get_rows, cache slots in set_rows,
+positions in rope, masks in soft_max / flash_attn_ext, expert ids in mul_mat_id / add_id) is read by the
+kernel from device memory, and bad ones are flagged in ``err`` (checked on the host after the split,
+outside the replay). ALiBi slopes are uploaded once at compile time. Nothing is decided on the host
+from input values, so a replay (or a CUDA graph of it) computes what the node walk would."""
 
 from __future__ import annotations
 
@@ -236,13 +245,13 @@ def _mul_mat(be: Any, n: Tensor, srcd: list[tuple], outd: tuple) -> Callable[[],
         grid = (-(-M // T), -(-N // T))
         k = matmul.gemm_tiled_k
         ars, asd, brs, bsd, ors = ast[2], ast[3], bst[2], bst[3], ost[2]
-        return lambda: k[grid, (T, T)](
-            t, M, N, K, a8, a16, a32, ao, ars, asd, b32, bo, brs, bsd, o32, oo, ors
+        return lambda: be.launch_cfg(
+            k, grid, (T, T), t, M, N, K, a8, a16, a32, ao, ars, asd, b32, bo, brs, bsd, o32, oo, ors
         )
     args = (t, ne, K, a8, a16, a32, ao, ash, ast, bt, b8, b16, b32, bo, bst, o32, oo, osh, ost)
     if be.block_matvec:  # a block of threads per output (the GPU default; the full simulator runs it)
         kb, blocks = matmul.mat_vec_block_k, min(ne, 65535)
-        return lambda: kb[blocks, matmul.WARP](*args)
+        return lambda: be.launch_cfg(kb, blocks, matmul.WARP, *args)
     return lambda: be.launch(matmul.mat_vec_k, ne, *args)
 
 
@@ -269,9 +278,13 @@ def _gemm_cublas(be: Any, n: Tensor, srcd: list[tuple], outd: tuple) -> Callable
         scratch = be.scratch[key] = cp.empty(M * K, dtype=np.float32)
     x = cp.ndarray((N, K), np.float32, memptr=bbuf.data + bo, strides=(bst[2], bst[3]))
     out = cp.ndarray((N, M), np.float32, memptr=obuf.data + oo, strides=(ost[2], ost[3]))
+    w_t = scratch.reshape(M, K).T
 
     def step() -> None:
         be.launch(matmul.dequant_rows_k, M * K, t, M * K, K, a8, a16, a32, ao, ast[2], scratch, 0)
-        cp.matmul(x, scratch.reshape(M, K).T, out=out)
+        be.device_call(gemm)
+
+    def gemm() -> None:
+        cp.matmul(x, w_t, out=out)
 
     return step

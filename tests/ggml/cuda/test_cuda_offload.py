@@ -180,3 +180,74 @@ def test_state_read_into_a_context_whose_graphs_are_compiled(tiny):
     c.memory.state_read(state)
     c.decode(Batch.from_tokens([11], pos0=len(TOKS)))
     assert np.abs(c.get_logits() - want).max() / np.abs(want).max() < 1e-4
+
+
+def test_not_fitting_counts_the_kv_cache_of_offloaded_layers(tiny, monkeypatch):
+    """Room for the weights but not for the weights and the KV cache: the error names both; without
+    KV offload the same room is enough."""
+    from llamapy.errors import LlamapyError
+    from llamapy.ggml.cuda.device import Device
+
+    c = Context(tiny, n_ctx=256, n_gpu_layers=2)
+    room = c.offload.weight_bytes + 16
+    assert c.offload.buffer_bytes > 16
+    monkeypatch.setattr(Device, "free_bytes", lambda self: room)
+    with pytest.raises(LlamapyError, match=r"n_gpu_layers = 2: the 2 offloaded layers need (\d+) bytes") as e:
+        Context(tiny, n_ctx=256, n_gpu_layers=2)
+    need = int(str(e.value).split("need ")[1].split(" bytes")[0])
+    assert need == c.offload.weight_bytes + c.offload.buffer_bytes
+    assert "MiB of KV cache" in str(e.value) and f"has {room} free" in str(e.value)
+    assert "--no-kv-offload" in str(e.value)
+    c2 = Context(tiny, n_ctx=256, n_gpu_layers=2, offload_kqv=False)
+    assert c2.offload.buffers == [] and c2.offload.need_bytes <= room
+
+
+def test_load_line_says_what_went_where(tiny, capsys):
+    Context(tiny, n_ctx=256, n_gpu_layers=2, main_gpu=0)
+    err = capsys.readouterr().err
+    line = next(ln for ln in err.splitlines() if "offloaded" in ln)
+    assert "offloaded 2/3 layers (blk.1-blk.2) to CUDA simulator (GPU 0)" in line, line
+    assert "iB of weights on the GPU" in line and "iB on the CPU" in line
+    assert "KV cache of the offloaded layers on the GPU" in line
+    Context(tiny, n_ctx=256, n_gpu_layers=-1, offload_kqv=False)
+    line = next(ln for ln in capsys.readouterr().err.splitlines() if "offloaded" in ln)
+    assert "3/3 layers (blk.0-blk.2) and the output layer" in line and "KV cache on the CPU" in line, line
+
+
+def test_bench_with_ngl_and_no_kv_offload(tmp_path):
+    from llamapy.cli.bench import bench, markdown
+
+    path = tiny_llama(tmp_path / "b.gguf", seed=2, n_layer=2, n_embd=32, n_ff=32)
+    recs = bench(str(path), [3], [2], reps=1, n_gpu_layers=1, main_gpu=0, offload_kqv=False)
+    assert [r["backends"] for r in recs] == ["CUDA", "CUDA"]
+    assert all(r["n_gpu_layers"] == 1 and r["no_kv_offload"] and r["gpu_info"] for r in recs)
+    assert "CUDA" in markdown(recs)
+
+
+def test_cli_bench_ngl_without_cuda_warns_once(tmp_path):
+    """`llamapy bench -ngl 99` where CUDA is not usable: one warning line for two contexts, CPU results."""
+    import os
+    import subprocess
+    import sys
+
+    path = tiny_llama(tmp_path / "c.gguf", seed=2, n_layer=1, n_embd=32, n_ff=32)
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["NUMBA_CUDA_DRIVER"] = str(tmp_path / "no-such-libcuda.so")  # no driver even on a GPU machine
+    cmd = [sys.executable, "-m", "llamapy", "bench", "-m", str(path), "-p", "3", "-n", "2", "-r", "1"]
+    r = subprocess.run(
+        [*cmd, "-ngl", "99", "-nkvo", "1", "-mg", "0"], capture_output=True, text=True, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    warn = [ln for ln in r.stderr.splitlines() if "n_gpu_layers" in ln]
+    assert len(warn) == 1 and "n_gpu_layers = 99 ignored" in warn[0] and "running on the CPU" in warn[0], (
+        r.stderr
+    )
+    rows = [ln for ln in r.stdout.splitlines() if "pp3" in ln or "tg2" in ln]
+    assert len(rows) == 2 and all("| CPU |" in ln for ln in rows), r.stdout
+
+
+def test_bad_main_gpu_is_an_error(tiny):
+    from llamapy.errors import LlamapyError
+
+    with pytest.raises(LlamapyError, match=r"main_gpu = -2: must be a GPU index >= 0"):
+        Context(tiny, n_ctx=256, n_gpu_layers=1, main_gpu=-2)
