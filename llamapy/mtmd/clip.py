@@ -40,6 +40,10 @@ class Projector:
     resample: str = "bilinear"  # the preprocessing's resampling filter (image.RESAMPLE)
     stretch: bool = False  # resize to the square ignoring the aspect ratio (else: fit and pad)
     pad_color: tuple[int, int, int] = (0, 0, 0)
+    # Qwen-VL style: the image's tokens take M-RoPE positions (t, h, w) and n_pos = max(rows, cols)
+    mrope: bool = False
+    # (model, bitmap, pad) -> F32[3, H, W] for projectors whose image size follows the image (None: fixed size)
+    preprocess: Callable[[ClipModel, Any, bool], np.ndarray] | None = None
 
 
 def register_projector(p: Projector) -> Projector:
@@ -83,7 +87,7 @@ def _arr3(md: MetaReader, key: str, where: str) -> tuple[float, float, float]:
 
 def load_hparams(metadata: dict[str, Any], where: str) -> ClipHParams:
     """The vision hyper-parameters of an mmproj file's metadata (``clip.vision.*``)."""
-    from . import llava, siglip  # noqa: F401  (register their projector types)
+    from . import llava, qwen2vl, qwen3vl, siglip  # noqa: F401  (register their projector types)
 
     md = MetaReader(metadata, "clip", where=where)
     try:

@@ -8,7 +8,10 @@ idefics3: ``<fake_token_around_image><global-img>`` ..., and with ``clip.vision.
 tiles, each ``<fake_token_around_image><row_R_col_C>`` + a tile, then the global image; mlp: none).
 ``eval_chunks(ctx, chunks, n_past)`` decodes them in order into a ``Context``: text in ``n_batch``
 pieces, images as embeddings (``Batch.from_embd``), with non-causal attention inside the image for the
-projectors that need it (gemma3: the whole image then goes in one ubatch).
+projectors that need it (gemma3: the whole image then goes in one ubatch). Qwen-VL style projectors
+(``Projector.mrope``: qwen2vl_merger, qwen2.5vl_merger): ``<|vision_start|>`` ... ``<|vision_end|>``, the
+image preprocessed at its own size, its tokens at M-RoPE positions ``(n_past, n_past + row, n_past + col)``
+(``Batch.from_embd(mpos=)``), and the text after it at ``n_past + max(rows, cols)`` (``ImageChunk.n_pos``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ _IMAGE_WRAP = {
     "gemma3": ("<start_of_image>", "<end_of_image>"),
     "idefics3": ("<fake_token_around_image><global-img>", "<fake_token_around_image>"),  # one global image
 }
+_MROPE_WRAP = ("<|vision_start|>", "<|vision_end|>")  # Qwen-VL style projectors (Projector.mrope)
 
 
 @dataclass
@@ -56,10 +60,22 @@ class ImageChunk:
     pixels: np.ndarray  # F32[3, H, W], preprocessed
     non_causal: bool = False
     embd: np.ndarray | None = field(default=None, repr=False)  # set by MtmdContext.encode
+    # M-RoPE (Projector.mrope): the merged grid, tokens row-major; token i sits at (t, h, w) =
+    # (n_past, n_past + i // nx, n_past + i % nx) and the image takes max(nx, ny) positions
+    mrope: bool = False
+    nx: int = 0
+    ny: int = 0
 
     @property
     def n_pos(self) -> int:
-        return self.n_tokens
+        return max(self.nx, self.ny) if self.mrope else self.n_tokens
+
+    def mpos(self, n_past: int) -> np.ndarray:
+        """int32[n_tokens, 4]: each token's (t, h, w, e) positions from ``n_past`` (M-RoPE images)."""
+        row, col = np.divmod(np.arange(self.n_tokens, dtype=np.int32), max(self.nx, 1))
+        out = np.zeros((self.n_tokens, 4), dtype=np.int32)
+        out[:, 0], out[:, 1], out[:, 2] = n_past, n_past + row, n_past + col
+        return out
 
 
 Chunk = TextChunk | ImageChunk
@@ -82,7 +98,8 @@ class MtmdContext:
         self.clip = ClipModel(mmproj_path, n_threads=n_threads, backend=backend)
         self.model = text_model
         hp = text_model.hparams  # type: ignore[attr-defined]
-        self.clip.check_text_model(hp.n_embd, f"{getattr(text_model, 'path', '')}")
+        n_embd_inp = getattr(hp, "n_embd_inp", hp.n_embd)  # Qwen3-VL: + its deepstack slices
+        self.clip.check_text_model(n_embd_inp, f"{getattr(text_model, 'path', '')}")
         self.vocab = text_model.vocab  # type: ignore[attr-defined]
         if self.vocab is None:
             raise MtmdError(
@@ -91,7 +108,7 @@ class MtmdContext:
         self.max_pixels = max_pixels
         self.image_pad = image_pad
         ptype = self.clip.hparams.projector_type
-        self.image_wrap = _IMAGE_WRAP.get(ptype, ("", ""))
+        self.image_wrap = _IMAGE_WRAP.get(ptype, _MROPE_WRAP if self.clip.projector.mrope else ("", ""))
         for tok in (t for w in self.image_wrap for t in w.replace("><", ">\0<").split("\0")):
             if tok and (self.vocab is None or self.vocab.text_to_token(tok) < 0):
                 raise MtmdError(
@@ -124,6 +141,12 @@ class MtmdContext:
         hp = self.clip.hparams
         pr = self.clip.projector
         pad = self.image_pad and not pr.stretch
+        if pr.preprocess is not None:  # the image's size follows the bitmap (Qwen-VL)
+            px = pr.preprocess(self.clip, bmp, pad)
+            n = self.clip.n_output_tokens(px.shape[2], px.shape[1])
+            m = hp.patch_size * max(hp.n_merge, 1)
+            nx, ny = px.shape[2] // m, px.shape[1] // m
+            return ImageChunk(bmp.id, n, px, self.decode_use_non_causal, mrope=pr.mrope, nx=nx, ny=ny)
         px = preprocess_fixed(
             bmp,
             hp.image_size,
@@ -234,6 +257,7 @@ class MtmdContext:
     ) -> int:
         embd = self.encode(ch)
         n = embd.shape[0]
+        pos0 = n_past
         if ch.non_causal:
             n_ub = int(ctx.n_ubatch)  # type: ignore[attr-defined]
             if n > min(nb, n_ub):
@@ -241,20 +265,20 @@ class MtmdContext:
                     f"an image of {n} tokens needs non-causal attention within one batch, but n_batch = {nb} "
                     f"and n_ubatch = {n_ub}; raise both to at least {n}"
                 )
-        caches = ctx.memory.caches  # type: ignore[attr-defined]
-        saved = [c.causal for c in caches]
+        saved = ctx.causal_attn  # type: ignore[attr-defined]
         try:
             if ch.non_causal:  # llama_set_causal_attn(ctx, false) for the image's decode
-                for c in caches:
-                    c.causal = False
+                ctx.set_causal_attn(False)  # type: ignore[attr-defined]
             for i in range(0, n, nb):
                 e = embd[i : i + nb]
-                b = Batch.from_embd(e, pos0=n_past, seq_id=seq_id)
+                if ch.mrope:  # all the image's tokens at t = pos0; h, w from their row and column
+                    b = Batch.from_embd(e, seq_id=seq_id, mpos=ch.mpos(pos0)[i : i + nb])
+                else:
+                    b = Batch.from_embd(e, pos0=n_past, seq_id=seq_id)
                 b.logits = np.zeros(len(e), dtype=bool)
                 b.logits[-1] = logits and i + nb >= n
                 ctx.decode(b)  # type: ignore[attr-defined]
                 n_past += len(e)
         finally:
-            for c, s in zip(caches, saved, strict=True):
-                c.causal = s
-        return n_past
+            ctx.set_causal_attn(saved)  # type: ignore[attr-defined]
+        return pos0 + ch.n_pos

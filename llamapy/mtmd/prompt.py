@@ -141,8 +141,8 @@ def chunk_tokens(chunks: Sequence[Chunk]) -> list[int]:
         if isinstance(ch, TextChunk):
             toks += ch.tokens
         else:
-            base = int(ch.id[:8], 16) << _K_BITS
-            toks += [-(1 + base + k) for k in range(ch.n_tokens)]
+            base = int(ch.id[:8], 16) << _K_BITS  # one entry per position (M-RoPE: fewer than tokens)
+            toks += [-(1 + base + k) for k in range(ch.n_pos)]
     return toks
 
 
@@ -178,10 +178,11 @@ def prefill(mt: MtmdContext, seq: Any, chunks: Sequence[Chunk]) -> list[int]:
     """Make ``seq`` (a ``TokenSequence``) hold ``chunks``; returns the prompt's token view."""
     chunks = dedupe_bos(chunks, getattr(mt.vocab, "bos", -1))
     want = chunk_tokens(chunks)
-    if len(want) > seq.n_ctx:
+    n_cells = sum(ch.n_tokens for ch in chunks)  # KV cells; ``want`` counts positions
+    if max(len(want), n_cells) > seq.n_ctx:
         from ..generation.sequence import PromptTooLongError
 
-        raise PromptTooLongError(f"the prompt has {len(want)} positions but the context holds {seq.n_ctx}")
+        raise PromptTooLongError(f"the prompt has {n_cells} tokens but the context holds {seq.n_ctx}")
     # chunk boundaries: the reused prefix may end inside text, never inside an image
     n = seq.common_prefix(want)
     if n == len(want) == len(seq.tokens) and seq._last_logits is not None:
