@@ -2,14 +2,21 @@
 ``ClipModel.encode`` side by side with llama.cpp's ``llama-mtmd-cli`` on the same files (comparison only).
 
     python benchmarks/bench_mtmd.py [--sizes 224,384,896] [--layers 6] [--width 384] [--type f16] [--runs 3]
+                                    [--threads N] [--out benchmarks/results/mtmd.md]
 
 The files are gemma3 mmproj files with random weights (a SigLIP-small-like tower: ``--layers`` blocks,
 ``--width`` wide, 6 heads, FFN 4x; patch 14, or 16 for 384 px, and the 4x4 average pool) and the tiny
 gemma3 text model they project into, written by the test converter (``tests/mtmd/convert.py``: needs the
 ``test`` extra, torch and transformers). llamapy is timed in-process after a warm-up encode (Numba cache
-and graph warm); llama.cpp as ``llama-mtmd-cli -n 1``, reading its ``image slice encoded in N ms`` line.
-The llama.cpp binary comes from benchmarks/build_llamacpp.sh (~/.cache/llamapy/llamacpp/<version>/build/bin,
-or ``--llama-cpp PATH``); without it only llamapy runs.
+and graph warm); llama.cpp as ``llama-mtmd-cli -n 1 --chat-template gemma -c 2048`` (the tiny text model
+has no template, and too small a context), reading its ``mtmd batch encoding done in N ms`` line
+(``image slice encoded in N ms`` in older builds; both time the encode alone, after the warm-up encode
+llama.cpp does when it loads the mmproj).
+Both sides get the same thread count (``--threads``, default all cores). The llama.cpp binary comes from
+benchmarks/build_llamacpp.sh (~/.cache/llamapy/llamacpp/<version>/build/bin, or ``--llama-cpp PATH``);
+without it only llamapy runs. The table goes to stdout and to ``--out`` (benchmarks/results/mtmd.md) with
+the machine line and the command. Only the gemma3 projector is timed: llama.cpp's ``ldp``/``ldpv2`` graph
+assumes a 24x24 patch grid (336 px), so those types would not run at these sizes.
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ import argparse
 import glob
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -110,11 +119,15 @@ def time_llamacpp(
             "describe",
             "-n",
             "1",
+            "--chat-template",
+            "gemma",
+            "-c",
+            "2048",  # the image's tokens must fit (the tiny text model says 128)
         ]
         if threads:
             cmd += ["-t", str(threads)]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        m = re.search(r"image slice encoded in (\d+) ms", r.stdout + r.stderr)
+        r = subprocess.run(cmd, capture_output=True, encoding="utf-8", errors="replace", timeout=600)
+        m = re.search(r"(?:image slice encoded|mtmd batch encoding done) in (\d+) ms", r.stdout + r.stderr)
         if not m:
             print(
                 f"llama-mtmd-cli gave no encode time (rc {r.returncode}):\n{r.stderr[-2000:]}",
@@ -126,6 +139,21 @@ def time_llamacpp(
     return best
 
 
+def machine_line() -> str:
+    cpu, flags = "?", []
+    try:
+        for ln in Path("/proc/cpuinfo").read_text().splitlines():
+            if ln.startswith("model name") and cpu == "?":
+                cpu = ln.split(":", 1)[1].strip()
+            if ln.startswith("flags") and not flags:
+                flags = [
+                    f for f in ln.split(":", 1)[1].split() if re.fullmatch(r"avx|avx2|fma|f16c|avx512\w*", f)
+                ]
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, {cpu}; flags: {' '.join(flags)}; load {os.getloadavg()[0]:.2f}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="224,384,896")
@@ -133,11 +161,18 @@ def main() -> int:
     ap.add_argument("--width", type=int, default=384)
     ap.add_argument("--type", default="f16", choices=["f32", "f16"])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--llama-cpp", default=None, help="path of llama-mtmd-cli")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mtmd.md"))
     args = ap.parse_args()
     cli = find_mtmd_cli(args.llama_cpp)
-    print(f"{'size':>5} {'patches':>8} {'tokens':>6} {'llamapy s':>10} {'llama.cpp s':>12}")
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    machine = machine_line()  # the load before this run's own work
+    head = (
+        "| size px | patch | patches | tokens | llamapy ms | llama.cpp ms | time ratio llamapy / llama.cpp |"
+    )
+    rows = [head, "|---:|---:|---:|---:|---:|---:|---:|"]
+    print(head + "\n" + rows[1], flush=True)
     for size in (int(s) for s in args.sizes.split(",")):
         out = CACHE / "bench-mtmd" / f"{size}-{args.layers}x{args.width}-{args.type}"
         out.mkdir(parents=True, exist_ok=True)
@@ -145,9 +180,33 @@ def main() -> int:
         img = image_file(size, out)
         t_py, n_tok = time_llamapy(mmproj, img, args.runs, args.threads)
         t_cpp = time_llamacpp(cli, text, mmproj, img, args.runs, args.threads) if cli else None
-        n_patch = (size // patch_for(size)) ** 2
-        cpp = f"{t_cpp:12.3f}" if t_cpp is not None else f"{'-':>12}"
-        print(f"{size:5d} {n_patch:8d} {n_tok:6d} {t_py:10.3f} {cpp}", flush=True)
+        patch = patch_for(size)
+        cpp = f"{t_cpp * 1000:.0f}" if t_cpp is not None else "-"
+        ratio = f"{t_py / t_cpp:.2f}x" if t_cpp else "-"
+        rows.append(
+            f"| {size} | {patch} | {(size // patch) ** 2} | {n_tok} | {t_py * 1000:.0f} | {cpp} | {ratio} |"
+        )
+        print(rows[-1], flush=True)
+    cmd = "python benchmarks/bench_mtmd.py " + shlex.join(sys.argv[1:])
+    load = os.getloadavg()[0]
+    busy = [f"- NOTE: load {load:.2f} on {os.cpu_count()} cores: a busy machine, not final numbers"]
+    md = [
+        "# Image encode time (vision tower + projector), llamapy vs llama.cpp's llama-mtmd-cli",
+        "",
+        f"- when: {when}; machine: {machine}",
+        *(busy if load > 0.75 * (os.cpu_count() or 1) else []),
+        f"- command: `{cmd.strip()}` (threads {args.threads}, best of {args.runs})",
+        f"- llama.cpp: `{cli or 'not found'}` (`-n 1 --chat-template gemma -c 2048`; "
+        "its `mtmd batch encoding done in` line)",
+        f"- files: gemma3 mmproj, random weights, {args.layers} blocks x {args.width} wide, 6 heads, FFN "
+        f"{4 * args.width}, {args.type.upper()}; 4x4 average pool; written by tests/mtmd/convert.py",
+        "",
+        *rows,
+        "",
+    ]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("\n".join(md))
+    print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 

@@ -76,6 +76,9 @@ def load_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, where: str = "
     except Image.DecompressionBombError as e:  # Pillow's own limit (2 x MAX_IMAGE_PIXELS), checked first
         raise ImageError(f"{where}: image exceeds the limit of {max_pixels} pixels ({e})") from None
     except Exception as e:  # PIL.UnidentifiedImageError and friends
+        known = _signature(bytes(data[:16]))
+        if known:  # the header of a supported format, then nothing Pillow can read
+            raise ImageError(f"{where}: the {known} image is corrupt or truncated: {e}") from None
         raise ImageError(f"{where}: not an image in a supported format ({', '.join(FORMATS)}): {e}") from None
     fmt = (img.format or "").upper()
     if fmt not in FORMATS:
@@ -90,10 +93,24 @@ def load_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, where: str = "
     try:
         img.seek(0)  # the first frame of an animation
         img.load()
+        if img.mode.startswith("I"):  # 16-bit grey PNG: Pillow's RGB conversion clips at 255
+            grey = (np.clip(np.asarray(img).astype(np.int64), 0, 65535) >> 8).astype(np.uint8)  # as stb_image
+            return Bitmap(np.repeat(grey[..., None], 3, axis=2))
         rgb = img.convert("RGB")
     except Exception as e:
         raise ImageError(f"{where}: the {fmt} image is corrupt or truncated: {e}") from None
     return Bitmap(np.asarray(rgb, dtype=np.uint8).copy())
+
+
+_SIGNATURES = {b"\x89PNG\r\n\x1a\n": "PNG", b"\xff\xd8\xff": "JPEG", b"GIF87a": "GIF", b"GIF89a": "GIF",
+               b"BM": "BMP"}  # fmt: skip
+
+
+def _signature(head: bytes) -> str:
+    """The supported format whose magic bytes ``head`` starts with ('' when none)."""
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+        return "WEBP"
+    return next((f for sig, f in _SIGNATURES.items() if head.startswith(sig)), "")
 
 
 RESAMPLE = ("bilinear", "bicubic", "lanczos")

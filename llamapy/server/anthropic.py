@@ -3,9 +3,11 @@
 A request becomes a :class:`ChatCompletionRequest` (``system`` -> a system message; ``tool_use`` blocks ->
 assistant tool calls; ``tool_result`` blocks -> tool messages; ``tools`` with ``input_schema`` -> chat
 function tools; ``tool_choice`` any/tool -> required/named; ``stop_sequences`` -> ``stop``; ``thinking``
--> the template's ``enable_thinking``) and runs through the same planning, engine task and token loop as
-``/v1/chat/completions``. The parsed message comes back as content blocks (``thinking``, ``text``,
-``tool_use``) and, streamed, as Anthropic's SSE events. Errors have Anthropic's shape:
+-> the template's ``enable_thinking``; ``image`` blocks -> OpenAI ``image_url`` parts: a ``base64`` source
+becomes a ``data:`` URL, a ``url`` source is fetched under the same ``--allow-image-urls`` rule) and runs
+through the same planning, engine task and token loop as ``/v1/chat/completions``. The parsed message
+comes back as content blocks (``thinking``, ``text``, ``tool_use``) and, streamed, as Anthropic's SSE
+events. Errors have Anthropic's shape:
 ``{"type": "error", "error": {"type", "message"}}``.
 
 ``thinking.budget_tokens`` is accepted, but there is no separate budget for reasoning: ``max_tokens``
@@ -14,6 +16,8 @@ bounds reasoning and answer together.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from typing import Any, Literal
 
@@ -75,6 +79,18 @@ class ToolResultBlock(_Body):
     is_error: bool | None = None
 
 
+class ImageSource(_Body):
+    type: Literal["base64", "url"]
+    media_type: str | None = None
+    data: str | None = None
+    url: str | None = None
+
+
+class ImageBlock(_Body):
+    type: Literal["image"]
+    source: ImageSource
+
+
 class ThinkingBlock(_Body):
     type: Literal["thinking"]
     thinking: str
@@ -86,14 +102,18 @@ class RedactedThinkingBlock(_Body):
     data: str | None = None
 
 
-_USER_BLOCKS: dict[str, type[BaseModel]] = {"text": TextBlock, "tool_result": ToolResultBlock}
+_USER_BLOCKS: dict[str, type[BaseModel]] = {
+    "text": TextBlock,
+    "image": ImageBlock,
+    "tool_result": ToolResultBlock,
+}
 _ASSISTANT_BLOCKS: dict[str, type[BaseModel]] = {
     "text": TextBlock,
     "tool_use": ToolUseBlock,
     "thinking": ThinkingBlock,
     "redacted_thinking": RedactedThinkingBlock,
 }
-_UNSUPPORTED_BLOCKS = ("image", "document", "search_result", "server_tool_use", "web_search_tool_result")
+_UNSUPPORTED_BLOCKS = ("document", "search_result", "server_tool_use", "web_search_tool_result")
 
 
 class InputMessage(_Body):
@@ -172,6 +192,60 @@ def _result_text(b: ToolResultBlock, where: str) -> str:
     return f"Error: {text}" if b.is_error else text
 
 
+# Anthropic's image types, and the first bytes of each (a block whose data is another format is refused)
+IMAGE_MEDIA_TYPES = {"image/jpeg": (b"\xff\xd8\xff",), "image/png": (b"\x89PNG\r\n\x1a\n",),
+                     "image/gif": (b"GIF87a", b"GIF89a"), "image/webp": (b"RIFF",)}  # fmt: skip
+
+
+def _sniff(data: bytes) -> str | None:
+    for mt, magic in IMAGE_MEDIA_TYPES.items():
+        if data.startswith(magic) and (mt != "image/webp" or data[8:12] == b"WEBP"):
+            return mt
+    return None
+
+
+def image_part(b: ImageBlock, where: str) -> dict[str, Any]:
+    """An Anthropic image block as an OpenAI ``image_url`` content part."""
+    src = b.source
+    if src.type == "url":
+        if not isinstance(src.url, str) or not src.url:
+            raise bad_request(f"'{where}.source.url' must be a non-empty string", f"{where}.source.url")
+        return {"type": "image_url", "image_url": {"url": src.url}}
+    mt = src.media_type
+    if mt not in IMAGE_MEDIA_TYPES:
+        raise bad_request(
+            f"'{where}.source.media_type' {mt!r} is not a supported image type "
+            f"({', '.join(IMAGE_MEDIA_TYPES)})",
+            f"{where}.source.media_type",
+        )
+    if not isinstance(src.data, str) or not src.data:
+        raise bad_request(f"'{where}.source.data' must be a non-empty base64 string", f"{where}.source.data")
+    try:
+        raw = base64.b64decode(src.data, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise bad_request(f"'{where}.source.data' is not valid base64: {e}", f"{where}.source.data") from None
+    found = _sniff(raw)
+    if found is not None and found != mt:
+        raise bad_request(
+            f"'{where}.source.data' is a {found} image but 'media_type' says {mt}",
+            f"{where}.source.media_type",
+        )
+    return {"type": "image_url", "image_url": {"url": f"data:{mt};base64,{src.data}"}}
+
+
+def _user_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """Text blocks joined as before; with images, OpenAI content parts (neighbouring texts joined)."""
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    out: list[dict[str, Any]] = []
+    for p in parts:
+        if p["type"] == "text" and out and out[-1]["type"] == "text":
+            out[-1] = {"type": "text", "text": out[-1]["text"] + p["text"]}
+        else:
+            out.append(p)
+    return out
+
+
 def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if req.system:
@@ -185,19 +259,23 @@ def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
             continue
         texts: list[str] = []
         if m.role == "user":
+            parts: list[dict[str, Any]] = []
             for j, rb in enumerate(m.content):
                 where = f"messages.{i}.content.{j}"
                 b = _block(rb, _USER_BLOCKS, where, "user")
                 if isinstance(b, TextBlock):
-                    texts.append(b.text)
+                    parts.append({"type": "text", "text": b.text})
+                    continue
+                if isinstance(b, ImageBlock):
+                    parts.append(image_part(b, where))
                     continue
                 tm: dict[str, Any] = {"role": "tool", "tool_call_id": b.tool_use_id}
                 tm["content"] = _result_text(b, where)
                 if b.tool_use_id in names:
                     tm["name"] = names[b.tool_use_id]
                 out.append(tm)
-            if texts:
-                out.append({"role": "user", "content": "".join(texts)})
+            if parts:
+                out.append({"role": "user", "content": _user_content(parts)})
             continue
         calls, thinking = [], []
         for j, rb in enumerate(m.content):
@@ -409,7 +487,7 @@ class MessagesFormatter:
 
 
 def add_messages_routes(app: FastAPI, state: Any) -> None:
-    from .app import _generate, _no_completions, chat_inputs
+    from .app import _generate, _has_image_parts, _image_tokens, _no_completions, _split_images, chat_inputs
 
     def anthropic_errors(handler: Any) -> Any:
         async def wrapped(request: Request) -> Any:
@@ -443,6 +521,14 @@ def add_messages_routes(app: FastAPI, state: Any) -> None:
         raw = parse_json(await request.body())
         req: CountTokensRequest = validate(CountTokensRequest, raw)
         chat = to_chat(req, raw)
+        images = None
+        if _has_image_parts(chat):  # the images count as the tokens they become
+            chat, images = await run_in_threadpool(
+                _split_images, chat, backend, state.settings.allow_image_urls
+            )
         plan = await run_in_threadpool(P.chat_plan, chat, backend)
-        tokens = await run_in_threadpool(P.chat_tokens, plan.prompt, backend)
+        if images is None:
+            tokens = await run_in_threadpool(P.chat_tokens, plan.prompt, backend)
+        else:
+            tokens, _ = await run_in_threadpool(_image_tokens, plan.prompt, images, backend)
         return {"input_tokens": len(tokens)}

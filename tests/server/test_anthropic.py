@@ -171,6 +171,10 @@ def test_x_api_key_auth(fake):
         ),
         (
             {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
+            "messages.0.content.0.source",
+        ),
+        (
+            {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
             "messages.0.content.0.type",
         ),
         (
@@ -385,3 +389,122 @@ def test_thinking_config_is_accepted(fake):
         body = {"model": "m", "max_tokens": 2, "messages": HI, "thinking": thinking}
         assert _post(fake, "/v1/messages", body).status_code == 200
         assert _post(fake, "/v1/messages/count_tokens", body).json()["input_tokens"] > 0
+
+
+# -- images (a tiny LLaVA: CLIP + mlp projector) ---------------------------------------------------------
+
+
+def _png(seed: int, size: tuple[int, int] = (40, 56), fmt: str = "PNG") -> str:
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (*size, 3), dtype=np.uint8)).save(
+        buf, format=fmt
+    )
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _image(data: str, media_type: str = "image/png") -> dict:
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+
+
+def _url_image(url: str) -> dict:
+    return {"type": "image", "source": {"type": "url", "url": url}}
+
+
+@pytest.fixture(scope="module")
+def vision(tmp_path_factory) -> Iterator[tuple[LiveServer, LiveServer]]:
+    """The same tiny vision model twice: without and with --allow-image-urls."""
+    from llamapy.mtmd import MtmdContext
+    from llamapy.server.backend import ContextBackend
+    from tests.mtmd import convert
+
+    vlm = convert.make_llava(tmp_path_factory.mktemp("anthropic-llava"))
+    live = []
+    for allow in (False, True):
+        backend = ContextBackend(vlm.text_gguf(), n_ctx=256, n_seq_max=1, n_batch=64, n_ubatch=64)
+        backend.mtmd = MtmdContext(vlm.mmproj_gguf(), backend.model)  # type: ignore[attr-defined]
+        settings = ServerSettings(model_path=str(vlm.text_gguf()), warmup=False, allow_image_urls=allow)
+        live.append(start_live(settings, backend))
+        wait_ready(live[-1][0].base_url, timeout=120)
+    yield live[0][0], live[1][0]
+    for srv, thread in live:
+        stop_live(srv, thread)
+
+
+def test_image_blocks_answer_like_openai_image_url_parts(vision):
+    import openai
+
+    srv, _ = vision
+    data = _png(1)
+    msg = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "what is "}, _image(data), {"type": "text", "text": "this"}],
+        }
+    ]
+    m = anthropic.Anthropic(base_url=srv.base_url, api_key="x", max_retries=0, timeout=120).messages.create(
+        model="m", max_tokens=4, messages=msg, extra_body={"temperature": 0}
+    )
+    oa = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0, timeout=120)
+    parts = [
+        {"type": "text", "text": "what is "},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + data}},
+        {"type": "text", "text": "this"},
+    ]
+    r = oa.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": parts}], max_tokens=4, temperature=0
+    )
+    assert m.content[0].text == r.choices[0].message.content
+    assert m.usage.input_tokens == r.usage.prompt_tokens >= 16  # the image's 16 tokens counted
+    c = anthropic.Anthropic(base_url=srv.base_url, api_key="x", max_retries=0).messages.count_tokens(
+        model="m", messages=msg
+    )
+    assert c.input_tokens == m.usage.input_tokens
+    two = [{"role": "user", "content": [_image(data), _image(_png(2, fmt="JPEG"), "image/jpeg")]}]
+    m2 = anthropic.Anthropic(base_url=srv.base_url, api_key="x", max_retries=0, timeout=120).messages.create(
+        model="m", max_tokens=2, messages=two
+    )
+    assert m2.usage.input_tokens >= 32
+
+
+@pytest.mark.parametrize(
+    "block,where,says",
+    [
+        (_image("AAAA", "image/tiff"), "source.media_type", "not a supported image type"),
+        (_image("iVBORw0KGgo*not base64*", "image/png"), "source.data", "not valid base64"),
+        (_image(_png(3), "image/jpeg"), "source.media_type", "is a image/png image"),
+        (_image("aGVsbG8gd29ybGQ=", "image/png"), "messages", "not an image"),  # valid base64, no image
+        ({"type": "image", "source": {"type": "file", "file_id": "f"}}, "source.type", "source.type"),
+        (_url_image("http://127.0.0.1/cat.png"), "messages", "remote image URLs are not fetched"),
+    ],
+)
+def test_bad_image_blocks_are_400(vision, block, where, says):
+    srv, _ = vision
+    body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": [block]}]}
+    r = httpx.post(srv.base_url + "/v1/messages", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and where in err["message"] and says in err["message"], err
+
+
+def test_url_images_follow_allow_image_urls(vision):
+    _, allowed = vision
+    body = {
+        "model": "m",
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": [_url_image("http://127.0.0.1/a.png")]}],
+    }
+    r = httpx.post(allowed.base_url + "/v1/messages", json=body, timeout=60)
+    assert r.status_code == 400 and "non-public address" in r.json()["error"]["message"], r.text
+
+
+def test_image_block_to_a_server_without_mmproj(fake):
+    with pytest.raises(anthropic.BadRequestError, match="mmproj"):
+        _client(fake).messages.create(
+            model="m", max_tokens=2, messages=[{"role": "user", "content": [_image(_png(1))]}]
+        )
