@@ -86,13 +86,18 @@ def _gdn_inputs(n_s: int, n_t: int, hk: int, h: int, d: int):
 @pytest.mark.parametrize(
     "n_s,n_t,hk,h,d", [(1, 1, 2, 2, 8), (2, 1, 1, 3, 5), (3, 7, 2, 4, 16), (2, 70, 1, 2, 8)]
 )
-def test_gated_delta_net(n_s: int, n_t: int, hk: int, h: int, d: int) -> None:
+@pytest.mark.parametrize("chunk_min", [None, 64], ids=["token-by-token", "chunked-from-64"])
+def test_gated_delta_net(
+    n_s: int, n_t: int, hk: int, h: int, d: int, chunk_min: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU step (the Numba kernel; the chunked NumPy form where ``CHUNK_MIN_TOKENS`` enables it)."""
+    monkeypatch.setattr(ssm_steps, "CHUNK_MIN_TOKENS", chunk_min)
     arrs = _gdn_inputs(n_s, n_t, hk, h, d)
     ts = [inp(n, a) for n, a in zip("qkvgbs", arrs, strict=True)]
     out = ops.gated_delta_net(*ts)
     got, ref = run_both(out, dict(zip(ts, arrs, strict=True)))
     assert got.shape == (n_s * n_t * h * d + n_s * h * d * d,)
-    assert nmse(got, ref) < 1e-9, (n_t >= ssm_steps.CHUNK_MIN_TOKENS, nmse(got, ref))
+    assert nmse(got, ref) < 1e-9, (chunk_min, nmse(got, ref))
 
 
 def test_gated_delta_net_torch_oracle() -> None:

@@ -1,9 +1,12 @@
 """CPU steps of the recurrent ops (kernels in ``ssm_kernels``); they register into the backend's
 compiler table when ``backend`` imports this module.
 
-``gated_delta_net`` runs token by token in Numba for short ubatches (decode) and in the chunked form
-(``ssm_reference.delta_rule_chunked`` in float32: matrix products per chunk) from ``CHUNK_MIN_TOKENS``
-tokens per sequence on, as llama.cpp switches between its autoregressive and chunked graphs.
+``gated_delta_net`` runs token by token in Numba (parallel over sequences x heads) for decode and
+prompts alike. The chunked form (``ssm_reference.delta_rule_chunked`` in float32: matrix products per
+chunk, as llama.cpp's chunked graph) is kept behind ``CHUNK_MIN_TOKENS`` but off: on the CPU it does about
+twice the FLOPs and runs on one thread, and measured in the graph of a Qwen3.5-0.8B-shaped model (2
+threads, pp512, 18 delta-rule layers) it took 1.4 s of the prompt against 0.3 s token by token (pp512
+118-149 -> 218-235 t/s; benchmarks/results/qwen35.md).
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from ..ssm_reference import delta_rule_chunked
 from ..tensor import Tensor
 from .backend import CPUBackend, _compiler
 
-#: tokens per sequence from which a ubatch takes the chunked delta rule
-CHUNK_MIN_TOKENS = 64
+#: tokens per sequence from which a ubatch takes the chunked delta rule; None: never (the default)
+CHUNK_MIN_TOKENS: int | None = None
 CHUNK = 64
 
 _ACT = {"sigmoid": 0, "softplus": 1, "l2_norm": 2}
@@ -66,7 +69,7 @@ def _gated_delta_net(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | N
     ny = n_s * n_t * n_h * d
     y = out[:ny].reshape(n_s, n_t, n_h, d)
     sout = out[ny:].reshape(n_s, n_h, d, d)
-    if n_t >= CHUNK_MIN_TOKENS:
+    if CHUNK_MIN_TOKENS is not None and n_t >= CHUNK_MIN_TOKENS:
 
         def step_chunked() -> None:
             yc, m = delta_rule_chunked(q, k, v, g, beta, st, chunk=CHUNK, dtype=np.float32)
