@@ -98,6 +98,16 @@ def test_top_p_adaptive_path_equals_full_sort(logits, p):
     b = TokenDataArray.from_logits(big)
     b.sort_desc()
     TopPSampler(p, 1).apply(b)
+    if len(a.ids) != len(b.ids):
+        # b's softmax sums in sorted order, a's in id order: the normalizers may differ in the last bit,
+        # which moves the cut by one token only where the running sum meets p within that rounding
+        short, long_ = sorted((a.ids, b.ids), key=len)
+        assert len(long_) == len(short) + 1
+        probs = np.exp(big.astype(np.float64) - big.max())
+        probs /= probs.sum()
+        assert abs(probs[short].sum() - np.float32(p)) < 1e-5
+        np.testing.assert_array_equal(long_[: len(short)], short)
+        return
     np.testing.assert_array_equal(a.ids, b.ids)
 
 
