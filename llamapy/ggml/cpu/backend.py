@@ -25,8 +25,12 @@ from .layouts import GLU_KIND, UNARY_KIND
 
 __all__ = ["CPUBackend", "MATVEC_MAX_TOKENS"]
 
-#: batches up to this many rows use the in-register mat-vec kernels; larger ones dequantize tiles + BLAS
-MATVEC_MAX_TOKENS = 8
+#: batches up to this many rows use the in-register mat-vec kernels (``matmul_kernels.matvec_kernel``:
+#: one row ``MATVEC``; more rows the batch kernels, each weight block decoded once per 4 or 8 rows);
+#: larger ones dequantize tiles + BLAS. benchmarks/results/ggml_matvec.txt: at 16 rows the batch kernels
+#: take 0.45-0.6x the time of tiles + sgemm on 576x1536 / 1536x576 and ~0.1-0.25x on 49152x576 (Q4_1,
+#: Q8_0, Q4_K, Q6_K, one thread); the two meet around 24-32 rows on the small matrices.
+MATVEC_MAX_TOKENS = 16
 #: attention over at most this many query rows runs in one Numba kernel, parallel over heads (no BLAS)
 ATTN_SMALL_MAX_TOKENS = 4
 #: floats in one dequantized weight tile for the large-batch path (each tile is one dequantize and one

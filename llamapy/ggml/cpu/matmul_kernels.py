@@ -6,6 +6,11 @@ Call: ``MATVEC[type](w, x, out, f16)`` with ``w`` the raw weight ``uint8[N, row_
 (C-contiguous), ``x`` the activations ``float32[M, K]`` (C-contiguous), ``out`` ``float32[M, N]``
 and ``f16`` the 65536-entry half -> float table; ``out[m, r] = sum_k W[r, k] * x[m, k]``.
 
+``MATVEC`` kernels take any number of rows but decode the weight again for each; for 2 or more rows
+``MATVEC_BATCH`` (``batch_kernels``, ``kquant_batch``) decodes each weight block once for up to four
+rows, and from ``BATCH8_MIN_ROWS`` rows ``MATVEC_BATCH8`` (``batch8_kernels``, the 32-element types)
+once for up to eight. ``matvec_kernel(name, M)`` picks one.
+
 This file holds the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), which multiply the float
 activations as they are. The k-quants (``kquant_kernels``) multiply activations quantized to 8 bits,
 as llama.cpp does; ``MATVEC`` holds both.
@@ -43,6 +48,9 @@ from ..quants.layouts import (
     Q8_0_QS,
 )
 from ..types import GGMLType
+from .batch8_kernels import mmb8_mxfp4, mmb8_q4_0, mmb8_q4_1, mmb8_q5_0, mmb8_q5_1, mmb8_q8_0
+from .batch_kernels import mmb_mxfp4, mmb_q4_0, mmb_q4_1, mmb_q5_0, mmb_q5_1, mmb_q8_0
+from .kquant_batch import mmb_q4_k, mmb_q5_k, mmb_q6_k
 from .kquant_kernels import mm_q4_k, mm_q5_k, mm_q6_k
 from .layouts import ROWS_PER_PASS
 from .mxfp4_kernels import mm_mxfp4
@@ -263,3 +271,27 @@ MATVEC = {
     "Q4_K": mm_q4_k, "Q5_K": mm_q5_k, "Q6_K": mm_q6_k,
     "MXFP4": mm_mxfp4,
 }  # fmt: skip
+
+#: small-batch kernels (2 to ``backend.MATVEC_MAX_TOKENS`` rows): each weight block decoded once per 4 rows
+MATVEC_BATCH = {
+    "Q4_0": mmb_q4_0, "Q4_1": mmb_q4_1, "Q5_0": mmb_q5_0, "Q5_1": mmb_q5_1, "Q8_0": mmb_q8_0,
+    "Q4_K": mmb_q4_k, "Q5_K": mmb_q5_k, "Q6_K": mmb_q6_k,
+    "MXFP4": mmb_mxfp4,
+}  # fmt: skip
+
+
+#: from this many rows on, the 32-element types decode each block once per 8 rows, scaled (batch8_kernels)
+BATCH8_MIN_ROWS = 5
+MATVEC_BATCH8 = {
+    "Q4_0": mmb8_q4_0, "Q4_1": mmb8_q4_1, "Q5_0": mmb8_q5_0, "Q5_1": mmb8_q5_1, "Q8_0": mmb8_q8_0,
+    "MXFP4": mmb8_mxfp4,
+}  # fmt: skip
+
+
+def matvec_kernel(name: str, m: int):  # type: ignore[no-untyped-def]
+    """The mat-vec kernel for ``m`` activation rows of a weight of type ``name`` (None: no kernel)."""
+    if m >= BATCH8_MIN_ROWS and name in MATVEC_BATCH8:
+        return MATVEC_BATCH8[name]
+    if m > 1 and name in MATVEC_BATCH:
+        return MATVEC_BATCH[name]
+    return MATVEC.get(name)

@@ -49,7 +49,7 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
 
         return step_f32
     if name in mk.MATVEC and M <= MATVEC_MAX_TOKENS and A.flags.c_contiguous:
-        kern = mk.MATVEC[name]
+        kern = mk.matvec_kernel(name, M)
         be.need(kern)
         f16 = mk.F16_TABLE
         if pre is None:
@@ -86,7 +86,7 @@ def _mul_mat_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     name = a.type.name
     kern = mk.MATVEC.get(name) if A.flags.c_contiguous else None
     if kern is not None:
-        be.need(kern)
+        be.need(kern, *(d[name] for d in (mk.MATVEC_BATCH, mk.MATVEC_BATCH8) if name in d))
     f16 = mk.F16_TABLE
     nm = node.name or a.name
     from .blas import gemm_nt
@@ -108,7 +108,7 @@ def _mul_mat_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
             x = np.ascontiguousarray(B[t_idx, u_idx if B.shape[1] > 1 else 0], dtype=np.float32)
             y = np.empty((x.shape[0], N), np.float32)
             if kern is not None and x.shape[0] <= MATVEC_MAX_TOKENS:
-                kern(A[e], x, y, f16)
+                mk.matvec_kernel(name, x.shape[0])(A[e], x, y, f16)
             else:
                 gemm_nt(x, np.ascontiguousarray(_expert_f32(a.type, A[e])), y, threads)
             out[t_idx, u_idx] = y
@@ -164,5 +164,14 @@ def _get_rows(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
                 raise bad(i)
             np.copyto(out, A[ids], casting="unsafe")
 
+        if A.dtype == out.dtype and A.ndim == 2 and out.shape == (len(ids), A.shape[1]):
+
+            def step_same() -> None:  # no temporary (recurrent-state rows: 1 MiB a call on Qwen3.5)
+                i = check(ids, n)
+                if i >= 0:
+                    raise bad(i)
+                np.take(A, ids, axis=0, out=out, mode="clip")  # ids checked just above
+
+            return step_same
         return step_f
     return None

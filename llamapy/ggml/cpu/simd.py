@@ -34,8 +34,13 @@ __all__ = [
     "f32x8",
     "vzero",
     "vload",
+    "vstore",
     "vsplat",
     "vadd",
+    "vadd_strict",
+    "vsub_strict",
+    "vmul_strict",
+    "vfma_strict",
     "vsub",
     "vmul",
     "vfma",
@@ -109,6 +114,26 @@ def vload(typingctx, arr, idx):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
+def vstore(typingctx, arr, idx, v):  # type: ignore[no-untyped-def]
+    """arr[idx : idx + 8] = v for a float32 array."""
+    if not (
+        isinstance(arr, types.Array)
+        and arr.dtype == types.float32
+        and isinstance(idx, types.Integer)
+        and v == f32x8
+    ):
+        return None
+
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        builder.store(
+            args[2], _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], V8), align=4
+        )
+        return context.get_dummy_value()
+
+    return types.void(arr, idx, v), cg
+
+
+@intrinsic
 def vsplat(typingctx, x):  # type: ignore[no-untyped-def]
     if not isinstance(x, types.Float):
         return None
@@ -121,14 +146,14 @@ def vsplat(typingctx, x):  # type: ignore[no-untyped-def]
     return f32x8(x), cg
 
 
-def _binary(op):  # type: ignore[no-untyped-def]
+def _binary(op, flags=_FAST):  # type: ignore[no-untyped-def]
     @intrinsic
     def fn(typingctx, a, b):  # type: ignore[no-untyped-def]
         if a != f32x8 or b != f32x8:
             return None
 
         def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
-            return getattr(builder, op)(args[0], args[1], flags=_FAST)
+            return getattr(builder, op)(args[0], args[1], flags=flags)
 
         return f32x8(a, b), cg
 
@@ -138,6 +163,30 @@ def _binary(op):  # type: ignore[no-untyped-def]
 vadd = _binary("fadd")
 vsub = _binary("fsub")
 vmul = _binary("fmul")
+
+
+# The same without fast-math flags: LLVM computes these as written. A kernel that reuses one value in
+# several unrolled copies of a loop body (one per activation row) builds that value and each row's
+# partial sum with these, so that LLVM cannot fold them differently into each copy: equal rows then
+# round equally wherever they sit in the batch.
+vadd_strict = _binary("fadd", ())
+vsub_strict = _binary("fsub", ())
+vmul_strict = _binary("fmul", ())
+
+
+@intrinsic
+def vfma_strict(typingctx, acc, a, b):  # type: ignore[no-untyped-def]
+    """acc + a * b rounded once (``llvm.fma``; no fast-math flags)."""
+    if acc != f32x8 or a != f32x8 or b != f32x8:
+        return None
+
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(V8, [V8, V8, V8]), "llvm.fma.v8f32"
+        )
+        return builder.call(fn, [args[1], args[2], args[0]])
+
+    return f32x8(acc, a, b), cg
 
 
 @intrinsic
