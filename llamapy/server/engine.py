@@ -171,6 +171,7 @@ class Slot:
         self.checkpoints: list[int] = []  # prompt positions after which to checkpoint the state
         self.n_draft = self.n_draft_accepted = 0  # guesses made / kept in this request
         self.truncated = False
+        self.n_image_cells = 0  # KV cells of the request's images beyond their positions (M-RoPE)
         self.t_start = self.t_first = 0.0
 
 
@@ -468,14 +469,15 @@ class Engine:
         if mt is None or img is None:
             self._fail(s, APIError(500, f"slot {s.id}: no image for prompt position {p0}"), drop_cache=True)
             return
-        last = p0 + img.n_tokens == len(task.prompt)
+        n_pos = img.n_pos  # the positions it takes (M-RoPE: max(rows, cols), fewer than its tokens)
+        last = p0 + n_pos == len(task.prompt)
         try:
             mt.eval_chunks(self.backend.ctx, [img], p0, seq_id=s.id, logits_last=last)  # type: ignore[attr-defined]
         except Exception as e:
             log.exception("image decode failed")
             self._fail(s, APIError(500, f"image decode failed in slot {s.id}: {e}"), drop_cache=True)
             return
-        s.cache.extend(task.prompt[p0 : p0 + img.n_tokens])
+        s.cache.extend(task.prompt[p0 : p0 + n_pos])
         if last:  # the prompt ends with the image: sample from its last position
             self._sample(s, np.array(self.backend.ctx.get_logits_ith(-1), dtype=np.float32))  # type: ignore[attr-defined]
 
@@ -504,11 +506,23 @@ class Engine:
             # as llama.cpp (--slot-prompt-similarity 0.1): reuse the slot sharing the longest prefix when
             # it covers a tenth of the prompt; otherwise take the least recently used slot, so a slot's
             # cache is not thrown away for a prompt that only shares a BOS token with it
-            best = max(idle, key=lambda s: (common_prefix_length(s.cache, task.prompt), -s.last_used))
-            n = common_prefix_length(best.cache, task.prompt)
+            n_reuse = {s.id: self._reusable(s, task.prompt) for s in idle}
+            best = max(idle, key=lambda s: (n_reuse[s.id], -s.last_used))
+            n = n_reuse[best.id]
             if n > 0 and n >= SLOT_PROMPT_SIMILARITY * len(task.prompt):
                 return best
         return min(idle, key=lambda s: s.last_used)
+
+    def _reusable(self, s: Slot, prompt: list[int]) -> int:
+        """Prompt tokens slot ``s`` can keep: the common prefix, or with a recurrent state (which goes
+        back only to a checkpoint) the last checkpoint at or before it."""
+        n = common_prefix_length(s.cache, prompt)
+        restorable = getattr(self.backend, "seq_pos_restorable", None)
+        if restorable is not None and getattr(self.backend, "has_checkpoints", False):
+            n = min(n, len(prompt) - 1)
+            if n < len(s.cache):
+                n = int(restorable(s.id, n))
+        return n
 
     def _start(self, s: Slot, task: Task) -> None:
         s._reset_request()
@@ -519,8 +533,12 @@ class Engine:
             return
         if task.kind == "completion":
             s.n_keep = self._n_keep(task, s)
-            if len(task.prompt) >= s.n_ctx and task.params.images:  # never cut a prompt inside an image
-                self._fail(s, _prompt_error(len(task.prompt), s.n_ctx))
+            # an M-RoPE image takes rows * cols KV cells at max(rows, cols) positions: count the cells
+            ims = task.params.images or {}
+            s.n_image_cells = sum(ims[t].n_tokens - ims[t].n_pos for t in task.prompt if t < 0 and t in ims)
+            n_cells = len(task.prompt) + s.n_image_cells
+            if n_cells >= s.n_ctx and task.params.images:  # never cut a prompt inside an image
+                self._fail(s, _prompt_error(n_cells, s.n_ctx))
                 return
             if len(task.prompt) >= s.n_ctx:
                 task.prompt = truncate_prompt(task.prompt, s.n_ctx, s.n_keep)
@@ -602,7 +620,7 @@ class Engine:
         """Start ``task`` in slot ``s`` from its leader's evaluated prompt: the prompt's KV cells are
         shared with ``seq_cp`` (no copy of the data) and the first token is sampled from the leader's
         last prompt logits. False (evaluate the prompt as usual) when the leader's slot no longer holds
-        the prompt, or ``s`` is that slot."""
+        the prompt, its recurrent state has gone past it, or ``s`` is that slot."""
         lead = task.leader
         assert lead is not None
         if lead.prompt_logits is None or lead.prompt_slot in (-1, s.id):
@@ -610,6 +628,8 @@ class Engine:
         src, n = self.slots[lead.prompt_slot], len(task.prompt)
         if src.cache[:n] != task.prompt:
             return False
+        if len(src.cache) != n and getattr(self.backend, "has_checkpoints", False):
+            return False  # a recurrent state past the prompt (the leader went on): it cannot be cut back
         try:
             self.backend.seq_rm(s.id, -1, -1)
             s.cache.clear()
@@ -648,7 +668,8 @@ class Engine:
         if s.n_decoded == 0:
             s.t_first = now
         s.n_decoded = gen.n_generated
-        full = step.finish_reason is None and not gen.limit_reached and len(s.cache) + 1 > s.n_ctx
+        n_cells = len(s.cache) + s.n_image_cells
+        full = step.finish_reason is None and not gen.limit_reached and n_cells + 1 > s.n_ctx
         if full and self.context_shift:
             full = not self._shift(s)
         if step.finish_reason is None and (gen.limit_reached or full):
@@ -727,6 +748,8 @@ class Engine:
             n_keep, n_discard = context_shift_plan(n_past, s.n_keep, task.params.n_discard)
         except ContextFullError:
             return False
+        if any(t < 0 for t in s.cache[n_keep:]):  # an image would be cut or moved (its cells' M-RoPE
+            return False  # rows and columns too): as llama-server, which shifts no multimodal context
         b = self.backend
         try:
             if not b.seq_rm(s.id, n_keep, n_keep + n_discard):

@@ -61,6 +61,8 @@ def _save(engine: Engine, id_slot: int, path: Path, filename: str) -> dict[str, 
     t0 = time.perf_counter()
     s = _slot(engine, id_slot, "save")
     b = engine.backend
+    if any(t < 0 for t in s.cache):  # (llama-server: "not supported by multimodal")
+        raise APIError(501, f"slot {id_slot} holds an image; saving image chunks is not supported")
     tokens = np.asarray(s.cache, dtype="<i4")
     state = b.state_seq_get(s.id)
     header = json.dumps({"model": b.identity(), "n_tokens": len(tokens), "n_state": len(state)}).encode()
