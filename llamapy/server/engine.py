@@ -5,8 +5,9 @@ Each step batches the next token of every generating slot plus chunks of pending
 a new request starts at the next step without waiting for the others, and a long prompt is evaluated
 in chunks between the generating slots' tokens. Slot ``i`` is KV sequence ``i`` and owns
 ``n_ctx // n_parallel`` cells (as llama.cpp splits ``-c`` over ``-np``). Each slot keeps its tokens in
-the KV cache after a request; a new request goes to the idle slot whose cached tokens share the longest
-prefix with its prompt, and only the rest of the prompt is evaluated.
+the KV cache after a request; a new request goes to the idle slot that can keep the most of its prompt
+(the common prefix, or on a recurrent memory the last state checkpoint at or before it: ``_reusable``),
+and only the rest of the prompt is evaluated.
 
 Request handlers talk to the engine with :meth:`Engine.submit` (a :class:`Task` with a thread-safe
 ``sink`` that receives :class:`Event` objects) and :meth:`Engine.cancel`; :meth:`Engine.call` runs a
