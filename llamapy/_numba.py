@@ -17,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def kernel_sources_digest() -> str:
@@ -44,41 +46,192 @@ if "NUMBA_CACHE_DIR" not in os.environ:
 
     os.environ["NUMBA_CACHE_DIR"] = str(cache_dir() / "numba" / kernel_sources_digest())
 
+#: LLAMAPY_NUMBA_PLAIN=1: Numba as it comes, without the start-up shortcuts below
+_PLAIN = bool(os.environ.get("LLAMAPY_NUMBA_PLAIN"))
+
+
+def _import_numba() -> None:
+    """``import numba``, without the two optional imports that only its import does: SciPy (a version
+    check, ``numba/__init__.py``) and PyYAML (to read a ``.numba_config.yaml``, kept when the current
+    directory has one): 15-25 ms of each start-up. Anything importing them later gets them as usual."""
+    import sys
+
+    hide = [] if _PLAIN else [m for m in ("scipy", "yaml") if m not in sys.modules]
+    if "yaml" in hide and os.path.exists(".numba_config.yaml"):
+        hide.remove("yaml")
+    for m in hide:
+        sys.modules[m] = None  # type: ignore[assignment]  # "import m" raises ImportError
+    try:
+        import numba  # noqa: F401
+    finally:
+        for m in hide:
+            if sys.modules.get(m, 0) is None:
+                del sys.modules[m]
+
+
 # OMP_WAIT_POLICY is left to the user. GNU OpenMP's default (spin briefly, then sleep; less spinning when
 # oversubscribed) measured best on a quiet 2-core machine: SmolLM2 tg 44 t/s with 2 threads, against 22 t/s
 # with PASSIVE (every kernel launch then pays a thread wake-up). On a machine busy with other work,
 # OMP_WAIT_POLICY=PASSIVE avoids spinning against the other processes.
+_import_numba()
 import numba  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 
+def _after_import(name: str, fn: Callable[[Any], None]) -> None:
+    """Run ``fn(module)`` once module ``name`` has been imported (now, if it already is): a one-shot
+    finder wraps the loader of its spec, so patching a Numba module does not import it early."""
+    import importlib.machinery
+    import sys
+
+    if name in sys.modules:
+        fn(sys.modules[name])
+        return
+
+    class _Hook:
+        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            loader = getattr(spec, "loader", None)
+            run = getattr(loader, "exec_module", None)
+            if run is None:  # pragma: no cover - not a plain source/bytecode module
+                return spec
+
+            def exec_module(module: Any) -> None:
+                run(module)
+                fn(module)
+
+            loader.exec_module = exec_module  # type: ignore[union-attr]
+            return spec
+
+    sys.meta_path.insert(0, _Hook())
+
+
 def _skip_scipy_blas_probe() -> None:
-    """Numba's ``numba.np.arraymath`` (imported by the first kernel call of every process) imports
+    """Numba's ``numba.np.arraymath`` (imported by Numba's registry refresh before a compile) imports
     ``scipy.linalg`` only to decide whether ``np.correlate``/``np.convolve`` inner products call BLAS:
     0.2-0.3 s of each start-up. No llamapy kernel uses those; answer the probe "no BLAS" instead (the
     loops then run in plain code) and leave every other use of ``ensure_blas`` (np.dot, np.linalg in
-    anyone's jitted code) as it was. Skipped with LLAMAPY_NUMBA_BLAS_PROBE=1 or a newer Numba."""
+    anyone's jitted code) as it was. Applied when ``numba.np.linalg`` is imported (a run that only loads
+    cached kernels never imports it: 10-20 ms). Skipped with LLAMAPY_NUMBA_BLAS_PROBE=1 or a newer Numba."""
     import sys
 
     if os.environ.get("LLAMAPY_NUMBA_BLAS_PROBE") or "numba.np.arraymath" in sys.modules:
         return
-    try:
-        import numba.np.linalg as nl
 
-        orig = nl.ensure_blas
-    except (ImportError, AttributeError):  # pragma: no cover - Numba internals moved
-        return
+    def patch(nl: Any) -> None:
+        orig = getattr(nl, "ensure_blas", None)
+        if orig is None:  # pragma: no cover - Numba internals moved
+            return
 
-    def ensure_blas() -> None:
-        if sys._getframe(1).f_globals.get("__name__") != "numba.np.arraymath":
-            return orig()
-        nl.ensure_blas = orig  # one shot: arraymath's import-time probe
-        raise ImportError("llamapy: Numba's BLAS probe for np.correlate skipped")
+        def ensure_blas() -> None:
+            if sys._getframe(1).f_globals.get("__name__") != "numba.np.arraymath":
+                return orig()
+            nl.ensure_blas = orig  # one shot: arraymath's import-time probe
+            raise ImportError("llamapy: Numba's BLAS probe for np.correlate skipped")
 
-    nl.ensure_blas = ensure_blas
+        nl.ensure_blas = ensure_blas
+
+    _after_import("numba.np.linalg", patch)
 
 
 _skip_scipy_blas_probe()
+
+
+def _cache_loads_without_refresh() -> None:
+    """A cached kernel's first call in a process runs ``target_context.refresh()`` before loading the
+    object code: it imports and installs every typing and lowering registry of Numba (about 250 modules'
+    templates, CFFI's C parser among them): 0.1-0.15 s of each start-up, needed only to *compile*.
+    Loading machine code from the cache needs only the runtime (NRT) that it links against; a compile
+    (a cache miss, a new signature) still refreshes first (``CompilerBase.__init__``), and so does a
+    failed function lookup. Kept as it was with LLAMAPY_NUMBA_PLAIN=1 or where Numba's internals moved.
+    """
+    if _PLAIN:
+        return
+    try:
+        from numba.core import caching
+        from numba.core.cpu import CPUContext
+        from numba.core.runtime import rtsys
+
+        cache_cls = caching.Cache
+        orig = cache_cls.load_overload
+        load, guard = cache_cls._load_overload, cache_cls._guard_against_spurious_io_errors
+    except (ImportError, AttributeError):  # pragma: no cover - Numba internals moved
+        return
+    if getattr(orig, "_llamapy", False):
+        return
+
+    def load_overload(self, sig, target_context):  # type: ignore[no-untyped-def]
+        if not isinstance(target_context, CPUContext):  # e.g. numba-cuda's caches: as Numba does
+            return orig(self, sig, target_context)
+        rtsys.initialize(target_context)  # idempotent; the NRT helpers cached code calls
+        with guard(self):
+            return load(self, sig, target_context)
+        return None  # the guard swallowed an I/O error: compile instead
+
+    load_overload._llamapy = True  # type: ignore[attr-defined]
+    cache_cls.load_overload = load_overload
+
+
+_cache_loads_without_refresh()
+
+
+def _cached_nrt_module() -> None:
+    """Numba compiles its runtime's few LLVM functions (atomic incref/decref, meminfo data) from IR in
+    every process, through LLVM's whole optimizer and x86 back end: 30-40 ms and about 30 MB of LLVM's
+    code paged in, before the first cached kernel can load. Keep their object code in the cache
+    directory instead, keyed like Numba's own cache entries (Numba version, target triple, host CPU
+    and features), and load it as Numba loads a cached kernel. Any failure compiles as before.
+    Off with LLAMAPY_NUMBA_PLAIN=1."""
+    if _PLAIN:
+        return
+    try:
+        from numba.core.cpu import CPUContext
+        from numba.core.runtime import nrtdynmod
+
+        orig = nrtdynmod.compile_nrt_functions
+        nrtdynmod.create_nrt_module  # noqa: B018 - present in this Numba
+    except (ImportError, AttributeError):  # pragma: no cover - Numba internals moved
+        return
+    if getattr(orig, "_llamapy", False):
+        return
+
+    def compile_nrt_functions(ctx):  # type: ignore[no-untyped-def]
+        import pickle
+
+        if not isinstance(ctx, CPUContext):
+            return orig(ctx)
+        try:
+            codegen = ctx.codegen()
+            key = hashlib.sha256(repr((numba.__version__, codegen.magic_tuple())).encode()).hexdigest()[:16]
+            path = Path(numba.config.CACHE_DIR or os.environ["NUMBA_CACHE_DIR"]) / f"llamapy-nrt-{key}.pkl"
+        except Exception:  # pragma: no cover - Numba internals moved
+            return orig(ctx)
+        try:
+            return codegen.unserialize_library(pickle.loads(path.read_bytes()))
+        except Exception:  # noqa: S110 - absent or unreadable: compile and write it
+            pass
+        ir_mod, library = nrtdynmod.create_nrt_module(ctx)
+        library.enable_object_caching()
+        library.add_ir_module(ir_mod)
+        library.finalize()
+        try:
+            data = pickle.dumps(library.serialize_using_object_code())
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except Exception:  # noqa: S110 - a read-only cache: compile each time, as Numba does
+            pass
+        return library
+
+    compile_nrt_functions._llamapy = True  # type: ignore[attr-defined]
+    nrtdynmod.compile_nrt_functions = compile_nrt_functions
+
+
+_cached_nrt_module()
 
 __all__ = [
     "numba",

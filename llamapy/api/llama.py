@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import LlamapyError
 from ..generation import IncrementalDetokenizer, TokenSequence, common_prefix_length
+from ..gguf.strings import StringArray
 from ..sampling.logprobs import log_softmax
 from .chat import ChatMixin
 from .common import LLAMA_DEFAULT_SEED, LlamaState, LogitsProcessor, StoppingCriteria, UnsupportedError
@@ -170,7 +171,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         self.last_n_tokens_size = last_n_tokens_size
         # speculative decoding: draft(input_ids) -> guessed tokens (llamapy.LlamaPromptLookupDecoding)
         self.draft_model = draft_model
-        self.metadata = {k: str(v) for k, v in getattr(model, "metadata", {}).items() if not isinstance(v, list | np.ndarray)}  # fmt: skip
+        self.metadata = {k: str(v) for k, v in getattr(model, "metadata", {}).items() if not isinstance(v, list | np.ndarray | StringArray)}  # fmt: skip
         self._scores: np.ndarray | None = None
         self._seq: TokenSequence | None = None
         self.mtmd: Any = None  # llamapy.mtmd.MtmdContext when made with mmproj=...
@@ -228,6 +229,9 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         with ``logits_all=True``, else the last)."""
         if self._scores is None:
             self._scores = np.zeros((self.n_ctx(), self.n_vocab()), dtype=np.single)  # lazily paged in
+        seq = self._seq
+        if not self._logits_all and seq is not None and len(seq) and seq._last_logits is not None:
+            self._scores[len(seq) - 1] = seq._last_logits  # the last row, written when read (see _store_logits)
         return self._scores
 
     @property
@@ -239,7 +243,9 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         return self._scores_view.tolist() if self._logits_all else self._scores_view[-1:].tolist()
 
     def _store_logits(self, pos: int, rows: np.ndarray) -> None:
-        if pos + len(rows) <= self.n_ctx():
+        # without logits_all only the last row exists, and the sequence keeps it: writing it here would
+        # page in a row of n_vocab floats per generated token (1 MiB each on a 262k vocabulary)
+        if self._logits_all and pos + len(rows) <= self.n_ctx():
             self.scores[pos : pos + len(rows)] = rows
 
     def set_seed(self, seed: int) -> None:
@@ -420,8 +426,9 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         self.ctx.state_seq_set_data(state.llama_state, seq.seq_id)
         seq.tokens = [int(t) for t in state.input_ids[: state.n_tokens]]
         if state.n_tokens:
-            self.scores[: state.n_tokens] = state.scores[: state.n_tokens]
-            seq._last_logits = np.array(self.scores[state.n_tokens - 1], dtype=np.float32)
+            scores = self.scores
+            scores[: state.n_tokens] = state.scores[: state.n_tokens]
+            seq._last_logits = np.array(scores[state.n_tokens - 1], dtype=np.float32)
         self._seed = state.seed
 
     # ------------------------------------------------------------------------------------- misc

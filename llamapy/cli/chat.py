@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.chat_template:
         llm.chat_format = args.chat_template
     seq = llm._need_ctx()
+    seq.on_logits = None  # as in run: Llama.scores would page in a row of n_vocab floats per token
     chain = build_sampler(llm, args)
     params = GenerationParams(max_tokens=args.n_predict, stop=args.reverse_prompt, ignore_eos=args.ignore_eos,
                               special=args.special)  # fmt: skip

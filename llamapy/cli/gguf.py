@@ -146,13 +146,15 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def _jsonable(v: Any, max_array: int | None) -> Any:
+    from ..gguf.strings import StringArray
+
     if isinstance(v, np.ndarray):
         v = v[:max_array] if max_array is not None else v
         if v.dtype.kind == "f":
             return [_jsonable(float(x), None) for x in v]
         return v.tolist()
-    if isinstance(v, list):
-        v = v[:max_array] if max_array is not None else v
+    if isinstance(v, (list, StringArray)):
+        v = v[:max_array] if max_array is not None else list(v)
         return [_jsonable(x, max_array) for x in v]
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)  # "nan", "inf", "-inf": JSON has no literal for them

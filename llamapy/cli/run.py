@@ -112,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
     grammar = grammar_from_args(args)
     llm = load_llama(args)
     seq = llm._need_ctx()
+    # the token loop reads the logits it needs; Llama.scores (n_ctx x n_vocab, paged in a row per token:
+    # 1 MiB a token for a 262k vocabulary) is for API callers, not this command
+    seq.on_logits = None
     if getattr(args, "image", None):  # llama-mtmd-cli: text and image chunks
         prompt = image_prompt(llm, text, args.image)
     else:

@@ -33,8 +33,11 @@ from .constants import (
     SCALAR_FORMATS,
     GGUFValueType,
 )
+from .strings import scan_strings
 
 _INT64_MAX = (1 << 63) - 1
+#: string arrays of at least this many elements (vocabularies, merges) are read as a StringArray
+STRING_ARRAY_MIN = 1024
 _REMOVED_TYPES = {4: "Q4_2", 5: "Q4_3", 31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0_8_8", 36: "IQ4_NL_4_4",
                   37: "IQ4_NL_4_8", 38: "IQ4_NL_8_8"}  # fmt: skip
 # smallest encodings, used to bound counts by the bytes left in the file
@@ -166,6 +169,10 @@ def _value(cur: _Cursor, vtype: int, what: str, depth: int = 0) -> tuple[Any, GG
         return arr, et
     # strings and nested arrays: every element takes at least 8 bytes (a length)
     cur.need(n * 8, what)
+    if et == GGUFValueType.STRING and n >= STRING_ARRAY_MIN:  # a vocabulary: kept encoded (gguf/strings.py)
+        arr = scan_strings(cur.buf, cur.pos, cur.size, n, what, GGUFError)
+        cur.pos += len(arr.raw)
+        return arr, et
     if et == GGUFValueType.STRING:
         out = []
         buf, size, pos = cur.buf, cur.size, cur.pos

@@ -38,6 +38,7 @@ from .constants import (
     GGUFValueType,
 )
 from .reader import GGUFError
+from .strings import StringArray
 
 GGUF_WRITE_VERSION = 3
 
@@ -118,6 +119,8 @@ def infer_value_type(value: Any) -> tuple[GGUFValueType, GGUFValueType | None]:
         if vt is None:
             raise GGUFError(f"cannot store a NumPy {value.dtype} array in GGUF")
         return GGUFValueType.ARRAY, vt
+    if isinstance(value, StringArray):
+        return GGUFValueType.ARRAY, GGUFValueType.STRING
     if isinstance(value, (list, tuple)):
         if not value:
             raise GGUFError("cannot infer the element type of an empty array: pass sub_type")
@@ -181,6 +184,10 @@ def encode_value(
         return _enc_string(value)
     if vtype != GGUFValueType.ARRAY:
         return _enc_scalar(vtype, value, what)
+    if isinstance(value, StringArray):  # read from a GGUF file: its encoding, copied as it is
+        if sub_type is not None and GGUFValueType(sub_type) != GGUFValueType.STRING:
+            raise GGUFError(f"{what}: strings cannot be written as {GGUFValueType(sub_type).name}")
+        return struct.pack("<IQ", int(GGUFValueType.STRING), len(value)) + value.raw
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, np.ndarray)):
         raise GGUFError(f"{what}: {type(value).__name__} is not an array")
     if sub_type is None:

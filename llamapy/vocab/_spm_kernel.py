@@ -239,6 +239,10 @@ def _spm_kernel(text, table, mask, blob, offs, lens, scores, byte_ids, out):  # 
 
 def _pack(tokens: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """UTF-8 bytes of all tokens in one array, with offsets and lengths (surrogateescape kept)."""
+    blob_of = getattr(tokens, "blob", None)
+    if blob_of is not None:  # a StringArray read from the file: its bytes as they are
+        blob, starts, lens = blob_of()
+        return (blob if blob.size else np.zeros(1, dtype=np.uint8)), starts, lens
     n = len(tokens)
     joined = "\x00".join(tokens)
     if joined.count("\x00") == n - 1:  # fast path: no token holds NUL

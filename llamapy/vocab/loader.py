@@ -7,7 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from ..gguf.strings import StringArray
 from .pretokenize import pre_tokenizer
+from .spm import TokenIndex
 from .vocab import (
     _EOG_TEXTS,
     _EOM_TEXTS,
@@ -92,17 +94,16 @@ def load_into(v: Vocab, md: Mapping[str, Any]) -> None:
     tokens = _key(md, "tokens")
     if tokens is None:
         raise VocabError("GGUF metadata has no tokenizer.ggml.tokens")
-    if not isinstance(tokens, list) or (tokens and not isinstance(tokens[0], str)):
+    if not isinstance(tokens, (list, StringArray)) or (tokens and not isinstance(tokens[0], str)):
         raise VocabError("tokenizer.ggml.tokens: invalid type (expected an array of strings)")
     n = len(tokens)
     scores = _as_array(md, "scores", n, "fi")
     types = _as_array(md, "token_type", n, "iu")
-    tokens = list(tokens)
-    for i, t in enumerate(tokens):
-        if not t:
-            tokens[i] = f"[EMPTY_{i}]"
-    v.tokens = tokens
-    v.token_to_id = dict(zip(tokens, range(n), strict=True))
+    v.tokens = _texts(tokens)
+    # SPM looks texts up in its kernel's hash table; the others' Python loops want a dict
+    v.token_to_id = (
+        TokenIndex(v.tokens) if v.type is VocabType.SPM else dict(zip(v.tokens, range(n), strict=True))
+    )
     v.scores = np.zeros(n, dtype=np.float32) if scores is None else scores.astype(np.float32)
     if types is None:
         attrs = np.full(n, int(TokenAttr.NORMAL), dtype=np.int32)
@@ -112,7 +113,7 @@ def load_into(v: Vocab, md: Mapping[str, Any]) -> None:
             np.int32
         )
     v.attrs = attrs
-    v._pieces = [None] * n
+    v._pieces = {}
 
     # the tokenizer itself (needed below for the newline token)
     from .tokenize import make_tokenizer
@@ -125,6 +126,24 @@ def load_into(v: Vocab, md: Mapping[str, Any]) -> None:
     _eog(v)
     v.special_ids = special_ids_sorted(v.tokens, v.attrs)
     _per_model_attrs(v, md)
+
+
+def _texts(tokens: list[str] | StringArray) -> list[str] | StringArray:
+    """The token texts, an empty one named ``[EMPTY_<id>]`` as llama.cpp does (kept compact when the
+    file's array is a StringArray, as a vocabulary's is)."""
+    if isinstance(tokens, StringArray):
+        empty = np.flatnonzero(tokens.byte_lengths() == 0)
+        if not empty.size:
+            return tokens
+        tokens = tokens.tolist()
+        for i in empty.tolist():
+            tokens[i] = f"[EMPTY_{i}]"
+        return StringArray.from_strings(tokens)
+    out = list(tokens)
+    for i, t in enumerate(out):
+        if not t:
+            out[i] = f"[EMPTY_{i}]"
+    return out
 
 
 def _newline(v: Vocab) -> int:

@@ -3,28 +3,27 @@
 The text is cut into UTF-8 characters by their lead byte (no validation), then the pair whose merged
 text is a token with the highest score (ties: leftmost) is merged until none is left; pieces that are
 not tokens come out as byte tokens.
-Speed: when no token can span the place before a '▁' that follows another character (true of
-SentencePiece vocabularies, checked at load), a fragment is cut there into words whose results are
-independent and cached, and short words run in Python. Long words (or fragments that are not valid
-UTF-8 or hold a token that spans such a place) run through a Numba kernel over a hash table of the
-vocabulary: O(n log n) for any length.
+The loop runs in a Numba kernel, one call per fragment, over a hash table of the vocabulary bytes
+(O(n log n) for any length); the table is also the text -> id map (:class:`TokenIndex`), so a
+vocabulary of 262,144 tokens needs no dict of Python strings. ``spm_python`` is the same loop in Python.
 """
 
 from __future__ import annotations
 
 import heapq
-import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
 _UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)
-_WORDS = re.compile("\u2581*[^\u2581]+|\u2581+")
-_BRIDGE = re.compile("[^\u2581\x00]\u2581")
-_PY_MAX = 256  # words up to this many chars run in Python
+_PY_MAX = 256  # (tests) a word longer than this ran in the kernel when short words ran in Python
+_CACHE_BYTES = 256  # fragments up to this many bytes are cached, up to _CACHE_MAX of them
+_CACHE_MAX = 1 << 14
 
 
-def spm_python(text: str, t2i: dict[str, int], scores: Sequence[float], byte_ids: Sequence[int]) -> list[int]:
+def spm_python(
+    text: str, t2i: Mapping[str, int], scores: Sequence[float], byte_ids: Sequence[int]
+) -> list[int]:
     """llama.cpp's SPM merge loop on valid text (one symbol per character), in Python."""
     sym = list(text)
     n = len(sym)
@@ -71,40 +70,60 @@ def spm_python(text: str, t2i: dict[str, int], scores: Sequence[float], byte_ids
     return out
 
 
-class SPMTokenizer:
-    """SPM over a vocabulary: Python for short words, the Numba kernel for the rest."""
+class TokenIndex(Mapping[str, int]):
+    """Token text -> id over the kernel's open-addressing hash table of the vocabulary bytes (a later id
+    wins for a repeated text, as in llama.cpp's map): about 4 bytes a token plus the texts' bytes,
+    where a dict of 262,144 tokens costs 15 MB and its construction a fifth of a second."""
 
-    def __init__(self, tokens: Sequence[str], t2i: dict[str, int], scores: np.ndarray, byte_ids: np.ndarray):
+    def __init__(self, tokens: Sequence[str]):
+        from ._spm_kernel import _build_table, _pack
+
         self.tokens = tokens
-        self.t2i = t2i
-        self.scores_np = np.ascontiguousarray(scores, dtype=np.float32)
-        self.scores = self.scores_np.tolist()
+        self.blob, self.offs, self.lens = _pack(tokens)
+        size = 1
+        while size < 2 * max(1, len(self.lens)):
+            size <<= 1
+        self.mask = size - 1
+        self.table = _build_table(self.blob, self.offs, self.lens, self.mask)
+
+    def get(self, text: str, default: int | None = None) -> int | None:  # type: ignore[override]
+        from ._spm_kernel import _lookup
+
+        key = np.frombuffer(text.encode("utf-8", "surrogateescape"), dtype=np.uint8)
+        tid = _lookup(self.table, self.mask, self.blob, self.offs, self.lens, key, 0, key.size)
+        return default if tid < 0 else int(tid)
+
+    def __getitem__(self, text: str) -> int:
+        tid = self.get(text) if isinstance(text, str) else None
+        if tid is None:
+            raise KeyError(text)
+        return tid
+
+    def __contains__(self, text: object) -> bool:
+        return isinstance(text, str) and self.get(text) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        for tid in np.sort(self.table[self.table >= 0]).tolist():
+            yield self.tokens[tid]
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self.table >= 0))
+
+
+class SPMTokenizer:
+    """SPM over a vocabulary: llama.cpp's merge loop in the Numba kernel, one call per fragment, over the
+    hash table of :class:`TokenIndex` (``spm_python`` is the same loop in Python, kept as a reference)."""
+
+    def __init__(
+        self, tokens: Sequence[str], t2i: Mapping[str, int], scores: np.ndarray, byte_ids: np.ndarray
+    ):
+        self.tokens = tokens
+        self.t2i = t2i if isinstance(t2i, TokenIndex) else TokenIndex(tokens)
+        self.scores = np.ascontiguousarray(scores, dtype=np.float32)
+        self.scores_np = self.scores
         self.byte_ids_np = byte_ids  # int64[256]; -1 where the vocab has no byte token
         self.byte_ids = byte_ids.tolist()
-        # texts of tokens that hold '▁' after another character (they could join two words)
-        joined = "\x00".join(tokens)
-        hits = [m.start() for m in _BRIDGE.finditer(joined)]
-        if hits:
-            nuls = np.flatnonzero(np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), np.uint32) == 0)
-            bridges = {tokens[int(i)] for i in np.searchsorted(nuls, hits)}
-        else:
-            bridges = set()
-        self.bridges = sorted(bridges)
-        self.chunked = len(self.bridges) <= 64  # else every fragment is one word
-        self._cache: dict[str, list[int]] = {}
-        self._kernel_data: tuple | None = None
-
-    def _kernel_tables(self) -> tuple:
-        if self._kernel_data is None:
-            from ._spm_kernel import _build_table, _pack
-
-            blob, offs, lens = _pack(self.tokens)
-            size = 1
-            while size < 2 * max(1, len(lens)):
-                size <<= 1
-            mask = size - 1
-            self._kernel_data = (_build_table(blob, offs, lens, mask), mask, blob, offs, lens)
-        return self._kernel_data
+        self._cache: dict[bytes, list[int]] = {}
 
     def tokenize_kernel(self, data: bytes) -> list[int]:
         """The whole merge loop in the Numba kernel, on raw bytes."""
@@ -112,35 +131,20 @@ class SPMTokenizer:
             return []
         from ._spm_kernel import _spm_kernel
 
-        table, mask, blob, offs, lens = self._kernel_tables()
+        t = self.t2i
         arr = np.frombuffer(data, dtype=np.uint8)
         out = np.empty(len(data), dtype=np.int64)
-        n = _spm_kernel(arr, table, mask, blob, offs, lens, self.scores_np, self.byte_ids_np, out)
+        n = _spm_kernel(arr, t.table, t.mask, t.blob, t.offs, t.lens, self.scores_np, self.byte_ids_np, out)
         return out[:n].tolist()
 
-    def _word(self, word: str) -> list[int]:
-        ids = self._cache.get(word)
-        if ids is None:
-            if len(word) <= _PY_MAX:
-                ids = spm_python(word, self.t2i, self.scores, self.byte_ids)
-            else:
-                ids = self.tokenize_kernel(word.encode("utf-8", "surrogatepass"))
-            if len(self._cache) >= 1 << 17:
-                self._cache.clear()
-            self._cache[word] = ids
-        return ids
-
     def tokenize(self, data: bytes) -> list[int]:
-        """Token ids of one escaped fragment (spaces already '▁')."""
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
+        """Token ids of one escaped fragment (spaces already '▁'); short fragments are remembered (a kernel
+        call costs 10-20 us, a repeated line or chat-template piece then costs a dict lookup)."""
+        if len(data) > _CACHE_BYTES:
             return self.tokenize_kernel(data)
-        if not self.chunked or any(b in text for b in self.bridges):
-            if len(text) <= _PY_MAX:
-                return spm_python(text, self.t2i, self.scores, self.byte_ids)
-            return self.tokenize_kernel(data)
-        out: list[int] = []
-        for w in _WORDS.findall(text):
-            out.extend(self._word(w))
-        return out
+        ids = self._cache.get(data)
+        if ids is None:
+            if len(self._cache) >= _CACHE_MAX:
+                self._cache.clear()
+            ids = self._cache[data] = self.tokenize_kernel(data)
+        return list(ids)

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..gguf.strings import StringArray
 from . import unicode as U
 from .vocab import _ATTR_SPECIAL, TOKEN_NULL, TokenAttr, TokenizeError, Vocab, VocabError, VocabType
 
@@ -20,7 +21,7 @@ class _BPE:
         merges = md.get("tokenizer.ggml.merges")
         if merges is None:
             raise VocabError("BPE vocabulary without tokenizer.ggml.merges")
-        if not isinstance(merges, list) or (merges and not isinstance(merges[0], str)):
+        if not isinstance(merges, (list, StringArray)) or (merges and not isinstance(merges[0], str)):
             raise VocabError("tokenizer.ggml.merges: invalid type (expected an array of strings)")
         self.escape = v.escape_whitespaces
         self.bpe = BPETokenizer(v.token_to_id, merges, v._pre_tok, v.pre == "gemma4")

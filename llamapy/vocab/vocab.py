@@ -127,10 +127,10 @@ class Vocab:
         self.type = VocabType.SPM
         self.model = ""
         self.pre = ""
-        self.tokens: list[str] = []
+        self.tokens: Sequence[str] = []  # a list, or the file's StringArray (llamapy.gguf.strings)
         self.scores = np.zeros(0, dtype=np.float32)
         self.attrs = np.zeros(0, dtype=np.int32)
-        self.token_to_id: dict[str, int] = {}
+        self.token_to_id: Mapping[str, int] = {}  # a dict, or for SPM the kernel's TokenIndex
         self.bos = self.eos = self.eot = self.eom = self.unk = self.sep = self.pad = self.mask = TOKEN_NULL
         self.fim_pre = self.fim_suf = self.fim_mid = self.fim_pad = self.fim_rep = self.fim_sep = TOKEN_NULL
         self.nl = TOKEN_NULL
@@ -150,7 +150,7 @@ class Vocab:
         self._pre_tok: Any = None  # the BPE pre-tokenizer (llamapy.vocab.pretokenize.PreTokenizer)
         self._partitioner: SpecialPartitioner | None = None
         self._max_token_len = -1
-        self._pieces: list[bytes | None] = []
+        self._pieces: dict[int, bytes] = {}  # token_to_piece cache, filled as tokens are seen
 
     # --- loading --------------------------------------------------------------------------------------
 
@@ -166,6 +166,9 @@ class Vocab:
     @property
     def max_token_len(self) -> int:
         """Length in bytes of the longest token text."""
+        if self._max_token_len < 0 and hasattr(self.tokens, "byte_lengths"):
+            lens = self.tokens.byte_lengths()
+            self._max_token_len = int(lens.max()) if lens.size else 0
         if self._max_token_len < 0:
             self._max_token_len = max(
                 (len(t.encode("utf-8", "surrogateescape")) for t in self.tokens), default=0
@@ -237,7 +240,7 @@ class Vocab:
     # --- detokenize -----------------------------------------------------------------------------------
 
     def _piece(self, token: int) -> bytes:
-        p = self._pieces[token]
+        p = self._pieces.get(token)
         if p is None:
             from .tokenize import piece_for_cache
 

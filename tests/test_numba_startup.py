@@ -1,0 +1,72 @@
+"""Start-up shortcuts of llamapy._numba: a cached kernel loads without Numba's registry refresh, and the
+runtime's (NRT) object code comes from the cache directory instead of being compiled in each process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+KERNEL = """
+import numpy as np
+from llamapy._numba import njit
+
+@njit(cache=True)
+def cumsum_copy(x):
+    out = np.empty_like(x)  # an NRT allocation
+    s = 0.0
+    for i in range(x.shape[0]):
+        s += x[i]
+        out[i] = s
+    return out
+"""
+
+CALL = """
+import sys, numpy as np
+import llamapy._numba
+from numba.core.runtime import nrtdynmod
+made = []
+orig = nrtdynmod.create_nrt_module
+nrtdynmod.create_nrt_module = lambda ctx: made.append(1) or orig(ctx)
+import kern
+print(kern.cumsum_copy(np.arange(5.0)).tolist())
+print('cffi' if 'numba.core.typing.cffi_utils' in sys.modules else 'no-cffi')
+print('nrt-compiled' if made else 'nrt-cached')
+print('scipy' if 'scipy' in sys.modules else 'no-scipy')
+from numba import njit
+print(njit(lambda n: np.ones(n).sum())(4))  # a fresh compile links against the cached runtime
+"""
+
+
+def _run(tmp: Path, **env: str) -> list[str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAPY_NUMBA")}
+    e.update(NUMBA_CACHE_DIR=str(tmp / "cache"), PYTHONPATH=os.pathsep.join([str(tmp), *sys.path]), **env)
+    out = subprocess.run([sys.executable, "-c", CALL], env=e, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split("\n")[:5]
+
+
+def test_cached_kernel_and_runtime_load_without_compiling(tmp_path: Path) -> None:
+    (tmp_path / "kern.py").write_text(KERNEL)
+    first = _run(tmp_path)  # compiles the kernel and the runtime, writes both to the cache
+    assert first[0] == "[0.0, 1.0, 3.0, 6.0, 10.0]" and first[2] == "nrt-compiled"
+    assert list((tmp_path / "cache").glob("llamapy-nrt-*.pkl"))
+    again = _run(tmp_path)
+    assert again == ["[0.0, 1.0, 3.0, 6.0, 10.0]", "no-cffi", "nrt-cached", "no-scipy", "4.0"]
+
+
+def test_numba_refresh_env_keeps_numba_s_own_path(tmp_path: Path) -> None:
+    (tmp_path / "kern.py").write_text(KERNEL)
+    _run(tmp_path)
+    out = _run(tmp_path, LLAMAPY_NUMBA_PLAIN="1")
+    assert out == ["[0.0, 1.0, 3.0, 6.0, 10.0]", "cffi", "nrt-compiled", "scipy", "4.0"]
+
+
+def test_unreadable_runtime_cache_falls_back_to_compiling(tmp_path: Path) -> None:
+    (tmp_path / "kern.py").write_text(KERNEL)
+    _run(tmp_path)
+    for f in (tmp_path / "cache").glob("llamapy-nrt-*.pkl"):
+        f.write_bytes(b"not a pickle")
+    out = _run(tmp_path)
+    assert out[0] == "[0.0, 1.0, 3.0, 6.0, 10.0]" and out[2] == "nrt-compiled" and out[4] == "4.0"
