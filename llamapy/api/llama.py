@@ -231,7 +231,8 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
             self._scores = np.zeros((self.n_ctx(), self.n_vocab()), dtype=np.single)  # lazily paged in
         seq = self._seq
         if not self._logits_all and seq is not None and len(seq) and seq._last_logits is not None:
-            self._scores[len(seq) - 1] = seq._last_logits  # the last row, written when read (see _store_logits)
+            # the last row, written when read (see _store_logits)
+            self._scores[len(seq) - 1] = seq._last_logits
         return self._scores
 
     @property
