@@ -33,7 +33,7 @@ from llamapy.ggml import GGMLType, Graph, Scheduler, ops
 from llamapy.ggml.cpu import matmul_steps
 from llamapy.ggml.cpu.backend import CPUBackend
 from llamapy.ggml.quants import quantize
-from llamapy.ggml.types import row_size
+from llamapy.ggml.types import TRAITS, row_size
 
 TYPES = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k"]
 SHAPES = ["4864x896", "896x4864", "262144x640"]
@@ -122,7 +122,7 @@ def main() -> None:
         t = GGMLType[tn.upper()]
         for sh in args.shapes.split(","):
             n, k = (int(v) for v in sh.split("x"))
-            if k % 256 and t.name.endswith("_K"):
+            if k % 256 and TRAITS[t].block_size == 256:
                 k = -(-k // 256) * 256  # k-quant rows are whole 256-element super-blocks
                 sh = f"{n}x{k}"
             raw = random_weight(t, n, k, rng)
@@ -154,7 +154,7 @@ def main_tokens(args: argparse.Namespace, tokens: list[int]) -> None:
         t = GGMLType[tn.upper()]
         for sh in args.shapes.split(","):
             n, k = (int(v) for v in sh.split("x"))
-            if k % 256 and t.name.endswith("_K"):
+            if k % 256 and TRAITS[t].block_size == 256:
                 k = -(-k // 256) * 256
                 sh = f"{n}x{k}"
             raw = random_weight(t, n, k, rng)

@@ -18,8 +18,9 @@ from tests.util import as_kernel_sees
 RNG = np.random.default_rng(1234)
 CPU = CPUBackend(2)
 
-MATVEC_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
-OTHER_TYPES = [T.F32, T.F16, T.BF16, T.Q2_K, T.Q3_K, T.IQ4_NL]
+MATVEC_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+MATVEC_TYPES += [T.IQ4_NL, T.IQ4_XS]
+OTHER_TYPES = [T.F32, T.F16, T.BF16, T.IQ3_S]  # IQ3_S: no mat-vec kernel (dequantized tiles + sgemm)
 #: llama.cpp's test-backend-ops bound for mul_mat, for kernels that quantize the activations
 MUL_MAT_Q8_NMSE = 5e-4
 
@@ -300,6 +301,7 @@ def test_mul_mat_id_experts(t, Tn):
 _F16_FIELDS = {
     T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
     T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+    T.Q2_K: (80, 82), T.Q3_K: (108,), T.IQ4_NL: (0,), T.IQ4_XS: (0,),
 }  # fmt: skip
 
 

@@ -17,6 +17,7 @@ from llamapy.ggml.types import TRAITS
 from tests.util import as_kernel_sees
 
 TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4]
+TYPES += [T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS]
 FAMILIES = {"b4": mk.MATVEC_BATCH, "b8": mk.MATVEC_BATCH8}
 #: (type, kernel family) for every batch kernel
 KERNELS = [(t, f) for f in FAMILIES for t in TYPES if t.name in FAMILIES[f]]
@@ -95,6 +96,7 @@ def test_a_rows_result_does_not_depend_on_the_batch(case):
 _F16_FIELDS = {
     T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
     T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.MXFP4: (),
+    T.Q2_K: (80, 82), T.Q3_K: (108,), T.IQ4_NL: (0,), T.IQ4_XS: (0,),
 }  # fmt: skip
 
 

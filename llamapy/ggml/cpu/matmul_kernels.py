@@ -7,13 +7,16 @@ Call: ``MATVEC[type](w, x, out, f16)`` with ``w`` the raw weight ``uint8[N, row_
 and ``f16`` the 65536-entry half -> float table; ``out[m, r] = sum_k W[r, k] * x[m, k]``.
 
 ``MATVEC`` kernels take any number of rows but decode the weight again for each; for 2 or more rows
-``MATVEC_BATCH`` (``batch_kernels``, ``kquant_batch``) decodes each weight block once for up to four
-rows, and from ``BATCH8_MIN_ROWS`` rows ``MATVEC_BATCH8`` (``batch8_kernels``, the 32-element types)
-once for up to eight. ``matvec_kernel(name, M)`` picks one.
+``MATVEC_BATCH`` (``batch_kernels``, ``kquant_batch``, ``lo_batch_kernels``) decodes each weight block
+once for up to four rows, and from ``BATCH8_MIN_ROWS`` rows ``MATVEC_BATCH8`` (``batch8_kernels``, the
+32-element types; ``lo_batch8_kernels``, IQ4_NL and IQ4_XS) once for up to eight. ``matvec_kernel(name,
+M)`` picks one.
 
 This file holds the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), which multiply the float
-activations as they are. The k-quants (``kquant_kernels``) multiply activations quantized to 8 bits,
-as llama.cpp does; ``MATVEC`` holds both.
+activations as they are. The k-quants (``kquant_kernels``; Q2_K and Q3_K in ``kquant_lo_kernels``)
+multiply activations quantized to 8 bits, as llama.cpp does; IQ4_NL and IQ4_XS (``iq4_kernels``) the
+floats, through a table lookup. ``MATVEC`` holds all; a type without a batch kernel runs its ``MATVEC``
+kernel for any number of rows (each weight block decoded again per row).
 
 How these are built (numbers: AVX2 VM, ``benchmarks/bench_matvec.py``):
 - values are ``simd.F32x8`` vectors: each row keeps eight partial sums in a register across all its
@@ -50,9 +53,13 @@ from ..quants.layouts import (
 from ..types import GGMLType
 from .batch8_kernels import mmb8_mxfp4, mmb8_q4_0, mmb8_q4_1, mmb8_q5_0, mmb8_q5_1, mmb8_q8_0
 from .batch_kernels import mmb_mxfp4, mmb_q4_0, mmb_q4_1, mmb_q5_0, mmb_q5_1, mmb_q8_0
+from .iq4_kernels import mm_iq4_nl, mm_iq4_xs
 from .kquant_batch import mmb_q4_k, mmb_q5_k, mmb_q6_k
 from .kquant_kernels import mm_q4_k, mm_q5_k, mm_q6_k
+from .kquant_lo_kernels import mm_q2_k, mm_q3_k
 from .layouts import ROWS_PER_PASS
+from .lo_batch8_kernels import mmb8_iq4_nl, mmb8_iq4_xs
+from .lo_batch_kernels import mmb_iq4_nl, mmb_iq4_xs, mmb_q2_k, mmb_q3_k
 from .mxfp4_kernels import mm_mxfp4
 from .rowgroups import PREFETCH_ROWS, f16at, prefetch_bytes, rows4, store4
 from .simd import vadd, vfma, vi8, vload, vmul, vq4, vsplat, vsub, vzero
@@ -264,18 +271,23 @@ def mm_q8_0(w, x, out, f16):
 
 #: the type each kernel quantizes the activations to first (llama.cpp's ``vec_dot_type``); the others
 #: multiply float activations
-VEC_DOT_TYPE = {"Q4_K": GGMLType.Q8_K, "Q5_K": GGMLType.Q8_K, "Q6_K": GGMLType.Q8_K}
+VEC_DOT_TYPE = {
+    "Q2_K": GGMLType.Q8_K, "Q3_K": GGMLType.Q8_K, "Q4_K": GGMLType.Q8_K, "Q5_K": GGMLType.Q8_K,
+    "Q6_K": GGMLType.Q8_K,
+}  # fmt: skip
 
 MATVEC = {
     "Q4_0": mm_q4_0, "Q4_1": mm_q4_1, "Q5_0": mm_q5_0, "Q5_1": mm_q5_1, "Q8_0": mm_q8_0,
-    "Q4_K": mm_q4_k, "Q5_K": mm_q5_k, "Q6_K": mm_q6_k,
+    "Q2_K": mm_q2_k, "Q3_K": mm_q3_k, "Q4_K": mm_q4_k, "Q5_K": mm_q5_k, "Q6_K": mm_q6_k,
+    "IQ4_NL": mm_iq4_nl, "IQ4_XS": mm_iq4_xs,
     "MXFP4": mm_mxfp4,
 }  # fmt: skip
 
 #: small-batch kernels (2 to ``backend.MATVEC_MAX_TOKENS`` rows): each weight block decoded once per 4 rows
 MATVEC_BATCH = {
     "Q4_0": mmb_q4_0, "Q4_1": mmb_q4_1, "Q5_0": mmb_q5_0, "Q5_1": mmb_q5_1, "Q8_0": mmb_q8_0,
-    "Q4_K": mmb_q4_k, "Q5_K": mmb_q5_k, "Q6_K": mmb_q6_k,
+    "Q2_K": mmb_q2_k, "Q3_K": mmb_q3_k, "Q4_K": mmb_q4_k, "Q5_K": mmb_q5_k, "Q6_K": mmb_q6_k,
+    "IQ4_NL": mmb_iq4_nl, "IQ4_XS": mmb_iq4_xs,
     "MXFP4": mmb_mxfp4,
 }  # fmt: skip
 
@@ -284,6 +296,7 @@ MATVEC_BATCH = {
 BATCH8_MIN_ROWS = 5
 MATVEC_BATCH8 = {
     "Q4_0": mmb8_q4_0, "Q4_1": mmb8_q4_1, "Q5_0": mmb8_q5_0, "Q5_1": mmb8_q5_1, "Q8_0": mmb8_q8_0,
+    "IQ4_NL": mmb8_iq4_nl, "IQ4_XS": mmb8_iq4_xs,
     "MXFP4": mmb8_mxfp4,
 }  # fmt: skip
 
