@@ -162,13 +162,17 @@ class ContextBackend:
         return np.zeros((0, self.n_vocab), np.float32)
 
     def warmup(self) -> None:
-        """Decode once with each batch size up to the mat-vec limit + 1 (in-register mat-vec, small
-        attention, then the tile + BLAS path), so their kernels are loaded; the KV cache is left empty.
-        :meth:`llamapy.server.engine.Engine.warmup` then runs the engine's own batch shapes."""
-        from ..ggml.cpu.backend import MATVEC_MAX_TOKENS
+        """Decode once with a batch size of each kernel class, so their kernels are loaded: one row,
+        the 4-row mat-vec with small attention (2), the 8-row mat-vec with BLAS attention (5), the
+        tile + sgemm path (mat-vec limit + 1); the KV cache is left empty. Each other size costs only
+        its graph build. :meth:`llamapy.server.engine.Engine.warmup` then runs the engine's own shapes."""
+        from ..ggml.cpu.backend import ATTN_SMALL_MAX_TOKENS, MATVEC_MAX_TOKENS
+        from ..ggml.cpu.matmul_kernels import BATCH8_MIN_ROWS
 
         bos = self.vocab.bos if self.vocab.bos >= 0 else 0
-        for n in range(1, min(MATVEC_MAX_TOKENS + 1, self.n_ctx // self.n_seq_max - 1, self.n_batch) + 1):
+        limit = min(self.n_ctx // self.n_seq_max - 1, self.n_batch)
+        sizes = {1, 2, BATCH8_MIN_ROWS, ATTN_SMALL_MAX_TOKENS + 1, MATVEC_MAX_TOKENS + 1}
+        for n in sorted(min(n, limit) for n in sizes):
             self.decode([bos] * n, list(range(n)), [0] * n, [False] * (n - 1) + [True])
             self.ctx.memory.seq_rm(-1, -1, -1)
 
