@@ -522,3 +522,31 @@ def test_mul_mat_small_batches(t):
     got, ref = run_both(outs, feeds)
     for m, a, b in zip(ms, got, ref, strict=True):
         assert nmse(a, b) <= (MUL_MAT_Q8_NMSE if t.name in VEC_DOT_TYPE else 1e-9), (m, nmse(a, b))
+
+
+@pytest.mark.parametrize("H,Hkv", [(8, 2), (4, 1), (3, 3)])
+@pytest.mark.parametrize("n_tokens", [1, 3])
+def test_flash_attn_decode_long_f16_cache_in_chunks(H, Hkv, n_tokens):
+    """Decode over a long F16 cache: split into chunks of keys per kv head (flash decoding), with a
+    sliding-window mask that leaves whole chunks masked, a query row that sees nothing, soft-capping and
+    ALiBi; the merged chunks must equal the reference."""
+    from llamapy.ggml.cpu.attn_decode import MIN_CHUNK, n_chunks_for
+
+    D, n_kv = 40, 5 * MIN_CHUNK + 17
+    assert n_chunks_for(n_kv, Hkv, 2) > 1
+    k = ops.new_tensor(T.F16, (n_kv, Hkv, D))
+    v = ops.new_tensor(T.F16, (n_kv, Hkv, D))
+    q = ops.new_tensor(T.F32, (n_tokens, H, D))
+    mask = ops.new_tensor(T.F32, (n_tokens, n_kv))
+    pos = np.arange(n_kv - n_tokens, n_kv)
+    j = np.arange(n_kv)[None, :]
+    mv = np.where((j <= pos[:, None]) & (j > pos[:, None] - 2 * MIN_CHUNK), 0, -np.inf).astype(np.float32)
+    if n_tokens > 1:
+        mv[1] = -np.inf  # a row that sees no key: zeros
+    outs = [
+        ops.flash_attn_ext(q, k, v, mask, 0.2),
+        ops.flash_attn_ext(q, k, v, mask, 0.2, logit_softcap=3.0, max_bias=4.0),
+    ]
+    feeds = {q: f32(n_tokens, H, D), mask: mv}
+    feeds |= {k: f32(n_kv, Hkv, D).astype(np.float16), v: f32(n_kv, Hkv, D).astype(np.float16)}
+    check(outs, feeds, tol=1e-10)

@@ -56,15 +56,17 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         and sinks is None
     )
     if small and k.type == GGMLType.F16 and v.type == GGMLType.F16:
-        # decode over an F16 cache: read the half bits in place, only the unmasked keys (no conversion step)
-        mk, ok = _kernels()
-        kern16 = ok.attn_small_f16
-        be.need(kern16)
+        # decode over an F16 cache: read the half bits in place, only the unmasked keys (no conversion
+        # step), each row once for its group of query heads, chunks of keys in parallel
+        from .attn_decode import attn_split, n_chunks_for
+
+        be.need(attn_split)
         K16, V16 = arrays[id(k)].view(np.uint16), arrays[id(v)].view(np.uint16)
         has_mask = mask is not None
         mk16 = mask if has_mask else _NO_MASK
         sl16 = alibi_slopes(H, p["max_bias"])
-        return lambda: kern16(Q, K16, V16, mk16, has_mask, scale, cap, sl16, out)
+        nch = n_chunks_for(KV, Hkv, _threads(be))
+        return lambda: attn_split(Q, K16, V16, mk16, has_mask, scale, cap, sl16, out, nch)
     Kf, kconv = _kv_converter(be, k, arrays[id(k)], "fa_k")
     Vf, vconv = _kv_converter(be, v, arrays[id(v)], "fa_v")
     slopes = alibi_slopes(H, p["max_bias"]).reshape(Hkv, g, 1, 1) if p["max_bias"] > 0 else None

@@ -215,17 +215,3 @@ def attn_small(q, k, v, mask, has_mask, scale, cap, slopes, out):
     for t in range(T):
         for h in range(H):
             _attn_row(q, k, v, mask, has_mask, scale, cap, slopes, out, t, h, h // g, s, acc)
-
-
-@njit(parallel=True, cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
-def attn_small_f16(q, k, v, mask, has_mask, scale, cap, slopes, out):
-    """``attn_small`` over an F16 KV cache read in place: ``k``/``v`` are the cache views as
-    ``uint16`` (half bits, any strides). Only unmasked keys are read and converted, so a decode step
-    never converts the whole (padded) cache to float32. Parallel over query heads."""
-    T, H, _ = q.shape
-    g = H // k.shape[1]
-    for h in prange(H):
-        s = np.empty(k.shape[0], np.float32)
-        acc = np.empty(v.shape[2], np.float32)
-        for t in range(T):
-            _attn_row(q, k, v, mask, has_mask, scale, cap, slopes, out, t, h, h // g, s, acc)

@@ -1,0 +1,133 @@
+"""Decode attention over a long cache, split by key-value head and by chunk of keys (flash decoding).
+
+One query head per thread (``op_kernels.attn_small``'s row loop, as this replaced) reads its kv head's
+keys and values for every query head of the group: with grouped-query attention (Qwen3.5: 8 query heads
+on 2 kv heads of 256) each cached row is loaded and converted from half ``g`` times. Here a task is one kv head and one
+chunk of keys: it converts each unmasked row once and uses it for all ``g`` query heads (and the few
+query rows), keeping a running max, sum and weighted value sum per query head; the chunks' partial
+results are merged at the end with the usual rescaling. The chunks give the threads work when there are
+fewer kv heads than threads (Gemma 3 270M has one).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..._numba import FAST_KEEP_INF, njit, prange
+from .op_kernels import _as_f32
+from .vmath import fexp, ftanh
+
+__all__ = ["attn_split", "n_chunks_for"]
+
+_F0 = np.float32(0.0)
+_F1 = np.float32(1.0)
+
+#: keys per chunk at least (a chunk's fixed cost is a few vector loops over the group)
+MIN_CHUNK = 64
+
+
+def n_chunks_for(n_kv: int, n_head_kv: int, n_threads: int) -> int:
+    """Chunks of keys per kv head: about two tasks per thread, no chunk under ``MIN_CHUNK`` keys."""
+    want = max(1, -(-2 * n_threads // n_head_kv))
+    return max(1, min(want, n_kv // MIN_CHUNK))
+
+
+@njit(parallel=True, cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
+def attn_split(q, k, v, mask, has_mask, scale, cap, slopes, out, n_chunks):
+    """q[T, H, D] float32, k[KV, Hkv, D] / v[KV, Hkv, Dv] (half bits as uint16, or float32; any strides),
+    mask[T, KV] (0 / -inf, times the head's ALiBi slope), out[T, H, Dv]. Masked keys are never read; a
+    fully masked row gives zeros. ``n_chunks`` chunks of keys per kv head (``n_chunks_for``)."""
+    T, H, D = q.shape
+    KV, Hkv = k.shape[0], k.shape[1]
+    Dv = v.shape[2]
+    g = H // Hkv
+    ninf = np.float32(-np.inf)
+    csz = (KV + n_chunks - 1) // n_chunks
+    n_tasks = Hkv * n_chunks
+    pm = np.empty((n_tasks, T, g), np.float32)  # running max of each chunk
+    ps = np.zeros((n_tasks, T, g), np.float32)  # sum of exp(score - max)
+    pa = np.zeros((n_tasks, T, g, Dv), np.float32)  # sum of exp(score - max) * v
+    for task in prange(n_tasks):
+        kh = task // n_chunks
+        j0 = (task % n_chunks) * csz
+        j1 = min(KV, j0 + csz)
+        n = max(j1 - j0, 0)
+        kb = np.empty(D, np.float32)
+        vb = np.empty(Dv, np.float32)
+        s = np.empty((T, g, max(n, 1)), np.float32)
+        for t in range(T):
+            for hi in range(g):
+                pm[task, t, hi] = ninf
+        for jj in range(n):
+            j = j0 + jj
+            seen = not has_mask
+            for t in range(T):
+                if has_mask and mask[t, j] == ninf:
+                    for hi in range(g):
+                        s[t, hi, jj] = ninf
+                else:
+                    seen = True
+            if not seen:
+                continue
+            for i in range(D):
+                kb[i] = _as_f32(k[j, kh, i])
+            for t in range(T):
+                if has_mask and mask[t, j] == ninf:
+                    continue
+                for hi in range(g):
+                    h = kh * g + hi
+                    d = _F0
+                    for i in range(D):
+                        d += q[t, h, i] * kb[i]
+                    d *= scale
+                    if cap != _F0:
+                        d = cap * ftanh(d / cap)
+                    if has_mask:
+                        d += slopes[h] * mask[t, j]
+                    s[t, hi, jj] = d
+                    if d > pm[task, t, hi]:
+                        pm[task, t, hi] = d
+        for jj in range(n):
+            j = j0 + jj
+            used = False
+            for t in range(T):
+                for hi in range(g):
+                    if s[t, hi, jj] != ninf:
+                        used = True
+            if not used:
+                continue
+            for i in range(Dv):
+                vb[i] = _as_f32(v[j, kh, i])
+            for t in range(T):
+                for hi in range(g):
+                    sv = s[t, hi, jj]
+                    if sv == ninf:
+                        continue
+                    p = fexp(sv - pm[task, t, hi])
+                    ps[task, t, hi] += p
+                    for i in range(Dv):
+                        pa[task, t, hi, i] += p * vb[i]
+    for h in prange(H):
+        kh = h // g
+        hi = h % g
+        for t in range(T):
+            m = ninf
+            for c in range(n_chunks):
+                m = max(m, pm[kh * n_chunks + c, t, hi])
+            for i in range(Dv):
+                out[t, h, i] = _F0
+            if m == ninf:
+                continue
+            tot = _F0
+            for c in range(n_chunks):
+                task = kh * n_chunks + c
+                mc = pm[task, t, hi]
+                if mc == ninf:
+                    continue
+                w = fexp(mc - m)
+                tot += w * ps[task, t, hi]
+                for i in range(Dv):
+                    out[t, h, i] += w * pa[task, t, hi, i]
+            inv = _F1 / tot
+            for i in range(Dv):
+                out[t, h, i] *= inv
