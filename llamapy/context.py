@@ -183,9 +183,7 @@ class Context:
         self.n_graph_builds = 0
         self.n_graph_reuses = 0
         self.causal_attn = bool(hp.causal_attn)  # llama_set_causal_attn
-        self.n_embd_inp = int(
-            getattr(hp, "n_embd_inp", 0) or hp.n_embd
-        )  # llama.cpp's n_embd_inp() (Qwen3-VL)
+        self.n_embd_inp = hp.n_embd_inp  # Qwen3-VL: + its deepstack slices
         self._t = {"t_p_eval": 0.0, "n_p_eval": 0, "t_eval": 0.0, "n_eval": 0}
 
     # -- properties -----------------------------------------------------------------------------------

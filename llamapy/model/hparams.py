@@ -204,6 +204,7 @@ class HParams:
     ssm_dt_rank: int = 0
     ssm_n_group: int = 0
     rope_sections: tuple[int, ...] = ()  # multi-section rope (Qwen3.5's interleaved mrope)
+    n_deepstack_layers: int = 0  # Qwen3-VL: image features added after the first layers
     recurrent_with_attn: bool = (
         False  # recurrent layers attend as well (Falcon-H1: mamba2 + attention per layer)
     )
@@ -245,6 +246,12 @@ class HParams:
     def is_swa(self, il: int) -> bool:
         """Whether layer ``il`` attends over a sliding window (else over the whole context)."""
         return bool(self.swa_layers and self.swa_layers[il])
+
+    @property
+    def n_embd_inp(self) -> int:
+        """Width of an embeddings input (llama.cpp's ``n_embd_inp()``): Qwen3-VL's image tokens carry
+        their deepstack slices after the first ``n_embd`` values."""
+        return self.n_embd * (1 + self.n_deepstack_layers)
 
     @property
     def has_swa(self) -> bool:

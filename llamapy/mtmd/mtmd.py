@@ -98,8 +98,7 @@ class MtmdContext:
         self.clip = ClipModel(mmproj_path, n_threads=n_threads, backend=backend)
         self.model = text_model
         hp = text_model.hparams  # type: ignore[attr-defined]
-        n_embd_inp = getattr(hp, "n_embd_inp", hp.n_embd)  # Qwen3-VL: + its deepstack slices
-        self.clip.check_text_model(n_embd_inp, f"{getattr(text_model, 'path', '')}")
+        self.clip.check_text_model(hp.n_embd_inp, f"{getattr(text_model, 'path', '')}")
         self.vocab = text_model.vocab  # type: ignore[attr-defined]
         if self.vocab is None:
             raise MtmdError(

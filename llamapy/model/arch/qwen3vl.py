@@ -40,8 +40,7 @@ class Qwen3VL(Architecture):
             raise ModelLoadError(
                 f"{md.where}: {md.arch}.n_deepstack_layers {n_ds} is more than block_count {hp.n_layer}"
             )
-        hp.n_deepstack_layers = n_ds  # type: ignore[attr-defined]
-        hp.n_embd_inp = hp.n_embd * (1 + n_ds)  # type: ignore[attr-defined]
+        hp.n_deepstack_layers = n_ds
         hp.expert_weights_norm = hp.arch == "qwen3vlmoe"
 
     def layer_rope(self, il: int, n_ctx: int = 0) -> Rope | None:
