@@ -10,7 +10,7 @@ from ..backend import ArrayMap, Step
 from ..ops import alibi_slopes
 from ..tensor import Tensor
 from ..types import GGMLType
-from .backend import ATTN_SMALL_MAX_TOKENS, CPUBackend, _compiler, _kernels, _threads
+from .backend import ATTN_SMALL_MAX_TOKENS, CPUBackend, _compiler, _threads
 
 _NO_MASK = np.zeros((1, 1), np.float32)  # a typed placeholder for kernels when there is no mask
 
@@ -55,37 +55,33 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         and (mask is None or mask.dtype == np.float32)
         and sinks is None
     )
-    if small and k.type == GGMLType.F16 and v.type == GGMLType.F16:
-        # decode over an F16 cache: read the half bits in place, only the unmasked keys (no conversion
-        # step), each row once for its group of query heads, chunks of keys in parallel
+    if small:
+        # decode: each cached row once for its group of query heads, chunks of keys in parallel, only
+        # the unmasked keys read; an F16 cache as its half bits in place (no conversion step)
         from .attn_decode import attn_split, n_chunks_for
 
         be.need(attn_split)
-        K16, V16 = arrays[id(k)].view(np.uint16), arrays[id(v)].view(np.uint16)
-        has_mask = mask is not None
-        mk16 = mask if has_mask else _NO_MASK
-        sl16 = alibi_slopes(H, p["max_bias"])
-        nch = n_chunks_for(KV, Hkv, _threads(be))
-        return lambda: attn_split(Q, K16, V16, mk16, has_mask, scale, cap, sl16, out, nch)
-    Kf, kconv = _kv_converter(be, k, arrays[id(k)], "fa_k")
-    Vf, vconv = _kv_converter(be, v, arrays[id(v)], "fa_v")
-    slopes = alibi_slopes(H, p["max_bias"]).reshape(Hkv, g, 1, 1) if p["max_bias"] > 0 else None
-    if small:
-        _, ok = _kernels()
-        kern = ok.attn_small
-        be.need(kern)
         has_mask = mask is not None
         mk_ = mask if has_mask else _NO_MASK
         sl = alibi_slopes(H, p["max_bias"])
+        nch = n_chunks_for(KV, Hkv, _threads(be))
+        if k.type == GGMLType.F16 and v.type == GGMLType.F16:
+            K16, V16 = arrays[id(k)].view(np.uint16), arrays[id(v)].view(np.uint16)
+            return lambda: attn_split(Q, K16, V16, mk_, has_mask, scale, cap, sl, out, nch)
+        Kf, kconv = _kv_converter(be, k, arrays[id(k)], "fa_k")
+        Vf, vconv = _kv_converter(be, v, arrays[id(v)], "fa_v")
 
         def step_small() -> None:
             if kconv is not None:
                 kconv()
             if vconv is not None:
                 vconv()
-            kern(Q, Kf, Vf, mk_, has_mask, scale, cap, sl, out)
+            attn_split(Q, Kf, Vf, mk_, has_mask, scale, cap, sl, out, nch)
 
         return step_small
+    Kf, kconv = _kv_converter(be, k, arrays[id(k)], "fa_k")
+    Vf, vconv = _kv_converter(be, v, arrays[id(v)], "fa_v")
+    slopes = alibi_slopes(H, p["max_bias"]).reshape(Hkv, g, 1, 1) if p["max_bias"] > 0 else None
     from . import blas
 
     if (

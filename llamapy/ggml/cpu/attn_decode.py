@@ -1,8 +1,9 @@
 """Decode attention over a long cache, split by key-value head and by chunk of keys (flash decoding).
 
-One query head per thread (``op_kernels.attn_small``'s row loop, as this replaced) reads its kv head's
-keys and values for every query head of the group: with grouped-query attention (Qwen3.5: 8 query heads
-on 2 kv heads of 256) each cached row is loaded and converted from half ``g`` times. Here a task is one kv head and one
+The decode path of ``flash_attn_ext`` (a few query rows), over any cache (an F16 one read in place as half
+bits, others converted to float32 first). One query head per thread would read its kv head's keys and
+values for every query head of the group: with grouped-query attention (Qwen3.5: 8 query heads on 2 kv
+heads of 256) each cached row would be loaded and converted ``g`` times. Here a task is one kv head and one
 chunk of keys: it converts each unmasked row once and uses it for all ``g`` query heads (and the few
 query rows), keeping a running max, sum and weighted value sum per query head; the chunks' partial
 results are merged at the end with the usual rescaling. The chunks give the threads work when there are

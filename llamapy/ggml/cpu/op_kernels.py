@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ..._numba import FAST_KEEP_INF, njit, prange  # first: it sets NUMBA_CACHE_DIR before Numba
+from ..._numba import njit, prange  # first: it sets NUMBA_CACHE_DIR before Numba
 
 # isort: split
 import numpy as np
@@ -161,57 +161,3 @@ def _as_f32_ov(x):  # type: ignore[no-untyped-def]
     if isinstance(x, types.Integer):
         return lambda x: h2f(x)
     return lambda x: np.float32(x)
-
-
-@njit(inline="always")
-def _attn_row(q, k, v, mask, has_mask, scale, cap, slopes, out, t, h, kh, s, acc):
-    """One query row ``t`` of head ``h`` (kv head ``kh``) into ``out[t, h]``, with the scratch
-    ``s[KV]`` and ``acc[Dv]``. Masked keys are skipped (never read); a fully masked row gives zeros."""
-    KV, D, Dv = k.shape[0], q.shape[2], v.shape[2]
-    ninf = np.float32(-np.inf)
-    mx = ninf
-    for j in range(KV):
-        if has_mask and mask[t, j] == ninf:
-            s[j] = ninf
-            continue
-        d = _F0
-        for i in range(D):
-            d += q[t, h, i] * _as_f32(k[j, kh, i])
-        d *= scale
-        if cap != _F0:
-            d = cap * ftanh(d / cap)
-        if has_mask:
-            d += slopes[h] * mask[t, j]
-        s[j] = d
-        mx = max(mx, d)
-    if mx == ninf:
-        for i in range(Dv):
-            out[t, h, i] = _F0
-        return
-    for i in range(Dv):
-        acc[i] = _F0
-    ssum = _F0
-    for j in range(KV):
-        if s[j] == ninf:
-            continue
-        p = fexp(s[j] - mx)
-        ssum += p
-        for i in range(Dv):
-            acc[i] += p * _as_f32(v[j, kh, i])
-    inv = _F1 / ssum
-    for i in range(Dv):
-        out[t, h, i] = acc[i] * inv
-
-
-@njit(cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
-def attn_small(q, k, v, mask, has_mask, scale, cap, slopes, out):
-    """Attention for a few query rows (decode): q[T, H, D], k[KV, Hkv, D], v[KV, Hkv, Dv] (float32,
-    any strides), mask[T, KV] (0 / -inf, times the head's ALiBi slope), out[T, H, Dv]. Serial: a
-    handful of rows is cheaper than a thread launch or a BLAS call. Masked keys are skipped."""
-    T, H, _ = q.shape
-    g = H // k.shape[1]
-    s = np.empty(k.shape[0], np.float32)
-    acc = np.empty(v.shape[2], np.float32)
-    for t in range(T):
-        for h in range(H):
-            _attn_row(q, k, v, mask, has_mask, scale, cap, slopes, out, t, h, h // g, s, acc)
