@@ -70,3 +70,38 @@ def test_unreadable_runtime_cache_falls_back_to_compiling(tmp_path: Path) -> Non
         f.write_bytes(b"not a pickle")
     out = _run(tmp_path)
     assert out[0] == "[0.0, 1.0, 3.0, 6.0, 10.0]" and out[2] == "nrt-compiled" and out[4] == "4.0"
+
+
+LINK = """
+import sys, numpy as np
+import llamapy._numba as ln
+import llvmlite.binding as ll
+parsed = []
+orig = ll.parse_bitcode
+ll.parse_bitcode = lambda b: parsed.append(1) or orig(b)
+import kern
+print(kern.cumsum_copy(np.arange(5.0)).tolist())
+print(f'parsed {len(parsed)}')  # the cached kernel's linking bitcode stays unparsed
+released = ln.release_compiler_pages()
+print('released' if released > 0 or not sys.platform.startswith('linux') else 'kept')
+from numba import njit
+twice = njit(lambda x: kern.cumsum_copy(x) * 2.0)  # a fresh compile links the cached kernel in
+print(twice(np.arange(4.0)).tolist(), 'linked' if parsed else 'not-linked')
+print(kern.cumsum_copy(np.ones(3)).tolist())
+"""
+
+
+def test_cached_kernel_links_lazily_and_compiler_pages_come_back(tmp_path: Path) -> None:
+    (tmp_path / "kern.py").write_text(KERNEL)
+    _run(tmp_path)  # writes the cache
+    e = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAPY_NUMBA")}
+    e.update(NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    out = subprocess.run([sys.executable, "-c", LINK], env=e, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:5] == [
+        "[0.0, 1.0, 3.0, 6.0, 10.0]",
+        "parsed 0",
+        "released",
+        "[0.0, 2.0, 6.0, 12.0] linked",
+        "[1.0, 2.0, 3.0]",
+    ]

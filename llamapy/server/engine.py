@@ -254,6 +254,9 @@ class Engine:
                     self._release(s)
                 self.backend.seq_rm(s.id, -1, -1)
             self.slots = [Slot(i, self.n_ctx_slot) for i in range(self.n_parallel)]  # nothing cached
+        from .._numba import release_compiler_pages
+
+        release_compiler_pages()  # every kernel is loaded: LLVM's code need not stay resident
 
     def stop(self, timeout: float = 5.0) -> None:
         with self._cond:
