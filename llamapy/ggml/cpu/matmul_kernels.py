@@ -30,6 +30,10 @@ How these are built (numbers: AVX2 VM, ``benchmarks/bench_matvec.py``):
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
 import numpy as np
 
 from ..._numba import njit, prange
@@ -51,16 +55,7 @@ from ..quants.layouts import (
     Q8_0_QS,
 )
 from ..types import GGMLType
-from .batch8_kernels import mmb8_mxfp4, mmb8_q4_0, mmb8_q4_1, mmb8_q5_0, mmb8_q5_1, mmb8_q8_0
-from .batch_kernels import mmb_mxfp4, mmb_q4_0, mmb_q4_1, mmb_q5_0, mmb_q5_1, mmb_q8_0
-from .iq4_kernels import mm_iq4_nl, mm_iq4_xs
-from .kquant_batch import mmb_q4_k, mmb_q5_k, mmb_q6_k
-from .kquant_kernels import mm_q4_k, mm_q5_k, mm_q6_k
-from .kquant_lo_kernels import mm_q2_k, mm_q3_k
 from .layouts import ROWS_PER_PASS
-from .lo_batch8_kernels import mmb8_iq4_nl, mmb8_iq4_xs
-from .lo_batch_kernels import mmb_iq4_nl, mmb_iq4_xs, mmb_q2_k, mmb_q3_k
-from .mxfp4_kernels import mm_mxfp4
 from .rowgroups import PREFETCH_ROWS, f16at, prefetch_bytes, rows4, store4
 from .simd import vadd, vfma, vi8, vload, vmul, vq4, vsplat, vsub, vzero
 
@@ -276,29 +271,66 @@ VEC_DOT_TYPE = {
     "Q6_K": GGMLType.Q8_K,
 }  # fmt: skip
 
-MATVEC = {
+
+class KernelTable(MutableMapping):
+    """Type name -> kernel. An entry ``"module:name"`` (a module of this package) is imported on its
+    first lookup, so a model imports, and creates the Numba dispatchers of, only its own types'
+    kernel modules (importing all of them took 10-15 ms of every start-up)."""
+
+    def __init__(self, entries: dict[str, Any]):
+        self._entries = dict(entries)
+
+    def __getitem__(self, name: str) -> Any:
+        k = self._entries[name]
+        if isinstance(k, str):
+            module, attr = k.split(":")
+            k = self._entries[name] = getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+        return k
+
+    def __setitem__(self, name: str, kernel: Any) -> None:
+        self._entries[name] = kernel
+
+    def __delitem__(self, name: str) -> None:
+        del self._entries[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+MATVEC = KernelTable({
     "Q4_0": mm_q4_0, "Q4_1": mm_q4_1, "Q5_0": mm_q5_0, "Q5_1": mm_q5_1, "Q8_0": mm_q8_0,
-    "Q2_K": mm_q2_k, "Q3_K": mm_q3_k, "Q4_K": mm_q4_k, "Q5_K": mm_q5_k, "Q6_K": mm_q6_k,
-    "IQ4_NL": mm_iq4_nl, "IQ4_XS": mm_iq4_xs,
-    "MXFP4": mm_mxfp4,
-}  # fmt: skip
+    "Q2_K": "kquant_lo_kernels:mm_q2_k", "Q3_K": "kquant_lo_kernels:mm_q3_k",
+    "Q4_K": "kquant_kernels:mm_q4_k", "Q5_K": "kquant_kernels:mm_q5_k", "Q6_K": "kquant_kernels:mm_q6_k",
+    "IQ4_NL": "iq4_kernels:mm_iq4_nl", "IQ4_XS": "iq4_kernels:mm_iq4_xs",
+    "MXFP4": "mxfp4_kernels:mm_mxfp4",
+})  # fmt: skip
 
 #: small-batch kernels (2 to ``backend.MATVEC_MAX_TOKENS`` rows): each weight block decoded once per 4 rows
-MATVEC_BATCH = {
-    "Q4_0": mmb_q4_0, "Q4_1": mmb_q4_1, "Q5_0": mmb_q5_0, "Q5_1": mmb_q5_1, "Q8_0": mmb_q8_0,
-    "Q2_K": mmb_q2_k, "Q3_K": mmb_q3_k, "Q4_K": mmb_q4_k, "Q5_K": mmb_q5_k, "Q6_K": mmb_q6_k,
-    "IQ4_NL": mmb_iq4_nl, "IQ4_XS": mmb_iq4_xs,
-    "MXFP4": mmb_mxfp4,
-}  # fmt: skip
+MATVEC_BATCH = KernelTable({
+    "Q4_0": "batch_kernels:mmb_q4_0", "Q4_1": "batch_kernels:mmb_q4_1", "Q5_0": "batch_kernels:mmb_q5_0",
+    "Q5_1": "batch_kernels:mmb_q5_1", "Q8_0": "batch_kernels:mmb_q8_0",
+    "Q2_K": "lo_batch_kernels:mmb_q2_k", "Q3_K": "lo_batch_kernels:mmb_q3_k",
+    "Q4_K": "kquant_batch:mmb_q4_k", "Q5_K": "kquant_batch:mmb_q5_k", "Q6_K": "kquant_batch:mmb_q6_k",
+    "IQ4_NL": "lo_batch_kernels:mmb_iq4_nl", "IQ4_XS": "lo_batch_kernels:mmb_iq4_xs",
+    "MXFP4": "batch_kernels:mmb_mxfp4",
+})  # fmt: skip
 
 
 #: from this many rows on, the 32-element types decode each block once per 8 rows, scaled (batch8_kernels)
 BATCH8_MIN_ROWS = 5
-MATVEC_BATCH8 = {
-    "Q4_0": mmb8_q4_0, "Q4_1": mmb8_q4_1, "Q5_0": mmb8_q5_0, "Q5_1": mmb8_q5_1, "Q8_0": mmb8_q8_0,
-    "IQ4_NL": mmb8_iq4_nl, "IQ4_XS": mmb8_iq4_xs,
-    "MXFP4": mmb8_mxfp4,
-}  # fmt: skip
+MATVEC_BATCH8 = KernelTable({
+    "Q4_0": "batch8_kernels:mmb8_q4_0", "Q4_1": "batch8_kernels:mmb8_q4_1",
+    "Q5_0": "batch8_kernels:mmb8_q5_0", "Q5_1": "batch8_kernels:mmb8_q5_1",
+    "Q8_0": "batch8_kernels:mmb8_q8_0",
+    "IQ4_NL": "lo_batch8_kernels:mmb8_iq4_nl", "IQ4_XS": "lo_batch8_kernels:mmb8_iq4_xs",
+    "MXFP4": "batch8_kernels:mmb8_mxfp4",
+})  # fmt: skip
 
 
 def matvec_kernel(name: str, m: int):  # type: ignore[no-untyped-def]
