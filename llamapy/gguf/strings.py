@@ -88,7 +88,21 @@ class StringArray(Sequence[str]):
 
     # -- compact access ---------------------------------------------------------------------------
     def tolist(self) -> list[str]:
-        return list(self)
+        """All strings, decoded in one call: each 8-byte length field becomes one 0xFF byte (never
+        part of UTF-8, so no sequence runs across it and every string decodes exactly as alone) and
+        the decoded text is split there. Data holding 0xFF bytes itself decodes string by string."""
+        n = len(self)
+        if n < 64:
+            return list(self)
+        u8 = np.frombuffer(self._raw, dtype=np.uint8)
+        keep = np.ones(u8.size, dtype=bool)
+        keep[(self._off[:-1, None] + np.arange(1, 8)).ravel()] = False
+        buf = u8.copy()
+        buf[self._off[:-1]] = 0xFF
+        joined = buf[keep].tobytes()
+        if joined.count(b"\xff") != n:
+            return list(self)
+        return joined.decode("utf-8", "surrogateescape").split("\udcff")[1:]
 
     def index_of(self, text: str) -> int:
         """The first index whose string is ``text``, else -1 (a search of the blob; no dict)."""

@@ -102,7 +102,9 @@ def load_into(v: Vocab, md: Mapping[str, Any]) -> None:
     v.tokens = _texts(tokens)
     # SPM looks texts up in its kernel's hash table; the others' Python loops want a dict
     v.token_to_id = (
-        TokenIndex(v.tokens) if v.type is VocabType.SPM else dict(zip(v.tokens, range(n), strict=True))
+        TokenIndex(v.tokens)
+        if v.type is VocabType.SPM
+        else dict(zip(_as_list(v.tokens), range(n), strict=True))
     )
     v.scores = np.zeros(n, dtype=np.float32) if scores is None else scores.astype(np.float32)
     if types is None:
@@ -126,6 +128,10 @@ def load_into(v: Vocab, md: Mapping[str, Any]) -> None:
     _eog(v)
     v.special_ids = special_ids_sorted(v.tokens, v.attrs)
     _per_model_attrs(v, md)
+
+
+def _as_list(texts: list[str] | StringArray) -> list[str]:
+    return texts.tolist() if isinstance(texts, StringArray) else texts
 
 
 def _texts(tokens: list[str] | StringArray) -> list[str] | StringArray:

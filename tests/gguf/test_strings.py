@@ -7,6 +7,8 @@ import struct
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llamapy.gguf import GGUFError, GGUFReader, GGUFWriter
 from llamapy.gguf.reader import STRING_ARRAY_MIN
@@ -74,3 +76,12 @@ def test_offsets_must_cover_the_data() -> None:
 
     with pytest.raises(ValueError, match="offsets"):
         StringArray(b"\x01\x00\x00\x00\x00\x00\x00\x00a", np.array([0, 8]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.binary(max_size=12), st.text(max_size=6)), min_size=0, max_size=300))
+def test_tolist_decodes_each_string_as_alone(items: list) -> None:
+    """The one-call decode (length fields turned into 0xFF separators) equals decoding each element,
+    for any bytes: invalid and truncated UTF-8, 0xFF in the data (the per-string path), empties."""
+    sa = StringArray.from_strings(items)
+    assert sa.tolist() == [sa[i] for i in range(len(sa))]
