@@ -7,14 +7,17 @@
 #      llama.cpp's llama-completion, or llama-cli -no-cnv), warm caches, /usr/bin/time -v;
 #   4. server (first model only, or SERVER_MODEL): llama-server and `llamapy serve`, -np 4, streamed
 #      128-token chats, aggregate t/s at 1/4/16/32 concurrent clients, none lost, TTFT of the first
-#      request after start vs a later one (benchmarks/server_compare.py), the two servers alternating.
+#      request after start vs a later one (benchmarks/server_compare.py), the two servers alternating;
+#   5. a busy machine (first model): tg32 with and without a one-core CPU hog, each tool with its
+#      default thread count and with -t all cores (benchmarks/bench_busy.py).
 # llama.cpp is built from the llama-cpp-python sdist into a cache dir (benchmarks/build_llamacpp.sh);
 # it is a yardstick only. Writes benchmarks/results/vs_llamacpp.md with the machine line.
 #
 # Usage: benchmarks/compare_llamacpp.sh [threads] [rounds] [models...]
 #        (models: known names or GGUF paths; default: smollm2-135m-instruct gemma3-270m)
 # Environment: DEPTHS (default 0,1024,2048,4096,8192; empty: skip), SERVER=0 skips the server test,
-#              CLIENTS (default 1,4,16,32), SERVER_MODEL (default: the first model), OUT (the report).
+#              CLIENTS (default 1,4,16,32), SERVER_MODEL (default: the first model), OUT (the report),
+#              START_RUNS (start-up runs per round, default 3), BUSY=0 skips the busy-machine test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T="${1:-2}"
@@ -25,7 +28,13 @@ MODELS=("$@")
 DEPTHS="${DEPTHS-0,1024,2048,4096,8192}"
 CLIENTS="${CLIENTS:-1,4,16,32}"
 SERVER="${SERVER:-1}"
+BUSY="${BUSY:-1}"
+START_RUNS="${START_RUNS:-3}"
 BIN=$(bash benchmarks/build_llamacpp.sh | tail -1)
+# the interpreter itself, not a wrapper in front of it (a pyenv shim is a bash script: +0.05-0.15 s a
+# process), and .pyc files written as on any normal install (some shells set PYTHONDONTWRITEBYTECODE)
+PY=$(python3 -c 'import sys; print(sys.executable)')
+unset PYTHONDONTWRITEBYTECODE
 OUT="${OUT:-benchmarks/results/vs_llamacpp.md}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -38,7 +47,7 @@ flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx|avx2|fma|f
     echo "- when: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $(nproc) cores, $cpu; flags: $flags"
     echo "- load average at start: $(cut -d' ' -f1-3 /proc/loadavg); threads: -t $T; rounds: $R"
     echo "- llama.cpp: $(basename "$(dirname "$(dirname "$BIN")")") (llama-cpp-python sdist), native build"
-    echo "- command: \`benchmarks/compare_llamacpp.sh $T $R ${MODELS[*]}\`"
+    echo "- command: \`benchmarks/compare_llamacpp.sh $T $R ${MODELS[*]}\`; llamapy runs as \`$PY -m llamapy\`"
     echo
 } > "$OUT"
 
@@ -51,7 +60,7 @@ rss_and_time() {  # command... -> "<seconds> <peak RSS MB>"
 }
 
 for m in "${MODELS[@]}"; do
-    path=$(python3 -m llamapy pull "$m" 2>/dev/null | tail -1)
+    path=$("$PY" -m llamapy pull "$m" 2>/dev/null | tail -1)
     name=$(basename "$path")
     echo "## $name" >> "$OUT"
     echo >> "$OUT"
@@ -60,7 +69,7 @@ for m in "${MODELS[@]}"; do
         echo "# round $r: llama.cpp" >> "$OUT"
         "$BIN/llama-bench" -m "$path" -p 512 -n 128 -t "$T" -r 3 -o md 2>/dev/null | grep -E '^\|' >> "$OUT"
         echo "# round $r: llamapy" >> "$OUT"
-        python3 -m llamapy bench -m "$path" -p 512 -n 128 -t "$T" -r 3 -o md 2>/dev/null | grep -E '^\|' >> "$OUT"
+        "$PY" -m llamapy bench -m "$path" -p 512 -n 128 -t "$T" -r 3 -o md 2>/dev/null | grep -E '^\|' >> "$OUT"
     done
     echo '```' >> "$OUT"
     echo >> "$OUT"
@@ -74,7 +83,7 @@ for m in "${MODELS[@]}"; do
                 echo "# round $r, depth $d: llama.cpp" >> "$OUT"
                 "$BIN/llama-bench" -m "$path" -p 0 -n 64 -d "$d" -t "$T" -r 3 -o md 2>/dev/null | grep -E '^\|' | grep -vE '^\| (model |-)' >> "$OUT" || true
                 echo "# round $r, depth $d: llamapy" >> "$OUT"
-                python3 -m llamapy bench -m "$path" -p 0 -n 64 -d "$d" -t "$T" -r 3 -o md 2>/dev/null | grep -E '^\|' | grep -vE '^\| (model |-)' >> "$OUT" || true
+                "$PY" -m llamapy bench -m "$path" -p 0 -n 64 -d "$d" -t "$T" -r 3 -o md 2>/dev/null | grep -E '^\|' | grep -vE '^\| (model |-)' >> "$OUT" || true
             done
         done
         echo '```' >> "$OUT"
@@ -86,21 +95,23 @@ for m in "${MODELS[@]}"; do
     else
         lc=("$BIN/llama-cli" -m "$path" -p Hello -n 16 -c 4096 -t "$T" -no-cnv --no-warmup)
     fi
-    lp=(python3 -m llamapy run -m "$path" -p Hello -n 16 -c 4096 -t "$T")
+    lp=("$PY" -m llamapy run -m "$path" -p Hello -n 16 -c 4096 -t "$T")
     "${lc[@]}" > /dev/null 2>&1 < /dev/null || true
     "${lp[@]}" > /dev/null 2>&1 < /dev/null || true
     echo "| whole process \`run -p Hello -n 16 -c 4096\` | round | seconds | peak RSS MB |" >> "$OUT"
     echo "| --- | ---: | ---: | ---: |" >> "$OUT"
     for r in $(seq "$R"); do
-        read -r s mb < <(rss_and_time "${lc[@]}" < /dev/null)
-        echo "| llama.cpp | $r | $s | $mb |" >> "$OUT"
-        read -r s mb < <(rss_and_time "${lp[@]}" < /dev/null)
-        echo "| llamapy | $r | $s | $mb |" >> "$OUT"
+        for i in $(seq "$START_RUNS"); do
+            read -r s mb < <(rss_and_time "${lc[@]}" < /dev/null)
+            echo "| llama.cpp | $r.$i | $s | $mb |" >> "$OUT"
+            read -r s mb < <(rss_and_time "${lp[@]}" < /dev/null)
+            echo "| llamapy | $r.$i | $s | $mb |" >> "$OUT"
+        done
     done
     echo >> "$OUT"
 done
 if [ "$SERVER" != 0 ]; then
-    spath=$(python3 -m llamapy pull "${SERVER_MODEL:-${MODELS[0]}}" 2>/dev/null | tail -1)
+    spath=$("$PY" -m llamapy pull "${SERVER_MODEL:-${MODELS[0]}}" 2>/dev/null | tail -1)
     echo "## server: $(basename "$spath"), -np 4, streamed 128-token chats" >> "$OUT"
     echo >> "$OUT"
     echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT"
@@ -109,13 +120,21 @@ if [ "$SERVER" != 0 ]; then
     echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" >> "$OUT"
     for r in $(seq "$R"); do
         for tool in llama.cpp llamapy; do
-            python3 benchmarks/server_compare.py --server "$tool" --bin "$BIN" -m "$spath" -t "$T" \
+            "$PY" benchmarks/server_compare.py --server "$tool" --bin "$BIN" -m "$spath" -t "$T" \
                 --parallel 4 --clients "$CLIENTS" --max-tokens 128 --round "$r" --md-rows-only \
                 >> "$OUT" 2> "$tmp/server.err" || { echo "| $tool | $r | failed: $(tail -1 "$tmp/server.err") |" >> "$OUT"; }
         done
     done
     echo >> "$OUT"
     echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT"
+    echo >> "$OUT"
+fi
+if [ "$BUSY" != 0 ]; then
+    bpath=$("$PY" -m llamapy pull "${MODELS[0]}" 2>/dev/null | tail -1)
+    echo "## busy machine" >> "$OUT"
+    echo >> "$OUT"
+    "$PY" benchmarks/bench_busy.py -m "$bpath" --bin "$BIN" | sed 's/^# /### /' >> "$OUT" 2> "$tmp/busy.err" \
+        || echo "busy-machine test failed: $(tail -1 "$tmp/busy.err")" >> "$OUT"
     echo >> "$OUT"
 fi
 echo "- load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT"
