@@ -550,3 +550,43 @@ def test_flash_attn_decode_long_f16_cache_in_chunks(H, Hkv, n_tokens):
     feeds = {q: f32(n_tokens, H, D), mask: mv}
     feeds |= {k: f32(n_kv, Hkv, D).astype(np.float16), v: f32(n_kv, Hkv, D).astype(np.float16)}
     check(outs, feeds, tol=1e-10)
+
+
+@pytest.mark.parametrize("kernel", ["attn_heads", "attn_split"])
+@pytest.mark.parametrize("H,Hkv,n_tokens", [(8, 2, 1), (4, 1, 3), (3, 3, 2), (2, 1, 1)])
+@pytest.mark.parametrize("half", [True, False], ids=["f16", "f32"])
+def test_decode_attention_kernels_against_float64(kernel, H, Hkv, n_tokens, half):
+    """Both decode-attention kernels (the backend picks one by heads and threads): F16 half bits or
+    float32 K/V, a sliding-window mask, a query row that sees nothing (zeros), soft-capping, ALiBi."""
+    from llamapy.ggml.cpu import attn_decode as ad
+
+    rng = np.random.default_rng(H * 10 + Hkv + n_tokens)
+    D, n_kv = 24, 3 * ad.MIN_CHUNK + 5
+    q = rng.standard_normal((n_tokens, H, D)).astype(np.float32)
+    k = rng.standard_normal((n_kv, Hkv, D)).astype(np.float16)
+    v = rng.standard_normal((n_kv, Hkv, D)).astype(np.float16)
+    pos = np.arange(n_kv - n_tokens, n_kv)
+    j = np.arange(n_kv)[None, :]
+    mask = np.where((j <= pos[:, None]) & (j > pos[:, None] - 100), 0, -np.inf).astype(np.float32)
+    if n_tokens > 1:
+        mask[1] = -np.inf
+    slopes = np.linspace(0.25, 1.0, H).astype(np.float32)
+    scale, cap = np.float32(0.3), np.float32(2.5)
+    out = np.full((n_tokens, H, D), np.nan, np.float32)
+    kk, vv = (k.view(np.uint16), v.view(np.uint16)) if half else (k.astype(np.float32), v.astype(np.float32))
+    if kernel == "attn_split":
+        ad.attn_split(q, kk, vv, mask, True, scale, cap, slopes, out, ad.n_chunks_for(n_kv, Hkv, 2))
+    else:
+        ad.attn_heads(q, kk, vv, mask, True, scale, cap, slopes, out)
+    g = H // Hkv
+    for t in range(n_tokens):
+        for h in range(H):
+            sc = (k[:, h // g].astype(np.float64) @ q[t, h].astype(np.float64)) * scale
+            sc = cap * np.tanh(sc / cap) + slopes[h] * mask[t]
+            if np.isneginf(sc).all():
+                assert (out[t, h] == 0).all()
+                continue
+            e = np.exp(sc - sc.max())
+            ref = (e / e.sum()) @ v[:, h // g].astype(np.float64)
+            assert np.abs(out[t, h] - ref).max() < 1e-5, (t, h)
+    assert ad.use_split(H, 2 * H) and not ad.use_split(H, H)

@@ -56,18 +56,29 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         and sinks is None
     )
     if small:
-        # decode: each cached row once for its group of query heads, chunks of keys in parallel, only
-        # the unmasked keys read; an F16 cache as its half bits in place (no conversion step)
-        from .attn_decode import attn_split, n_chunks_for
+        # decode: query heads in parallel (or, with fewer heads than threads, chunks of keys per kv
+        # head), only the unmasked keys read; an F16 cache as its half bits in place (no conversion)
+        from .attn_decode import attn_heads, attn_split, n_chunks_for, use_split
 
-        be.need(attn_split)
         has_mask = mask is not None
         mk_ = mask if has_mask else _NO_MASK
         sl = alibi_slopes(H, p["max_bias"])
-        nch = n_chunks_for(KV, Hkv, _threads(be))
+        nth = _threads(be)
+        if use_split(H, nth):
+            nch = n_chunks_for(KV, Hkv, nth)
+            be.need(attn_split)
+
+            def attend(K: np.ndarray, V: np.ndarray) -> None:
+                attn_split(Q, K, V, mk_, has_mask, scale, cap, sl, out, nch)
+        else:
+            be.need(attn_heads)
+
+            def attend(K: np.ndarray, V: np.ndarray) -> None:
+                attn_heads(Q, K, V, mk_, has_mask, scale, cap, sl, out)
+
         if k.type == GGMLType.F16 and v.type == GGMLType.F16:
             K16, V16 = arrays[id(k)].view(np.uint16), arrays[id(v)].view(np.uint16)
-            return lambda: attn_split(Q, K16, V16, mk_, has_mask, scale, cap, sl, out, nch)
+            return lambda: attend(K16, V16)
         Kf, kconv = _kv_converter(be, k, arrays[id(k)], "fa_k")
         Vf, vconv = _kv_converter(be, v, arrays[id(v)], "fa_v")
 
@@ -76,7 +87,7 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
                 kconv()
             if vconv is not None:
                 vconv()
-            attn_split(Q, Kf, Vf, mk_, has_mask, scale, cap, sl, out, nch)
+            attend(Kf, Vf)
 
         return step_small
     Kf, kconv = _kv_converter(be, k, arrays[id(k)], "fa_k")
