@@ -4,6 +4,8 @@
 #
 # Usage: benchmarks/build_llamacpp.sh [VERSION]     (default: the newest llama-cpp-python sdist)
 # Cache: ${LLAMAPY_CACHE:-~/.cache/llamapy}/llamacpp/<version>/build/bin (built once, ~10 min on 2 cores)
+# LLAMACPP_ARCH=avx2: an AVX2 + FMA build without AVX-512 (the brief's machine kind, on a machine that
+# has more) into .../build-avx2/bin; LLAMACPP_TOOLS="llama-bench ...": build only those tools.
 set -euo pipefail
 VERSION="${1:-}"
 CACHE="${LLAMAPY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamapy}/llamacpp"
@@ -20,12 +22,18 @@ dest="$CACHE/$ver"
 NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 FLAGS=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON "-DCMAKE_C_FLAGS=$NO_AMX" "-DCMAKE_CXX_FLAGS=$NO_AMX"
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON)
-TOOLS=(llama-bench llama-cli llama-completion llama-server llama-perplexity llama-embedding
-    llama-speculative llama-lookup llama-mtmd-cli)
+BUILD=build
+if [ "${LLAMACPP_ARCH:-native}" = avx2 ]; then
+    BUILD=build-avx2
+    FLAGS=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
+        -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF
+        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON)
+fi
+read -r -a TOOLS <<< "${LLAMACPP_TOOLS:-llama-bench llama-cli llama-completion llama-server llama-perplexity llama-embedding llama-speculative llama-lookup llama-mtmd-cli}"
 have_all=1
-for t in "${TOOLS[@]}"; do [ -x "$dest/build/bin/$t" ] || have_all=0; done
-if [ "$have_all" = 1 ] && [ "$(cat "$dest/build/flags" 2>/dev/null)" = "${FLAGS[*]}" ]; then
-    echo "$dest/build/bin"
+for t in "${TOOLS[@]}"; do [ -x "$dest/$BUILD/bin/$t" ] || have_all=0; done
+if [ "$have_all" = 1 ] && [ "$(cat "$dest/$BUILD/flags" 2>/dev/null)" = "${FLAGS[*]}" ]; then
+    echo "$dest/$BUILD/bin"
     exit 0
 fi
 if [ ! -f "$dest/CMakeLists.txt" ]; then
@@ -33,10 +41,10 @@ if [ ! -f "$dest/CMakeLists.txt" ]; then
     tar -xzf "$sdist" -C "$work"
     cp -r "$work/llama_cpp_python-$ver/vendor/llama.cpp/." "$dest/"
 fi
-cmake -S "$dest" -B "$dest/build" -G Ninja "${FLAGS[@]}" >&2
+cmake -S "$dest" -B "$dest/$BUILD" -G Ninja "${FLAGS[@]}" >&2
 # (older sdists lack some tools: build what exists)
-cmake --build "$dest/build" -j "$(nproc)" --target "${TOOLS[@]}" >&2 || for t in "${TOOLS[@]}"; do
-    cmake --build "$dest/build" -j "$(nproc)" --target "$t" >&2 || echo "no target $t in this version" >&2
+cmake --build "$dest/$BUILD" -j "${LLAMACPP_JOBS:-$(nproc)}" --target "${TOOLS[@]}" >&2 || for t in "${TOOLS[@]}"; do
+    cmake --build "$dest/$BUILD" -j "${LLAMACPP_JOBS:-$(nproc)}" --target "$t" >&2 || echo "no target $t in this version" >&2
 done
-echo "${FLAGS[*]}" > "$dest/build/flags"
-echo "$dest/build/bin"
+echo "${FLAGS[*]}" > "$dest/$BUILD/flags"
+echo "$dest/$BUILD/bin"
