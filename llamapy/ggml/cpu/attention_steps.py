@@ -58,7 +58,7 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     if small:
         # decode: query heads in parallel (or, with fewer heads than threads, chunks of keys per kv
         # head), only the unmasked keys read; an F16 cache as its half bits in place (no conversion)
-        from .attn_decode import attn_heads, attn_split, n_chunks_for, use_split
+        from .attn_decode import attn_heads, attn_heads_f16x8, attn_split, n_chunks_for, use_split
 
         has_mask = mask is not None
         mk_ = mask if has_mask else _NO_MASK
@@ -78,6 +78,18 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
 
         if k.type == GGMLType.F16 and v.type == GGMLType.F16:
             K16, V16 = arrays[id(k)].view(np.uint16), arrays[id(v)].view(np.uint16)
+            if (
+                not use_split(H, nth)
+                and D == Dv
+                and D % 8 == 0
+                and K16.flags.c_contiguous
+                and V16.flags.c_contiguous
+                and Q.flags.c_contiguous
+            ):
+                # the cache rows on 8-float vectors (F16C conversions): 15-20% faster at 4000 keys
+                be.need(attn_heads_f16x8)
+                kf, vf = K16.reshape(-1), V16.reshape(-1)
+                return lambda: attn_heads_f16x8(Q, kf, vf, mk_, has_mask, scale, cap, sl, out, Hkv, D)
             return lambda: attend(K16, V16)
         Kf, kconv = _kv_converter(be, k, arrays[id(k)], "fa_k")
         Vf, vconv = _kv_converter(be, v, arrays[id(v)], "fa_v")

@@ -26,9 +26,10 @@ import numpy as np
 
 from ..._numba import FAST_KEEP_INF, njit, prange
 from .op_kernels import _as_f32
+from .simd import vfma, vh8, vhsum, vload, vmul, vsplat, vstore, vzero
 from .vmath import fexp, ftanh
 
-__all__ = ["attn_heads", "attn_split", "n_chunks_for", "use_split"]
+__all__ = ["attn_heads", "attn_heads_f16x8", "attn_split", "n_chunks_for", "use_split"]
 
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
@@ -92,6 +93,63 @@ def attn_heads(q, k, v, mask, has_mask, scale, cap, slopes, out):
         acc = np.empty(v.shape[2], np.float32)
         for t in range(T):
             _attn_row(q, k, v, mask, has_mask, scale, cap, slopes, out, t, h, h // g, s, acc)
+
+
+@njit(parallel=True, cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
+def attn_heads_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D):
+    """``attn_heads`` over an F16 cache with ``D`` (= Dv) a multiple of 8, on 8-float vectors: ``k`` and
+    ``v`` are the cache rows flattened (``uint16[KV * Hkv * D]``, C order), ``q`` ``float32[T, H, D]``
+    C-contiguous. Each K and V element is one lane of a ``vh8`` (F16C ``vcvtph2ps``) instead of a
+    scalar bit conversion."""
+    T, H, _ = q.shape
+    KV = k.shape[0] // (Hkv * D)
+    g = H // Hkv
+    ninf = np.float32(-np.inf)
+    row = Hkv * D
+    qf = q.reshape(-1)
+    for h in prange(H):
+        kh = h // g
+        s = np.empty(KV, np.float32)
+        acc = np.empty(D, np.float32)
+        for t in range(T):
+            qo = (t * H + h) * D
+            mx = ninf
+            for j in range(KV):
+                if has_mask and mask[t, j] == ninf:
+                    s[j] = ninf
+                    continue
+                ko = j * row + kh * D
+                a = vzero()
+                for i in range(0, D, 8):
+                    a = vfma(a, vload(qf, qo + i), vh8(k, ko + i))
+                d = vhsum(a) * scale
+                if cap != _F0:
+                    d = cap * ftanh(d / cap)
+                if has_mask:
+                    d += slopes[h] * mask[t, j]
+                s[j] = d
+                mx = max(mx, d)
+            if mx == ninf:
+                for i in range(D):
+                    out[t, h, i] = _F0
+                continue
+            for i in range(0, D, 8):
+                vstore(acc, i, vzero())
+            ssum = _F0
+            for j in range(KV):
+                if s[j] == ninf:
+                    continue
+                p = fexp(s[j] - mx)
+                ssum += p
+                vp = vsplat(p)
+                vo = j * row + kh * D
+                for i in range(0, D, 8):
+                    vstore(acc, i, vfma(vload(acc, i), vp, vh8(v, vo + i)))
+            inv = vsplat(_F1 / ssum)
+            for i in range(0, D, 8):
+                vstore(acc, i, vmul(vload(acc, i), inv))
+            for i in range(D):
+                out[t, h, i] = acc[i]
 
 
 def n_chunks_for(n_kv: int, n_head_kv: int, n_threads: int) -> int:

@@ -8,7 +8,8 @@ kernels in ``matmul_kernels`` spend about one vector operation per weight unpack
 this way spends well under one per four.
 
 Two Numba types: ``B32`` (32 bytes, ``<32 x i8>``) and ``I32x8`` (``<8 x i32>``). With AVX2 on the
-host (and ``NUMBA_CPU_NAME`` unset or ``host``), ``imadd`` calls the two x86 instructions; elsewhere
+host (and ``NUMBA_CPU_NAME`` unset or ``host``), or ``+avx2`` among ``NUMBA_CPU_FEATURES`` (a named AVX2
+target, e.g. ``NUMBA_CPU_NAME=haswell``), ``imadd`` calls the two x86 instructions; elsewhere
 it is the same arithmetic in generic LLVM vector IR (widen, multiply, add pairs), which gives the
 same results because the kernels keep every 16-bit pair sum in range (weights 0..63, activations
 -127..127: at most 16002).
@@ -59,8 +60,11 @@ _V8D = ir.VectorType(_I32, 8)
 def _host_avx2() -> bool:
     from numba.core import config
 
-    if (config.CPU_NAME or "host") != "host" or config.CPU_FEATURES:
-        return False  # another target was asked for: no x86-only instructions
+    if config.CPU_FEATURES:  # an explicit target (e.g. NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=+avx2,...)
+        feats = config.CPU_FEATURES.split(",")
+        return "+avx2" in feats and "-avx2" not in feats
+    if (config.CPU_NAME or "host") != "host":
+        return False  # another target was asked for, without its features: no x86-only instructions
     try:
         return bool(llvm.get_host_cpu_features().get("avx2", False))
     except RuntimeError:

@@ -13,6 +13,9 @@ C-contiguous arrays and are not bounds-checked (the kernels keep them in bounds)
 Also scalar helpers: ``prefetch`` (a cache-line hint), ``bitcast_f32`` (int bits -> float32, so that
 bit tricks vectorize), ``u16at`` (an unaligned 16-bit load).
 
+``vh8`` takes 8 half-float bit patterns (a ``uint16`` array) and returns them as floats: LLVM's
+``fpext`` from ``<8 x half>``, one ``vcvtph2ps`` where the target has F16C.
+
 ``vq4`` (nibbles) and ``vi8`` (signed bytes) take 8 consecutive bytes starting at ``i`` and return
 their 8 values as floats, so a 32-byte run of quants is four calls. Integer vectors (8-bit dot
 products, for the k-quants) are in ``isimd``.
@@ -47,6 +50,7 @@ __all__ = [
     "vhsum",
     "vi8",
     "vq4",
+    "vh8",
     "u16at",
 ]
 
@@ -235,6 +239,21 @@ def vi8(typingctx, arr, idx):  # type: ignore[no-untyped-def]
     def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
         p = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _I8x8)
         return builder.sitofp(builder.sext(builder.load(p, align=1), _I32x8), V8)
+
+    return f32x8(arr, idx), cg
+
+
+@intrinsic
+def vh8(typingctx, arr, idx):  # type: ignore[no-untyped-def]
+    """arr[idx : idx + 8] of a uint16 array of half-float bits, as floats."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.uint16 and isinstance(idx, types.Integer)):
+        return None
+
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        h8 = ir.VectorType(ir.HalfType(), 8)
+        return builder.fpext(
+            builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], h8), align=2), V8
+        )
 
     return f32x8(arr, idx), cg
 
