@@ -26,13 +26,16 @@ import numpy as np
 
 from ..._numba import FAST_KEEP_INF, njit, prange
 from .op_kernels import _as_f32
-from .simd import vfma, vh8, vhsum, vload, vmul, vsplat, vstore, vzero
+from .simd import prefetch, vfma, vh8, vhsum, vload, vmul, vsplat, vstore, vzero
 from .vmath import fexp, ftanh
 
 __all__ = ["attn_heads", "attn_heads_f16x8", "attn_split", "n_chunks_for", "use_split"]
 
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
+
+#: how many keys ahead ``attn_heads_f16x8`` asks for cache rows (a long cache streams from memory)
+PF_KEYS = 16
 
 #: keys per chunk at least (a chunk's fixed cost is a few vector loops over the group)
 MIN_CHUNK = 64
@@ -119,6 +122,9 @@ def attn_heads_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D):
                     s[j] = ninf
                     continue
                 ko = j * row + kh * D
+                if j + PF_KEYS < KV:
+                    for i in range(0, D, 32):  # 64-byte lines of the row PF_KEYS keys ahead
+                        prefetch(k, ko + PF_KEYS * row + i)
                 a = vzero()
                 for i in range(0, D, 8):
                     a = vfma(a, vload(qf, qo + i), vh8(k, ko + i))
@@ -143,6 +149,9 @@ def attn_heads_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D):
                 ssum += p
                 vp = vsplat(p)
                 vo = j * row + kh * D
+                if j + PF_KEYS < KV:
+                    for i in range(0, D, 32):
+                        prefetch(v, vo + PF_KEYS * row + i)
                 for i in range(0, D, 8):
                     vstore(acc, i, vfma(vload(acc, i), vp, vh8(v, vo + i)))
             inv = vsplat(_F1 / ssum)
