@@ -47,6 +47,18 @@ def use_split(n_head: int, n_threads: int) -> bool:
 
 
 @njit(inline="always")
+def _score(dot, scale, cap, has_mask, slope, m):
+    """A raw q.k dot product as the softmax input: scaled, soft-capped (``cap`` 0: none), plus the
+    mask entry ``m`` times the head's ALiBi slope."""
+    d = dot * scale
+    if cap != _F0:
+        d = cap * ftanh(d / cap)
+    if has_mask:
+        d += slope * m
+    return d
+
+
+@njit(inline="always")
 def _attn_row(q, k, v, mask, has_mask, scale, cap, slopes, out, t, h, kh, s, acc):
     """One query row ``t`` of head ``h`` (kv head ``kh``) into ``out[t, h]``, with the scratch
     ``s[KV]`` and ``acc[Dv]``. Masked keys are skipped (never read); a fully masked row gives zeros."""
@@ -60,11 +72,7 @@ def _attn_row(q, k, v, mask, has_mask, scale, cap, slopes, out, t, h, kh, s, acc
         d = _F0
         for i in range(D):
             d += q[t, h, i] * _as_f32(k[j, kh, i])
-        d *= scale
-        if cap != _F0:
-            d = cap * ftanh(d / cap)
-        if has_mask:
-            d += slopes[h] * mask[t, j]
+        d = _score(d, scale, cap, has_mask, slopes[h], mask[t, j] if has_mask else _F0)
         s[j] = d
         mx = max(mx, d)
     if mx == ninf:
@@ -128,11 +136,7 @@ def attn_heads_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D):
                 a = vzero()
                 for i in range(0, D, 8):
                     a = vfma(a, vload(qf, qo + i), vh8(k, ko + i))
-                d = vhsum(a) * scale
-                if cap != _F0:
-                    d = cap * ftanh(d / cap)
-                if has_mask:
-                    d += slopes[h] * mask[t, j]
+                d = _score(vhsum(a), scale, cap, has_mask, slopes[h], mask[t, j] if has_mask else _F0)
                 s[j] = d
                 mx = max(mx, d)
             if mx == ninf:
@@ -214,11 +218,7 @@ def attn_split(q, k, v, mask, has_mask, scale, cap, slopes, out, n_chunks):
                     d = _F0
                     for i in range(D):
                         d += q[t, h, i] * kb[i]
-                    d *= scale
-                    if cap != _F0:
-                        d = cap * ftanh(d / cap)
-                    if has_mask:
-                        d += slopes[h] * mask[t, j]
+                    d = _score(d, scale, cap, has_mask, slopes[h], mask[t, j] if has_mask else _F0)
                     s[t, hi, jj] = d
                     if d > pm[task, t, hi]:
                         pm[task, t, hi] = d
