@@ -552,10 +552,14 @@ def test_flash_attn_decode_long_f16_cache_in_chunks(H, Hkv, n_tokens):
     check(outs, feeds, tol=1e-10)
 
 
-@pytest.mark.parametrize("kernel", ["attn_heads", "attn_split", "attn_heads_f16x8"])
+@pytest.mark.parametrize(
+    "kernel,half",
+    [("attn_heads", True), ("attn_heads", False), ("attn_split", True), ("attn_split", False)]
+    + [("attn_heads_f16x8", True)],  # F16 caches only
+    ids=lambda v: ("f16" if v else "f32") if isinstance(v, bool) else v,
+)
 @pytest.mark.parametrize("H,Hkv,n_tokens", [(8, 2, 1), (4, 1, 3), (3, 3, 2), (2, 1, 1)])
-@pytest.mark.parametrize("half", [True, False], ids=["f16", "f32"])
-def test_decode_attention_kernels_against_float64(kernel, H, Hkv, n_tokens, half):
+def test_decode_attention_kernels_against_float64(kernel, half, H, Hkv, n_tokens):
     """Both decode-attention kernels (the backend picks one by heads and threads): F16 half bits or
     float32 K/V, a sliding-window mask, a query row that sees nothing (zeros), soft-capping, ALiBi."""
     from llamapy.ggml.cpu import attn_decode as ad
@@ -577,8 +581,6 @@ def test_decode_attention_kernels_against_float64(kernel, H, Hkv, n_tokens, half
     if kernel == "attn_split":
         ad.attn_split(q, kk, vv, mask, True, scale, cap, slopes, out, ad.n_chunks_for(n_kv, Hkv, 2))
     elif kernel == "attn_heads_f16x8":
-        if not half:
-            pytest.skip("an F16 cache kernel")
         ad.attn_heads_f16x8(q, kk.reshape(-1), vv.reshape(-1), mask, True, scale, cap, slopes, out, Hkv, D)
     else:
         ad.attn_heads(q, kk, vv, mask, True, scale, cap, slopes, out)
