@@ -1,23 +1,17 @@
-"""Decode attention (a few query rows over the KV cache): per query head, or split by key-value head and
-by chunk of keys (flash decoding).
+"""Decode attention: a few query rows over the KV cache (the small-batch path of ``flash_attn_ext``), over
+any cache: an F16 one read in place as half bits, the others converted to float32 first. Only unmasked keys
+are read; a fully masked row gives zeros.
 
-``attn_heads`` gives each thread whole query heads: one pass over the keys for the scores, one over
-the values, all in registers and two short scratch rows. It is the faster kernel whenever there are at
-least as many query heads as threads (measured on the 2-core VM, one F16 query row, 2 threads: 8.5 vs
-19 us at 64 keys, 443 vs 640 us at 4000 keys for Gemma 3's 4 heads of 256 on one kv head, 1252 vs 1275
-us at 4000 keys for Qwen3.5's 8 on 2), although with grouped-query attention it converts each cached
-row once per query head.
-
-``attn_split`` is for fewer query heads than threads.
-
-The decode path of ``flash_attn_ext`` (a few query rows), over any cache (an F16 one read in place as half
-bits, others converted to float32 first). One query head per thread would read its kv head's keys and
-values for every query head of the group: with grouped-query attention (Qwen3.5: 8 query heads on 2 kv
-heads of 256) each cached row would be loaded and converted ``g`` times. Here a task is one kv head and one
-chunk of keys: it converts each unmasked row once and uses it for all ``g`` query heads (and the few
-query rows), keeping a running max, sum and weighted value sum per query head; the chunks' partial
-results are merged at the end with the usual rescaling. The chunks give the threads work when there are
-fewer kv heads than threads (Gemma 3 270M has one).
+- ``attn_heads`` gives each thread whole query heads: one pass over the keys for the scores, one over the
+  values, with two short scratch rows. It is the kernel whenever there are at least as many query heads
+  as threads (2-core VM, one F16 query row, 2 threads: 8.5 vs 19 us at 64 keys, 443 vs 640 us at 4000
+  keys for Gemma 3's 4 heads of 256, 1252 vs 1275 us for Qwen3.5's 8 on 2 kv heads, against
+  ``attn_split``), although with grouped-query attention it reads each cached row once per query head.
+- ``attn_heads_f16x8`` is the same over an F16 cache whose head size is a multiple of 8, on 8-float
+  vectors (``simd.vh8``: F16C conversions), prefetching the rows ``PF_KEYS`` keys ahead.
+- ``attn_split`` is for fewer query heads than threads: a task is one kv head and one chunk of keys; it
+  converts each unmasked row once for all ``g`` query heads of the group, keeping a running max, sum and
+  weighted value sum per head, and the chunks are merged at the end with the usual rescaling.
 """
 
 from __future__ import annotations
