@@ -218,17 +218,10 @@ def _write(
     from tests.model import hf_tiny
 
     w = GGUFWriter(path, arch=arch)
-    for k, v in md.items():
-        if k.startswith("tokenizer."):  # the family's own (none today): the real vocabulary's win
-            continue
-        if isinstance(v, bool):
-            w.add_key_value(k, v, GGUFValueType.BOOL)
-        elif isinstance(v, float):
-            w.add_key_value(k, v, GGUFValueType.FLOAT32)
-        elif isinstance(v, int):
-            w.add_key_value(k, v, GGUFValueType.UINT32)
-        else:
-            w.add_key_value(k, v)
+    # the family's own tokenizer keys (none today): the real vocabulary's win
+    w.add_metadata(
+        {k: v for k, v in md.items() if not k.startswith("tokenizer.")}, int_type=GGUFValueType.UINT32
+    )
     for k, f in vocab.fields.items():
         if k.startswith("tokenizer."):
             w.add_key_value_raw(k, f.type, vocab.raw_value(k))

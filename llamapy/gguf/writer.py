@@ -323,10 +323,14 @@ class GGUFWriter:
             )
         self.alignment = int(a)
 
-    def add_metadata(self, items: Mapping[str, Any]) -> None:
-        """Add several entries with inferred types."""
+    def add_metadata(self, items: Mapping[str, Any], int_type: GGUFValueType | None = None) -> None:
+        """Add several entries with inferred types; with ``int_type`` every Python int (not a bool) is
+        stored as that type instead (``UINT32``: as llama.cpp's converters store hyperparameters)."""
         for k, v in items.items():
-            self.add_key_value(k, v)
+            if int_type is not None and isinstance(v, int) and not isinstance(v, bool):
+                self.add_key_value(k, v, int_type)
+            else:
+                self.add_key_value(k, v)
 
     def add_uint8(self, key: str, v: int) -> None:
         self.add_key_value(key, v, GGUFValueType.UINT8)

@@ -318,3 +318,22 @@ def test_rewrite_real_model_byte_identical(smollm2_path, tmp_path):
             w.write_tensor_data(t.data, name=t.name)
         w.close()
     assert out.read_bytes() == open(smollm2_path, "rb").read()
+
+
+def test_metadata_ints_as_a_given_type(tmp_path):
+    """``int_type``: Python ints stored as that type (hyperparameters as UINT32, as llama.cpp's
+    converters write them); bools, floats, strings and NumPy scalars keep their inferred types."""
+    p = tmp_path / "u32.gguf"
+    w = GGUFWriter(p)
+    md = {"n": 7, "b": True, "f": 0.25, "s": "x", "np": np.int64(3)}
+    w.add_metadata(md, int_type=GGUFValueType.UINT32)
+    w.write()
+    f = GGUFReader(p).fields
+    assert [f[k].type for k in md] == [
+        GGUFValueType.UINT32,
+        GGUFValueType.BOOL,
+        GGUFValueType.FLOAT32,
+        GGUFValueType.STRING,
+        GGUFValueType.INT64,
+    ]
+    assert GGUFReader(p).get("n") == 7

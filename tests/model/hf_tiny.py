@@ -688,15 +688,7 @@ def write_gguf(
     path: str | Path, arch: str, md: dict[str, Any], tensors: dict[str, np.ndarray], ftype: GGMLType
 ) -> Path:
     w = GGUFWriter(path, arch=arch)
-    for k, v in md.items():
-        if isinstance(v, bool):
-            w.add_key_value(k, v, GGUFValueType.BOOL)
-        elif isinstance(v, float):
-            w.add_key_value(k, v, GGUFValueType.FLOAT32)
-        elif isinstance(v, int):
-            w.add_key_value(k, v, GGUFValueType.UINT32)
-        else:
-            w.add_key_value(k, v)
+    w.add_metadata(md, int_type=GGUFValueType.UINT32)
     for name, arr in tensors.items():
         w.add_tensor(
             name, np.ascontiguousarray(arr, dtype=np.float32), ggml_type=stored_type(name, arr, ftype)

@@ -325,10 +325,7 @@ def test_wpm_vocab_of_a_bert_file(tiny: Callable[[str], TinyModel], tmp_path: Pa
     md["bert.vocab_size"] = n_vocab
     path = tmp_path / "bert-wpm.gguf"
     w = GGUFWriter(path, arch="bert")
-    for k, v in md.items():
-        w.add_key_value(
-            k, v, hf_tiny.GGUFValueType.UINT32 if isinstance(v, int) and not isinstance(v, bool) else None
-        )
+    w.add_metadata(md, int_type=hf_tiny.GGUFValueType.UINT32)
     for k, f in r.fields.items():
         if k.startswith("tokenizer.") and k not in md:
             w.add_key_value_raw(k, f.type, r.raw_value(k))

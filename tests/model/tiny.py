@@ -76,15 +76,7 @@ def write_gguf(
     meta.update(extra_meta or {})
     from llamapy.gguf import GGUFValueType
 
-    for k, v in meta.items():
-        if isinstance(v, float):
-            w.add_key_value(k, v, GGUFValueType.FLOAT32)
-        elif isinstance(v, bool):
-            w.add_key_value(k, v, GGUFValueType.BOOL)
-        elif isinstance(v, int):
-            w.add_key_value(k, v, GGUFValueType.UINT32)
-        else:
-            w.add_key_value(k, v)
+    w.add_metadata(meta, int_type=GGUFValueType.UINT32)
     for name, arr in weights.items():
         arr = np.ascontiguousarray(arr, dtype=np.float32)
         tt = t if arr.ndim >= 2 and not name.endswith("_norm.weight") else GGMLType.F32

@@ -62,15 +62,7 @@ def write_hybrid(family_name: str, path: Path, seed: int = 0) -> Path:
     tensors.pop("output.weight", None)
     md[f"{fam.arch}.vocab_size"] = n_vocab
     w = GGUFWriter(path, arch=fam.arch)
-    for k, v in md.items():
-        if isinstance(v, bool):
-            w.add_key_value(k, v, GGUFValueType.BOOL)
-        elif isinstance(v, float):
-            w.add_key_value(k, v, GGUFValueType.FLOAT32)
-        elif isinstance(v, int):
-            w.add_key_value(k, v, GGUFValueType.UINT32)
-        else:
-            w.add_key_value(k, v)
+    w.add_metadata(md, int_type=GGUFValueType.UINT32)
     for k, f in src.fields.items():
         if k.startswith("tokenizer."):
             w.add_key_value_raw(k, f.type, src.raw_value(k))

@@ -28,15 +28,7 @@ Q8_0, Q4_1, Q5_0, Q4_K, Q6_K, F32 = (GGMLType[n] for n in ("Q8_0", "Q4_1", "Q5_0
 def write_typed(path: Path, arch: str, md: dict[str, Any], tensors: dict[str, np.ndarray], type_of) -> Path:
     """A GGUF file whose tensors get ``type_of(name)`` each (1-D ones F32)."""
     w = GGUFWriter(path, arch=arch)
-    for k, v in md.items():
-        if isinstance(v, bool):
-            w.add_key_value(k, v, GGUFValueType.BOOL)
-        elif isinstance(v, float):
-            w.add_key_value(k, v, GGUFValueType.FLOAT32)
-        elif isinstance(v, int):
-            w.add_key_value(k, v, GGUFValueType.UINT32)
-        else:
-            w.add_key_value(k, v)
+    w.add_metadata(md, int_type=GGUFValueType.UINT32)
     for name, arr in tensors.items():
         arr = np.ascontiguousarray(arr, dtype=np.float32)
         w.add_tensor(name, arr, ggml_type=type_of(name) if arr.ndim >= 2 else F32)
