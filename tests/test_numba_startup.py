@@ -39,10 +39,10 @@ print(njit(lambda n: np.ones(n).sum())(4))  # a fresh compile links against the 
 """
 
 
-def _run(tmp: Path, **env: str) -> list[str]:
+def _run(tmp: Path, code: str = CALL, **env: str) -> list[str]:
     e = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAPY_NUMBA")}
     e.update(NUMBA_CACHE_DIR=str(tmp / "cache"), PYTHONPATH=os.pathsep.join([str(tmp), *sys.path]), **env)
-    out = subprocess.run([sys.executable, "-c", CALL], env=e, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     return out.stdout.split("\n")[:5]
 
@@ -94,11 +94,7 @@ print(kern.cumsum_copy(np.ones(3)).tolist())
 def test_cached_kernel_links_lazily_and_compiler_pages_come_back(tmp_path: Path) -> None:
     (tmp_path / "kern.py").write_text(KERNEL)
     _run(tmp_path)  # writes the cache
-    e = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAPY_NUMBA")}
-    e.update(NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
-    out = subprocess.run([sys.executable, "-c", LINK], env=e, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:5] == [
+    assert _run(tmp_path, LINK) == [
         "[0.0, 1.0, 3.0, 6.0, 10.0]",
         "parsed 0",
         "released",
