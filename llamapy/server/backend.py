@@ -176,6 +176,13 @@ class ContextBackend:
             self.decode([bos] * n, list(range(n)), [0] * n, [False] * (n - 1) + [True])
             self.ctx.memory.seq_rm(-1, -1, -1)
 
+    def warmed_up(self) -> None:
+        """Called by the engine after its warm-up: every kernel is loaded, so LLVM's code need not
+        stay resident (``llamapy._numba.release_compiler_pages``)."""
+        from .._numba import release_compiler_pages
+
+        release_compiler_pages()
+
     def embeddings_seq(self, seq: int) -> np.ndarray:
         return np.asarray(self.ctx.get_embeddings_seq(seq), dtype=np.float32)
 

@@ -220,7 +220,8 @@ class Engine:
         before ``/health`` is ok too): the backend's own ``warmup()`` when it has one, then through the
         real step loop 1, 2, ..., ``n_parallel`` concurrent requests of an ``n_prompt``-token prompt and
         ``n_predict`` tokens each (greedy and sampled: decode batches of each size up to ``n_parallel``,
-        mixed prompt batches). Slots, KV cache and metrics are left as they were (empty). Call after
+        mixed prompt batches), and last the backend's ``warmed_up()`` when it has one. Slots, KV cache
+        and metrics are left as they were (empty). Call after
         :meth:`start` and before any task is submitted; blocks until done."""
         if threading.current_thread() is not self._thread:
             if not self._thread.is_alive():
@@ -254,9 +255,9 @@ class Engine:
                     self._release(s)
                 self.backend.seq_rm(s.id, -1, -1)
             self.slots = [Slot(i, self.n_ctx_slot) for i in range(self.n_parallel)]  # nothing cached
-        from .._numba import release_compiler_pages
-
-        release_compiler_pages()  # every kernel is loaded: LLVM's code need not stay resident
+        done = getattr(self.backend, "warmed_up", None)
+        if callable(done):
+            done()
 
     def stop(self, timeout: float = 5.0) -> None:
         with self._cond:

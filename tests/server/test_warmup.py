@@ -21,6 +21,10 @@ class GatedBackend(FakeBackend):
         super().__init__(**kw)  # type: ignore[arg-type]
         self.gate = gate
         self.warmups = 0
+        self.batches_at_warmed_up = -1  # decodes run when the engine said its warm-up was done
+
+    def warmed_up(self) -> None:
+        self.batches_at_warmed_up = len(self.batches)
 
     def warmup(self) -> None:
         self.warmups += 1
@@ -47,6 +51,7 @@ def test_health_is_503_until_warm() -> None:
         # the engine's warm-up ran 1..n_parallel concurrent requests through the real step loop...
         sizes = {sum(n for _, n in b) for b in backend.batches}
         assert {1, 2, 3} <= sizes, sizes
+        assert backend.batches_at_warmed_up == len(backend.batches)  # told once, after the last one
         assert any(len(b) == 3 for b in backend.batches)  # three slots in one decode
         # ...and left nothing behind: empty KV cache and slots, zero counters
         assert all(not v for v in backend.kv.values())
