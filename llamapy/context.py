@@ -438,11 +438,18 @@ class Context:
             self._apply_shift()
         return self._state_header() + self.memory.state_write(seq_id)
 
-    def state_seq_set_data(self, data: bytes, seq_id: int = -1) -> int:
+    def state_seq_size_max(self, n_tokens: int) -> int:
+        """The most bytes ``state_seq_get_data(seq)`` gives for a sequence of ``n_tokens`` tokens."""
+        return len(self._state_header()) + self.memory.state_size_max(n_tokens)
+
+    def state_seq_set_data(self, data: bytes, seq_id: int = -1, n_tokens: int | None = None) -> int:
+        """Restore ``state_seq_get_data``'s bytes into ``seq_id`` (-1: the saved sequences); returns the bytes
+        read. ``n_tokens``: the sequence holds that many tokens, so its cells must be at positions
+        ``0..n_tokens-1`` (StateError otherwise, and nothing changes)."""
         h = self._state_header()
         if bytes(data[: len(h)]) != h:
             raise StateError("saved state is from another model or format (header mismatch)")
-        return len(h) + self.memory.state_read(memoryview(data)[len(h) :], seq_id)
+        return len(h) + self.memory.state_read(memoryview(data)[len(h) :], seq_id, n_tokens)
 
     def state_seq_save_file(
         self, path: str | os.PathLike, seq_id: int, tokens: list[int] | np.ndarray

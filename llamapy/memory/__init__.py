@@ -273,7 +273,14 @@ class Memory:
             self.device_sync.to_host()
         return b"".join(c.state_write(seq_id) for c in self.caches)
 
-    def state_read(self, data: bytes, seq_id: int = -1) -> int:
+    def state_size_max(self, n_pos: int) -> int:
+        """The most bytes ``state_write(seq)`` gives for a sequence of ``n_pos`` tokens."""
+        return sum(c.state_nbytes(min(n_pos, c.n_cells)) for c in self.caches)
+
+    def state_read(self, data: bytes, seq_id: int = -1, n_pos: int | None = None) -> int:
+        """Restore ``state_write``'s bytes (into ``seq_id``; -1: the saved sequences); nothing changes when
+        they are refused (StateError). ``n_pos``: the sequence holds that many tokens, at positions
+        ``0..n_pos-1``, and every cache's cells must say so (a server slot file)."""
         self._check_seq(seq_id)
         snap = self.snapshot()
         off = 0
@@ -281,7 +288,7 @@ class Memory:
             self.device_sync.to_host()
         try:
             for c in self.caches:
-                off = c.state_read(data, seq_id, off)
+                off = c.state_read(data, seq_id, off, n_pos)
         except (StateError, ContextFullError):
             self.restore(snap)
             raise

@@ -146,11 +146,14 @@ class HybridMemory(Memory):
     def state_write(self, seq_id: int = -1) -> bytes:
         return super().state_write(seq_id) + self.recurrent.state_write(seq_id)
 
-    def state_read(self, data: bytes, seq_id: int = -1) -> int:
+    def state_size_max(self, n_pos: int) -> int:
+        return super().state_size_max(n_pos) + self.recurrent.state_nbytes(1 if n_pos else 0)
+
+    def state_read(self, data: bytes, seq_id: int = -1, n_pos: int | None = None) -> int:
         snap = self.snapshot()
         try:
-            off = super().state_read(data, seq_id)
-            return self.recurrent.state_read(data, seq_id, off)
+            off = super().state_read(data, seq_id, n_pos)
+            return self.recurrent.state_read(data, seq_id, off, n_pos)
         except StateError:
             self.restore(snap)
             raise

@@ -34,6 +34,7 @@ from ..graph_inputs import GraphInput
 from ..model.blocks import KVInputs, Rope
 
 MAX_SEQ = 64  # sequence ids are bits of a uint64
+MAX_POS = 1 << 31  # positions are llama.cpp's llama_pos (int32)
 N_PAD = 256  # n_kv is padded to a multiple of this so graph shapes repeat between decode steps
 KV_TYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
 
@@ -381,8 +382,53 @@ class KVCache:
             parts.append(self._rows(self.v[ls.il])[cells].tobytes())
         return b"".join(parts)
 
-    def state_read(self, data: bytes | memoryview, seq_id: int, offset: int = 0) -> int:
-        """Restore what ``state_write`` saved into ``seq_id`` (-1: the saved sequence sets); returns the new offset."""
+    def state_nbytes(self, n: int, all_seqs: bool = False) -> int:
+        """The size of what ``state_write`` gives for ``n`` cells (``all_seqs``: with their sequence sets)."""
+        per_cell = 8 + (16 if self.ext is not None else 0) + (8 if all_seqs else 0)
+        rows = sum(
+            row_size(self.type_k, ls.n_embd_k) + row_size(self.type_v, ls.n_embd_v) for ls in self.layers
+        )
+        return struct.calcsize("<4sIIII") + n * per_cell + 12 * len(self.layers) + n * rows
+
+    def _check_saved_cells(
+        self, pos: np.ndarray, ext: np.ndarray | None, bits: np.ndarray, n_pos: int | None, at: int
+    ) -> None:
+        """Refuse saved cells that a decode could not have left: a position outside ``[0, MAX_POS)``,
+        two cells of one sequence at one position (M-RoPE: at one (t, y, x); an image's cells share t), a
+        sequence set outside ``n_seq_max``; with ``n_pos`` (the text tokens the sequence is said to hold),
+        cells that are not those tokens' positions ``0..n_pos-1`` (all of them in a full cache, some of
+        them in a sliding window)."""
+
+        def bad(why: str) -> StateError:
+            return StateError(f"{self.name} state at byte {at}: {why}")
+
+        n = len(pos)
+        if n and (int(pos.min()) < 0 or int(pos.max()) >= MAX_POS):
+            raise bad(f"a cell position is outside [0, {MAX_POS})")
+        if n and self.n_seq_max < MAX_SEQ and int(bits.max()) >> self.n_seq_max:
+            raise bad(f"a cell belongs to a sequence outside 0..{self.n_seq_max - 1}")
+        if n and not bits.all():
+            raise bad("a cell belongs to no sequence")
+        where = pos[:, None] if ext is None else np.concatenate([pos[:, None], ext], axis=1)
+        for s in range(self.n_seq_max) if n else ():
+            mine = where[(bits & np.uint64(1 << s)) != 0]
+            if len(np.unique(mine, axis=0)) != len(mine):
+                raise bad(f"two cells of sequence {s} share a position")
+        if n_pos is None:
+            return
+        if n and len(np.unique(pos)) != n:
+            raise bad("two cells share a position (the sequence is said to hold only text)")
+        if n > n_pos or (n and int(pos.max()) >= n_pos):
+            raise bad(f"{n} cells up to position {int(pos.max())} for a sequence of {n_pos} tokens")
+        if self.n_swa <= 0 and n != n_pos:
+            raise bad(f"{n} cells for a sequence of {n_pos} tokens (every token has a cell)")
+
+    def state_read(
+        self, data: bytes | memoryview, seq_id: int, offset: int = 0, n_pos: int | None = None
+    ) -> int:
+        """Restore what ``state_write`` saved into ``seq_id`` (-1: the saved sequence sets); returns the new
+        offset. ``n_pos``: the sequence holds that many tokens (a server slot file), so its cells must be at
+        positions ``0..n_pos-1``."""
         mv = memoryview(data)
         hdr = struct.calcsize("<4sIIII")
         if len(mv) - offset < hdr:
@@ -395,6 +441,10 @@ class KVCache:
                 f"{self.name} state at byte {offset}: saved {n_layers} layers with K/V types {tk}/{tv}, this cache has "
                 f"{len(self.layers)} layers with {int(self.type_k)}/{int(self.type_v)}"
             )
+        if n > self.n_cells:
+            raise StateError(f"{self.name} state at byte {offset}: {n} cells, this cache has {self.n_cells}")
+        if len(mv) - offset < self.state_nbytes(n, seq_id < 0):
+            raise StateError(f"{self.name} state at byte {offset}: truncated ({n} cells)")
         off = offset + hdr
 
         def take(nbytes: int, what: str) -> memoryview:
@@ -413,6 +463,7 @@ class KVCache:
             bits = np.frombuffer(take(8 * n, "sequence sets"), dtype="<u8").astype(np.uint64)
         else:
             bits = np.full(n, self._bit(seq_id), dtype=np.uint64)
+        self._check_saved_cells(pos, ext, bits, n_pos if seq_id >= 0 else None, offset)
         if seq_id >= 0:
             self.seq_rm(seq_id)
         else:

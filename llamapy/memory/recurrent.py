@@ -30,7 +30,7 @@ from ..ggml import ops
 from ..ggml.tensor import Tensor
 from ..ggml.types import GGMLType
 from ..graph_inputs import GraphInput
-from .kv_cache import StateError
+from .kv_cache import MAX_POS, StateError
 
 __all__ = ["RSInputs", "RecurrentCache", "RecurrentLayer"]
 
@@ -350,7 +350,16 @@ class RecurrentCache:
                 parts.append(self._rows(t)[s].astype("<f4").tobytes())
         return b"".join(parts)
 
-    def state_read(self, data: bytes | memoryview, seq_id: int, offset: int = 0) -> int:
+    def state_nbytes(self, n_seqs: int) -> int:
+        """The size of what ``state_write`` gives for ``n_seqs`` sequences."""
+        return 12 + 12 * len(self.layers) + n_seqs * (20 + sum(4 * t.shape[1] for t in self._bufs()))
+
+    def state_read(
+        self, data: bytes | memoryview, seq_id: int, offset: int = 0, n_pos: int | None = None
+    ) -> int:
+        """Restore what ``state_write`` saved into ``seq_id`` (-1: the saved sequences); returns the new
+        offset. ``n_pos``: the sequence holds that many tokens (a server slot file), so its state must end
+        at position ``n_pos - 1`` (and be absent when ``n_pos`` is 0)."""
         mv = memoryview(data)
         off = offset
 
@@ -381,12 +390,28 @@ class RecurrentCache:
             raise StateError(
                 f"recurrent state holds {n_seqs} sequences; one was expected for sequence {seq_id}"
             )
+        if n_seqs > self.n_seq_max or len(mv) - offset < self.state_nbytes(n_seqs):
+            raise StateError(
+                f"recurrent state at byte {offset}: truncated, or more sequences than {self.n_seq_max}"
+            )
+        if seq_id >= 0 and n_pos is not None and n_seqs != (1 if n_pos else 0):
+            raise StateError(f"recurrent state holds {n_seqs} sequences for a sequence of {n_pos} tokens")
         rows: list[tuple[int, int, int, list[np.ndarray]]] = []
+        seen: set[int] = set()
         for _ in range(n_seqs):
             s, p0, p1 = struct.unpack("<Iqq", take(20, "sequence header"))
             dst = seq_id if seq_id >= 0 else s
-            if not 0 <= dst < self.n_seq_max:
-                raise StateError(f"recurrent state: sequence {dst} is out of range 0..{self.n_seq_max - 1}")
+            if not 0 <= dst < self.n_seq_max or dst in seen:
+                raise StateError(
+                    f"recurrent state: sequence {dst} is out of range 0..{self.n_seq_max - 1} or saved twice"
+                )
+            seen.add(dst)
+            if not 0 <= p0 <= p1 < MAX_POS:
+                raise StateError(f"recurrent state: sequence {s} spans positions {p0}..{p1}")
+            if seq_id >= 0 and n_pos is not None and p1 != n_pos - 1:
+                raise StateError(
+                    f"recurrent state: sequence {s} ends at position {p1}, its {n_pos} tokens end at {n_pos - 1}"
+                )
             vals = [
                 np.frombuffer(take(4 * t.shape[1], f"layer rows of sequence {s}"), "<f4")
                 for t in self._bufs()

@@ -59,8 +59,13 @@ class Backend(Protocol):
         """Sequence ``seq``'s KV state, as :meth:`state_seq_set` reads it back."""
         ...
 
-    def state_seq_set(self, data: bytes, seq: int) -> int:
-        """Replace sequence ``seq``'s KV state by ``data``; return the bytes read (raises if invalid)."""
+    def state_seq_set(self, data: bytes, seq: int, n_tokens: int | None = None) -> int:
+        """Replace sequence ``seq``'s KV state by ``data``; return the bytes read (raises if invalid, or,
+        with ``n_tokens``, if its cells are not at the positions ``0..n_tokens-1`` of that many tokens)."""
+        ...
+
+    def state_seq_size_max(self, n_tokens: int) -> int:
+        """The most bytes :meth:`state_seq_get` gives for a sequence of ``n_tokens`` tokens."""
         ...
 
     def identity(self) -> dict[str, Any]:
@@ -236,8 +241,11 @@ class ContextBackend:
     def state_seq_get(self, seq: int) -> bytes:
         return bytes(self.ctx.state_seq_get_data(seq))
 
-    def state_seq_set(self, data: bytes, seq: int) -> int:
-        return int(self.ctx.state_seq_set_data(data, seq))
+    def state_seq_set(self, data: bytes, seq: int, n_tokens: int | None = None) -> int:
+        return int(self.ctx.state_seq_set_data(data, seq, n_tokens))
+
+    def state_seq_size_max(self, n_tokens: int) -> int:
+        return int(self.ctx.state_seq_size_max(n_tokens))
 
     def identity(self) -> dict[str, Any]:
         return {

@@ -179,12 +179,14 @@ class FakeBackend:
             kv = np.asarray(self.kv[seq], dtype="<i4")
         return STATE_MAGIC + len(kv).to_bytes(4, "little") + kv.tobytes()
 
-    def state_seq_set(self, data: bytes, seq: int) -> int:
+    def state_seq_set(self, data: bytes, seq: int, n_tokens: int | None = None) -> int:
         if data[:8] != STATE_MAGIC or len(data) < 12:
             raise ValueError("not a fake KV state")
         n = int.from_bytes(data[8:12], "little")
         if len(data) != 12 + 4 * n:
             raise ValueError(f"fake KV state of {n} tokens has {len(data)} bytes")
+        if n_tokens is not None and n != n_tokens:
+            raise ValueError(f"fake KV state of {n} cells for {n_tokens} tokens")
         toks = np.frombuffer(data, dtype="<i4", count=n, offset=12).tolist()
         with self.lock:
             if sum(len(v) for s, v in self.kv.items() if s != seq) + n > self.n_ctx:
@@ -192,6 +194,9 @@ class FakeBackend:
             self.kv[seq] = toks
             self.pos[seq] = list(range(n))
         return len(data)
+
+    def state_seq_size_max(self, n_tokens: int) -> int:
+        return 12 + 4 * n_tokens
 
     def identity(self) -> dict[str, Any]:
         return {"file": self.model_path.rsplit("/", 1)[-1], "size": 1234, "n_vocab": self.n_vocab}

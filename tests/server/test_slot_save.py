@@ -4,11 +4,16 @@ can be saved too): round trip, file name checks, corrupt files, busy slots, the 
 from __future__ import annotations
 
 import json
+import os
+import resource
+import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from llamapy.server.app import ServerSettings
@@ -252,3 +257,192 @@ def test_cli_flag(smollm2_path, tmp_path):
         [*cmd, "--slot-save-path", str(tmp_path / "nope")], capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 2 and "--slot-save-path" in r.stderr and "not a folder" in r.stderr
+
+
+# -- hostile slot files (issue 33 §2.10): each a quick 400, and the server keeps serving the same output ----
+
+
+def _header_of(raw: bytes) -> tuple[dict, int]:
+    n_header = int.from_bytes(raw[len(MAGIC) : len(MAGIC) + 4], "little")
+    h0 = len(MAGIC) + 4
+    return json.loads(raw[h0 : h0 + n_header]), h0 + n_header
+
+
+def _slot_file(header: dict, tokens: list[int], state: bytes) -> bytes:
+    raw = json.dumps(dict(header, n_tokens=len(tokens), n_state=len(state))).encode()
+    return MAGIC + len(raw).to_bytes(4, "little") + raw + np.asarray(tokens, "<i4").tobytes() + state
+
+
+def quick_400(srv, slot: int, act: str, name: str, limit: float = 5.0) -> str:
+    """The error message of a 400 that came in under ``limit`` seconds (the issue asks for < 1 s; this
+    shared 2-core CI box gets a margin)."""
+    t0 = time.perf_counter()
+    r = action(srv, slot, act, name)
+    dt = time.perf_counter() - t0
+    assert r.status_code == 400, (name, r.status_code, r.text)
+    assert dt < limit, f"{act} {name}: {dt:.2f} s"
+    return r.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def greedy(srv) -> list[int]:
+    """Slot 1's greedy answer to a fixed prompt before any hostile file was tried."""
+    return complete(srv, "the greedy check prompt", 1, n=8)["tokens"]
+
+
+def still_serving(srv, greedy: list[int]) -> None:
+    assert httpx.get(srv.base_url + "/health", timeout=5).status_code == 200
+    assert complete(srv, "the greedy check prompt", 1, n=8)["tokens"] == greedy
+
+
+def test_save_never_writes_through_a_planted_link(srv, save_dir, tmp_path, greedy):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (save_dir / "planted.bin.tmp").symlink_to(victim)  # the old fixed temporary name
+    (save_dir / "linked.bin").symlink_to(victim)
+    complete(srv, PROMPT, 0)
+    for name in ("planted.bin", "linked.bin"):
+        assert action(srv, 0, "save", name).status_code == 200
+    assert victim.read_text() == "keep me"
+    assert (save_dir / "planted.bin.tmp").is_symlink()  # left alone
+    assert (save_dir / "linked.bin").is_file() and not (save_dir / "linked.bin").is_symlink()
+    assert action(srv, 1, "restore", "linked.bin").status_code == 200
+    assert not list(save_dir.glob(".slot-*"))  # no temporary file left behind
+    still_serving(srv, greedy)
+
+
+def test_save_keeps_a_file_named_like_the_old_temporary(srv, save_dir, greedy):
+    (save_dir / "keep.tmp").write_bytes(b"mine")
+    complete(srv, PROMPT, 0)
+    assert action(srv, 0, "save", "keep").status_code == 200
+    assert (save_dir / "keep.tmp").read_bytes() == b"mine"
+    assert (save_dir / "keep").read_bytes()[: len(MAGIC)] == MAGIC
+    still_serving(srv, greedy)
+
+
+def test_restore_of_a_fifo_or_folder_is_400(srv, save_dir, greedy):
+    os.mkfifo(save_dir / "fifo.bin")
+    (save_dir / "folder.bin").mkdir()
+    for name in ("fifo.bin", "folder.bin"):
+        assert "not a regular file" in quick_400(srv, 0, "restore", name)
+    # a folder in the way of a save
+    assert "folder" in quick_400(srv, 0, "save", "folder.bin")
+    still_serving(srv, greedy)
+
+
+def test_restore_of_a_huge_file_reads_only_its_header(srv, save_dir, greedy):
+    complete(srv, PROMPT, 0)
+    assert action(srv, 0, "save", "small.bin").status_code == 200
+    header, _ = _header_of((save_dir / "small.bin").read_bytes())
+    gib = 1 << 30
+    with open(save_dir / "zeros.bin", "wb") as f:  # sparse: no disk used
+        f.truncate(gib)
+    raw = json.dumps(dict(header, n_tokens=3, n_state=gib)).encode()
+    lying = MAGIC + len(raw).to_bytes(4, "little") + raw
+    with open(save_dir / "lying.bin", "wb") as f:  # a header that promises a 1 GiB KV state, and the bytes
+        f.write(lying)
+        f.truncate(len(lying) + 12 + gib)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert "bad magic" in quick_400(srv, 0, "restore", "zeros.bin")
+    assert "larger than 3 tokens can have" in quick_400(srv, 0, "restore", "lying.bin")
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+    assert grown_mib < 200, f"the peak memory grew by {grown_mib:.0f} MiB"
+    still_serving(srv, greedy)
+
+
+def test_restore_errors_say_nothing_about_outside_the_folder(srv, save_dir, tmp_path, greedy):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("x")
+    secret_dir = tmp_path / "secret-dir"
+    secret_dir.mkdir()
+    unreadable = tmp_path / "unreadable.txt"
+    unreadable.write_text("x")
+    unreadable.chmod(0)
+    targets = {"to-file.bin": secret, "to-dir.bin": secret_dir, "to-none.bin": tmp_path / "missing",
+               "to-unreadable.bin": unreadable, "to-good.bin": save_dir / "good.bin"}  # fmt: skip
+    messages = set()
+    for name, target in targets.items():
+        (save_dir / name).symlink_to(target)
+        messages.add(quick_400(srv, 0, "restore", name).replace(repr(name), "NAME"))
+    assert len(messages) == 1, messages
+    assert "symbolic link" in messages.pop()
+    still_serving(srv, greedy)
+
+
+# -- crafted KV states on the real model (SmolLM2 through ContextBackend, over a socket) ---------------
+
+
+@pytest.fixture(scope="module")
+def real_srv(smollm2_path, tmp_path_factory) -> Iterator[LiveServer]:
+    from llamapy.server.backend import ContextBackend
+
+    folder = tmp_path_factory.mktemp("real-slots")
+    backend = ContextBackend(smollm2_path, n_ctx=1024, n_seq_max=2, n_batch=64, n_ubatch=64)
+    settings = ServerSettings(model_path=str(smollm2_path), slot_save_path=str(folder))
+    live, thread = start_live(settings, backend)
+    wait_ready(live.base_url, timeout=600)
+    live.folder = folder  # type: ignore[attr-defined]
+    yield live
+    stop_live(live, thread)
+
+
+def _craft_state(state: bytes, positions: list[int]) -> bytes:
+    """SmolLM2's saved KV state (f16, no window, one sequence) rebuilt with cells at ``positions`` (the
+    rows of the saved cells repeated)."""
+    ctx_header = 20
+    n = int.from_bytes(state[ctx_header + 4 : ctx_header + 8], "little")
+    n_layers = int.from_bytes(state[ctx_header + 8 : ctx_header + 12], "little")
+    m = len(positions)
+    out = [state[:ctx_header], state[ctx_header : ctx_header + 4], struct.pack("<I", m)]
+    out.append(state[ctx_header + 8 : ctx_header + 20])
+    out.append(np.asarray(positions, "<i8").tobytes())
+    off = ctx_header + 20 + 8 * n
+    pick = np.arange(m) % n
+    for _ in range(n_layers):
+        _, nk, nv = struct.unpack_from("<III", state, off)
+        out.append(state[off : off + 12])
+        off += 12
+        for width in (2 * nk, 2 * nv):
+            rows = np.frombuffer(state, np.uint8, n * width, off).reshape(n, width)
+            out.append(rows[pick].tobytes())
+            off += n * width
+    assert off == len(state)
+    return b"".join(out)
+
+
+def test_real_model_crafted_kv_cells_are_400(real_srv):
+    srv, folder = real_srv, real_srv.folder
+    question = "The capital of France is"
+    greedy = complete(srv, question, 1, n=8)["tokens"]
+    long_prompt = "One two three four five six seven eight nine ten. " * 6
+    complete(srv, long_prompt, 0, n=4)
+    assert action(srv, 0, "save", "long.bin").status_code == 200
+    raw = (folder / "long.bin").read_bytes()
+    header, off = _header_of(raw)
+    n = header["n_tokens"]
+    assert n > 40
+    tokens = np.frombuffer(raw, "<i4", n, off).tolist()
+    state = raw[off + 4 * n :]
+    assert _craft_state(state, list(range(n))) == state
+    crafted = {
+        # the KV cells of a 60-token sequence under 13 tokens (the issue's 4000 cells for 13 tokens)
+        "more-cells.bin": _slot_file(header, tokens[:13], state),
+        "many-cells.bin": _slot_file(header, tokens[:13], _craft_state(state, list(range(500)))),
+        "zero-pos.bin": _slot_file(header, tokens, _craft_state(state, [0] * n)),
+        "huge-pos.bin": _slot_file(header, tokens, _craft_state(state, [*range(n - 1), 1 << 62])),
+        "gap.bin": _slot_file(header, tokens, _craft_state(state, [*range(n - 1), n])),
+        "fewer-cells.bin": _slot_file(header, tokens, _craft_state(state, list(range(n - 1)))),
+        "negative.bin": _slot_file(header, tokens, _craft_state(state, [-1, *range(1, n)])),
+    }
+    for name, data in crafted.items():
+        (folder / name).write_bytes(data)
+        message = quick_400(srv, 0, "restore", name)
+        assert "cannot restore" in message, message
+        print(f"{name}: {message}")
+        # the slot is usable, with its whole context: a prompt longer than 83 tokens
+        r = complete(srv, long_prompt * 2, 0, n=2)
+        assert r["tokens_evaluated"] > 100
+        assert complete(srv, question, 1, n=8)["tokens"] == greedy, name
+    # the real file still restores, and continues as a fresh slot would
+    assert action(srv, 0, "restore", "long.bin").status_code == 200
+    assert complete(srv, question, 1, n=8)["tokens"] == greedy
