@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..errors import LlamapyError
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -135,19 +137,37 @@ def _non_negative(s: str) -> int:
     return v
 
 
+class ApiKeyError(LlamapyError):
+    """An --api-key or --api-key-file that would leave the server without the authentication asked for."""
+
+
 def _api_keys(args: argparse.Namespace) -> list[str]:
-    keys = [k for k in args.api_key if k]
+    """The keys of ``--api-key`` and ``--api-key-file`` (one a line; blank lines and ``#`` comments
+    skipped). Asking for keys and giving none (an empty value, a file of comments) fails closed: an
+    :class:`ApiKeyError`, never a server without authentication."""
+    keys = []
+    for k in args.api_key:
+        if not k.strip():
+            raise ApiKeyError("--api-key is empty: give the key itself (or leave the option out)")
+        keys.append(k.strip())
     if args.api_key_file:
         text = Path(args.api_key_file).read_text(encoding="utf-8")
-        keys += [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+        lines = [line.strip() for line in text.splitlines()]
+        found = [line for line in lines if line and not line.startswith("#")]
+        if not found:
+            raise ApiKeyError(
+                f"--api-key-file {args.api_key_file} holds no key (only blank lines or # comments); "
+                "refusing to start without authentication"
+            )
+        keys += found
     return keys
 
 
 def run(args: argparse.Namespace) -> int:
     from ..hub import resolve_model
 
+    api_keys = _api_keys(args)  # before anything else: keys asked for and not given fail at once
     model_path = resolve_model(args.model)  # before the heavy imports: a bad -m fails fast
-    api_keys = _api_keys(args)
 
     import uvicorn
 

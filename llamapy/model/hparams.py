@@ -105,7 +105,8 @@ class MetaReader:
 
 
 # hybrid families whose recurrent layers have head_count_kv 0 (llama.cpp marks them recurrent so)
-HYBRID_NO_KV_ARCHS = ("lfm2", "lfm2moe", "granitehybrid", "falcon-h1", "nemotron_h", "jamba", "mamba2")
+HYBRID_NO_KV_ARCHS = ("lfm2", "lfm2moe", "granitehybrid", "falcon-h1", "jamba", "mamba2")
+HYBRID_NO_KV_ARCHS += ("nemotron_h", "nemotron_h_moe")
 
 # rope modes (ggml): normal = adjacent pairs, neox = first/second half
 ROPE_NORM = 0
@@ -176,6 +177,7 @@ class HParams:
     expert_gating_func: int = 0  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE: 1 softmax, 2 sigmoid (0: unset)
     n_layer_dense_lead: int = 0  # the first layers' feed-forward is dense (DeepSeek, GLM-4.5)
     n_expert_shared: int = 0
+    n_embd_moe_latent: int = 0  # the routed experts' width between latent projections (Nemotron 3 Super)
     n_moe_layer_step: int = 0  # ERNIE 4.5 / Llama 4: every n-th layer (from the dense lead on) is MoE
     n_attn_chunk: int = 0  # Llama 4: chunked attention on its rope layers (0: none)
     n_layer_nextn: int = 0  # next-token-prediction layers after the trunk (GLM-4.5, DeepSeek V3: skipped)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .dry import DRYSampler
+from .dry import MAX_BREAKERS, MAX_CHAR_LEN, DRYSampler
 from .errors import SamplingError
 from .rng import LLAMA_DEFAULT_SEED
 from .samplers import (
@@ -40,6 +40,7 @@ from .samplers import (
 )
 from .token_data import TokenDataArray
 
+F32_MAX = float(np.finfo(np.float32).max)
 # canonical names (llama.cpp's common_sampler_type_to_str) and their --sampling-seq letters
 SAMPLER_CHARS = {
     "dry": "d",
@@ -170,8 +171,25 @@ class SamplingParams:
             "mirostat_eta",
         ):
             v = float(getattr(self, name))
-            if not math.isfinite(v):
-                raise SamplingError(f"{name} must be finite, got {v}")
+            if not math.isfinite(v) or abs(v) > F32_MAX:  # the samplers compute in float32
+                raise SamplingError(f"{name} must be finite (a 32-bit float), got {v}")
+        if self.temp + self.dynatemp_range > F32_MAX:
+            raise SamplingError(
+                f"temp + dynatemp_range must be a finite 32-bit float, got {self.temp + self.dynatemp_range}"
+            )
+        breakers = self.dry_sequence_breakers
+        if len(breakers) > MAX_BREAKERS:
+            raise SamplingError(
+                f"at most {MAX_BREAKERS} dry_sequence_breakers are allowed, got {len(breakers)}"
+            )
+        for i, b in enumerate(breakers):
+            if not isinstance(b, str):
+                raise SamplingError(f"dry_sequence_breakers[{i}] must be a string, got {b!r}")
+            if len(b.encode("utf-8", "surrogatepass")) > MAX_CHAR_LEN:
+                raise SamplingError(
+                    f"dry_sequence_breakers[{i}] is {len(b.encode('utf-8', 'surrogatepass'))} bytes long; "
+                    f"the limit is {MAX_CHAR_LEN} (UTF-8)"
+                )
         if self.mirostat not in (0, 1, 2):
             raise SamplingError(f"mirostat must be 0, 1 or 2, got {self.mirostat}")
         sampler_names(self.samplers)

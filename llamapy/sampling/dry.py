@@ -8,7 +8,9 @@ sequences once, from the vocabulary's token texts (``token_to_piece``) and its t
 from __future__ import annotations
 
 import re
-from collections import deque
+import threading
+from bisect import bisect_left
+from collections import OrderedDict, deque
 from typing import Any
 
 import numpy as np
@@ -16,14 +18,16 @@ import numpy as np
 from .samplers import Sampler
 from .token_data import TokenDataArray
 
-MAX_CHAR_LEN = 40
+MAX_CHAR_LEN = 40  # bytes of a breaker (llama.cpp truncates longer ones; the server refuses them)
 MAX_SEQ_LEN = 20
+MAX_BREAKERS = 64  # breakers per request (the server's limit: llama.cpp has none)
+_CACHE_SIZE = 32  # processed breaker lists kept per vocabulary
 FLOAT_MAX_LOG = 88.7228391
 
 
-def _pieces(vocab: Any) -> tuple[list[bytes], bytes, np.ndarray]:
-    """Every token's text (special tokens rendered), joined into one blob with start offsets; cached on
-    the vocab object when it allows attributes."""
+def _pieces(vocab: Any) -> tuple:
+    """Every token's text (special tokens rendered), joined into one blob with start offsets, and the
+    reversed texts sorted (with their token ids); cached on the vocab object when it allows attributes."""
     cached = getattr(vocab, "_llamapy_dry_pieces", None)
     if cached is not None:
         return cached
@@ -33,11 +37,51 @@ def _pieces(vocab: Any) -> tuple[list[bytes], bytes, np.ndarray]:
         pieces.append(piece.encode("utf-8") if isinstance(piece, str) else bytes(piece))
     starts = np.zeros(len(pieces) + 1, dtype=np.int64)
     np.cumsum([len(p) for p in pieces], out=starts[1:])
-    out = (pieces, b"".join(pieces), starts)
+    rev = [p[::-1] for p in pieces]
+    order = sorted(range(len(pieces)), key=rev.__getitem__)
+    out = (pieces, b"".join(pieces), starts, [rev[t] for t in order], order)
     try:
         vocab._llamapy_dry_pieces = out
     except AttributeError:
         pass
+    return out
+
+
+def _ending_with(index: tuple, suffix: bytes) -> list[int]:
+    """Tokens whose text ends with ``suffix`` (a binary search over the reversed texts, sorted)."""
+    keys, order = index[3], index[4]
+    rs = suffix[::-1]
+    out = []
+    i = bisect_left(keys, rs)
+    while i < len(keys) and keys[i].startswith(rs):
+        out.append(order[i])
+        i += 1
+    return sorted(out)
+
+
+_cache_lock = threading.Lock()
+
+
+def cached_breakers(vocab: Any, breakers: list[str]) -> dict:
+    """:func:`breakers_from_vocab`, memoized per vocabulary (the last few lists): the server builds a
+    request's breakers on a request thread, so that the engine thread only looks them up."""
+    key = tuple(breakers)
+    cache = getattr(vocab, "_llamapy_dry_cache", None)
+    if cache is None:
+        cache = OrderedDict()
+        try:
+            vocab._llamapy_dry_cache = cache
+        except AttributeError:
+            return breakers_from_vocab(vocab, breakers)
+    with _cache_lock:
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+    out = breakers_from_vocab(vocab, list(breakers))
+    with _cache_lock:
+        cache[key] = out
+        while len(cache) > _CACHE_SIZE:
+            cache.popitem(last=False)
     return out
 
 
@@ -50,7 +94,8 @@ def breakers_from_vocab(vocab: Any, breakers: list[str], max_tail_len: int = MAX
     out: dict[int, list[tuple[int, ...]]] = {}
     if not breakers:
         return out
-    pieces, blob, starts = _pieces(vocab)
+    index = _pieces(vocab)
+    blob, starts = index[1], index[2]
     for s in breakers:
         if not s:
             continue
@@ -66,7 +111,7 @@ def breakers_from_vocab(vocab: Any, breakers: list[str], max_tail_len: int = MAX
             out.setdefault(t, []).append(())
         for j in range(len(bs) - 1, 0, -1):
             prefix, rest = bs[:j], bs[j:]
-            heads = [t for t, w in enumerate(pieces) if t not in contain and w.endswith(prefix)]
+            heads = [t for t in _ending_with(index, prefix) if t not in contain]
             if not heads:
                 continue
             tail = tuple(vocab.tokenize(rest, add_special=False, parse_special=False))
@@ -101,7 +146,9 @@ class DRYSampler(Sampler):
         self._breakers: dict[int, list[tuple[int, ...]]] = {}
         if self.enabled:
             if seq_breakers and vocab is not None:
-                self._breakers = breakers_from_vocab(vocab, list(seq_breakers))
+                self._breakers = cached_breakers(vocab, list(seq_breakers))
+            if breaker_tokens:  # the cached dict is shared: extend a copy
+                self._breakers = {t: list(seqs) for t, seqs in self._breakers.items()}
             for seq in breaker_tokens or []:
                 if seq:
                     self._breakers.setdefault(int(seq[0]), []).append(tuple(int(t) for t in seq[1:]))

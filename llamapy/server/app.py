@@ -173,8 +173,14 @@ def _install_errors(app: FastAPI) -> None:
         return JSONResponse(body, status_code=500)
 
 
+INLINE_BODY_BYTES = 64 << 10  # larger bodies are parsed and validated off the event loop
+
+
 async def _body(request: Request, model: type) -> Any:
-    return validate(model, parse_json(await request.body()))
+    raw = await request.body()
+    if len(raw) <= INLINE_BODY_BYTES:
+        return validate(model, parse_json(raw))
+    return await run_in_threadpool(lambda: validate(model, parse_json(raw)))
 
 
 def _routes(app: FastAPI, state: ServerState) -> None:
@@ -318,7 +324,9 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         n_predict = P.n_predict_from(
             req.max_tokens, "max_tokens", engine.n_ctx_slot, 16, False, engine.context_shift
         )
-        gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel)
+        gp = await run_in_threadpool(
+            P.gen_params, req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel
+        )
         if req.logprobs is not None:
             gp.logprobs, gp.n_probs = True, req.logprobs
         gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
@@ -343,7 +351,9 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         engine, backend = state.ready()
         P.n_choices(req, allowed=False)
         n_predict = P.native_n_predict(req, engine.n_ctx_slot, s.defaults, engine.context_shift)
-        gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel)
+        gp = await run_in_threadpool(
+            P.gen_params, req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel
+        )
         gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
         settings = _settings_dict(gp.sampling, gp.n_predict) | {"stop": gp.stop, "n_probs": gp.n_probs}
         return gp, settings
@@ -394,7 +404,9 @@ async def chat_inputs(
     n = P.n_predict_from(
         n_predict, n_predict_name, engine.n_ctx_slot, s.defaults.n_predict, False, engine.context_shift
     )
-    gp = P.gen_params(req, backend, s.defaults, engine.n_ctx_slot, n, engine.n_parallel)
+    gp = await run_in_threadpool(
+        P.gen_params, req, backend, s.defaults, engine.n_ctx_slot, n, engine.n_parallel
+    )
     if req.logprobs:
         gp.logprobs, gp.n_probs = True, req.top_logprobs or 0
     elif req.top_logprobs:

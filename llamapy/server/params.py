@@ -9,7 +9,7 @@ from .backend import Backend
 from .engine import GenParams
 from .errors import APIError, bad_request, not_supported
 from .lora import n_lora_adapters, parse_lora_list
-from .sampling import SamplingError, SamplingParams, parse_samplers
+from .sampling import SamplingError, SamplingParams, parse_samplers, prepare_dry
 from .schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -132,6 +132,8 @@ def n_predict_from(
 def gen_params(
     req: SamplingFields, backend: Backend, defaults: Defaults, n_ctx_slot: int, n_predict: int, n_slots: int
 ) -> GenParams:
+    """The request's :class:`GenParams`, every value checked (a 400 otherwise). It may tokenize
+    (``logit_bias`` text keys, DRY's sequence breakers): the server calls it off the event loop."""
     check_unsupported(req)
     try:
         samplers = parse_samplers(req.samplers) if req.samplers is not None else None
@@ -176,6 +178,7 @@ def gen_params(
         cfg.validate()
     except SamplingError as e:
         raise bad_request(f"invalid sampling parameters: {e}") from None
+    prepare_dry(cfg, getattr(backend, "vocab", None))
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > MAX_STOP_STRINGS:
         raise bad_request(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stop)}", "stop")
@@ -221,16 +224,36 @@ def shift_params(req: SamplingFields, defaults: Defaults, n_ctx_slot: int) -> tu
     return n_keep, n_discard
 
 
+MAX_LOGIT_BIAS_STRINGS = 1024  # text keys (each one tokenized): at most this many ...
+MAX_LOGIT_BIAS_CHARS = 16384  # ... and this many characters in all
+
+
 def logit_bias_from(lb: Any, backend: Backend) -> dict[int, float]:
-    """OpenAI ``{"id": bias}``, llama.cpp ``[[id, bias | false], ...]`` and ``{"text": bias}`` forms."""
+    """OpenAI ``{"id": bias}``, llama.cpp ``[[id, bias | false], ...]`` and ``{"text": bias}`` forms.
+
+    Bounded before anything is tokenized: at most one entry per vocabulary token, and at most
+    :data:`MAX_LOGIT_BIAS_STRINGS` text keys of :data:`MAX_LOGIT_BIAS_CHARS` characters in all."""
     if not lb:
         return {}
+    if len(lb) > backend.n_vocab:
+        raise bad_request(
+            f"logit_bias has {len(lb)} entries; the limit is one per token of the vocabulary "
+            f"({backend.n_vocab})",
+            "logit_bias",
+        )
     pairs: list[tuple[Any, Any]] = list(lb.items()) if isinstance(lb, dict) else []
     if isinstance(lb, list):
         for i, item in enumerate(lb):
             if len(item) != 2:
                 raise bad_request(f"logit_bias[{i}] must be a pair [token, bias], got {item!r}", "logit_bias")
             pairs.append((item[0], item[1]))
+    texts = [k for k, _ in pairs if isinstance(k, str) and not k.lstrip("-").isdigit()]
+    if len(texts) > MAX_LOGIT_BIAS_STRINGS or sum(map(len, texts)) > MAX_LOGIT_BIAS_CHARS:
+        raise bad_request(
+            f"logit_bias has {len(texts)} text keys of {sum(map(len, texts))} characters; the limits are "
+            f"{MAX_LOGIT_BIAS_STRINGS} keys and {MAX_LOGIT_BIAS_CHARS} characters (give token ids instead)",
+            "logit_bias",
+        )
     out: dict[int, float] = {}
     for key, bias in pairs:
         if bias is False:
@@ -309,10 +332,12 @@ def messages_to_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             d["content"] = ""
         else:
             d["content"] = m.content
-        for k in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
+        for k in ("name", "tool_call_id", "reasoning_content"):
             v = getattr(m, k)
             if v is not None:
                 d[k] = v
+        if m.tool_calls is not None:
+            d["tool_calls"] = [c.model_dump(exclude_unset=True) for c in m.tool_calls]
         out.append(d)
     return out
 
@@ -337,7 +362,6 @@ def chat_plan(req: ChatCompletionRequest, backend: Backend) -> Any:
     from ..grammar import GrammarError, LlamaGrammar
     from ..vocab.chat_template import TemplateError
 
-    extra = req.model_extra or {}
     grammar = req.grammar or None
     if req.json_schema is not None:
         if grammar is not None:
@@ -348,9 +372,9 @@ def chat_plan(req: ChatCompletionRequest, backend: Backend) -> Any:
             raise _grammar_error(e, "json_schema") from None
     tools = req.tools
     tool_choice = req.tool_choice
-    if extra.get("functions") and not tools:  # OpenAI's deprecated function calling
-        tools = [{"type": "function", "function": f} for f in extra["functions"]]
-        fc = extra.get("function_call")
+    if req.functions and not tools:  # OpenAI's deprecated function calling
+        tools = [{"type": "function", "function": f} for f in req.functions]
+        fc = req.function_call
         tool_choice = {"type": "function", "function": fc} if isinstance(fc, dict) else fc
     try:
         return plan_chat(

@@ -12,7 +12,7 @@ import re
 from typing import Any, Literal, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import APIError, bad_request
 
@@ -31,11 +31,25 @@ class ContentPart(_Body):
     text: str | None = None
 
 
+class ToolCallFunction(_Body):
+    name: str
+    arguments: str | dict[str, Any] | None = None  # OpenAI: a JSON string; llama.cpp also takes an object
+
+
+class ToolCall(_Body):
+    """An assistant message's tool call (OpenAI's shape), checked here so that the chat template and
+    the format code only ever see this shape."""
+
+    id: str | None = None
+    type: str | None = None
+    function: ToolCallFunction
+
+
 class ChatMessage(_Body):
     role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
 
@@ -104,7 +118,20 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_format: str | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None  # OpenAI's deprecated function calling
+    function_call: str | dict[str, Any] | None = None
 
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_reserved_kwargs(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key in RESERVED_TEMPLATE_KWARGS.intersection(v or {}):
+            hint = f": give it as the request's '{key}' field" if key in cls.model_fields else ""
+            raise ValueError(f"'{key}' is set by the server and cannot be a chat template kwarg{hint}")
+        return v
+
+
+# what the chat template is rendered with by the server itself (ChatTemplate.render's arguments)
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt", "tools", "documents", "self"})
 
 PromptField = str | list[int] | list[str] | list[list[int]]
 
@@ -169,7 +196,6 @@ M = TypeVar("M", bound=BaseModel)
 
 
 MAX_JSON_DEPTH = 64  # nesting of arrays and objects in a request body
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 
 
 class _NonFinite(ValueError):
@@ -181,15 +207,26 @@ def _reject_constant(name: str) -> Any:
 
 
 def json_depth(raw: bytes) -> int:
-    """The deepest nesting of ``[``/``{`` in JSON text, outside strings (a linear scan, no recursion)."""
-    bare = _JSON_STRING.sub(b'""', raw)
+    """The deepest nesting of ``[``/``{`` in JSON text, outside strings: linear, with no recursion and no
+    regex (a string regex re-scans the rest of an unterminated string at every escaped quote: quadratic).
+
+    Backslash pairs go first, then escaped quotes, so that every quote left opens or closes a string;
+    a byte after an odd number of quotes is inside one. Text that is not JSON gets some number here and
+    its 400 from the parser."""
+    bare = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    if not bare:
+        return 0
     a = np.frombuffer(bare, np.uint8)
-    steps = np.isin(a, _OPEN).astype(np.int32) - np.isin(a, _CLOSE).astype(np.int32)
-    return int(np.cumsum(steps).max()) if len(steps) else 0
+    steps = _STEP[a]
+    if b'"' in bare:
+        steps[(np.cumsum(a == _QUOTE, dtype=np.int32) & 1).astype(bool)] = 0
+    return max(int(np.cumsum(steps, dtype=np.int32).max()), 0)
 
 
-_OPEN = np.frombuffer(b"[{", np.uint8)
-_CLOSE = np.frombuffer(b"]}", np.uint8)
+_QUOTE = ord('"')
+_STEP = np.zeros(256, np.int8)
+_STEP[list(b"[{")] = 1
+_STEP[list(b"]}")] = -1
 
 
 def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH, array_ok: bool = False) -> Any:
@@ -273,7 +310,8 @@ def validate(model: type[M], obj: Any) -> M:
         got_s = "" if err["type"] == "missing" else f" (got {json.dumps(got)[:80]})" if _jsonable(got) else ""
         n_more = len({_loc(x["loc"]) for x in errors} - {loc})
         more = f" (and {n_more} more problems)" if n_more else ""
-        raise APIError(400, f"invalid field '{loc}': {err['msg']}{got_s}{more}", param=loc) from None
+        msg = err["msg"].removeprefix("Value error, ")
+        raise APIError(400, f"invalid field '{loc}': {msg}{got_s}{more}", param=loc) from None
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "none", "dict", "list", "ContentPart", "StreamOptions"}
