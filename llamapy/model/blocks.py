@@ -460,6 +460,7 @@ class GraphBuilder:
         act: str = "silu",
         w_scale: float = 0.0,
         weight_before_ffn: bool = False,
+        inp_exps: Tensor | None = None,
     ) -> Tensor:
         """Mixture of experts with softmax routing over ``n_expert_used`` of ``n_expert`` SwiGLU experts.
         ``gating="sigmoid"`` (DeepSeek V3, GLM-4.5): sigmoid scores; experts chosen on the scores plus
@@ -470,7 +471,9 @@ class GraphBuilder:
         ``gating="softmax_weight"`` (gpt-oss, llama.cpp's ``SOFTMAX_WEIGHT``): top-k of the raw logits,
         then a softmax over the selected ones; ``act="swiglu_oai"``: gpt-oss's clamped SwiGLU. Biases
         where the layer has them: on the router (``ffn_gate_inp.bias``) and per expert
-        (``ffn_{up,gate,down}_exps.bias``, added with ``add_id``)."""
+        (``ffn_{up,gate,down}_exps.bias``, added with ``add_id``). ``act="relu_sqr"`` (Nemotron-H):
+        experts without a gate, relu(up)^2. ``inp_exps``: the experts' input when it is not the router's
+        (Nemotron 3 Super's latent projection; the output then has its width)."""
         hp = self.hp
         T = h.shape[0]
         k = hp.n_expert_used
@@ -506,24 +509,29 @@ class GraphBuilder:
             self.cb(w, "ffn_moe_weights_norm", il)  # [T, k, 1]
         if w_scale and w_scale != 1.0:
             w = self.cb(ops.scale(w, w_scale), "ffn_moe_weights_scaled", il)
-        x = ops.reshape(h, (T, 1, h.shape[-1]))
+        xe = h if inp_exps is None else inp_exps
+        x = ops.reshape(xe, (T, 1, xe.shape[-1]))
         if weight_before_ffn:
             if k != 1:
                 raise ModelLoadError(f"build_moe_ffn: weighting the input needs 1 expert per token, not {k}")
             x = self.cb(ops.mul(x, w), "ffn_moe_weighted_inp", il)
         up = self.cb(self._mm_id(blk, "ffn_up_exps", x, ids), "ffn_moe_up", il)  # [T, k, n_ff]
-        gate = self.cb(self._mm_id(blk, "ffn_gate_exps", x, ids), "ffn_moe_gate", il)
-        if act == "swiglu_oai":  # llama.cpp's LLM_FFN_SWIGLU_OAI_MOE: alpha 1.702, limit 7
-            a = self.cb(ops.swiglu_oai(gate, up, 1.702, 7.0), "ffn_moe_swiglu_oai", il)
-        elif act == "silu":
-            a = self.cb(ops.swiglu(gate, up), "ffn_moe_swiglu", il)
+        if act == "relu_sqr":  # llama.cpp's LLM_FFN_RELU_SQR, no gate
+            r = ops.relu(up)
+            a = self.cb(ops.mul(r, r), "ffn_moe_relu_sqr", il)
+        elif act in ("swiglu_oai", "silu"):
+            gate = self.cb(self._mm_id(blk, "ffn_gate_exps", x, ids), "ffn_moe_gate", il)
+            if act == "swiglu_oai":  # llama.cpp's LLM_FFN_SWIGLU_OAI_MOE: alpha 1.702, limit 7
+                a = self.cb(ops.swiglu_oai(gate, up, 1.702, 7.0), "ffn_moe_swiglu_oai", il)
+            else:
+                a = self.cb(ops.swiglu(gate, up), "ffn_moe_swiglu", il)
         else:
-            raise ModelLoadError(f"build_moe_ffn: unknown activation {act!r} (silu, swiglu_oai)")
+            raise ModelLoadError(f"build_moe_ffn: unknown activation {act!r} (silu, swiglu_oai, relu_sqr)")
         y = self.cb(self._mm_id(blk, "ffn_down_exps", a, ids), "ffn_moe_down", il)
         if not weight_before_ffn:
             y = self.cb(ops.mul(y, w), "ffn_moe_weighted", il)  # [T, k, n_embd]
         out = ops.sum_rows(ops.cont(ops.permute(y, (0, 2, 1))))
-        return self.cb(ops.reshape(out, (T, hp.n_embd)), "ffn_moe_out", il)
+        return self.cb(ops.reshape(out, (T, y.shape[-1])), "ffn_moe_out", il)
 
     @staticmethod
     def _mm_id(blk: Weights, name: str, x: Tensor, ids: Tensor) -> Tensor:

@@ -111,6 +111,7 @@ TOL = 1e-3
 
 # every family with recurrent layers (the Qwen3.5-specific file tests below take ``qwen35``)
 HYBRID = ["qwen35", "qwen3next", "lfm2", "mamba2", "granitehybrid", "nemotron_h", "falcon-h1", "jamba"]
+HYBRID += ["nemotron_h_moe"]
 
 
 @pytest.fixture(scope="module", params=HYBRID)

@@ -346,6 +346,11 @@ MUTATIONS: dict[str, tuple[str, Callable[[dict[str, Any], dict[str, np.ndarray]]
     "command-r-no-logit-scale": ("command-r", _set("command-r.logit_scale", 1.0)),
     "cohere2-no-sliding-window": ("cohere2", _set("cohere2.attention.sliding_window", 4096)),
     "gpt2-no-position-embeddings": ("gpt2", _fill(("position_embd.weight",), 0.0)),
+    "nemotron_h_moe-one-expert": ("nemotron_h_moe", _set("nemotron_h_moe.expert_used_count", 1)),
+    "nemotron_h_moe-no-selection-bias": ("nemotron_h_moe", _fill(("exp_probs_b.bias",), 0.0)),
+    "nemotron_h_moe-no-routed-scale": ("nemotron_h_moe", _set("nemotron_h_moe.expert_weights_scale", 1.0)),
+    "nemotron_h_moe-no-weights-norm": ("nemotron_h_moe", _set("nemotron_h_moe.expert_weights_norm", False)),
+    "nemotron_h_moe-no-shared-expert": ("nemotron_h_moe", _fill(("ffn_down_shexp.weight",), 0.0)),
 }
 
 

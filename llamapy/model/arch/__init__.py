@@ -57,6 +57,7 @@ _FAMILY_MODULES = {
     "mamba2": "mamba2",
     "granitehybrid": "granitehybrid",
     "nemotron_h": "nemotron_h",
+    "nemotron_h_moe": "nemotron_h_moe",
     "falcon-h1": "falcon_h1",
     "jamba": "jamba",
     "bert": "bert",

@@ -6,11 +6,18 @@ per-layer arrays."""
 from __future__ import annotations
 
 from ...ggml import ops
-from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
+from ...ggml.tensor import Tensor
+from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, Weights
 from ..hparams import HParams, MetaReader
 from ..rs_blocks import build_mamba2
 from . import Architecture, register
 from .mamba2 import load_mamba2_hparams, load_mamba2_tensors
+
+
+def relu_sqr_ffn(g: GraphBuilder, h: Tensor, blk: Weights, il: int, suffix: str = "") -> Tensor:
+    """down(relu(up(h))^2) on the layer's ``ffn_{up,down}{suffix}`` (llama.cpp's LLM_FFN_RELU_SQR, no gate)."""
+    up = ops.relu(g.cb(g.mm(blk[f"ffn_up{suffix}.weight"], h), f"ffn_up{suffix}", il))
+    return g.mm(blk[f"ffn_down{suffix}.weight"], ops.mul(up, up))
 
 
 @register("nemotron_h")
@@ -43,9 +50,17 @@ class NemotronH(Architecture):
                 t.layer(il, "attn_v.weight", (nkv * d, n))
                 t.layer(il, "attn_output.weight", (n, nh * d))
             else:
-                t.layer(il, "ffn_up.weight", (hp.n_ff[il], n))
-                t.layer(il, "ffn_down.weight", (n, hp.n_ff[il]))
+                self.load_ffn_tensors(t, il)
         self._finish_tensors(t)
+
+    def load_ffn_tensors(self, t: TensorLoader, il: int) -> None:
+        """The feed-forward layer ``il``'s tensors (the MoE variant overrides)."""
+        t.layer(il, "ffn_up.weight", (self.hp.n_ff[il], self.hp.n_embd))
+        t.layer(il, "ffn_down.weight", (self.hp.n_embd, self.hp.n_ff[il]))
+
+    def build_ffn_layer(self, g: GraphBuilder, h: Tensor, blk: Weights, il: int) -> Tensor:
+        """The feed-forward layer ``il``: a squared-ReLU MLP (the MoE variant overrides)."""
+        return g.cb(relu_sqr_ffn(g, h, blk, il), "ffn_out", il)
 
     def build(self, g: GraphBuilder) -> Outputs:
         hp = self.hp
@@ -56,9 +71,8 @@ class NemotronH(Architecture):
                 h = build_mamba2(g, h, blk, il)
             elif hp.n_head_kv[il]:
                 h = g.attention(h, blk, il)
-            else:  # squared ReLU
-                up = ops.relu(g.cb(g.mm(blk["ffn_up.weight"], h), "ffn_up", il))
-                h = g.cb(g.mm(blk["ffn_down.weight"], ops.mul(up, up)), "ffn_out", il)
+            else:
+                h = self.build_ffn_layer(g, h, blk, il)
             h, x = g.select_outputs(il, h, x)
             x = g.cb(ops.add(x, h), "l_out", il)
         return g.output(x, self.w["output_norm.weight"], self.output_weight())
