@@ -5,7 +5,9 @@ Python internals, no mutating lists or dicts passed in) with the environment Hug
 ``apply_chat_template`` gives them: ``trim_blocks``/``lstrip_blocks``, loop controls, the
 ``{% generation %}`` tag, ``raise_exception``, ``strftime_now``, ``tojson`` without ASCII escaping, and
 the variables ``messages``, ``bos_token``, ``eos_token``, ``add_generation_prompt``, ``tools``,
-``documents`` plus any extra keyword (``enable_thinking=...``). Rendering has a time and size limit.
+``documents`` plus any extra keyword (``enable_thinking=...``). Rendering has a time, memory and size limit, and
+every operation that can amplify a value's size (``**``, ``*``, ``%``, ``center``, ``join``...) is bounded
+before it runs (:mod:`llamapy.vocab.template_sandbox`).
 
 Message ``content`` may be a string or a list of parts (``{"type": "text", "text": ...}``); as in
 llama.cpp, a template that only understands one of the two forms gets the other converted to it
@@ -16,8 +18,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -25,12 +25,19 @@ import jinja2
 from jinja2 import nodes
 from jinja2.exceptions import SecurityError
 from jinja2.ext import Extension
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import LlamapyError
+from .template_sandbox import (
+    MAX_OUTPUT_CHARS,
+    MAX_RANGE,
+    BoundedSandbox,
+    RenderGuard,
+    TemplateLimitError,
+    bound_filters,
+)
 
-MAX_OUTPUT_CHARS = 8 * 1024 * 1024
-MAX_RANGE = 100_000
+__all__ = ["MAX_OUTPUT_CHARS", "MAX_RANGE", "ChatTemplate", "TemplateError", "TemplateLimitExceeded"]
+
 DEFAULT_TIME_LIMIT_S = 10.0
 
 
@@ -49,6 +56,10 @@ class _GenerationTag(Extension):
         return nodes.Scope(body, lineno=lineno)
 
 
+class TemplateLimitExceeded(TemplateError):
+    """A template went past one of the sandbox's bounds (time, memory, the size of a value)."""
+
+
 class _TemplateRaised(Exception):
     pass
 
@@ -58,7 +69,10 @@ def _raise_exception(message: Any) -> None:
 
 
 def _strftime_now(fmt: str) -> str:
-    return datetime.datetime.now().strftime(str(fmt))
+    fmt = str(fmt)
+    if len(fmt) > 1000:
+        raise TemplateLimitError(f"strftime_now(): a format of {len(fmt)} characters (limit 1000)")
+    return datetime.datetime.now().strftime(fmt)
 
 
 def _json_default(o: Any) -> Any:
@@ -78,6 +92,9 @@ def _tojson(
     separators: Any = None,
     sort_keys: bool = False,
 ) -> str:
+    for x in (indent, *(separators if isinstance(separators, (list, tuple)) else ())):
+        if (isinstance(x, str) and len(x) > 64) or (isinstance(x, int) and x > 64):
+            raise TemplateLimitError("tojson: an indent or separator longer than 64 characters")
     return json.dumps(
         value,
         ensure_ascii=ensure_ascii,
@@ -88,23 +105,8 @@ def _tojson(
     )
 
 
-def _safe_range(*args: int) -> range:
-    r = range(*args)
-    if len(r) > MAX_RANGE:
-        raise _TemplateRaised(f"range() of {len(r)} items is over the limit of {MAX_RANGE}")
-    return r
-
-
-class _StrictSandbox(ImmutableSandboxedEnvironment):
-    """Any unsafe attribute access (``__class__``, ``list.append``, ...) is an error at once, not a
-    silent empty value."""
-
-    def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
-        raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")
-
-
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = _StrictSandbox(
+def _environment() -> BoundedSandbox:
+    env = BoundedSandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=False,
@@ -112,36 +114,12 @@ def _environment() -> ImmutableSandboxedEnvironment:
         undefined=jinja2.Undefined,
     )
     env.filters["tojson"] = _tojson
-    env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, range=_safe_range)
+    bound_filters(env)
+    env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
     return env
 
 
 _ENV = _environment()
-
-
-class _Deadline:
-    """Aborts a render that runs too long (a loop in a hostile template): a call-event tracer,
-    installed only when no other tracer (debugger, coverage) is active."""
-
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
-        self.seconds = seconds
-        self.installed = False
-
-    def _trace(self, frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and time.monotonic() > self.end:
-            raise _TemplateRaised(f"rendering took longer than {self.seconds:g} s")
-        return None
-
-    def __enter__(self) -> _Deadline:
-        if sys.gettrace() is None:
-            sys.settrace(self._trace)
-            self.installed = True
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.installed:
-            sys.settrace(None)
 
 
 def _concat_parts(parts: Sequence[Any]) -> str:
@@ -219,6 +197,8 @@ class ChatTemplate:
             out = self._render_raw(
                 {"messages": [{"role": "user", "content": content}], "add_generation_prompt": False}
             )
+        except TemplateLimitExceeded:
+            raise
         except TemplateError:
             return False
         return _PROBE in out
@@ -244,6 +224,8 @@ class ChatTemplate:
                     }
                 )
                 self._system_role = _PROBE in out
+            except TemplateLimitExceeded:
+                raise
             except TemplateError:
                 self._system_role = False
         return self._system_role
@@ -268,6 +250,8 @@ class ChatTemplate:
                 ]
                 try:
                     return self._render_raw({"messages": msgs, "add_generation_prompt": False})
+                except TemplateLimitExceeded:
+                    raise
                 except TemplateError:
                     return None
 
@@ -343,14 +327,16 @@ class ChatTemplate:
         chunks: list[str] = []
         size = 0
         try:
-            with _Deadline(self.time_limit_s):
+            with RenderGuard(self.time_limit_s):
                 for chunk in self._template.generate(**ctx):
                     size += len(chunk)
                     if size > MAX_OUTPUT_CHARS:
-                        raise _TemplateRaised(f"output is over {MAX_OUTPUT_CHARS} characters")
+                        raise TemplateLimitError(f"output is over {MAX_OUTPUT_CHARS} characters")
                     chunks.append(chunk)
         except _TemplateRaised as e:
             raise TemplateError(f"{self.name}: {e}") from None
+        except TemplateLimitError as e:
+            raise TemplateLimitExceeded(f"{self.name}: {e}") from None
         except SecurityError as e:
             raise TemplateError(f"{self.name}: refused unsafe operation: {e}") from None
         except jinja2.TemplateError as e:
