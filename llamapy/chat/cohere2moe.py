@@ -83,7 +83,7 @@ class Cohere2MoeFormat(ChatFormat):
             schema["maxItems"] = 1
         prefix, extra = reasoning_prefix(req, self.think)
         rules = [
-            f"start: {prefix} {req.lit(START_ACTION)} {WS} calls {WS} {req.lit(END_ACTION)} {WS}",
+            f"start: {prefix} {req.lit(START_ACTION)} {WS} calls {WS} {req.lit(END_ACTION)}",
             f"calls: {json_rule(schema)}",
             *extra,
         ]

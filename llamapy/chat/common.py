@@ -544,7 +544,16 @@ def regex_escape(text: str) -> str:
 
 
 def json_rule(schema: Any) -> str:
-    """An inline JSON-schema rule body."""
+    """An inline JSON-schema rule body, its whitespace bounded (``WS_PATTERN``, whatever the schema's own
+    ``x-guidance`` options say)."""
+    if isinstance(schema, dict):
+        options = schema.get("x-guidance")
+        options = (
+            {k: v for k, v in options.items() if k != "whitespace_flexible"}
+            if isinstance(options, dict)
+            else {}
+        )
+        schema = {**schema, "x-guidance": {**options, "whitespace_pattern": WS_PATTERN}}
     return "%json " + json.dumps(schema, ensure_ascii=False)
 
 
@@ -553,7 +562,19 @@ def one_of(schemas: list[dict]) -> dict:
     return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
 
 
-WS = r"/[ \t\r\n]*/"
+#: The whitespace a generated grammar allows between two of its parts, llama.cpp's ``SPACE`` rule (of
+#: json-schema-to-grammar and chat.cpp's tool grammars): nothing, one space, or one or two newlines and up
+#: to 20 spaces or tabs; JSON inside a grammar (``json_rule``) uses it too. No grammar accepts more than
+#: ``MAX_WS`` whitespace characters in a row outside free text, so a model cannot stall on whitespace.
+WS_PATTERN = r"(?: |\n{1,2}[ \t]{0,20})"
+MAX_WS = 22
+WS = f"/{WS_PATTERN}?/"
+#: A run that is not empty, for between two JSON values: where the run may be empty llguidance lets the
+#: JSON's own whitespace (``WS_PATTERN`` again) precede the second value, doubling the bound.
+WS1 = f"/{WS_PATTERN}/"
+#: What may follow the last call (after its closing tag, if the family has one): at most one newline,
+#: then only end-of-generation (``assemble`` ends every grammar with it).
+TAIL = r"/\n?/"
 
 
 def read_tagged_params(
@@ -703,8 +724,12 @@ def call_triggers(
 
 
 def assemble(rules: list[str]) -> str:
-    """Lark source from rules (the first is ``start``)."""
-    return "\n".join(rules) + "\n"
+    """Lark source from rules (the first is ``start``), ``start`` ending with ``TAIL``: after the calls at
+    most one newline, then end-of-generation (no rule may end with ``WS``: the run would exceed ``MAX_WS``)."""
+    head, sep, body = rules[0].partition(":")
+    if head.strip() != "start" or not sep:
+        raise ValueError(f"the first rule must be start, got {rules[0]!r}")
+    return "\n".join([f"start: ({body.strip()}) {TAIL}", *rules[1:]]) + "\n"
 
 
 # --- formats ---
@@ -780,8 +805,9 @@ class ChatFormat:
         funcs = choose_functions(tools, tool_choice)
         if funcs is None:
             return None
+        named = isinstance(tool_choice, dict)  # one call of that function, then the end
         req = GrammarRequest(
-            funcs, tool_choice != "auto", parallel_tool_calls, is_special, thinking_forced_open
+            funcs, tool_choice != "auto", parallel_tool_calls and not named, is_special, thinking_forced_open
         )
         return self.build_grammar(req)
 

@@ -113,7 +113,7 @@ class DeepSeekR1Format(ChatFormat):
                 )
         prefix, extra = reasoning_prefix(req, self.think)
         rules = [
-            f"start: {prefix} {req.lit(BEGIN)} {req.calls('call')} {req.lit(END)} {WS}",
+            f"start: {prefix} {req.lit(BEGIN)} {req.calls('call')} {req.lit(END)}",
             f"call: {' | '.join(alts)}",
             *rules,
             *extra,

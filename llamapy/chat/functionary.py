@@ -137,7 +137,7 @@ class FunctionaryV32Format(ChatFormat):
             alts.append(f"{line} {args}")
         first = "call"
         more = f'({WS} ">>>" call)*' if req.parallel else ""
-        rules = [f"start: {first} {more} {WS}", f"call: {' | '.join(alts)}", *rules]
+        rules = [f"start: {first} {more}", f"call: {' | '.join(alts)}", *rules]
         triggers: tuple[tuple[str, str], ...] = ()
         if not req.required:
             names = "|".join(regex.escape(f["name"]) for f in req.functions)
@@ -168,7 +168,7 @@ class FunctionaryV31Format(ChatFormat):
             alts.append(f'{head} f{k}_args "</function>"')
             if f["name"] in ("python", "ipython"):
                 alts.append(f"{req.lit(PYTHON_TAG)} /(?s:.*)/")
-        rules = [f"start: {req.calls('call')} {WS}", f"call: {' | '.join(alts)}", *rules]
+        rules = [f"start: {req.calls('call')}", f"call: {' | '.join(alts)}", *rules]
         triggers = () if req.required else (("word", "<function="), ("word", PYTHON_TAG))
         return ToolGrammar(assemble(rules), triggers, self.preserved)
 

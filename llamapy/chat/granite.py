@@ -8,7 +8,6 @@ import regex
 from .common import (
     NOT_A_CALL,
     PARTIAL,
-    WS,
     CallParse,
     ChatFormat,
     ChatParser,
@@ -62,7 +61,7 @@ class GraniteFormat(ChatFormat):
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
         prefix, extra = reasoning_prefix(req, self.think)
         rules = [
-            f"start: {prefix} call {WS}",
+            f"start: {prefix} call",
             f"call: {req.lit(TOOL_CALL)} {json_rule(call_array(req.functions, req.parallel))}",
             *extra,
         ]

@@ -20,6 +20,7 @@ from .common import (
     NOT_A_CALL,
     PARTIAL,
     WS,
+    WS1,
     CallParse,
     ChatFormat,
     ChatParser,
@@ -121,7 +122,7 @@ class JsonTagsFormat(ChatFormat):
             body, rules = "calls", [f"calls: {json_rule(array)}"]
         else:
             body, rules = (
-                (f"call ({WS} call)*" if req.parallel else "call"),
+                (f"call ({WS1} call)*" if req.parallel else "call"),
                 [f"call: {json_rule(one_of(schemas))}"],
             )
         prefix, extra = reasoning_prefix(req, self.think)

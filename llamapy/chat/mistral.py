@@ -17,7 +17,6 @@ import regex
 from .common import (
     NOT_A_CALL,
     PARTIAL,
-    WS,
     CallParse,
     ChatFormat,
     ChatParser,
@@ -164,7 +163,7 @@ class MistralFormat(ChatFormat):
             rules = [f"call: {tag} {json_rule(schema)}"]
         calls = req.calls("call") if self.named else "call"
         prefix, extra = reasoning_prefix(req, self.think)
-        rules = [f"start: {prefix} {calls} {WS}", *rules, *extra]
+        rules = [f"start: {prefix} {calls}", *rules, *extra]
         return ToolGrammar(assemble(rules), call_triggers(req, self.think, TOOL_CALLS), self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:

@@ -112,7 +112,7 @@ class Phi4Format(ChatFormat):
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
         rules = [
-            f"start: call {WS}",
+            "start: call",
             f"call: {req.lit(OPEN)} {WS} calls {WS} {req.lit(CLOSE)}",
             f"calls: {json_rule(call_array(req.functions, req.parallel))}",
         ]
