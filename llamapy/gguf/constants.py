@@ -14,6 +14,9 @@ GGML_MAX_NAME = 64  # tensor names are shorter than this (ggml's fixed name buff
 # Sanity limits on lengths read from the file; they are also bounded by the remaining bytes.
 MAX_STRING_LENGTH = 1 << 30
 MAX_ARRAY_LENGTH = 1 << 31
+# Values held by arrays of arrays, in all, in one file (each is a Python object; llama.cpp refuses nested
+# arrays outright, and no model file has more than a handful).
+MAX_NESTED_VALUES = 1 << 16
 
 KEY_ALIGNMENT = "general.alignment"
 KEY_ARCHITECTURE = "general.architecture"

@@ -29,6 +29,7 @@ from .constants import (
     GGUF_VERSIONS,
     KEY_ALIGNMENT,
     MAX_ARRAY_LENGTH,
+    MAX_NESTED_VALUES,
     MAX_STRING_LENGTH,
     SCALAR_FORMATS,
     GGUFValueType,
@@ -132,8 +133,27 @@ class _Cursor:
         return raw.decode("utf-8", errors="surrogateescape")
 
 
-def _value(cur: _Cursor, vtype: int, what: str, depth: int = 0) -> tuple[Any, GGUFValueType | None]:
-    """Read one value of type ``vtype``; returns (value, array element type or None)."""
+class _NestedBudget:
+    """Values the file's nested arrays may still hold (each one a Python object: ``MAX_NESTED_VALUES``
+    for the whole file), so that millions of tiny sub-arrays fail at once instead of taking minutes."""
+
+    def __init__(self) -> None:
+        self.left = MAX_NESTED_VALUES
+
+    def take(self, n: int, what: str, start: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise GGUFError(
+                f"{what} at offset {start}: nested arrays hold more than {MAX_NESTED_VALUES} values in all "
+                f"(this array has {n})"
+            )
+
+
+def _value(
+    cur: _Cursor, vtype: int, what: str, depth: int = 0, budget: _NestedBudget | None = None
+) -> tuple[Any, GGUFValueType | None]:
+    """Read one value of type ``vtype``; returns (value, array element type or None). ``budget``: what
+    nested arrays may still hold (inside an array of arrays; None: a fresh one)."""
     start = cur.pos
     try:
         vt = GGUFValueType(vtype)
@@ -173,6 +193,8 @@ def _value(cur: _Cursor, vtype: int, what: str, depth: int = 0) -> tuple[Any, GG
         arr = scan_strings(cur.buf, cur.pos, cur.size, n, what, GGUFError)
         cur.pos += len(arr.raw)
         return arr, et
+    if depth > 0 and budget is not None and et == GGUFValueType.STRING:
+        budget.take(n, what, start)  # one Python string each
     if et == GGUFValueType.STRING:
         out = []
         buf, size, pos = cur.buf, cur.size, cur.pos
@@ -190,7 +212,10 @@ def _value(cur: _Cursor, vtype: int, what: str, depth: int = 0) -> tuple[Any, GG
             pos += ln
         cur.pos = pos
         return out, et
-    out = [_value(cur, et, f"{what}[{i}]", depth + 1)[0] for i in range(n)]
+    if budget is None:
+        budget = _NestedBudget()
+    budget.take(n, what, start)  # before reading any: n sub-arrays
+    out = [_value(cur, et, f"{what}[{i}]", depth + 1, budget)[0] for i in range(n)]
     return out, et
 
 
@@ -258,6 +283,7 @@ class GGUFReader:
             )
 
         self.fields: dict[str, GGUFField] = {}
+        budget = _NestedBudget()
         for i in range(n_kv):
             off = cur.pos
             key = cur.string(f"key of metadata #{i}")
@@ -267,7 +293,7 @@ class GGUFReader:
                 raise GGUFError(f"duplicate metadata key {key!r} at offset {off}")
             vtype = cur.u32(f"value type of {key!r}")
             vstart = cur.pos
-            value, sub = _value(cur, vtype, f"value of {key!r}")
+            value, sub = _value(cur, vtype, f"value of {key!r}", budget=budget)
             self.fields[key] = GGUFField(key, GGUFValueType(vtype), value, sub, off, (vstart, cur.pos))
 
         self.alignment = GGUF_DEFAULT_ALIGNMENT

@@ -6,6 +6,7 @@ Keys follow llama.cpp (``{arch}.block_count``, ``{arch}.attention.head_count`` .
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -20,6 +21,17 @@ class ModelLoadError(LlamapyError):
 
 
 _MISSING = object()
+#: number keys that must be above 0: the norms' epsilons (divisors) and the rope bases (logarithms)
+POSITIVE_KEYS = frozenset(
+    {
+        "attention.layer_norm_rms_epsilon",
+        "attention.layer_norm_epsilon",
+        "rope.freq_base",
+        "rope.freq_base_swa",
+        "vision.attention.layer_norm_epsilon",
+        "audio.attention.layer_norm_epsilon",
+    }
+)
 
 
 class MetaReader:
@@ -62,12 +74,19 @@ class MetaReader:
         return int(v)
 
     def f32(self, key: str, default: float | None = None, *, required: bool = False) -> float | None:
+        """A finite number (NaN and infinities are refused: no model means them); the keys in
+        ``POSITIVE_KEYS`` (epsilons, rope bases: divisors and logarithms) must also be above 0."""
         k, v = self._lookup(key, required)
         if v is _MISSING:
             return default
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
             raise self._err(f"metadata key {k!r} has type {type(v).__name__}, expected a number")
-        return float(v)
+        f = float(v)
+        if not math.isfinite(f):
+            raise self._err(f"metadata key {k!r} = {f} is not a finite number")
+        if f <= 0 and key in POSITIVE_KEYS:
+            raise self._err(f"metadata key {k!r} = {f} must be positive")
+        return f
 
     def string(self, key: str, default: str | None = None) -> str | None:
         k = self._key(key)

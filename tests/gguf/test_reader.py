@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import re
 import struct
+import time
 
 import numpy as np
 import pytest
 
 from llamapy.ggml.types import GGMLType
 from llamapy.gguf import GGUFError, GGUFReader, GGUFValueType
+from llamapy.gguf.constants import MAX_NESTED_VALUES
 from tests.gguf.craft import (
     ARR,
     BOOL,
@@ -251,6 +253,46 @@ def test_string_value_past_end(tmp_path):
 def test_arrays_nested_too_deeply(tmp_path):
     payload = struct.pack("<IQ", ARR, 1) * 6 + struct.pack("<IQ", U8, 0)
     _fails(tmp_path, build([kv("k", ARR, payload)]), "arrays nested too deeply")
+
+
+def test_millions_of_empty_sub_arrays_fail_at_once(tmp_path):
+    """Issue 33 §2.12: 4M empty sub-arrays took 42 s and 900 MB; now the array's length is refused
+    before any element is read."""
+    n = 4_000_000
+    lay = build(
+        [kv_u32("a", 1), kv("evil.nested", ARR, struct.pack("<IQ", ARR, n) + struct.pack("<IQ", STR, 0) * n)]
+    )
+    t0 = time.perf_counter()
+    _fails(tmp_path, lay, rf"value of 'evil.nested' at offset \d+: nested arrays hold more than {MAX_NESTED_VALUES} "
+           rf"values in all \(this array has {n}\)")  # fmt: skip
+    assert time.perf_counter() - t0 < 5
+
+
+def test_nested_values_are_bounded_per_file(tmp_path):
+    """Many keys each under the bound, or small string arrays inside arrays, share one budget."""
+    per_key = MAX_NESTED_VALUES // 4
+    sub = struct.pack("<IQ", U8, 0)
+    kvs = [kv(f"k{i}", ARR, struct.pack("<IQ", ARR, per_key) + sub * per_key) for i in range(4)]
+    assert len(_read(tmp_path, build(kvs)).fields) == 4  # exactly the bound: read
+    _fails(
+        tmp_path,
+        build([*kvs, kv("k4", ARR, struct.pack("<IQ", ARR, 1) + sub)]),
+        "value of 'k4'.*nested arrays",
+    )
+    strings = struct.pack("<IQ", STR, 1000) + s("x") * 1000
+    many = [
+        kv(f"s{i}", ARR, struct.pack("<IQ", ARR, 1) + strings) for i in range(MAX_NESTED_VALUES // 1000 + 1)
+    ]
+    _fails(tmp_path, build(many), r"value of 's\d+'\[0\].*nested arrays hold more than")
+    # top-level arrays are not nested values: a vocabulary of any size is read
+    assert (
+        len(
+            _read(tmp_path, build([kv("v", ARR, struct.pack("<IQ", STR, 100_000) + s("t") * 100_000)])).get(
+                "v"
+            )
+        )
+        == 100_000
+    )
 
 
 def test_duplicate_key(tmp_path):
