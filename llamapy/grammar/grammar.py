@@ -33,11 +33,15 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import llguidance
+import numpy as np
 from llguidance import LLMatcher
 
 from .errors import GrammarError
 from .gbnf import parse_gbnf
 from .lark_writer import Converted, bind_tokens, gbnf_lark
+from .limits import check_regex, run_deep
+from .limits_rules import check_gbnf, check_lark
+from .limits_schema import check_schema
 from .tokenizer import VocabInfo, vocab_info
 
 if TYPE_CHECKING:
@@ -116,7 +120,7 @@ class LlamaGrammar:
         self._lark = lark  # llguidance grammar text, or GBNF Lark whose <token> references need a vocabulary
         self._bound: weakref.WeakKeyDictionary[Any, LLMatcher] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
-        self._validate(self._text(None), None)
+        run_deep(lambda: self._validate(self._text(None), None))  # llguidance recurses: see .limits
 
     def __repr__(self) -> str:
         src = self.source if len(self.source) <= 60 else self.source[:57] + "..."
@@ -131,8 +135,11 @@ class LlamaGrammar:
         if not isinstance(grammar, str):
             raise GrammarError(f"grammar: expected a string, got {type(grammar).__name__}")
         if grammar.lstrip().startswith("%llguidance"):
-            return cls(grammar, "lark", LLMatcher.grammar_from_lark(grammar), verbose)
-        conv = gbnf_lark(parse_gbnf(grammar))
+            check_lark(grammar)
+            return cls(grammar, "lark", run_deep(LLMatcher.grammar_from_lark, grammar), verbose)
+        parsed = parse_gbnf(grammar)
+        check_gbnf(parsed)
+        conv = gbnf_lark(parsed)
         lark: str | Converted = conv if conv.tokens else LLMatcher.grammar_from_lark(conv.lark)
         return cls(grammar, "gbnf", lark, verbose)
 
@@ -178,8 +185,9 @@ class LlamaGrammar:
         except (TypeError, ValueError) as e:
             raise GrammarError(f"JSON schema cannot be written as JSON: {e}") from e
         default_no_additional_properties(prepared)
+        check_schema(prepared)
         try:
-            g = LLMatcher.grammar_from_json_schema(json.dumps(prepared), defaults=JSON_OPTIONS)
+            g = run_deep(_from_json_schema, json.dumps(prepared))
         except (ValueError, RecursionError) as e:
             raise GrammarError(f"JSON schema: {e}") from e
         return cls(source or text, "json_schema", g, verbose)
@@ -189,14 +197,16 @@ class LlamaGrammar:
         """llguidance's Lark dialect (``start`` rule; see llguidance's docs/syntax.md)."""
         if not isinstance(lark, str):
             raise GrammarError(f"lark grammar: expected a string, got {type(lark).__name__}")
-        return cls(lark, "lark", LLMatcher.grammar_from_lark(lark))
+        check_lark(lark)
+        return cls(lark, "lark", run_deep(LLMatcher.grammar_from_lark, lark))
 
     @classmethod
     def from_regex(cls, regex: str) -> LlamaGrammar:
         """Output that matches ``regex`` entirely (Rust ``regex`` syntax)."""
         if not isinstance(regex, str):
             raise GrammarError(f"regex grammar: expected a string, got {type(regex).__name__}")
-        return cls(regex, "regex", LLMatcher.grammar_from_regex(regex))
+        check_regex(regex, "regex grammar")
+        return cls(regex, "regex", run_deep(LLMatcher.grammar_from_regex, regex))
 
     @classmethod
     def json_object(cls) -> LlamaGrammar:
@@ -239,7 +249,7 @@ class LlamaGrammar:
         except TypeError:  # vocabulary not weakly referenceable: no cache
             proto = None
         if proto is None:
-            proto = self._compile(vocab)
+            proto = run_deep(self._compile, vocab)
             try:
                 with self._lock:
                     self._bound[vocab] = proto
@@ -292,8 +302,32 @@ class LlamaGrammar:
         self._validate(text, info)
         m = LLMatcher(info.tokenizer, text, log_level=0, limits=parser_limits())
         if m.is_error():
-            raise GrammarError(f"{self._what()}: {_short(m.get_error())}")
+            raise GrammarError(f"{self._what()}: {_first_mask_error(m.get_error())}")
+        # llguidance builds its parser lazily: the first mask is where a grammar that can produce nothing
+        # (a $ref cycle with no way out) or one too ambiguous to follow fails; fail here, not while sampling
+        mask = np.zeros((info.n_vocab + 31) // 32, dtype=np.int32)
+        m.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+        if m.is_error():
+            raise GrammarError(f"{self._what()}: {_first_mask_error(m.get_error())}")
+        if not mask.any() and not m.is_accepting():
+            raise GrammarError(f"{self._what()}: no text can match it (no token is allowed at the start)")
         return m
+
+
+def _from_json_schema(text: str) -> str:
+    return LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
+
+
+def _first_mask_error(err: str) -> str:
+    """llguidance's error at the first mask, without its dump of the parser state."""
+    msg = err.split("<state>", 1)[0].strip() or err.strip()
+    if "NoExtensionBias" in msg:
+        return "no text can match it (each way through it needs more of itself, e.g. a $ref cycle with no way out)"
+    if "lexer precomputation failed" in msg:
+        return "too complex for llguidance's lexer (its initial_lexer_fuel ran out: too many optional parts in a row?)"
+    if "Too many items" in msg:
+        return f"too ambiguous to follow ({msg}); use fewer rules that can be empty, or longer lexemes"
+    return "it cannot be followed: " + _short(msg)
 
 
 # --- additionalProperties: false by default, as llama.cpp ----------------------------------------------------
