@@ -41,6 +41,7 @@ from .graph_inputs import (
     ubatch_seqs,
 )
 from .memory import ContextFullError, StateError, create_memory, kv_type
+from .memory.fit import fit_n_ctx
 from .model.blocks import GraphBuilder, Inputs
 from .model.lora import LoraAdapter, lora_map
 from .model.model import Model
@@ -53,7 +54,6 @@ __all__ = ["BatchError", "Context", "ContextFullError", "ContextParams", "EvalCa
 # copy; return False to skip the remaining nodes of that ubatch).
 EvalCallback = Callable[[Tensor, bool, "np.ndarray | None"], bool]
 
-N_CTX_DEFAULT_CAP = 4096  # n_ctx = 0 means the training context, capped to this
 _POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 _STATE_MAGIC = b"LPYS"
 
@@ -113,7 +113,7 @@ class Context:
             v = getattr(p, name)
             if not isinstance(v, (int, np.integer)) or v < 0 or (v == 0 and name != "n_ctx"):
                 raise LlamapyError(f"context parameter {name} = {v!r} must be a positive integer")
-        n_ctx = p.n_ctx or min(hp.n_ctx_train, N_CTX_DEFAULT_CAP)
+        n_ctx = p.n_ctx or fit_n_ctx(hp, p.type_k, p.type_v)  # 0: the model's (memory/fit.py)
         # an encoder (non-causal attention) has no KV cache: each ubatch holds whole sequences and
         # attends over itself (llama.cpp's encode); n_ctx only bounds positions
         self.encoder = not hp.causal_attn

@@ -78,7 +78,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="GGUF file or known model name (default: smollm2-135m-instruct)",
     )
     g.add_argument(
-        "-c", "--ctx-size", type=uint, default=4096, metavar="N", help="context size (0 = from the model)"
+        "-c",
+        "--ctx-size",
+        type=uint,
+        default=4096,
+        metavar="N",
+        help="context size (0 = the model's training context, lowered to fit in memory as llama.cpp's --fit)",
     )
     g.add_argument("-b", "--batch-size", type=_number(int, 1, what="batch size"), default=2048, metavar="N")
     g.add_argument("-ub", "--ubatch-size", type=_number(int, 1, what="batch size"), default=512, metavar="N")
