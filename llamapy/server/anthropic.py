@@ -29,8 +29,8 @@ from starlette.concurrency import run_in_threadpool
 from . import params as P
 from .engine import Event, TokenProb
 from .errors import APIError, bad_request, not_supported
-from .responses import named_sse, new_id, passthrough, validate_at
-from .schemas import ChatCompletionRequest, parse_json, validate
+from .responses import brief, named_sse, new_id, parsed_body, passthrough, validate_at
+from .schemas import ChatCompletionRequest, validate
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -170,12 +170,14 @@ class MessagesRequest(CountTokensRequest):
 
 
 def _block(raw: Any, kinds: dict[str, type[BaseModel]], where: str, role: str) -> Any:
-    kind = raw.get("type") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict):
+        raise bad_request(f"'{where}' must be an object, got {type(raw).__name__}", where)
+    kind = raw.get("type")
     if kind in _UNSUPPORTED_BLOCKS:
         raise not_supported(f"content block type {kind!r}", param=f"{where}.type")
-    if kind not in kinds:
+    if not isinstance(kind, str) or kind not in kinds:  # (a list or an object is no dict key)
         raise bad_request(
-            f"'{where}.type' {kind!r} is not a content block of a {role} message ({', '.join(kinds)})",
+            f"'{where}.type' {brief(kind)} is not a content block of a {role} message ({', '.join(kinds)})",
             f"{where}.type",
         )
     return validate_at(kinds[kind], raw, where)
@@ -504,9 +506,12 @@ def add_messages_routes(app: FastAPI, state: Any) -> None:
     async def messages(request: Request) -> Any:
         engine, backend = state.ready()
         _no_completions(backend)
-        raw = parse_json(await request.body())
-        req: MessagesRequest = validate(MessagesRequest, raw)
-        chat = to_chat(req, raw)
+
+        def plan(raw: dict[str, Any]) -> tuple[MessagesRequest, ChatCompletionRequest]:
+            req: MessagesRequest = validate(MessagesRequest, raw)
+            return req, to_chat(req, raw)
+
+        req, chat = await parsed_body(request, plan)
         # max_tokens is required here and agent clients send large ones (32000): an upper bound, clamped
         # to the slot's context (generation then ends at the context with stop_reason "max_tokens")
         limit = req.max_tokens if req.max_tokens < 1 else min(req.max_tokens, engine.n_ctx_slot)
@@ -518,9 +523,7 @@ def add_messages_routes(app: FastAPI, state: Any) -> None:
     @anthropic_errors
     async def count_tokens(request: Request) -> Any:
         _, backend = state.ready()
-        raw = parse_json(await request.body())
-        req: CountTokensRequest = validate(CountTokensRequest, raw)
-        chat = to_chat(req, raw)
+        chat = await parsed_body(request, lambda raw: to_chat(validate(CountTokensRequest, raw), raw))
         images = None
         if _has_image_parts(chat):  # the images count as the tokens they become
             chat, images = await run_in_threadpool(

@@ -154,23 +154,33 @@ def create_app(settings: ServerSettings, backend_factory: Callable[[], Backend])
     return app
 
 
+def _error_response(request: Request, exc: APIError) -> JSONResponse:
+    """The error in the route's API shape: Anthropic's under /v1/messages, OpenAI's elsewhere."""
+    from .guard import ANTHROPIC_PREFIX
+
+    if request.url.path.startswith(ANTHROPIC_PREFIX):
+        from .anthropic import error_body
+
+        return JSONResponse(error_body(exc), status_code=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
 def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return _error_response(request, exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         msg = f"{request.method} {request.url.path}: " + (
             "no such endpoint" if exc.status_code == 404 else str(exc.detail)
         )
-        return JSONResponse(APIError(exc.status_code, msg).body(), status_code=exc.status_code)
+        return _error_response(request, APIError(exc.status_code, msg))
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s", request.url.path)
-        body = APIError(500, f"internal error: {type(exc).__name__}: {exc}").body()
-        return JSONResponse(body, status_code=500)
+        return _error_response(request, APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
 
 INLINE_BODY_BYTES = 64 << 10  # larger bodies are parsed and validated off the event loop

@@ -6,6 +6,7 @@ counted while streaming in) is refused before the app sees it.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -21,6 +22,18 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
 ANTHROPIC_PREFIX = "/v1/messages"  # errors under it get Anthropic's error shape
+KEY_ID = "api_key_id"  # scope["state"][KEY_ID]: which API key authorized the request (see key_id)
+
+
+def key_id(key: bytes) -> str:
+    """Who a request is, for what it stores (responses): a digest of its API key, never the key."""
+    return hashlib.sha256(b"llamapy-api-key:" + key).hexdigest()[:32]
+
+
+def request_key_id(scope: Scope) -> str | None:
+    """The :func:`key_id` of the key a request was authorized with (None: the server has no keys)."""
+    state = scope.get("state")
+    return state.get(KEY_ID) if isinstance(state, dict) else None
 
 
 class GuardMiddleware:
@@ -37,8 +50,11 @@ class GuardMiddleware:
             return
         headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", [])}
         anthropic = scope["path"].startswith(ANTHROPIC_PREFIX)
+        if self.api_keys:  # a fresh state dict: what the app reads there comes from here, not the server
+            scope["state"] = {**(scope.get("state") or {}), KEY_ID: None}
         if self.api_keys and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
-            if not self._authorized(headers):
+            matched = self._authorized(headers)
+            if matched is None:
                 why = (
                     "missing" if not (headers.get("authorization") or headers.get("x-api-key")) else "invalid"
                 )
@@ -50,6 +66,7 @@ class GuardMiddleware:
                     anthropic=anthropic,
                 )
                 return
+            scope["state"][KEY_ID] = key_id(matched)
         length = headers.get("content-length")
         if length is not None:
             try:
@@ -87,14 +104,20 @@ class GuardMiddleware:
 
         await self.app(scope, replay, send)
 
-    def _authorized(self, headers: dict[str, bytes]) -> bool:
-        """``Authorization: Bearer KEY`` (OpenAI clients) or ``x-api-key: KEY`` (Anthropic clients)."""
+    def _authorized(self, headers: dict[str, bytes]) -> bytes | None:
+        """The key sent as ``Authorization: Bearer KEY`` (OpenAI clients) or ``x-api-key: KEY``
+        (Anthropic clients) if it is one of ours (every key compared, in constant time), else None."""
         auth = headers.get("authorization", b"")
         given = [
             auth[7:].strip() if auth[:7].lower() == b"bearer " else b"",
             headers.get("x-api-key", b"").strip(),
         ]
-        return any(g and hmac.compare_digest(g, k) for g in given for k in self.api_keys)
+        matched = None
+        for g in given:
+            for k in self.api_keys:
+                if hmac.compare_digest(g, k) and g and matched is None:
+                    matched = k
+        return matched
 
     def _too_large(self, n: int, at_least: bool = False) -> str:
         return (

@@ -5,27 +5,35 @@ A request becomes a :class:`ChatCompletionRequest` (``input`` items -> chat mess
 through the same planning, engine task and token loop as ``/v1/chat/completions``; the chat deltas and
 the parsed message come back as Responses output items (``reasoning``, ``message``, ``function_call``)
 and, streamed, as the Responses event stream. Conversations are kept in memory for the last
-:data:`MAX_STORED` stored responses, for ``previous_response_id``.
+:data:`MAX_STORED` stored responses (and at most :data:`MAX_STORED_BYTES` of them, estimated), for
+``previous_response_id``; with API keys, a stored response belongs to the key that made it (another key
+is answered as if it did not exist).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from .engine import Event, TokenProb
 from .errors import APIError, bad_request, not_supported
+from .guard import request_key_id
 from .schemas import ChatCompletionRequest, SamplingFields, parse_json, validate
 
 MAX_STORED = 256  # responses kept for previous_response_id
+MAX_STORED_BYTES = 256 << 20  # and their estimated memory (approx_size), all together
+# OpenAI's metadata: at most 16 pairs, keys strings of at most 64 characters, values of at most 512
+METADATA_MAX_PAIRS, METADATA_MAX_KEY, METADATA_MAX_VALUE = 16, 64, 512
 # llama.cpp sampling extras a client may add to the body (top_k, min_p, seed, ...), passed to chat as-is
 _NOT_PASSED = {"model", "stream", "stream_options", "user", "temperature", "top_p"}
 PASSTHROUGH = tuple(k for k in SamplingFields.model_fields if k not in _NOT_PASSED)
@@ -43,6 +51,12 @@ def named_sse(obj: dict[str, Any]) -> bytes:
 
 def passthrough(raw: dict[str, Any]) -> dict[str, Any]:
     return {k: raw[k] for k in PASSTHROUGH if k in raw}
+
+
+def brief(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a hostile value must not be echoed whole)."""
+    r = repr(value)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 def validate_at(model: type[BaseModel], obj: Any, where: str) -> Any:
@@ -153,11 +167,11 @@ def _parts_text(parts: str | list[dict[str, Any]], where: str) -> str:
         if kind == "refusal" and isinstance(p.get("refusal"), str):
             out.append(p["refusal"])
             continue
-        if kind not in _TEXT_PARTS:
+        if not isinstance(kind, str) or kind not in _TEXT_PARTS:
             if kind in ("input_image", "input_file", "input_audio"):
                 raise not_supported(f"content part type {kind!r}", param=f"{where}.{j}.type")
             raise bad_request(
-                f"'{where}.{j}.type' {kind!r} is not one of input_text, output_text", f"{where}.{j}.type"
+                f"'{where}.{j}.type' {brief(kind)} is not one of input_text, output_text", f"{where}.{j}.type"
             )
         if not isinstance(p.get("text"), str):
             raise bad_request(f"'{where}.{j}' has type {kind!r} but no 'text' string", f"{where}.{j}.text")
@@ -176,9 +190,9 @@ def input_messages(items: str | list[Any], known_calls: dict[str, str]) -> list[
         if not isinstance(raw, dict):
             raise bad_request(f"'{where}' must be an object, got {type(raw).__name__}", where)
         kind = raw.get("type", "message" if "role" in raw else None)
-        if kind not in _ITEMS:
+        if not isinstance(kind, str) or kind not in _ITEMS:  # (a list or an object is no dict key)
             raise bad_request(
-                f"'{where}.type' {kind!r} is not one of {', '.join(_ITEMS)}"
+                f"'{where}.type' {brief(kind)} is not one of {', '.join(_ITEMS)}"
                 + (" (other item types are not supported)" if isinstance(kind, str) else ""),
                 f"{where}.type",
             )
@@ -220,7 +234,7 @@ def chat_tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
     for i, t in enumerate(tools):
         kind = t.get("type") if isinstance(t, dict) else None
         if kind != "function":
-            raise not_supported(f"tool type {kind!r} (only 'function' tools)", param=f"tools.{i}.type")
+            raise not_supported(f"tool type {brief(kind)} (only 'function' tools)", param=f"tools.{i}.type")
         ft: FunctionTool = validate_at(FunctionTool, t, f"tools.{i}")
         fn: dict[str, Any] = {"name": ft.name, "parameters": ft.parameters or {"type": "object"}}
         if ft.description is not None:
@@ -277,53 +291,142 @@ def to_chat(
         "temperature": req.temperature,
         "top_p": req.top_p,
     }
+    kwargs = raw.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise bad_request(
+            f"invalid field 'chat_template_kwargs': must be an object, got {type(kwargs).__name__}",
+            "chat_template_kwargs",
+        )
     if req.reasoning is not None and req.reasoning.effort not in (None, "none", "minimal"):
-        chat["chat_template_kwargs"] = {"enable_thinking": True, **(raw.get("chat_template_kwargs") or {})}
+        kwargs = {"enable_thinking": True, **(kwargs or {})}
+    if kwargs is not None:
+        chat["chat_template_kwargs"] = kwargs
     return validate(ChatCompletionRequest, chat), conversation
 
 
-class ResponseStore:
-    """The last ``size`` stored responses, each with its conversation (thread-safe, least recent
-    dropped)."""
+def check_metadata(meta: Any) -> None:
+    """OpenAI's bounds on ``metadata``: an object of at most 16 pairs, keys of at most 64 characters,
+    string values of at most 512 (checked before the body is validated: a flood of pairs stops here)."""
+    if meta is None:
+        return
+    if not isinstance(meta, dict):
+        raise bad_request(
+            f"invalid field 'metadata': must be an object of string values, got {type(meta).__name__}",
+            "metadata",
+        )
+    if len(meta) > METADATA_MAX_PAIRS:
+        raise bad_request(
+            f"invalid field 'metadata': {len(meta)} pairs, the limit is {METADATA_MAX_PAIRS}", "metadata"
+        )
+    for k, v in meta.items():
+        if len(k) > METADATA_MAX_KEY:
+            raise bad_request(
+                f"invalid field 'metadata': the key {brief(k)} has {len(k)} characters, "
+                f"the limit is {METADATA_MAX_KEY}",
+                "metadata",
+            )
+        if not isinstance(v, str):
+            raise bad_request(
+                f"invalid field 'metadata.{k}': must be a string, got {type(v).__name__}", f"metadata.{k}"
+            )
+        if len(v) > METADATA_MAX_VALUE:
+            raise bad_request(
+                f"invalid field 'metadata.{k}': {len(v)} characters, the limit is {METADATA_MAX_VALUE}",
+                f"metadata.{k}",
+            )
 
-    def __init__(self, size: int = MAX_STORED) -> None:
-        self.size = size
-        self._items: OrderedDict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = OrderedDict()
+
+def approx_size(obj: Any) -> int:
+    """An estimate of the memory a parsed JSON value holds, in bytes, from above (about 1x for long
+    strings, up to ~10x for lists of small numbers): its ASCII JSON text's length plus a small Python
+    object's size per value, object and array. Computed by C code (``json.dumps``, ``str.count``):
+    milliseconds for a body of megabytes."""
+    text = json.dumps(obj, separators=(",", ":"), default=str)
+    n_values = 1 + text.count(",") + text.count(":")
+    return len(text) + _PER_VALUE * n_values + _PER_OBJECT * text.count("{") + _PER_LIST * text.count("[")
+
+
+_PER_VALUE, _PER_OBJECT, _PER_LIST = 72, 160, 64  # (a dict of one key is 184 bytes, a list 56 + 8 a slot)
+
+
+class _Stored:
+    __slots__ = ("conversation", "body", "owner", "n_bytes")
+
+    def __init__(self, conversation: list[dict[str, Any]], body: dict[str, Any], owner: str | None) -> None:
+        self.conversation, self.body, self.owner = conversation, body, owner
+        self.n_bytes = approx_size(conversation) + approx_size(body)
+
+
+class ResponseStore:
+    """The last ``size`` stored responses, each with its conversation and the API key it belongs to, at
+    most ``max_bytes`` of them all together (by :func:`approx_size`; least recent dropped first; one
+    larger than the whole budget is not kept). Thread-safe.
+
+    ``owner`` is the API key a request was authorized with (a digest, see :func:`guard.key_id`; None
+    when the server has no keys): a response is found only by the key that made it, and for any other
+    key it is answered exactly as an id that does not exist."""
+
+    def __init__(self, size: int = MAX_STORED, max_bytes: int = MAX_STORED_BYTES) -> None:
+        self.size, self.max_bytes = size, max_bytes
+        self.n_bytes = 0
+        self._items: OrderedDict[str, _Stored] = OrderedDict()
         self._lock = threading.Lock()
 
-    def put(self, response_id: str, conversation: list[dict[str, Any]], body: dict[str, Any]) -> None:
+    def put(
+        self,
+        response_id: str,
+        conversation: list[dict[str, Any]],
+        body: dict[str, Any],
+        owner: str | None = None,
+    ) -> None:
+        item = _Stored(conversation, body, owner)  # (measured outside the lock)
         with self._lock:
-            self._items[response_id] = (conversation, body)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+            if item.n_bytes > self.max_bytes:  # never kept: the others stay
+                return
+            old = self._items.pop(response_id, None)
+            if old is not None:
+                self.n_bytes -= old.n_bytes
+            self._items[response_id] = item
+            self.n_bytes += item.n_bytes
+            while self._items and (len(self._items) > self.size or self.n_bytes > self.max_bytes):
+                _, dropped = self._items.popitem(last=False)
+                self.n_bytes -= dropped.n_bytes
 
-    def _find(self, response_id: str, status: int, param: str | None) -> tuple[list[dict[str, Any]], dict]:
+    def has(self, response_id: str) -> bool:
+        with self._lock:
+            return response_id in self._items
+
+    def _find(self, response_id: str, owner: str | None, status: int, param: str | None) -> _Stored:
         with self._lock:
             found = self._items.get(response_id)
+            if found is not None and found.owner != owner:
+                found = None  # another key's: as if it did not exist
             if found is not None:
                 self._items.move_to_end(response_id)
         if found is None:
             what = "previous response" if param else "response"
             raise APIError(
                 status,
-                f"{what} with id {response_id!r} not found (this server keeps the last "
-                f"{self.size} stored responses, in memory)",
+                f"{what} with id {brief(response_id, 100)} not found (this server keeps the last "
+                f"{self.size} stored responses, up to {self.max_bytes >> 20} MiB, in memory)",
                 param=param,
             )
         return found
 
-    def get(self, response_id: str) -> list[dict[str, Any]]:
+    def get(self, response_id: str, owner: str | None = None) -> list[dict[str, Any]]:
         """The conversation up to and including ``response_id`` (for ``previous_response_id``: 400)."""
-        return [dict(m) for m in self._find(response_id, 400, "previous_response_id")[0]]
+        return [dict(m) for m in self._find(response_id, owner, 400, "previous_response_id").conversation]
 
-    def response(self, response_id: str) -> dict[str, Any]:
+    def response(self, response_id: str, owner: str | None = None) -> dict[str, Any]:
         """The stored response object (``GET /v1/responses/{id}``: 404)."""
-        return self._find(response_id, 404, None)[1]
+        return self._find(response_id, owner, 404, None).body
 
-    def delete(self, response_id: str) -> None:
-        self._find(response_id, 404, None)
+    def delete(self, response_id: str, owner: str | None = None) -> None:
+        self._find(response_id, owner, 404, None)
         with self._lock:
-            self._items.pop(response_id, None)
+            dropped = self._items.pop(response_id, None)
+            if dropped is not None:
+                self.n_bytes -= dropped.n_bytes
 
 
 # -- response -----------------------------------------------------------------------------------------
@@ -639,29 +742,49 @@ class ResponsesFormatter:
         return self._ev("error", code=str(e.status), message=e.message, param=e.param)
 
 
+INLINE_BODY_BYTES = 64 << 10  # larger bodies are parsed, validated and translated off the event loop
+T = TypeVar("T")
+
+
+async def parsed_body(request: Request, work: Callable[[dict[str, Any]], T]) -> T:
+    """``work`` on the parsed body: on the event loop for a small body, in a worker thread for a larger
+    one (parsing megabytes takes a second on a slow machine: ``/health`` must not wait for it)."""
+    raw = await request.body()
+    if len(raw) <= INLINE_BODY_BYTES:
+        return work(parse_json(raw))
+    return await run_in_threadpool(lambda: work(parse_json(raw)))
+
+
 def add_responses_routes(app: FastAPI, state: Any) -> None:
     from .app import _generate, _no_completions, chat_inputs
 
     store = ResponseStore()
+    state.response_store = store  # (for tests and introspection)
 
     @app.post("/v1/responses")
     @app.post("/responses")
     async def responses(request: Request) -> Any:
         engine, backend = state.ready()
         _no_completions(backend)
-        raw = parse_json(await request.body())
-        req: ResponsesRequest = validate(ResponsesRequest, raw)
-        history = store.get(req.previous_response_id) if req.previous_response_id else []
-        chat, conversation = to_chat(req, raw, history)
+        owner = request_key_id(request.scope)
+
+        def plan(raw: dict[str, Any]) -> tuple[dict[str, Any], ResponsesRequest, Any, list[dict[str, Any]]]:
+            check_metadata(raw.get("metadata"))
+            req: ResponsesRequest = validate(ResponsesRequest, raw)
+            history = store.get(req.previous_response_id, owner) if req.previous_response_id else []
+            return raw, req, *to_chat(req, raw, history)
+
+        raw, req, chat, conversation = await parsed_body(request, plan)
         tokens, gp = await chat_inputs(chat, state, req.max_output_tokens, "max_output_tokens")
-        fmt = ResponsesFormatter(state.settings.model_id, req, raw, conversation, store.put)
+        keep = functools.partial(store.put, owner=owner)
+        fmt = ResponsesFormatter(state.settings.model_id, req, raw, conversation, keep)
         return await _generate(request, engine, tokens, gp, fmt, req.stream, False, done_marker=False)
 
     @app.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str) -> Any:
-        return store.response(response_id)
+    async def get_response(response_id: str, request: Request) -> Any:
+        return store.response(response_id, request_key_id(request.scope))
 
     @app.delete("/v1/responses/{response_id}")
-    async def delete_response(response_id: str) -> Any:
-        store.delete(response_id)
+    async def delete_response(response_id: str, request: Request) -> Any:
+        store.delete(response_id, request_key_id(request.scope))
         return {"id": response_id, "object": "response", "deleted": True}
