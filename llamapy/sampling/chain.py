@@ -41,6 +41,7 @@ from .samplers import (
 from .token_data import TokenDataArray
 
 F32_MAX = float(np.finfo(np.float32).max)
+MAX_SAMPLERS = 32  # names in a sampler sequence (there are 12 kinds; repeats are allowed)
 # canonical names (llama.cpp's common_sampler_type_to_str) and their --sampling-seq letters
 SAMPLER_CHARS = {
     "dry": "d",
@@ -173,6 +174,8 @@ class SamplingParams:
             v = float(getattr(self, name))
             if not math.isfinite(v) or abs(v) > F32_MAX:  # the samplers compute in float32
                 raise SamplingError(f"{name} must be finite (a 32-bit float), got {v}")
+        if 2.0 * self.mirostat_tau > F32_MAX:  # mirostat starts from mu = 2 * tau
+            raise SamplingError(f"mirostat_tau must be at most {F32_MAX / 2:g}, got {self.mirostat_tau}")
         if self.temp + self.dynatemp_range > F32_MAX:
             raise SamplingError(
                 f"temp + dynatemp_range must be a finite 32-bit float, got {self.temp + self.dynatemp_range}"
@@ -192,7 +195,9 @@ class SamplingParams:
                 )
         if self.mirostat not in (0, 1, 2):
             raise SamplingError(f"mirostat must be 0, 1 or 2, got {self.mirostat}")
-        sampler_names(self.samplers)
+        n = len(sampler_names(self.samplers))
+        if n > MAX_SAMPLERS:  # each one runs at every step
+            raise SamplingError(f"at most {MAX_SAMPLERS} samplers are allowed, got {n}")
 
     def print(self) -> str:
         """The parameter summary llama.cpp logs."""
