@@ -9,7 +9,17 @@ import numpy as np
 
 from ..gguf.strings import StringArray
 from . import unicode as U
-from .vocab import _ATTR_SPECIAL, TOKEN_NULL, TokenAttr, TokenizeError, Vocab, VocabError, VocabType
+from .bpe import OverBudget
+from .vocab import (
+    _ATTR_SPECIAL,
+    TOKEN_NULL,
+    TokenAttr,
+    TokenizeError,
+    TooManyTokensError,
+    Vocab,
+    VocabError,
+    VocabType,
+)
 
 _ESCAPED_SPACE = "\u2581"
 
@@ -26,10 +36,10 @@ class _BPE:
         self.escape = v.escape_whitespaces
         self.bpe = BPETokenizer(v.token_to_id, merges, v._pre_tok, v.pre == "gemma4")
 
-    def tokenize_fragment(self, text: str) -> list[int]:
+    def tokenize_fragment(self, text: str, max_tokens: int | None = None) -> list[int]:
         if self.escape:
             text = text.replace(" ", _ESCAPED_SPACE)
-        return self.bpe.tokenize(text)
+        return self.bpe.tokenize(text, max_tokens)
 
 
 class _SPM:
@@ -92,7 +102,29 @@ def _prepare(text: str | bytes) -> tuple[str, bool]:
         return data.decode("utf-8", "surrogateescape"), False
 
 
-def tokenize(v: Vocab, text: str | bytes, add_special: bool, parse_special: bool) -> list[int]:
+class _Budget:
+    """``max_tokens`` of a tokenize call: what is left, and a lower bound on a fragment's count (a token
+    covers at most ``max_token_len`` bytes of text; BPE and SPM only, where no normalization shrinks it)."""
+
+    def __init__(self, v: Vocab, max_tokens: int | None):
+        self.max_tokens = max_tokens
+        self.bound = max_tokens is not None and v.type in (VocabType.BPE, VocabType.SPM)
+        self.per_token = max(1, v.max_token_len) if self.bound else 1
+
+    def left(self, out: list[int], n_bytes: int) -> int | None:
+        """Tokens the next fragment may still take (None: no limit); raises when ``out`` is already past
+        the limit or a fragment of ``n_bytes`` must take more than is left."""
+        if self.max_tokens is None:
+            return None
+        left = self.max_tokens - len(out)
+        if left < 0 or (self.bound and -(-n_bytes // self.per_token) > left):
+            raise TooManyTokensError(self.max_tokens)
+        return left
+
+
+def tokenize(
+    v: Vocab, text: str | bytes, add_special: bool, parse_special: bool, max_tokens: int | None = None
+) -> list[int]:
     if v.type is VocabType.NONE:
         raise TokenizeError("this model has no vocabulary")
     s, valid = _prepare(text)
@@ -105,6 +137,7 @@ def tokenize(v: Vocab, text: str | bytes, add_special: bool, parse_special: bool
         frags = []
     tok = v._tokenizer
     out: list[int] = []
+    budget = _Budget(v, max_tokens)
 
     def raw_str(a: int, b: int) -> str:
         piece = s[a:b]
@@ -123,6 +156,7 @@ def tokenize(v: Vocab, text: str | bytes, add_special: bool, parse_special: bool
                 data = raw_bytes(a, b)
                 if v.add_space_prefix and prev_special:
                     data = b" " + data
+                budget.left(out, len(data))
                 out.extend(tok.tokenize_bytes(data))
                 prev_special = False
             else:
@@ -136,7 +170,14 @@ def tokenize(v: Vocab, text: str | bytes, add_special: bool, parse_special: bool
             _need(v.bos, "BOS")
             out.append(v.bos)
         for a, b, t in frags:
-            out.extend(tok.tokenize_fragment(raw_str(a, b)) if t == -1 else (t,))
+            if t == -1:
+                piece = raw_str(a, b)
+                try:
+                    out.extend(tok.tokenize_fragment(piece, budget.left(out, len(piece))))
+                except OverBudget:
+                    raise TooManyTokensError(budget.max_tokens or 0) from None
+            else:
+                out.append(t)
         if add_special and v.add_eos:
             _need(v.eos, "EOS")
             out.append(v.eos)
@@ -145,6 +186,7 @@ def tokenize(v: Vocab, text: str | bytes, add_special: bool, parse_special: bool
             _need(v.bos, "BOS (CLS)")
             out.append(v.bos)
         for a, b, t in frags:
+            budget.left(out, 0)
             out.extend(tok.tokenize_fragment(raw_str(a, b)) if t == -1 else (t,))
         if add_special:
             _need(v.sep, "SEP")
@@ -154,10 +196,12 @@ def tokenize(v: Vocab, text: str | bytes, add_special: bool, parse_special: bool
             _need(v.bos, "BOS")
             out.append(v.bos)
         for a, b, t in frags:
+            budget.left(out, 0)
             out.extend(tok.tokenize_bytes(raw_bytes(a, b)) if t == -1 else (t,))
         if add_special and v.add_eos:
             _need(v.eos, "EOS")
             out.append(v.eos)
+    budget.left(out, 0)
     return out
 
 

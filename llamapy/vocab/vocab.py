@@ -28,6 +28,14 @@ class TokenizeError(LlamapyError):
     """Text cannot be tokenized with this vocabulary (e.g. it lacks a byte token it needs)."""
 
 
+class TooManyTokensError(TokenizeError):
+    """The text has more tokens than the ``max_tokens`` given to tokenize (it stopped there)."""
+
+    def __init__(self, max_tokens: int):
+        super().__init__(f"the text has more than {max_tokens} tokens")
+        self.max_tokens = max_tokens
+
+
 class VocabType(enum.Enum):
     NONE = "no vocab"
     SPM = "SPM"
@@ -231,11 +239,19 @@ class Vocab:
 
     # --- tokenize -------------------------------------------------------------------------------------
 
-    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        """Token ids of ``text`` as llama_tokenize (bytes are taken as UTF-8, invalid bytes allowed)."""
+    def tokenize(
+        self,
+        text: str | bytes,
+        add_special: bool = True,
+        parse_special: bool = False,
+        max_tokens: int | None = None,
+    ) -> list[int]:
+        """Token ids of ``text`` as llama_tokenize (bytes are taken as UTF-8, invalid bytes allowed).
+        With ``max_tokens``, raises :class:`TooManyTokensError` as soon as the text is known to have more
+        tokens (from a lower bound on a fragment's count, or after a word), without tokenizing the rest."""
         from .tokenize import tokenize
 
-        return tokenize(self, text, add_special, parse_special)
+        return tokenize(self, text, add_special, parse_special, max_tokens)
 
     # --- detokenize -----------------------------------------------------------------------------------
 
