@@ -231,7 +231,7 @@ class LlamaGrammar:
     def check(self, vocab: Any = None) -> None:
         """Validate (with the model's tokenizer when ``vocab`` is given); GrammarError with the message."""
         if vocab is None:
-            self._validate(self._text(None), None)
+            run_deep(lambda: self._validate(self._text(None), None))
         else:
             self.matcher(vocab)
 

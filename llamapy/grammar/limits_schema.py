@@ -140,6 +140,13 @@ def check_schema(schema: Any, what: str = "JSON schema") -> None:
         sorted({c for _, c in g.children[k]} | ({g.refs[k]} if g.refs[k] >= 0 else set())) for k in range(n)
     ]
     bound, path = chain_bound(n, edges, [0])
+    lost = next((node["$ref"] for k, node in enumerate(g.nodes) if isinstance(node, dict)
+                 and isinstance(node.get("$ref"), str) and g.refs[k] < 0), None)  # fmt: skip
+    if lost is not None and n > MAX_SCHEMA_CHAIN:  # it may lead anywhere: every subschema may be on the chain
+        raise GrammarError(
+            f"{what}: the $ref {lost[:100]!r} cannot be followed here, and with {n} subschemas a chain of them "
+            f"might be deeper than the limit of {MAX_SCHEMA_CHAIN}"
+        )
     if bound > MAX_SCHEMA_CHAIN:
         raise chain_error(what, bound, [g.ptrs[k] for k in path], MAX_SCHEMA_CHAIN, "subschemas and $refs")
     for k, node in enumerate(g.nodes):

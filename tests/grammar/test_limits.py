@@ -20,6 +20,7 @@ from llamapy.grammar import GrammarError, LlamaGrammar
 from llamapy.grammar.limits import (
     MAX_REPEAT_EXPANSION,
     MAX_RULE_CHAIN,
+    MAX_RULES,
     MAX_SCHEMA_CHAIN,
     chain_bound,
     regex_cost,
@@ -201,3 +202,22 @@ def test_too_ambiguous_is_refused_before_decoding(toy):
     with pytest.raises(GrammarError, match="too complex|too ambiguous|cannot be followed"):
         g.check(toy)
     assert time.perf_counter() - t < 30  # measured ~1.5 s on SmolLM2's vocabulary, less on this one
+
+
+def test_a_ref_we_cannot_follow_counts_every_subschema():
+    deep = defs_chain(700)
+    deep["$ref"] = "other.json#/$defs/d0"
+    with pytest.raises(GrammarError, match="cannot be followed here.*limit of 1000"):
+        LlamaGrammar.from_json_schema(deep)
+
+
+def test_too_many_rules():
+    n = MAX_RULES + 1
+    src = (
+        "root ::= "
+        + " | ".join(f"r{i}" for i in range(n))
+        + "\n"
+        + "".join(f'r{i} ::= "a"\n' for i in range(n))
+    )
+    with pytest.raises(GrammarError, match=f"more than the limit of {MAX_RULES}"):
+        LlamaGrammar.from_string(src)

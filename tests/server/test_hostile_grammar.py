@@ -131,3 +131,17 @@ def test_count_tokens_with_1000_defs_is_a_quick_400(claude, http, client, real_s
     assert real_server.proc.poll() is None
     assert _greedy(client) == baseline
     assert http.get("/health").status_code == 200
+
+
+def test_hostile_tool_parameters_are_a_quick_400(client, real_server, baseline):
+    """The tool-call grammar embeds each tool's parameters as a JSON schema: the same limits apply."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": defs_chain(700)}}
+    t = time.perf_counter()
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="x", messages=ASK, max_tokens=4, tools=[tool], tool_choice="required"
+        )
+    assert time.perf_counter() - t < DEADLINE
+    assert e.value.body["param"] == "tools", e.value.body  # (the chat family's wrapper breaks "#/$defs" refs)
+    assert real_server.proc.poll() is None
+    assert _greedy(client) == baseline
