@@ -344,7 +344,8 @@ def _routes(app: FastAPI, state: ServerState) -> None:
             args = (req.prompt, req.suffix, backend, engine.n_batch, engine.n_ctx_slot, n_predict)
             tokens = await run_in_threadpool(suffix_tokens, *args)
         else:
-            tokens = await run_in_threadpool(P.tokenize_prompt, req.prompt, backend)
+            limit = None if engine.context_shift else engine.n_ctx_slot
+            tokens = await run_in_threadpool(P.tokenize_prompt, req.prompt, backend, "prompt", limit)
         echo = ""
         if req.echo:
             echo = req.prompt if isinstance(req.prompt, str) else backend.detokenize(tokens)
@@ -375,7 +376,8 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         _no_completions(backend)
         req: NativeCompletionRequest = await _body(request, NativeCompletionRequest)
         gp, settings = await native_params(req)
-        tokens = await run_in_threadpool(P.tokenize_prompt, req.prompt, backend)
+        limit = None if engine.context_shift else engine.n_ctx_slot
+        tokens = await run_in_threadpool(P.tokenize_prompt, req.prompt, backend, "prompt", limit)
         prompt_text = req.prompt if isinstance(req.prompt, str) else backend.detokenize(tokens)
         fmt = NativeFormatter(s.model_id, prompt_text, settings, gp.n_probs, req.return_tokens)
         return await _generate(request, engine, tokens, gp, fmt, req.stream, False, done_marker=False)
@@ -426,7 +428,8 @@ async def chat_inputs(
         req, images = await run_in_threadpool(_split_images, req, backend, s.allow_image_urls)
     plan = await run_in_threadpool(P.chat_plan, req, backend)
     if images is None:
-        tokens = await run_in_threadpool(P.chat_tokens, plan.prompt, backend)
+        limit = None if engine.context_shift else engine.n_ctx_slot  # a longer prompt is a 400: stop there
+        tokens = await run_in_threadpool(P.chat_tokens, plan.prompt, backend, limit)
     else:
         tokens, gp.images = await run_in_threadpool(_image_tokens, plan.prompt, images, backend)
     gp.grammar, gp.preserved_tokens = plan.grammar, plan.preserved_tokens

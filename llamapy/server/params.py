@@ -290,13 +290,36 @@ def check_tokens(tokens: list[int], n_vocab: int, param: str = "prompt") -> list
     return tokens
 
 
-def tokenize_prompt(prompt: Any, backend: Backend, param: str = "prompt") -> list[int]:
+def tokenize_limited(
+    backend: Backend, text: str, add_special: bool, parse_special: bool, max_tokens: int | None
+) -> list[int]:
+    """``backend.tokenize``, stopping with a 400 as soon as the text is known to have more than
+    ``max_tokens`` tokens (a prompt past the slot's context: no need to tokenize all of a huge one)."""
+    from ..vocab import TooManyTokensError, Vocab
+
+    vocab = getattr(backend, "vocab", None)
+    if max_tokens is None or not isinstance(vocab, Vocab):
+        return backend.tokenize(text, add_special=add_special, parse_special=parse_special)
+    try:
+        return list(vocab.tokenize(text, add_special, parse_special, max_tokens=max_tokens))
+    except TooManyTokensError:
+        raise APIError(
+            400,
+            f"the prompt has more than {max_tokens} tokens but a slot's context holds {max_tokens} "
+            f"(shorten the prompt or start the server with a larger -c or fewer -np)",
+            param="prompt",
+        ) from None
+
+
+def tokenize_prompt(
+    prompt: Any, backend: Backend, param: str = "prompt", max_tokens: int | None = None
+) -> list[int]:
     """A completion prompt: a string, a token list, a one-element list of either, or llama.cpp's mix of
-    token ids and strings."""
+    token ids and strings (``max_tokens``: a string prompt past it is a 400, found early)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return backend.tokenize(prompt, add_special=True, parse_special=True)
+        return tokenize_limited(backend, prompt, True, True, max_tokens)
     if isinstance(prompt, list) and all(isinstance(x, int) for x in prompt):
         return check_tokens(list(prompt), backend.n_vocab, param)
     several = isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(x, str | list) for x in prompt)
@@ -348,8 +371,9 @@ def chat_prompt(req: ChatCompletionRequest, backend: Backend) -> tuple[str, list
     return plan.prompt, chat_tokens(plan.prompt, backend)
 
 
-def chat_tokens(text: str, backend: Backend) -> list[int]:
-    tokens = backend.tokenize(text, add_special=True, parse_special=True)
+def chat_tokens(text: str, backend: Backend, max_tokens: int | None = None) -> list[int]:
+    """The tokens of a rendered chat prompt (``max_tokens``: past it is a 400, found early)."""
+    tokens = tokenize_limited(backend, text, True, True, max_tokens)
     if len(tokens) >= 2 and tokens[0] == tokens[1] and backend.tokenize("", True, False)[:1] == tokens[:1]:
         tokens = tokens[1:]  # the template wrote BOS and the tokenizer added another one
     return tokens
