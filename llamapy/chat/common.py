@@ -544,16 +544,19 @@ def regex_escape(text: str) -> str:
 
 
 def json_rule(schema: Any) -> str:
-    """An inline JSON-schema rule body, its whitespace bounded (``WS_PATTERN``, whatever the schema's own
-    ``x-guidance`` options say)."""
+    """An inline JSON-schema rule body, as ``LlamaGrammar.from_json_schema`` (and llama.cpp) read a schema
+    for generation: ``additionalProperties`` false where an object lists ``properties`` and says nothing
+    else (a small model otherwise invents keys forever), whitespace bounded (``WS_PATTERN``, whatever the
+    schema's own ``x-guidance`` options say)."""
     if isinstance(schema, dict):
+        from ..grammar.grammar import default_no_additional_properties
+
+        schema = json.loads(json.dumps(schema))  # (a copy: the request's tools stay as they were)
+        default_no_additional_properties(schema)
         options = schema.get("x-guidance")
-        options = (
-            {k: v for k, v in options.items() if k != "whitespace_flexible"}
-            if isinstance(options, dict)
-            else {}
-        )
-        schema = {**schema, "x-guidance": {**options, "whitespace_pattern": WS_PATTERN}}
+        options = dict(options) if isinstance(options, dict) else {}
+        options.pop("whitespace_flexible", None)
+        schema["x-guidance"] = {**options, "whitespace_pattern": WS_PATTERN}
     return "%json " + json.dumps(schema, ensure_ascii=False)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -107,8 +108,10 @@ def _engine_missing(model_path) -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def real_server(smollm2_path) -> Iterator[RealServer]:
+@contextmanager
+def run_real_server(model_path, extra_args: Sequence[str] = ()) -> Iterator[RealServer]:
+    """``python -m llamapy serve`` on ``model_path`` (-np 2, -c 1024, an API key) plus ``extra_args``, as
+    a subprocess; yields once it is healthy, stops it afterwards. Skips when the engine cannot serve."""
     import os
     import re
     import subprocess
@@ -116,7 +119,7 @@ def real_server(smollm2_path) -> Iterator[RealServer]:
 
     import httpx
 
-    why = _engine_missing(smollm2_path)
+    why = _engine_missing(model_path)
     if why:
         pytest.skip(f"real-model server tests need the engine: {why}")
     cmd = [
@@ -125,7 +128,7 @@ def real_server(smollm2_path) -> Iterator[RealServer]:
         "llamapy",
         "serve",
         "-m",
-        str(smollm2_path),
+        str(model_path),
         "--host",
         "127.0.0.1",
         "--port",
@@ -144,7 +147,7 @@ def real_server(smollm2_path) -> Iterator[RealServer]:
         "--log-level",
         "warning",
     ]
-    cmd += ["--max-body-size", str(256 << 10)]
+    cmd += ["--max-body-size", str(256 << 10), *extra_args]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
     )
@@ -182,3 +185,9 @@ def real_server(smollm2_path) -> Iterator[RealServer]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+@pytest.fixture(scope="session")
+def real_server(smollm2_path) -> Iterator[RealServer]:
+    with run_real_server(smollm2_path) as srv:
+        yield srv
