@@ -237,3 +237,58 @@ def test_whitespace_bounded_and_calls_end(lltokenizer, fmt):
                 assert w.stopped, f"{variant}: no end after a complete call: {_text(w.tokens)!r}"
                 assert AFTER_CALL.fullmatch(after), f"{variant}: {after!r} after a complete call"
         assert completed, f"{variant}: no walk completed a call\n{g.lark}"
+
+
+# --- the issue's case, exactly ---
+
+
+def _matcher(lltokenizer, g: ToolGrammar):
+    import llguidance
+
+    return llguidance.LLMatcher(lltokenizer, llguidance.LLMatcher.grammar_from_lark(g.lark), log_level=0)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_space_after_the_call_cannot_repeat(lltokenizer, parallel):
+    """Qwen2.5-Coder's transcript: after ``"Paris"}}`` a space, and another, until max_tokens."""
+    from llamapy.chat.hermes import HermesFormat
+
+    g = HermesFormat("<tool_call>").grammar(TOOLS, "required", parallel, is_special)
+    m = _matcher(lltokenizer, g)
+    assert m.consume_tokens(
+        tokenize('<tool_call>\n{"name": "get_weather", "arguments": {"location": "Paris"}}')
+    )
+    assert m.consume_tokens(tokenize(" "))
+    assert m.validate_tokens(tokenize(" ")) == 0, "a second space after the call"
+    assert m.consume_tokens(tokenize("</tool_call>"))
+    assert EOS_ID in _allowed(m)
+    if not parallel:  # only one newline, then only the end
+        assert m.validate_tokens(tokenize(" ")) == 0
+        assert m.consume_tokens(tokenize("\n"))
+        assert _allowed(m) == [EOS_ID]
+    else:  # a second call may follow a short run, a long run may not
+        assert m.validate_tokens(tokenize(" <tool_call>")) == 2
+        assert m.validate_tokens(tokenize(" " * (MAX_WS + 1))) == 1
+
+
+def test_named_choice_is_one_call(grammar_check):
+    from llamapy.chat.hermes import HermesFormat
+
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n</tool_call>'
+    g = HermesFormat("<tool_call>").grammar(TOOLS, NAMED, True, is_special)
+    assert grammar_check.match(g, call) and grammar_check.match(g, call + "\n")
+    assert not grammar_check.match(g, call + "\n" + call)
+
+
+def test_json_arguments_take_no_invented_keys(grammar_check):
+    """A schema that lists ``properties`` gets ``additionalProperties: false`` (as llama.cpp and
+    ``LlamaGrammar.from_json_schema``); the request's tools are not changed."""
+    from llamapy.chat.hermes import HermesFormat
+
+    tools = json.loads(json.dumps(TOOLS))
+    g = HermesFormat("<tool_call>").grammar(tools, "required", False, is_special)
+    assert tools == TOOLS
+    ok = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n</tool_call>'
+    assert grammar_check.match(g, ok)
+    assert not grammar_check.match(g, ok.replace('"UTC"}', '"UTC", "weather_morning": 1}'))
+    assert not grammar_check.match(g, ok.replace('": "UTC"', '":  "UTC"')), "two spaces inside the JSON"
