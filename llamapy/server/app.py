@@ -29,7 +29,7 @@ from .backend import Backend
 from .choices import choice_params, generate_n
 from .engine import Engine, Event, GenParams, Task
 from .errors import APIError, bad_request
-from .formats import SSE_DONE, ChatFormatter, CompletionFormatter, NativeFormatter, sse
+from .formats import SSE_DONE, ChatFormatter, CompletionFormatter, JSONAnswer, NativeFormatter, sse
 from .infill import infill_tokens, suffix_tokens
 from .metrics import Metrics
 from .schemas import (
@@ -597,7 +597,7 @@ async def _generate(
 ) -> Any:
     if not stream:
         text, probs, out_tokens, final = await _collect(request, engine, tokens, gp)
-        return JSONResponse(fmt.response(text, probs, final, tokens=out_tokens))
+        return JSONAnswer(fmt.response(text, probs, final, tokens=out_tokens))
     st = _Stream(engine, tokens, gp)
     st.start()
     # errors before the first token are plain HTTP errors; a client that leaves while its prompt is

@@ -15,12 +15,12 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from ..sampling import LLAMA_DEFAULT_SEED
 from .engine import Engine, Event, GenParams
 from .errors import APIError
-from .formats import SSE_DONE, sse, timings, usage
+from .formats import SSE_DONE, JSONAnswer, sse, timings, usage
 
 
 def choice_params(gp: GenParams, n: int) -> list[GenParams]:
@@ -94,7 +94,7 @@ async def generate_n(
         body["choices"] = [dict(b["choices"][0], index=i) for i, b in enumerate(bodies)]
         merged = merged_final([r[3] for r in results])
         body["usage"], body["timings"] = usage(merged), timings(merged)
-        return JSONResponse(body)
+        return JSONAnswer(body)
 
     try:
         firsts = []

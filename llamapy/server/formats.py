@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import time
 from typing import Any
+
+from fastapi.responses import JSONResponse
 
 from .. import __version__
 from ..api.chat_request import delta_dicts, message_dict
@@ -18,8 +21,36 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
 
+def finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float replaced by None, as llama.cpp's JSON writer has them
+    (e.g. a ``logit_bias`` of ``false`` is a bias of -inf in ``generation_settings``): JSON has no such
+    numbers, and a client's parser would refuse the whole answer."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON text of an answer (non-finite floats written as null, see :func:`finite`)."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        return json.dumps(finite(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+class JSONAnswer(JSONResponse):
+    """A JSON response whose non-finite floats are written as null (never a 500 at the last step)."""
+
+    def render(self, content: Any) -> bytes:
+        return dumps(content).encode("utf-8")
+
+
 def sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + dumps(obj).encode() + b"\n\n"
 
 
 SSE_DONE = b"data: [DONE]\n\n"
