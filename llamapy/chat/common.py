@@ -504,15 +504,86 @@ def expect_tag(buf: str, i: int, tag: str, final: bool) -> int | None:
 
 
 def functions_of(tools: Sequence[dict] | None) -> list[dict]:
-    """The function definitions (name, parameters, description) of OpenAI ``tools``."""
+    """The function definitions (name, parameters, description) of OpenAI ``tools``, their parameters
+    made :func:`self_contained`."""
     out = []
     for tool in tools or ():
         fn = tool.get("function") if isinstance(tool, dict) and "function" in tool else tool
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             continue
         params = fn.get("parameters")
-        out.append({**fn, "parameters": params if isinstance(params, dict) else {"type": "object"}})
+        params = self_contained(params, len(out)) if isinstance(params, dict) else {"type": "object"}
+        out.append({**fn, "parameters": params})
     return out
+
+
+_DEFS_KEYS = ("$defs", "definitions")
+
+
+def _has_local_ref(schema: Any) -> bool:
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            return True
+        return any(_has_local_ref(v) for v in schema.values())
+    if isinstance(schema, list):
+        return any(_has_local_ref(v) for v in schema)
+    return False
+
+
+def self_contained(params: dict, index: int) -> dict:
+    """Tool parameters whose local ``$ref``s (``#/$defs/X``, ``#``: what pydantic and zod write) keep
+    their meaning when a grammar embeds the schema in a call's ``{"name", "arguments"}`` object: an
+    ``$id`` makes the parameters the resource their ``#`` refers to. (One parameter's schema on its own:
+    :func:`parameter_schemas`.) A schema without local refs is returned as it is; the request's own tools
+    are never changed."""
+    if not _has_local_ref(params) or isinstance(params.get("$id"), str):
+        return params
+    return {**params, "$id": f"urn:llamapy:tool:{index}"}
+
+
+_PARAMS_DEF = "llamapy_tool_parameters"
+
+
+def _rebase_refs(schema: Any, defs: dict) -> Any:
+    """``schema`` with each local ``$ref`` that does not name one of ``defs`` (``#``, ``#/properties/...``)
+    pointed into the parameters' copy at ``#/$defs/{_PARAMS_DEF}``."""
+    if isinstance(schema, list):
+        return [_rebase_refs(v, defs) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _rebase_refs(v, defs) for k, v in schema.items()}
+    ref = out.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        parts = ref.split("/")
+        if not (len(parts) >= 3 and parts[0] == "#" and isinstance(defs.get(parts[1]), dict)):
+            out["$ref"] = f"#/$defs/{_PARAMS_DEF}" + ref[1:]
+    return out
+
+
+def parameter_schemas(params: dict) -> list[tuple[str, Any]]:
+    """``(name, schema)`` of each parameter, each schema valid on its own (for the families that write
+    parameters one by one): where the parameters have local ``$ref``s, a parameter's schema carries the
+    parameters' definitions, and its refs to anything else (``#``) point into a copy of the parameters."""
+    props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+    if not _has_local_ref(params):
+        return list(props.items())
+    defs = {k: params[k] for k in _DEFS_KEYS if isinstance(params.get(k), dict)}
+    root = _rebase_refs({k: v for k, v in params.items() if k != "$id"}, defs)
+    extra = {k: root[k] for k in defs}
+    extra["$defs"] = {**extra.get("$defs", {}), _PARAMS_DEF: root}
+    out = []
+    for key, schema in props.items():
+        if isinstance(schema, dict) and _has_local_ref(schema):
+            schema = {**_rebase_refs(schema, defs), **extra}
+        out.append((key, schema))
+    return out
+
+
+def parameter_tables(tools: Sequence[dict] | None) -> dict[str, dict[str, Any]]:
+    """Each function's ``{parameter: schema}`` (schemas from :func:`parameter_schemas`), for parsers that
+    read parameters one by one."""
+    return {f["name"]: dict(parameter_schemas(f["parameters"])) for f in functions_of(tools)}
 
 
 def choose_functions(tools: Sequence[dict] | None, tool_choice: str | dict) -> list[dict] | None:
@@ -611,7 +682,18 @@ def read_tagged_params(
 
 
 def is_string_schema(schema: Any) -> bool:
-    """A parameter whose value is written raw, not as JSON (type string, or string-or-null)."""
+    """A parameter whose value is written raw, not as JSON (type string, or string-or-null; also through a
+    ``$ref`` to the definitions :func:`self_contained` gave the parameter)."""
+    root = schema
+    for _ in range(8):  # (a chain of refs to refs; a cycle is not a string)
+        ref = schema.get("$ref") if isinstance(schema, dict) else None
+        if not (isinstance(ref, str) and "type" not in schema):
+            break
+        parts = ref.split("/")
+        if len(parts) != 3 or parts[0] != "#" or parts[1] not in _DEFS_KEYS:
+            break
+        defs = root.get(parts[1])
+        schema = defs.get(parts[2]) if isinstance(defs, dict) else None
     t = schema.get("type") if isinstance(schema, dict) else None
     types = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else set()
     return "string" in types and types <= {"string", "null"}
@@ -632,10 +714,8 @@ def tagged_call_rules(
     ``parameter_tags(key)`` give the (open, close) tags."""
     alts = []
     for k, f in enumerate(req.functions):
-        params = f["parameters"]
-        props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
         kvs = []
-        for j, (key, schema) in enumerate(props.items()):
+        for j, (key, schema) in enumerate(parameter_schemas(f["parameters"])):
             p_open, p_close = parameter_tags(key)
             if is_string_schema(schema):
                 kvs.append(f"{lark_str(p_open)} {str_value}")

@@ -38,6 +38,7 @@ from .common import (
     is_string_schema,
     json_rule,
     lark_str,
+    parameter_schemas,
     read_tagged_params,
     reasoning_prefix,
     regex_escape,
@@ -174,10 +175,8 @@ class DeepSeekDsmlFormat(ChatFormat):
         alts = []
         param = tag(f"<{DSML}parameter name=")
         for k, f in enumerate(req.functions):
-            params = f["parameters"]
-            props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
             kvs = []
-            for j, (key, schema) in enumerate(props.items()):
+            for j, (key, schema) in enumerate(parameter_schemas(f["parameters"])):
                 if is_string_schema(schema):
                     kvs.append(param + " " + lark_str('"' + key + '" string="true">') + " str_value")
                 else:

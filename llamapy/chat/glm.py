@@ -36,10 +36,11 @@ from .common import (
     assemble,
     call_triggers,
     expect_tag,
-    functions_of,
     is_string_schema,
     json_rule,
     lark_str,
+    parameter_schemas,
+    parameter_tables,
     reasoning_prefix,
     skip_ws,
 )
@@ -69,7 +70,7 @@ class GlmParser(StreamParser):
 
     def __init__(self, syntax: ChatSyntax) -> None:
         super().__init__(syntax)
-        self._schemas = {f["name"]: f["parameters"] for f in functions_of(syntax.tools)}
+        self._schemas = parameter_tables(syntax.tools)
 
     def parse_call(self, buf: str, final: bool) -> CallParse | None:
         m = _HEAD.match(buf, partial=not final)
@@ -80,7 +81,7 @@ class GlmParser(StreamParser):
         name = m.group(1)
         if self._schemas and name not in self._schemas:  # the request's tools are known: not one of them
             return NOT_A_CALL
-        props = self._schemas.get(name, {}).get("properties") or {}
+        props = self._schemas.get(name, {})
         args: dict[str, Any] = {}
         i = m.end()
         while True:
@@ -120,10 +121,8 @@ class GlmFormat(ChatFormat):
         rules: list[str] = []
         alts = []
         for k, f in enumerate(req.functions):
-            params = f["parameters"]
-            props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
             kvs = []
-            for j, (key, schema) in enumerate(props.items()):
+            for j, (key, schema) in enumerate(parameter_schemas(f["parameters"])):
                 if is_string_schema(schema):
                     body, extra = req.until("str_value", VALUE_END)
                     rules.extend(r for r in extra if r not in rules)

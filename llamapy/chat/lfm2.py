@@ -32,6 +32,7 @@ from .common import (
     call_triggers,
     json_rule,
     lark_str,
+    parameter_schemas,
     plain_calls,
     reasoning_prefix,
 )
@@ -136,10 +137,8 @@ class Lfm2Format(ChatFormat):
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
         rules, alts = [], []
         for k, f in enumerate(req.functions):
-            params = f["parameters"]
-            props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
             kvs = []
-            for j, (key, schema) in enumerate(props.items()):
+            for j, (key, schema) in enumerate(parameter_schemas(f["parameters"])):
                 rules.append(f"f{k}_v{j}: {json_rule(schema)}")
                 kvs.append(f"{lark_str(key + '=')} f{k}_v{j}")
             if kvs:

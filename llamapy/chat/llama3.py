@@ -31,6 +31,7 @@ from .common import (
     json_rule,
     lark_str,
     one_of,
+    parameter_schemas,
     read_json,
     skip_ws,
 )
@@ -148,7 +149,7 @@ class Llama3Format(ChatFormat):
         builtin_names = {f["name"] for f in self._builtins(req.functions)}
         for k, f in enumerate(fn for fn in req.functions if fn["name"] in builtin_names):
             parts = []
-            for j, (key, schema) in enumerate(f["parameters"]["properties"].items()):
+            for j, (key, schema) in enumerate(parameter_schemas(f["parameters"])):
                 rules.append(f"b{k}_a{j}: {json_rule(schema)}")
                 parts.append(f"{lark_str(key + '=')} b{k}_a{j}")
             args = ' ", " '.join(parts)

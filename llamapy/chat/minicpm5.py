@@ -28,8 +28,8 @@ from .common import (
     ToolGrammar,
     assemble,
     call_trigger,
-    functions_of,
     lark_str,
+    parameter_tables,
     reasoning_prefix,
     regex_escape,
     skip_ws,
@@ -51,7 +51,7 @@ class MiniCpm5Parser(StreamParser):
 
     def __init__(self, syntax: ChatSyntax) -> None:
         super().__init__(syntax)
-        self._schemas = {f["name"]: f["parameters"] for f in functions_of(syntax.tools)}
+        self._schemas = parameter_tables(syntax.tools)
 
     def parse_call(self, buf: str, final: bool) -> CallParse | None:
         m = _FUNCTION.match(buf, partial=not final)
@@ -59,7 +59,7 @@ class MiniCpm5Parser(StreamParser):
             return NOT_A_CALL
         if m.partial:
             return None
-        props = self._schemas.get(m.group(1), {}).get("properties") or {}
+        props = self._schemas.get(m.group(1), {})
         args: dict[str, Any] = {}
         i = m.end()
         while True:

@@ -34,7 +34,7 @@ from .common import (
     assemble,
     call_triggers,
     expect_tag,
-    functions_of,
+    parameter_tables,
     read_tagged_params,
     reasoning_prefix,
     skip_ws,
@@ -57,7 +57,7 @@ class MiniMaxM2Parser(StreamParser):
 
     def __init__(self, syntax: ChatSyntax) -> None:
         super().__init__(syntax)
-        self._schemas = {f["name"]: f["parameters"] for f in functions_of(syntax.tools)}
+        self._schemas = parameter_tables(syntax.tools)
 
     def parse_call(self, buf: str, final: bool) -> CallParse | None:
         calls: list[ToolCall] = []
@@ -72,7 +72,7 @@ class MiniMaxM2Parser(StreamParser):
                 if not final and (inv is not None or BLOCK_END.startswith(buf[j:])):
                     return None
                 return NOT_A_CALL
-            props = self._schemas.get(inv.group(1), {}).get("properties") or {}
+            props = self._schemas.get(inv.group(1), {})
             got = read_tagged_params(
                 buf, inv.end(), final, _PARAM, PARAM_END, INVOKE_END,
                 lambda p, raw, props=props: convert_value(raw, props.get(p.group(1))),

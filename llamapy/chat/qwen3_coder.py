@@ -35,9 +35,11 @@ from .common import (
     assemble,
     call_triggers,
     expect_tag,
-    functions_of,
+    is_string_schema,
     json_rule,
     lark_str,
+    parameter_schemas,
+    parameter_tables,
     reasoning_prefix,
     regex_escape,
     skip_ws,
@@ -61,8 +63,7 @@ def _types(schema: Any) -> set[str]:
 def convert_value(raw: str, schema: Any) -> Any:
     """A parameter's text as a JSON value: kept a string when the schema says string (or the text is
     not JSON), else parsed."""
-    types = _types(schema)
-    if "string" in types and types <= {"string", "null"}:
+    if is_string_schema(schema):
         return raw
     try:
         return json.loads(raw)
@@ -77,7 +78,7 @@ class Qwen3CoderParser(StreamParser):
 
     def __init__(self, syntax: ChatSyntax) -> None:
         super().__init__(syntax)
-        self._schemas = {f["name"]: f["parameters"] for f in functions_of(syntax.tools)}
+        self._schemas = parameter_tables(syntax.tools)
 
     def parse_call(self, buf: str, final: bool) -> CallParse | None:
         m = _HEAD.match(buf, partial=not final)
@@ -86,7 +87,7 @@ class Qwen3CoderParser(StreamParser):
         if m.partial:
             return None
         name = m.group(2).strip()
-        props = self._schemas.get(name, {}).get("properties") or {}
+        props = self._schemas.get(name, {})
         args: dict[str, Any] = {}
         i = m.end()
         while True:
@@ -133,12 +134,11 @@ class Qwen3CoderFormat(ChatFormat):
         alts = []
         for k, f in enumerate(req.functions):
             params = f["parameters"]
-            props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
             required = set(params.get("required") or ())
             parts = []
-            for j, (key, schema) in enumerate(props.items()):
+            for j, (key, schema) in enumerate(parameter_schemas(params)):
                 value = f"f{k}_v{j}"
-                if "string" in _types(schema) and _types(schema) <= {"string", "null"}:
+                if is_string_schema(schema):
                     rules.append(rf"{value}[lazy]: /(?s:.*){regex_escape('</parameter>')}/")
                     body = value
                 else:

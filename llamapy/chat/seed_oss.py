@@ -34,7 +34,7 @@ from .common import (
     assemble,
     call_triggers,
     expect_tag,
-    functions_of,
+    parameter_tables,
     reasoning_prefix,
     skip_ws,
     tagged_call_rules,
@@ -57,7 +57,7 @@ class SeedOssParser(StreamParser):
 
     def __init__(self, syntax: ChatSyntax) -> None:
         super().__init__(syntax)
-        self._schemas = {f["name"]: f["parameters"] for f in functions_of(syntax.tools)}
+        self._schemas = parameter_tables(syntax.tools)
 
     def parse_call(self, buf: str, final: bool) -> CallParse | None:
         j = skip_ws(buf, len(BLOCK))
@@ -67,7 +67,7 @@ class SeedOssParser(StreamParser):
         if m.partial:
             return None
         name = m.group(1).strip()
-        props = self._schemas.get(name, {}).get("properties") or {}
+        props = self._schemas.get(name, {})
         args: dict[str, Any] = {}
         i = m.end()
         while True:

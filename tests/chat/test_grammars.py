@@ -33,7 +33,8 @@ def _hermes(name, args):
 
 
 def _qwen3c(name, args):
-    params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in json.loads(args).items())
+    values = {k: v if isinstance(v, str) else json.dumps(v) for k, v in json.loads(args).items()}
+    params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in values.items())
     return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
 
 
@@ -283,3 +284,46 @@ def test_other_vocabularies(grammar_check, name, specials):
         assert grammar_check.match(
             fmt.grammar(TOOLS, "required", True, fn), reasoning + call("get_time", TA), fn
         )
+
+
+# A tool as pydantic writes it: the parameters refer to their own ``$defs`` (and to themselves, ``#``)
+PLACE = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "$defs": {
+                "Unit": {"enum": ["c", "f"], "type": "string"},
+                "Where": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "near": {"anyOf": [{"$ref": "#/$defs/Where"}, {"type": "null"}]}},
+                    "required": ["city"],
+                },
+            },
+            "properties": {
+                "location": {"$ref": "#/$defs/Where"},
+                "days": {"$ref": "#/$defs/Unit"},
+                "then": {"anyOf": [{"$ref": "#"}, {"type": "null"}]},
+            },
+            "required": ["location"],
+        },
+    },
+}  # fmt: skip
+PLACE_OK = '{"location": {"city": "Paris", "near": {"city": "Orly", "near": null}}, "days": "c"}'
+PLACE_NESTED = '{"location": {"city": "Paris"}, "then": {"location": {"city": "Nice"}, "then": null}}'
+PLACE_BAD = '{"location": {"city": "Paris", "near": {"city": 5}}, "days": "c"}'
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tool_schema_refs(grammar_check, name):
+    """Parameters with local ``$ref``s keep their meaning wherever the family puts them (embedded in a
+    call object, or one parameter's schema on its own), and the request's tools are left unchanged."""
+    fmt, call, _, _, _ = FAMILIES[name]
+    before = json.dumps(PLACE)
+    g = fmt.grammar([PLACE, TOOLS[1]], "required", True, is_special)
+    assert json.dumps(PLACE) == before
+    grammar_check.check(g)
+    assert grammar_check.match(g, call("get_weather", PLACE_OK))
+    assert grammar_check.match(g, call("get_weather", PLACE_NESTED))
+    assert not grammar_check.match(g, call("get_weather", PLACE_BAD)), "a bad $defs value accepted"

@@ -164,3 +164,48 @@ def test_anthropic_tool_choice_any_ends_with_tool_use(server, stream):
     assert m.usage.output_tokens < WELL_BEFORE, m.usage
     uses = [b for b in m.content if b.type == "tool_use"]
     assert uses and all(u.name in ("get_weather", "get_time") and isinstance(u.input, dict) for u in uses)
+
+
+# A tool as pydantic writes it (``Model.model_json_schema()``): the parameters refer to their ``$defs``.
+BOOKING = {
+    "type": "function",
+    "function": {
+        "name": "book_table",
+        "description": "Book a table at a restaurant.",
+        "parameters": {
+            "$defs": {
+                "Place": {
+                    "properties": {"city": {"title": "City", "type": "string"}},
+                    "required": ["city"],
+                    "title": "Place",
+                    "type": "object",
+                },
+                "Size": {"enum": ["small", "large"], "title": "Size", "type": "string"},
+            },
+            "properties": {"where": {"$ref": "#/$defs/Place"}, "size": {"$ref": "#/$defs/Size"}},
+            "required": ["where", "size"],
+            "title": "Booking",
+            "type": "object",
+        },
+    },
+}
+
+
+def test_tool_with_defs_refs(server):
+    """A pydantic model's schema as the parameters: the call is made, and its arguments follow the
+    ``$defs`` the parameters refer to (the grammar embeds the parameters in the call's own object)."""
+    import jsonschema
+
+    r = _openai(server).chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Book a small table in Paris."}],
+        tools=[BOOKING],
+        tool_choice="required",
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+    )
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", (c.finish_reason, c.message)
+    for call in c.message.tool_calls:
+        assert call.function.name == "book_table"
+        jsonschema.validate(json.loads(call.function.arguments), BOOKING["function"]["parameters"])
