@@ -162,6 +162,10 @@ def _error_response(request: Request, exc: APIError) -> JSONResponse:
         from .anthropic import error_body
 
         return JSONResponse(error_body(exc), status_code=exc.status)
+    if request.url.path.startswith("/api/"):  # ollama's API: {"error": "message"}
+        from .ollama import error_body as ollama_error
+
+        return JSONResponse(ollama_error(exc), status_code=exc.status)
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
@@ -397,6 +401,9 @@ def _routes(app: FastAPI, state: ServerState) -> None:
     from .embeddings import add_embedding_routes  # /v1/embeddings, /embedding(s), /rerank, /v1/rerank...
 
     add_embedding_routes(app, state)
+    from .ollama import add_ollama_routes  # /api/chat, /api/generate, /api/tags... (ollama's API)
+
+    add_ollama_routes(app, state)
 
 
 async def chat_inputs(
