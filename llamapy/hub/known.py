@@ -253,6 +253,6 @@ def resolve_model(name_or_path: str | None) -> Path:
     if p.is_dir():
         raise FileNotFoundError(f"model path {str(name_or_path)!r} is a directory, not a GGUF file")
     raise FileNotFoundError(
-        f"model file {str(name_or_path)!r} not found (give a GGUF file, or a known model name: "
-        f"{', '.join(KNOWN_MODELS)})"
+        f"model file {str(name_or_path)!r} not found (give a GGUF file, a Hugging Face repo user/repo[:quant], "
+        f"or a known model name: {', '.join(KNOWN_MODELS)})"
     )
