@@ -277,6 +277,34 @@ _RERANK = [
 ]
 _LORA = [[{"id": 0, "scale": 0.5}], [{"id": 0}], []]
 
+# ollama's API (/api/...): the fuzz servers serve /models/fake.gguf, whose ollama name is fake(:latest)
+_O_OPTIONS = {"num_predict": 6, "temperature": 0.5, "top_k": 20, "top_p": 0.9, "min_p": 0.05, "seed": 7,
+              "repeat_penalty": 1.1, "repeat_last_n": 32, "stop": ["\n\n"], "num_ctx": 2048, "num_keep": 0}  # fmt: skip
+_O_MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather",
+                                                                      "arguments": {"city": "P"}}}]},
+    {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
+    {"role": "assistant", "content": "It is sunny.", "thinking": "the tool said so"},
+    {"role": "user", "content": "And tomorrow?"},
+]  # fmt: skip
+_O_CHAT = [
+    {"model": "fake", "messages": _O_MESSAGES, "options": _O_OPTIONS, "stream": False, "keep_alive": "5m"},
+    {"model": "fake:latest", "messages": _O_MESSAGES[1:2], "options": {"num_predict": 4}},  # (streamed)
+    {"model": "fake", "messages": _O_MESSAGES[:2], "tools": _TOOLS, "format": _SCHEMA, "stream": False,
+     "options": {"num_predict": 8}, "think": False},
+    {"model": "fake", "messages": _O_MESSAGES[1:2], "format": "json", "stream": False, "options": {"num_predict": 8}},
+]  # fmt: skip
+_O_GENERATE = [
+    {"model": "fake", "prompt": "Once upon", "system": "Be brief.", "options": _O_OPTIONS, "stream": False},
+    {"model": "fake", "prompt": "Once upon", "raw": True, "options": {"num_predict": 4}},
+    {"model": "fake", "prompt": "def f(", "suffix": "    return x\n", "stream": False,
+     "options": {"num_predict": 4}},
+    {"model": "fake", "prompt": "A color:", "format": "json", "stream": False, "options": {"num_predict": 8}},
+    {"model": "fake"},
+]  # fmt: skip
+
 
 @dataclass
 class Seed:
@@ -295,6 +323,7 @@ def needs_grammar(body: Any) -> bool:
         or body.get("json_schema")
         or body.get("tools")
         or fmt not in ({}, {"type": "text"})
+        or body.get("format") not in (None, "")  # ollama's format: "json" or a schema
     )
 
 
@@ -331,6 +360,18 @@ SEEDS: dict[str, list[Seed]] = {
     "/v1/rerank": _seeds(_RERANK),
     "/v1/reranking": _seeds(_RERANK[:1]),
     "/lora-adapters": _seeds(_LORA),
+    "/api/chat": _seeds(_O_CHAT),
+    "/api/generate": _seeds(_O_GENERATE[:2] + _O_GENERATE[3:]) + [Seed(_O_GENERATE[2], expect=_FIM)],
+    # (the fuzz servers' "gen" model computes no embeddings: 501, a clear answer to fuzz all the same)
+    "/api/embed": [
+        Seed({"model": "fake", "input": ["a", "b c"], "truncate": True, "dimensions": 4}, expect=(501,))
+    ],
+    "/api/embeddings": [Seed({"model": "fake", "prompt": "Hello", "options": {}}, expect=(501,))],
+    "/api/show": _seeds([{"model": "fake", "verbose": True}, {"name": "fake:latest"}]),
+    "/api/pull": [Seed({"model": "user/repo:Q4_K_M", "stream": False}, expect=(501,))],
+    "/api/push": [Seed({"model": "fake"}, expect=(501,))],
+    "/api/create": [Seed({"model": "x", "from": "fake"}, expect=(501,))],
+    "/api/copy": [Seed({"source": "fake", "destination": "x"}, expect=(501,))],
     "/slots/{id_slot}": [
         Seed({"filename": "fuzz.bin"}, "/slots/0?action=save"),
         Seed({"filename": "fuzz.bin"}, "/slots/1?action=restore", expect=(200, 404)),
@@ -356,6 +397,10 @@ def post_routes(app: Any) -> list[str]:
 
 def is_anthropic(url: str) -> bool:
     return url.startswith("/v1/messages")
+
+
+def is_ollama(url: str) -> bool:
+    return url.startswith("/api/")
 
 
 # -- mutations --------------------------------------------------------------------------------------
@@ -706,6 +751,9 @@ class Result:
 
 def error_shape_problem(url: str, obj: Any) -> str | None:
     """What is wrong with a 4xx body (None when it is the API's own error shape)."""
+    if is_ollama(url):
+        ok = isinstance(obj, dict) and isinstance(obj.get("error"), str)
+        return None if ok else "4xx body is not ollama's {error: message}"
     if is_anthropic(url):
         ok = (
             isinstance(obj, dict)
@@ -822,6 +870,16 @@ def check(client: httpx.Client, base_url: str, case: Case, deadline: float = 10.
     dt = time.monotonic() - t0
     if status >= 500 and status not in (501, 503):  # (501: a feature this server was not started with)
         return Result(status, dt, f"HTTP {status}: {raw[:500]!r}")
+    if "application/x-ndjson" in ctype:  # ollama's stream: a JSON object a line, the last done or an error
+        try:
+            lines = [
+                json.loads(x, parse_constant=_no_constant) for x in raw.decode("utf-8").splitlines() if x
+            ]
+        except ValueError as e:
+            return Result(status, dt, f"an NDJSON line is not JSON ({e})")
+        last = lines[-1] if lines else None
+        ok = isinstance(last, dict) and (last.get("done") is True or isinstance(last.get("error"), str))
+        return Result(status, dt, None if ok else f"the NDJSON stream ended without done or error: {last}")
     if "text/event-stream" in ctype:
         try:
             text = raw.decode("utf-8")
