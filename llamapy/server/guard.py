@@ -22,6 +22,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
 ANTHROPIC_PREFIX = "/v1/messages"  # errors under it get Anthropic's error shape
+OLLAMA_PREFIX = "/api/"  # and ollama's under it
 KEY_ID = "api_key_id"  # scope["state"][KEY_ID]: which API key authorized the request (see key_id)
 
 
@@ -50,6 +51,7 @@ class GuardMiddleware:
             return
         headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", [])}
         anthropic = scope["path"].startswith(ANTHROPIC_PREFIX)
+        anthropic = "ollama" if scope["path"].startswith(OLLAMA_PREFIX) else anthropic  # {"error": msg}
         if self.api_keys:  # a fresh state dict: what the app reads there comes from here, not the server
             scope["state"] = {**(scope.get("state") or {}), KEY_ID: None}
         if self.api_keys and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
@@ -127,10 +129,12 @@ class GuardMiddleware:
 
 
 async def _reply(
-    send: Send, status: int, message: str, type: str | None = None, anthropic: bool = False
+    send: Send, status: int, message: str, type: str | None = None, anthropic: bool | str = False
 ) -> None:
     err = error_body(status, message, type)
-    if anthropic:  # Anthropic's shape: {"type": "error", "error": {"type", "message"}}
+    if anthropic == "ollama":  # ollama's shape: {"error": "message"}
+        err = {"error": message}
+    elif anthropic:  # Anthropic's shape: {"type": "error", "error": {"type", "message"}}
         err = {"type": "error", "error": {"type": err["error"]["type"], "message": message}}
     body = json.dumps(err).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

@@ -175,6 +175,12 @@ def test_api_key_is_required(fake):
     with pytest.raises(ollama.ResponseError) as e:
         _client(fake.base_url, key="wrong").list()
     assert e.value.status_code == 401
+    r = httpx.get(fake.base_url + "/api/tags")
+    assert r.status_code == 401 and isinstance(r.json()["error"], str)
+    big = b'{"model": "fake", "messages": [], "x": "' + b"a" * (9 << 20) + b'"}'
+    r = httpx.post(fake.base_url + "/api/chat", content=big, headers=AUTH, timeout=60)
+    assert r.status_code == 413 and "too large" in r.json()["error"]
+    _healthy(fake.base_url)
 
 
 # -- the real SmolLM2 ---------------------------------------------------------------------------------
