@@ -22,6 +22,9 @@ SUBCOMMANDS = {
     "bench": "bench",
     "embed": "embed",
     "gguf": "gguf",
+    "list": "ls",
+    "show": "show",
+    "rm": "rm",
 }
 
 

@@ -113,6 +113,52 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--keep", type=int_, default=0, metavar="N", help="tokens of the prompt kept on a shift (-1 = all)"
     )
     g.add_argument("-v", "--verbose", action="store_true", help="more logs on stderr")
+    add_hf_args(p)
+
+
+def add_hf_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's Hugging Face flags: ``-hf user/repo[:quant]``, ``-hff FILE``, ``--hf-token``, ``--offline``,
+    ``--no-mmproj`` (downloads through huggingface_hub into its cache)."""
+    h = p.add_argument_group("Hugging Face Hub")
+    h.add_argument(
+        "-hf", "-hfr", "--hf-repo", metavar="USER/REPO[:QUANT]", default=None,
+        help="model from a Hugging Face repo; the quant picks the file (default Q4_K_M, then Q8_0, then the first)",
+    )  # fmt: skip
+    h.add_argument("-hff", "--hf-file", metavar="FILE", default=None, help="this file of the -hf repo")
+    h.add_argument(
+        "--hf-token", metavar="TOKEN", default=None, help="Hugging Face token (default: $HF_TOKEN)"
+    )
+    h.add_argument(
+        "--offline", action="store_true", help="use the cache only, never the network (as HF_HUB_OFFLINE=1)"
+    )
+    h.add_argument(
+        "--no-mmproj", action="store_true", help="do not fetch or use the -hf repo's multimodal projector"
+    )
+
+
+def resolve_model_args(args: argparse.Namespace) -> Any:
+    """The model file of ``-m`` or ``-hf``/``-hff`` (a Path; downloaded once). With ``-hf``, the repo's
+    ``mmproj`` file comes along and becomes ``args.mmproj`` where the subcommand takes one."""
+    from .. import hub
+    from ..errors import LlamapyError
+
+    token = getattr(args, "hf_token", None)
+    offline = bool(getattr(args, "offline", False))
+    repo = getattr(args, "hf_repo", None)
+    if repo:
+        if args.model:
+            raise LlamapyError("give the model with -m or with -hf, not both")
+        takes_mmproj = hasattr(args, "mmproj") and not getattr(args, "no_mmproj", False)
+        m = hub.hf.download(
+            repo, hf_file=args.hf_file, token=token, offline=offline, mmproj=takes_mmproj and not args.mmproj
+        )
+        if m.mmproj is not None:
+            args.mmproj = str(m.mmproj)
+            log(f"llamapy: {m.name}: multimodal projector {m.mmproj_file} (images on; --no-mmproj to skip)")
+        return m.path
+    if getattr(args, "hf_file", None):
+        raise LlamapyError("-hff FILE needs -hf USER/REPO")
+    return hub.resolve_model(args.model, offline=offline, token=token)
 
 
 def add_mtmd_args(p: argparse.ArgumentParser, images: bool = True) -> None:
@@ -284,10 +330,9 @@ def log(msg: str) -> None:
 
 def load_llama(args: argparse.Namespace) -> Any:
     """Resolve ``-m`` (path, known name, or the default model) and load it as a ``Llama``."""
-    from .. import hub
     from ..api import Llama
 
-    path = hub.resolve_model(args.model)
+    path = resolve_model_args(args)
     t0 = time.perf_counter()
     kw = llama_kwargs(args)
     kw["verbose"] = False  # the one-line summary below instead

@@ -115,10 +115,10 @@ def run(args: argparse.Namespace) -> int:
         max_input_tokens,
         normalize_embedding,
     )
-    from ..hub import resolve_model
+    from .common import resolve_model_args
 
     text = _prompt(args)
-    path = str(resolve_model(args.model))
+    path = str(resolve_model_args(args))
     args.model = path
     args.batch_size = max(args.batch_size, args.ctx_size)  # as llama-embedding: use the whole context
     if not _is_causal(path):
