@@ -442,17 +442,46 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         return common_prefix_length(a, b)
 
     @classmethod
-    def from_pretrained(cls, repo_id: str, filename: str | None = None, **kwargs: Any) -> Llama:
-        """A known model by name (``smollm2-135m-instruct``, ``gemma3-270m``), fetched into the cache.
-        Hugging Face repositories are not reachable from llamapy."""
+    def from_pretrained(
+        cls,
+        repo_id: str,
+        filename: str | None = None,
+        additional_files: list[str] | None = None,
+        local_dir: str | os.PathLike | None = None,
+        local_dir_use_symlinks: bool | str = "auto",
+        cache_dir: str | os.PathLike | None = None,
+        **kwargs: Any,
+    ) -> Llama:
+        """A model from the Hugging Face Hub, as llama-cpp-python: ``filename`` is a glob (fnmatch) that must
+        match exactly one file of ``repo_id`` (a split model's parts all come along); ``additional_files``
+        are globs of other files to fetch (e.g. ``mmproj*.gguf``). Files go into huggingface_hub's cache (or
+        ``cache_dir``, or ``local_dir`` as plain files); ``HF_TOKEN``, ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE``
+        apply (and the keyword arguments ``token``/``offline``). ``local_dir_use_symlinks`` is accepted and
+        ignored (huggingface_hub >= 1.0 has none). None or several matching files raise
+        :class:`llamapy.hub.NoMatchingFileError` (a ``ValueError``) listing the repo's GGUF files.
+
+        llamapy's known models (``smollm2-135m-instruct``, ``gemma3-270m``) are fetched by their name alone.
+        The other keyword arguments go to :class:`Llama`."""
         from .. import hub
 
-        if hub.canonical_name(repo_id) is None:
-            raise UnsupportedError(
-                f"Llama.from_pretrained({repo_id!r}): only llamapy's known models can be fetched "
-                f"({', '.join(hub.KNOWN_MODELS)}); download the GGUF file and use Llama(model_path=...)"
-            )
-        return cls(str(hub.pull(repo_id)), **kwargs)
+        del local_dir_use_symlinks
+        token = kwargs.pop("token", None)
+        offline = bool(kwargs.pop("offline", False))
+        if filename is None:
+            if hub.canonical_name(repo_id) is not None:
+                return cls(str(hub.pull(repo_id)), **kwargs)
+            if not hub.looks_like_ref(repo_id):
+                raise UnsupportedError(
+                    f"Llama.from_pretrained({repo_id!r}): give a Hugging Face repo id and a filename glob, "
+                    f"or one of llamapy's known models ({', '.join(hub.KNOWN_MODELS)})"
+                )
+            m = hub.hf.download(repo_id, token=token, offline=offline, mmproj=False)
+            return cls(str(m.path), **kwargs)
+        path, _extra = hub.hf.pretrained(
+            repo_id, filename, additional_files, local_dir=local_dir, cache_dir=cache_dir, token=token,
+            offline=offline,
+        )  # fmt: skip
+        return cls(str(path), **kwargs)
 
     def detokenizer(self, special: bool = False) -> IncrementalDetokenizer:
         """An incremental UTF-8-safe detokenizer over this model's vocabulary."""

@@ -37,7 +37,7 @@ class HubError(ModelFetchError):
     file, offline and not cached, a corrupted download)."""
 
 
-class NoMatchingFileError(HubError):
+class NoMatchingFileError(HubError, ValueError):
     """No file (or more than one) of the repo matches the requested name or quant."""
 
     def __init__(self, message: str, repo_id: str, gguf_files: list[str]) -> None:
@@ -309,17 +309,28 @@ def _verify(path: Path, repo: str, filename: str) -> None:
 
 
 def fetch_file(
-    repo: str, filename: str, token: str | None = None, offline: bool = False, quiet: bool = False
+    repo: str,
+    filename: str,
+    token: str | None = None,
+    offline: bool = False,
+    quiet: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    local_dir: str | os.PathLike | None = None,
 ) -> Path:
-    """One file of ``repo`` into the cache (once; an interrupted download resumes) and its cached path."""
+    """One file of ``repo`` into the cache (once; a cut connection resumes) and its path there (or in
+    ``local_dir``, a plain copy, when given)."""
     from huggingface_hub import errors, hf_hub_download, try_to_load_from_cache
 
-    cache = hub_cache_dir()
+    cache = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
     offline = offline or offline_env()
-    cached = try_to_load_from_cache(repo, filename, cache_dir=cache)
-    if isinstance(cached, str) and Path(cached).is_file() and offline:
-        return Path(cached)
-    if not quiet and not sys.stderr.isatty() and not (isinstance(cached, str) and Path(cached).is_file()):
+    if local_dir is not None:
+        cached: object = str(Path(local_dir) / filename) if (Path(local_dir) / filename).is_file() else None
+    else:
+        cached = try_to_load_from_cache(repo, filename, cache_dir=cache)
+    was_cached = isinstance(cached, str) and Path(cached).is_file()
+    if was_cached and offline:
+        return Path(str(cached))
+    if not quiet and not sys.stderr.isatty() and not was_cached:
         print(f"llamapy: downloading {filename} from {repo}", file=sys.stderr, flush=True)
     try:
         with _progress(quiet):
@@ -328,10 +339,11 @@ def fetch_file(
                     repo,
                     filename,
                     cache_dir=cache,
+                    local_dir=local_dir,
                     endpoint=endpoint(),
                     token=token,
                     local_files_only=offline,
-                )
+                )  # fmt: skip
             )
     except errors.LocalEntryNotFoundError as e:
         if offline:
@@ -348,35 +360,60 @@ def fetch_file(
         raise HubError(
             f"download of {filename} from {repo} on {endpoint()} failed: {type(e).__name__}: {e}"
         ) from None
-    if not (isinstance(cached, str) and Path(cached).is_file()):
+    if not was_cached:
         _verify(path, repo, filename)
     return path
 
 
-def download(
-    ref: str | HFRef,
-    hf_file: str | None = None,
+def match_glob(repo: str, pattern: str, files: list[str]) -> str:
+    """The one file of ``files`` matching the glob ``pattern`` (fnmatch, as llama-cpp-python; any case when
+    nothing matches with the case given); none or several is a :class:`NoMatchingFileError`."""
+    import fnmatch
+
+    found = [f for f in files if fnmatch.fnmatchcase(f, pattern)]
+    if not found:
+        found = [f for f in files if fnmatch.fnmatchcase(f.lower(), pattern.lower())]
+    if len(found) > 1:  # the parts of one split model are one model: its first part
+        firsts = {f for f in found if split_info(f)[3] > 1 and split_info(f)[2] == 1}
+        if (
+            firsts
+            and len(firsts) == 1
+            and all(split_info(f)[0] == split_info(next(iter(firsts)))[0] for f in found)
+        ):
+            found = sorted(firsts)
+    if not found:
+        raise NoMatchingFileError(f"no file of {repo} matches {pattern!r}", repo, gguf_files(files))
+    if len(found) > 1:
+        raise NoMatchingFileError(
+            f"{len(found)} files of {repo} match {pattern!r} ({', '.join(found)}); give a narrower pattern",
+            repo,
+            gguf_files(files),
+        )
+    return found[0]
+
+
+def pretrained(
+    repo_id: str,
+    filename: str,
+    additional_files: list[str] | None = None,
+    local_dir: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike | None = None,
     token: str | None = None,
     offline: bool = False,
-    mmproj: bool = True,
-    quiet: bool = False,
-) -> HFModel:
-    """Resolve ``user/repo[:quant]`` (or ``hf_file``) and download the model's files (all parts of a split
-    model, and its mmproj unless ``mmproj`` is False) into huggingface_hub's cache."""
-    r = parse_ref(ref) if isinstance(ref, str) else ref
+) -> tuple[Path, list[Path]]:
+    """``Llama.from_pretrained``'s files: the model matching the glob ``filename`` (all its parts when it is
+    split) and each of ``additional_files`` (globs too); returns (model path, additional paths)."""
     offline = offline or offline_env()
-    files = repo_files(r.repo, token, offline)
-    try:
-        model = plan(r, hf_file, files, mmproj)
-    except NoMatchingFileError as e:
-        if not offline:
-            raise
-        listing = ", ".join(e.gguf_files) or "none"
-        raise HubError(
-            f"{hf_file or r} is not in the cache {hub_cache_dir()} (offline mode; cached GGUF files of {r.repo}: "
-            f"{listing}); run `llamapy pull {r}` while online"
-        ) from None
-    model.paths = [fetch_file(r.repo, f, token, offline, quiet) for f in model.files]
-    if model.mmproj_file:
-        model.mmproj = fetch_file(r.repo, model.mmproj_file, token, offline, quiet)
-    return model
+    if not offline:
+        files = repo_files(repo_id, token)
+    elif local_dir is not None:
+        files = sorted(p.relative_to(local_dir).as_posix() for p in Path(local_dir).rglob("*") if p.is_file())
+    else:
+        files = cached_repo_files(repo_id, Path(cache_dir) if cache_dir is not None else None)
+        if not files:
+            raise HubError(f"{repo_id} is not in the cache (offline mode)")
+    parts = split_parts(files, match_glob(repo_id, filename, files))
+    extra_files = [match_glob(repo_id, pat, files) for pat in additional_files or []]  # all checked first
+    paths = [fetch_file(repo_id, f, token, offline, False, cache_dir, local_dir) for f in parts]
+    extra = [fetch_file(repo_id, f, token, offline, False, cache_dir, local_dir) for f in extra_files]
+    return paths[0], extra
