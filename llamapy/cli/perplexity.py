@@ -182,6 +182,10 @@ def _resolve_model(name: str) -> str:
             return str(cached)
     except Exception:  # not a known model name
         pass
+    from ..hub import looks_like_ref, resolve_model
+
+    if looks_like_ref(name):  # user/repo[:quant]: from the Hugging Face cache, or downloaded once
+        return str(resolve_model(name))
     return name
 
 

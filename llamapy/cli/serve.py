@@ -113,6 +113,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat-penalty", type=float, default=1.0, help="default repeat penalty")
     p.add_argument("--seed", type=int, default=-1, help="default seed (-1: random)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from .common import add_hf_args
+
+    add_hf_args(p)  # -hf user/repo[:quant], -hff, --hf-token, --offline, --no-mmproj
     p.set_defaults(func=run)
 
 
@@ -164,10 +167,10 @@ def _api_keys(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..hub import resolve_model
+    from .common import resolve_model_args
 
     api_keys = _api_keys(args)  # before anything else: keys asked for and not given fail at once
-    model_path = resolve_model(args.model)  # before the heavy imports: a bad -m fails fast
+    model_path = resolve_model_args(args)  # before the heavy imports: a bad -m/-hf fails fast
 
     import uvicorn
 

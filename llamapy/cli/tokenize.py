@@ -66,6 +66,8 @@ def _model_path(name: str) -> Path:
 
     if hub.canonical_name(name):
         return hub.pull(name, quiet=True)
+    if hub.looks_like_ref(name):  # user/repo[:quant] from the Hugging Face Hub
+        return hub.resolve_model(name)
     raise FileNotFoundError(2, "No such file or directory", name)
 
 

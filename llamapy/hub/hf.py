@@ -417,3 +417,32 @@ def pretrained(
     paths = [fetch_file(repo_id, f, token, offline, False, cache_dir, local_dir) for f in parts]
     extra = [fetch_file(repo_id, f, token, offline, False, cache_dir, local_dir) for f in extra_files]
     return paths[0], extra
+
+
+def download(
+    ref: str | HFRef,
+    hf_file: str | None = None,
+    token: str | None = None,
+    offline: bool = False,
+    mmproj: bool = True,
+    quiet: bool = False,
+) -> HFModel:
+    """Resolve ``user/repo[:quant]`` (or ``hf_file``) and download the model's files (all parts of a split
+    model, and its mmproj unless ``mmproj`` is False) into huggingface_hub's cache."""
+    r = parse_ref(ref) if isinstance(ref, str) else ref
+    offline = offline or offline_env()
+    files = repo_files(r.repo, token, offline)
+    try:
+        model = plan(r, hf_file, files, mmproj)
+    except NoMatchingFileError as e:
+        if not offline:
+            raise
+        listing = ", ".join(e.gguf_files) or "none"
+        raise HubError(
+            f"{hf_file or r} is not in the cache {hub_cache_dir()} (offline mode; cached GGUF files of {r.repo}: "
+            f"{listing}); run `llamapy pull {r}` while online"
+        ) from None
+    model.paths = [fetch_file(r.repo, f, token, offline, quiet) for f in model.files]
+    if model.mmproj_file:
+        model.mmproj = fetch_file(r.repo, model.mmproj_file, token, offline, quiet)
+    return model

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from llamapy.cli import main
 
 
@@ -101,3 +103,23 @@ def test_pull_list_show_rm(hf_env, fake_hub, capsys):
 def test_list_empty_store(hf_env, capsys):
     assert main(["list", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
+
+
+@pytest.mark.parametrize("command", ["run", "chat", "serve"])
+def test_hf_mmproj_turns_images_on(hf_env, command):
+    from llamapy.cli import build_parser
+    from llamapy.cli.common import resolve_model_args
+
+    args = build_parser(command).parse_args([command, "-hf", "test/vision-GGUF"])
+    path = resolve_model_args(args)
+    assert path.name == "vision-Q8_0.gguf" and args.mmproj.endswith("mmproj-vision-F16.gguf")
+    args = build_parser(command).parse_args([command, "-hf", "test/vision-GGUF", "--no-mmproj"])
+    assert resolve_model_args(args).name == "vision-Q8_0.gguf" and args.mmproj is None
+    args = build_parser(command).parse_args([command, "-hf", "test/vision-GGUF", "--mmproj", "/x/own.gguf"])
+    resolve_model_args(args)
+    assert args.mmproj == "/x/own.gguf"  # an explicit --mmproj wins
+
+
+def test_m_takes_a_ref_in_tokenize(hf_env, capsys):
+    assert main(["tokenize", "-m", "test/chat-GGUF:Q4_K_M", "-p", "hi", "--ids"]) == 0
+    assert capsys.readouterr().out.strip().startswith("[")
