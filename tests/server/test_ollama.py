@@ -368,3 +368,49 @@ def test_embed(embedder):
     assert e.value.status_code == 501
     r = _post(embedder.base_url, "/api/embed", {"model": "emb", "input": []})
     assert r.status_code == 400 and list(r.json()) == ["error"]
+
+
+# -- images -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vision(tmp_path_factory) -> Iterator[LiveServer]:
+    from llamapy.mtmd import MtmdContext
+    from llamapy.server.backend import ContextBackend
+    from tests.mtmd import convert
+
+    vlm = convert.make_llava(tmp_path_factory.mktemp("ollama-llava"))
+    backend = ContextBackend(vlm.text_gguf(), n_ctx=256, n_seq_max=1, n_batch=64, n_ubatch=64)
+    backend.mtmd = MtmdContext(vlm.mmproj_gguf(), backend.model)  # type: ignore[attr-defined]
+    settings = ServerSettings(model_path=str(vlm.text_gguf()), warmup=False, api_keys=[KEY])
+    srv, thread = start_live(settings, backend)
+    wait_ready(srv.base_url, timeout=120)
+    yield srv
+    stop_live(srv, thread)
+
+
+@pytest.mark.slow
+def test_images_answer_like_openai_image_url_parts(vision):
+    from tests.server.test_anthropic import _png
+
+    c = _client(vision.base_url)
+    name = c.list().models[0].model
+    assert "vision" in c.show(name).capabilities
+    data = _png(1)
+    r = c.chat(model=name, messages=[{"role": "user", "content": "what is this", "images": [data]}],
+               options={"temperature": 0, "num_predict": 4})  # fmt: skip
+    parts = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + data}},
+             {"type": "text", "text": "what is this"}]  # fmt: skip
+    body = {"messages": [{"role": "user", "content": parts}], "max_tokens": 4, "temperature": 0}
+    want = _post(vision.base_url, "/v1/chat/completions", body).json()
+    assert r.message.content == want["choices"][0]["message"]["content"]
+    assert r.prompt_eval_count == want["usage"]["prompt_tokens"] >= 16  # the image's tokens counted
+    g = c.generate(
+        model=name, prompt="what is this", images=[data], options={"temperature": 0, "num_predict": 4}
+    )
+    assert g.response == r.message.content
+    bad = _post(
+        vision.base_url, "/api/chat", {"model": name, "messages": [{"role": "user", "images": ["QUJD"]}]}
+    )
+    assert bad.status_code == 400 and list(bad.json()) == ["error"], bad.text
+    _healthy(vision.base_url)
