@@ -67,6 +67,9 @@ class EmbeddingBackend(ContextBackend):
         return super().embeddings_seq(seq)
 
 
+MAX_INPUTS = 2048  # inputs (texts or token lists) of one request, and rerank documents: OpenAI's limit
+
+
 def _pooling(backend: Any) -> int:
     return int(getattr(backend, "pooling_type", 1))
 
@@ -87,7 +90,7 @@ def _tokens(
     for i, x in enumerate(inputs):
         where = f"{names}[{i}]"
         if isinstance(x, str):
-            toks = list(backend.tokenize(x, add_special=True, parse_special=True))
+            toks = _tokenize(backend, x, None if truncate else limit, where, names)
             keep_last = vocab is not None and ends_with_special(vocab, toks)
         else:
             toks = x
@@ -97,6 +100,24 @@ def _tokens(
             keep_last = False
         out.append(_fit(toks, limit, truncate, where, keep_last, names))
     return out
+
+
+def _tokenize(backend: Any, text: str, max_tokens: int | None, where: str, param: str) -> list[int]:
+    """An input's tokens; without truncation, a text past ``max_tokens`` is a 400 as soon as that is known
+    (a multi-megabyte input is not tokenized whole only to be refused)."""
+    from ..vocab import TooManyTokensError, Vocab
+
+    vocab = getattr(backend, "vocab", None)
+    if max_tokens is None or not isinstance(vocab, Vocab):
+        return list(backend.tokenize(text, add_special=True, parse_special=True))
+    try:
+        return list(vocab.tokenize(text, True, True, max_tokens=max_tokens))
+    except TooManyTokensError:
+        raise bad_request(
+            f"{where} has more than {max_tokens} tokens, more than the {max_tokens} one input may have here "
+            '(n_batch/n_ctx; send "truncate": true to cut it, or raise n_ctx and n_batch)',
+            param,
+        ) from None
 
 
 def _fit(toks: list[int], limit: int, truncate: bool, where: str, keep_last: bool, param: str) -> list[int]:
@@ -144,9 +165,17 @@ def _norm(body: dict[str, Any]) -> int:
 
 def _inputs(value: Any, name: str) -> tuple[list[str | list[int]], bool]:
     try:
-        return embedding_inputs(value, name)
+        inputs, single = embedding_inputs(value, name)
     except EmbeddingError as e:
         raise bad_request(str(e), name) from None
+    _check_count(len(inputs), name)
+    return inputs, single
+
+
+def _check_count(n: int, name: str) -> None:
+    """Every input is an engine task: a request may not queue more than :data:`MAX_INPUTS` of them."""
+    if n > MAX_INPUTS:
+        raise bad_request(f"'{name}' has {n} inputs; the limit is {MAX_INPUTS} per request", name)
 
 
 def add_embedding_routes(app: FastAPI, state: Any) -> None:
@@ -233,6 +262,7 @@ def add_embedding_routes(app: FastAPI, state: Any) -> None:
             docs = [d.get("text") if isinstance(d, dict) else d for d in docs]
         if not isinstance(docs, list) or not docs or not all(isinstance(d, str) for d in docs):
             raise bad_request(f"'{key}' must be a non-empty array of strings", key)
+        _check_count(len(docs), key)
         top_n = body.get("top_n", len(docs))
         if top_n is None:
             top_n = len(docs)

@@ -488,15 +488,14 @@ def _scalar() -> st.SearchStrategy[Any]:
     )
 
 
+def _containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    keys = st.sampled_from(KEYS) | st.text(max_size=8)
+    return st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=4)
+
+
 def _json_small() -> st.SearchStrategy[Any]:
-    return st.recursive(
-        _scalar(),
-        lambda inner: st.one_of(
-            st.lists(inner, max_size=4),
-            st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=8), inner, max_size=4),
-        ),
-        max_leaves=8,
-    )
+    """Small JSON values of every type (the field names of all seeds among the keys)."""
+    return st.recursive(_scalar(), _containers, max_leaves=8)
 
 
 def _type_of(x: Any) -> str:
@@ -521,6 +520,25 @@ def _approx_size(x: Any) -> int:
 
 
 MAX_BODY = 6 << 20  # bytes a mutation may grow a body to (the fuzz servers take 8 MiB)
+
+
+def _size_over(x: Any, limit: int) -> bool:
+    """Whether the JSON text of ``x`` would be longer than ``limit`` bytes (roughly; it stops counting
+    there). Values may be shared (a mutation inside a repeated value repeats too): each use counts."""
+    n, stack = 0, [x]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            n += 2 + 4 * len(v) + sum(len(str(k)) for k in v)
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            n += 2 + len(v)
+            stack.extend(v)
+        else:
+            n += len(v) if isinstance(v, str) else 8
+        if n > limit:
+            return True
+    return False
 
 
 # how often each mutation is drawn (by repetition); "same_type" becomes the op for the old value's type
@@ -577,7 +595,7 @@ def _mutate(draw: st.DrawFn, body: Any) -> tuple[Any, str]:
     elif op == "list_same":  # the list's own items, repeated, emptied or reordered
         n = draw(st.sampled_from([0, 1, 2, 50, 1000, 100_000]))
         if old and _approx_size(old) * n // len(old) < MAX_BODY:
-            new = [_copy(old[i % len(old)]) if n < 1000 else old[i % len(old)] for i in range(n)]
+            new = [_copy(old[i % len(old)]) for i in range(n)]
         else:
             new = []
         op = f"list_same({n})"
@@ -723,6 +741,8 @@ def cases(route: str, real: bool = False) -> st.SearchStrategy[Case]:
         for _ in range(draw(st.integers(1, 3))):
             body, note = draw(_mutate(body))
             notes.append(note)
+        if _size_over(body, 2 * MAX_BODY):  # mutations of shared values can multiply: a plain big body
+            body, notes = {"content": "x" * (2 * MAX_BODY)}, notes + ["oversize -> a 12 MiB body"]
         if isinstance(body, dict) and "stream" in KEYS and draw(st.integers(0, 3)) == 0:
             body["stream"] = True
             notes.append("stream")

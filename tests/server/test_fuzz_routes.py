@@ -5,7 +5,7 @@ shape within a per-request deadline, streams must end with their final event or 
 ``/health`` must answer after each request.
 
 Two targets: in-process servers over the fake model (every route: a generating server with FIM tokens, a
-LoRA adapter and a slot folder, an embedding server and a rerank server; ~40 examples per route) and the
+LoRA adapter and a slot folder, an embedding server and a rerank server; 15 examples per route) and the
 real SmolLM2 ``llamapy serve`` (the generating routes, fewer examples: its grammars, templates and
 tokenizer are the real ones). ``LLAMAPY_FUZZ_EXAMPLES=N`` sets the examples per route (fake; a quarter of
 them on the real server); ``benchmarks/soak_fuzz.py`` runs the same fuzzer for an hour.
@@ -262,3 +262,21 @@ def test_banned_token_settings_are_json(servers):
     with httpx.Client() as c:
         res = check(c, base, Case("/completion", "/completion", json.dumps(body | {"stream": True}).encode()))
     assert res.problem is None and res.status == 200
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "body"),
+    [
+        ("emb", "/embedding", {"input": ["a", [72, 105]] * 50_000}),
+        ("emb", "/v1/embeddings", {"input": [[72]] * 2049}),
+        ("rank", "/v1/rerank", {"query": "q", "documents": ["d"] * 100_000}),
+    ],
+)
+def test_too_many_inputs_is_a_quick_400(servers, kind, path, body):
+    """Each input is an engine task: 100k of them held the server (and /health) past the deadline."""
+    t0 = time.monotonic()
+    r = httpx.post(servers[kind] + path, json=body, timeout=30)
+    dt = time.monotonic() - t0
+    assert r.status_code == 400 and "the limit is 2048" in r.json()["error"]["message"], r.text
+    assert dt < 5, f"{dt:.1f} s"
+    assert httpx.get(servers[kind] + "/health", timeout=5).status_code == 200
