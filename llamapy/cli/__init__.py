@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "list": "ls",
     "show": "show",
     "rm": "rm",
+    "ps": "ps",
 }
 
 
