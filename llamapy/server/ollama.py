@@ -124,6 +124,8 @@ class ChatBody(_Body):
     stream: bool = True
     keep_alive: KeepAlive = None
     think: Think = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 class GenerateBody(_Body):
@@ -140,6 +142,8 @@ class GenerateBody(_Body):
     stream: bool = True
     keep_alive: KeepAlive = None
     think: Think = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 class EmbedBody(_Body):
@@ -262,6 +266,10 @@ def to_chat(
 ) -> tuple[ChatCompletionRequest, int | None]:
     fields, n_predict = _sampling(body.options)
     chat: dict[str, Any] = {"messages": messages, "stream": body.stream, **fields}
+    if body.logprobs:
+        chat.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
+    elif body.top_logprobs:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     if tools:
         chat["tools"] = tools
     rf = _format(body.format)
@@ -276,6 +284,10 @@ def to_chat(
 
 
 # -- response -----------------------------------------------------------------------------------------
+
+
+def _tok(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="replace")
 
 
 def _done_reason(ev: Any) -> str:
@@ -295,8 +307,8 @@ class OllamaFormatter:
 
     encode = staticmethod(ndjson)
 
-    def __init__(self, model: str, kind: str, t0: float) -> None:
-        self.model, self.kind, self.t0 = model, kind, t0
+    def __init__(self, model: str, kind: str, t0: float, logprobs: bool = False) -> None:
+        self.model, self.kind, self.t0, self.logprobs = model, kind, t0, logprobs
         self.calls: dict[int, list[str]] = {}  # streamed tool calls by index: [name, arguments]
 
     def _piece(self, content: str, thinking: str = "", calls: list[dict[str, Any]] | None = None) -> dict:
@@ -338,7 +350,23 @@ class OllamaFormatter:
     def first_chunk(self) -> None:
         return None
 
+    def _with_probs(self, out: dict[str, Any], probs: list[Any]) -> dict[str, Any]:
+        if self.logprobs:
+            out["logprobs"] = [
+                {"token": _tok(p.piece), "logprob": p.logprob,
+                 "top_logprobs": [{"token": _tok(b), "logprob": lp} for _, b, lp in p.top]}
+                for p in probs
+            ]  # fmt: skip
+        return out
+
     def chunks(self, ev: Any) -> list[dict[str, Any]]:
+        pieces = self._chunks(ev)
+        if self.logprobs and ev.probs:
+            pieces = pieces or [self._piece("")]
+            self._with_probs(pieces[0], ev.probs)
+        return pieces
+
+    def _chunks(self, ev: Any) -> list[dict[str, Any]]:
         if not ev.deltas:
             return [self._piece(ev.text)] if ev.text and self.kind == "generate" else []
         content, thinking = [], []
@@ -366,9 +394,10 @@ class OllamaFormatter:
     def response(self, text: str, probs: list[Any], final: Any, tokens: list[int] | None = None) -> dict:
         msg = final.message
         if msg is None:
-            return self._stats(self._piece(text), final)
+            return self._with_probs(self._stats(self._piece(text), final), probs)
         calls = self._calls([(c.name, c.arguments) for c in msg.tool_calls])
-        return self._stats(self._piece(msg.content or "", msg.reasoning_content or "", calls), final)
+        out = self._stats(self._piece(msg.content or "", msg.reasoning_content or "", calls), final)
+        return self._with_probs(out, probs)
 
     def error_event(self, e: APIError) -> dict[str, Any]:
         return error_body(e)
@@ -541,7 +570,7 @@ def add_ollama_routes(app: FastAPI, state: Any) -> None:
             return body, req, n
 
         body, req, n_predict = await parsed_body(request, plan)
-        return await run_chat(request, req, n_predict, OllamaFormatter(body.model, "chat", t0))
+        return await run_chat(request, req, n_predict, OllamaFormatter(body.model, "chat", t0, body.logprobs))
 
     @app.post("/api/generate")
     async def generate(request: Request) -> Any:
@@ -552,9 +581,11 @@ def add_ollama_routes(app: FastAPI, state: Any) -> None:
         model_name(body.model)
         if body.template:
             raise not_supported("a custom 'template' (the model's own chat template is used)", "template")
+        if body.top_logprobs and not body.logprobs:
+            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         if body.context:
             raise not_supported("'context' (send the conversation to /api/chat instead)", "context")
-        fmt = OllamaFormatter(body.model, "generate", t0)
+        fmt = OllamaFormatter(body.model, "generate", t0, body.logprobs)
         if not body.prompt and not body.images and body.suffix is None:  # ollama: load the model, say so
             return {"model": body.model, "created_at": _now(), "response": "", "done": True,
                     "done_reason": "load"}  # fmt: skip
@@ -581,6 +612,8 @@ def add_ollama_routes(app: FastAPI, state: Any) -> None:
             P.gen_params, req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel
         )
         gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
+        if body.logprobs:
+            gp.logprobs, gp.n_probs = True, body.top_logprobs or 0
         if body.suffix is not None:
             args = (body.prompt, body.suffix, backend, engine.n_batch, engine.n_ctx_slot, n_predict)
             tokens = await run_in_threadpool(suffix_tokens, *args)

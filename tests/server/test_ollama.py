@@ -209,6 +209,16 @@ def test_greedy_chat_equals_openai(real_server):
     gen = c.generate(model=name, prompt="Name a color.", system="You are terse.",
                      options={"temperature": 0, "num_predict": 12})  # fmt: skip
     assert gen.response == want
+    lp = c.chat(model=name, messages=msgs, logprobs=True, top_logprobs=2,
+                options={"temperature": 0, "num_predict": 12})  # fmt: skip
+    assert lp.message.content == want and len(lp.logprobs) == lp.eval_count
+    assert "".join(t.token for t in lp.logprobs) == want and all(
+        len(t.top_logprobs) == 2 for t in lp.logprobs
+    )
+    assert lp.logprobs[0].top_logprobs[0].token == lp.logprobs[0].token  # greedy: the best is the one taken
+    parts = list(c.generate(model=name, prompt="Name a color.", system="You are terse.", logprobs=True,
+                            stream=True, options={"temperature": 0, "num_predict": 12}))  # fmt: skip
+    assert "".join(t.token for p in parts for t in (p.logprobs or [])) == want
 
 
 @pytest.mark.slow
@@ -220,8 +230,18 @@ def test_format_schema(real_server):
     ask = [{"role": "user", "content": "Name a color as JSON."}]
     r = c.chat(model=name, messages=ask, format=schema, options={"temperature": 0, "num_predict": 40})
     jsonschema.validate(json.loads(r.message.content), schema)
-    r = c.generate(model=name, prompt="A color as JSON:", format="json", options={"num_predict": 40})
-    assert isinstance(json.loads(r.response), dict)
+    g = c.generate(
+        model=name, prompt="A color as JSON:", format=schema, options={"temperature": 0, "num_predict": 40}
+    )
+    jsonschema.validate(json.loads(g.response), schema)
+    raw = c.generate(model=name, prompt='{"color": ', raw=True, format=schema, options={"num_predict": 40})
+    jsonschema.validate(json.loads(raw.response), schema)  # (raw: the /v1/completions path's grammar)
+    j = c.generate(
+        model=name, prompt="A color as JSON:", format="json", options={"seed": 3, "num_predict": 40}
+    )
+    assert j.response.lstrip().startswith("{")  # (free JSON may be cut at num_predict)
+    if j.done_reason == "stop":
+        assert isinstance(json.loads(j.response), dict)
     body = {"model": name, "messages": ask, "format": {"type": 5}}
     bad = _post(real_server.base_url, "/api/chat", body, real_server.api_key)
     assert bad.status_code == 400 and list(bad.json()) == ["error"], bad.text
