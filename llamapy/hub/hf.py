@@ -217,13 +217,12 @@ def _hub_error(e: Exception, repo: str, what: str) -> HubError:
         )
     if isinstance(e, errors.RevisionNotFoundError):
         return HubError(f"{repo} on {where} has no branch main")
+    if isinstance(e, errors.LocalEntryNotFoundError):  # (a subclass of EntryNotFoundError)
+        return HubError(
+            f"{what} of {repo} is not in the cache {hub_cache_dir()} and {where} cannot be reached ({e})"
+        )
     if isinstance(e, errors.EntryNotFoundError):
         return HubError(f"{what} not found in {repo} on {where}")
-    if isinstance(e, errors.LocalEntryNotFoundError):
-        return HubError(
-            f"{what} of {repo} is not in the cache {hub_cache_dir()} and the Hub cannot be reached "
-            f"({'offline mode' if what else e}); run `llamapy pull {repo}` while online"
-        )
     return HubError(f"{what or repo} from {where}: {type(e).__name__}: {e}")
 
 
@@ -360,7 +359,7 @@ def fetch_file(
         raise HubError(
             f"download of {filename} from {repo} on {endpoint()} failed: {type(e).__name__}: {e}"
         ) from None
-    if not was_cached:
+    if not was_cached or path.resolve() != Path(str(cached)).resolve():  # new bytes: check them
         _verify(path, repo, filename)
     return path
 
