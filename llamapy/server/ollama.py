@@ -280,7 +280,19 @@ def to_chat(
         chat["chat_template_kwargs"] = kw
     if not messages:
         raise bad_request("'messages' must not be empty", "messages")
-    return validate(ChatCompletionRequest, chat), n_predict
+    return _validate_with_options(ChatCompletionRequest, chat, fields), n_predict
+
+
+def _validate_with_options(model: type[BaseModel], body: dict[str, Any], fields: dict[str, Any]) -> Any:
+    """``validate``; an error in a value that came from ``options`` names it there (``options.top_p``)."""
+    try:
+        return validate(model, body)
+    except APIError as e:
+        if e.param not in fields:
+            raise
+        opt = "num_keep" if e.param == "n_keep" else e.param
+        msg = e.message.replace(f"'{e.param}'", f"'options.{opt}'", 1)
+        raise APIError(e.status, msg, param=f"options.{opt}") from None
 
 
 # -- response -----------------------------------------------------------------------------------------
@@ -604,7 +616,7 @@ def add_ollama_routes(app: FastAPI, state: Any) -> None:
         rf = _format(body.format)
         if rf is not None:
             comp["response_format"] = rf
-        req: CompletionRequest = validate(CompletionRequest, comp)
+        req: CompletionRequest = _validate_with_options(CompletionRequest, comp, fields)
         n_predict = P.n_predict_from(
             n, "options.num_predict", engine.n_ctx_slot, s.defaults.n_predict, False, engine.context_shift
         )

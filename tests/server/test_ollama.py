@@ -131,6 +131,13 @@ def test_options_reach_the_sampler(fake):
         ),
         ("/api/chat", {"model": "fake", "messages": HI, "options": {"num_predict": 1.5}}, 400, "num_predict"),
         ("/api/chat", {"model": "fake", "messages": HI, "options": "x"}, 400, "options"),
+        ("/api/chat", {"model": "fake", "messages": HI, "options": {"top_p": 7}}, 400, "options.top_p"),
+        (
+            "/api/generate",
+            {"model": "fake", "prompt": "x", "raw": True, "options": {"temperature": -1}},
+            400,
+            "options.temperature",
+        ),
         ("/api/chat", {"model": "fake", "messages": HI, "format": "xml"}, 400, "format"),
         ("/api/chat", {"model": "fake", "messages": HI, "format": 7}, 400, "format"),
         ("/api/chat", {"model": "fake", "messages": [{"role": "bot", "content": "x"}]}, 400, "messages.0"),
