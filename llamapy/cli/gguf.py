@@ -96,10 +96,21 @@ def _value_text(f: Any) -> tuple[str, str]:
     return f"arr[{sub},{n}]", f"[{items}{', ...' if n > 5 else ''}]"
 
 
+def _model_file(name: str) -> str:
+    """A GGUF path, or a Hugging Face ``user/repo[:quant]`` / known model name (fetched once)."""
+    import os
+
+    from .. import hub
+
+    if os.path.exists(name) or (hub.canonical_name(name) is None and not hub.looks_like_ref(name)):
+        return name
+    return str(hub.resolve_model(name))
+
+
 def run_info(args: argparse.Namespace) -> int:
     from ..gguf import open_model
 
-    with open_model(args.file) as m:
+    with open_model(_model_file(args.file)) as m:
         n_params = sum(t.n_elements for t in m.tensors)
         data_bytes = sum(t.nbytes for t in m.tensors)
         out = [
@@ -166,7 +177,7 @@ def _jsonable(v: Any, max_array: int | None) -> Any:
 def run_dump(args: argparse.Namespace) -> int:
     from ..gguf import open_model
 
-    with open_model(args.file) as m:
+    with open_model(_model_file(args.file)) as m:
         doc = {
             "files": m.paths,
             "version": m.version,

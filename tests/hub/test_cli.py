@@ -123,3 +123,9 @@ def test_hf_mmproj_turns_images_on(hf_env, command):
 def test_m_takes_a_ref_in_tokenize(hf_env, capsys):
     assert main(["tokenize", "-m", "test/chat-GGUF:Q4_K_M", "-p", "hi", "--ids"]) == 0
     assert capsys.readouterr().out.strip().startswith("[")
+
+
+def test_gguf_info_takes_a_ref(hf_env, capsys):
+    assert main(["gguf", "info", "test/tiny-GGUF:Q8_0", "--no-tensors"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-Q8_0.gguf" in out and "architecture: llama" in out
