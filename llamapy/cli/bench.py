@@ -207,7 +207,12 @@ def _int_list(s: str) -> list[int]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="prompt and generation speed, like llama-bench")
-    p.add_argument("-m", "--model", required=True, help="GGUF model file (or a known model name)")
+    p.add_argument(
+        "-m", "--model", default=None, help="GGUF model file (or a known model name, or user/repo[:quant])"
+    )
+    from .common import add_hf_args
+
+    add_hf_args(p)  # -hf user/repo[:quant], -hff, --hf-token, --offline, --no-mmproj
     p.add_argument(
         "-p", "--n-prompt", type=_int_list, default=[512], help="prompt tokens (comma list; default 512)"
     )
@@ -251,7 +256,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repetitions < 1:
         raise LlamapyError(f"-r {args.repetitions}: at least one repetition is needed")
-    path = _resolve_model(args.model)
+    from .common import hf_model_or
+
+    path = str(hf_model_or(args, _resolve_model))
     recs = bench(path, args.n_prompt, args.n_gen, args.repetitions, args.threads, args.batch_size,
                  args.ubatch_size, args.cache_type_k, args.cache_type_v, args.n_depth, args.n_gpu_layers,
                  args.main_gpu, not args.no_kv_offload)  # fmt: skip

@@ -161,6 +161,18 @@ def resolve_model_args(args: argparse.Namespace) -> Any:
     return hub.resolve_model(args.model, offline=offline, token=token)
 
 
+def hf_model_or(args: argparse.Namespace, resolve: Callable[[str], Any]) -> Any:
+    """For subcommands without a default model: the ``-hf`` model when given, else ``resolve(args.model)``;
+    neither is an error."""
+    from ..errors import LlamapyError
+
+    if getattr(args, "hf_repo", None) or getattr(args, "hf_file", None):
+        return resolve_model_args(args)
+    if not args.model:
+        raise LlamapyError("give a model with -m FILE or -hf USER/REPO[:QUANT]")
+    return resolve(args.model)
+
+
 def add_mtmd_args(p: argparse.ArgumentParser, images: bool = True) -> None:
     """``--mmproj`` (and ``--image``): image input through a multimodal projector file."""
     g = p.add_argument_group("images (multimodal)")

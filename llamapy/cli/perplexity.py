@@ -152,7 +152,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "perplexity", help="perplexity of a model over a text file (llama-perplexity's method)"
     )
-    p.add_argument("-m", "--model", required=True, help="GGUF model file (or a known model name)")
+    p.add_argument(
+        "-m", "--model", default=None, help="GGUF model file (or a known model name, or user/repo[:quant])"
+    )
+    from .common import add_hf_args
+
+    add_hf_args(p)  # -hf user/repo[:quant], -hff, --hf-token, --offline, --no-mmproj
     p.add_argument("-f", "--file", required=True, help="text file")
     p.add_argument("-c", "--ctx-size", type=int, default=512, help="tokens per chunk (default 512)")
     p.add_argument(
@@ -197,7 +202,9 @@ def run(args: argparse.Namespace) -> int:
         raise LlamapyError(f"-c {args.ctx_size}: the context must be at least 8 tokens")
     if args.kl_divergence and not args.kl_divergence_base:
         raise LlamapyError("--kl-divergence needs --kl-divergence-base FILE")
-    model = Model.load(_resolve_model(args.model))
+    from .common import hf_model_or
+
+    model = Model.load(str(hf_model_or(args, _resolve_model)))
     if model.vocab is None:
         raise LlamapyError(f"{args.model}: the model has no vocabulary to tokenize the text")
     with open(args.file, encoding="utf-8", errors="replace") as f:

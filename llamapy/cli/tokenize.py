@@ -14,7 +14,12 @@ from pathlib import Path
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tokenize", help="print the tokens of a text (like llama-tokenize)")
-    p.add_argument("-m", "--model", required=True, help="GGUF file (or a known model name)")
+    p.add_argument(
+        "-m", "--model", default=None, help="GGUF file (or a known model name, or user/repo[:quant])"
+    )
+    from .common import add_hf_args
+
+    add_hf_args(p)  # -hf user/repo[:quant], -hff, --hf-token, --offline, --no-mmproj
     src = p.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", help="text to tokenize")
     src.add_argument("-f", "--file", help="file with the text (read as bytes)")
@@ -83,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
         data = args.prompt.encode("utf-8", "surrogateescape")
     else:
         data = None
-    vocab = load_vocab(_model_path(args.model))
+    from .common import hf_model_or
+
+    vocab = load_vocab(hf_model_or(args, _model_path))
     if data is None:
         data = sys.stdin.buffer.read()
     if args.escape:

@@ -129,3 +129,12 @@ def test_gguf_info_takes_a_ref(hf_env, capsys):
     assert main(["gguf", "info", "test/tiny-GGUF:Q8_0", "--no-tensors"]) == 0
     out = capsys.readouterr().out
     assert "tiny-Q8_0.gguf" in out and "architecture: llama" in out
+
+
+def test_hf_on_tokenize_and_bench(hf_env, capsys):
+    assert main(["tokenize", "-hf", "test/chat-GGUF", "-p", "hi", "--ids"]) == 0
+    assert capsys.readouterr().out.strip().startswith("[")
+    assert main(["bench", "-hf", "test/tiny-GGUF:Q8_0", "-p", "4", "-n", "2", "-r", "1", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["model_type"].startswith("llama")
+    assert main(["tokenize", "-p", "hi"]) == 1
+    assert "error: give a model with -m FILE or -hf USER/REPO[:QUANT]" in capsys.readouterr().err
