@@ -138,3 +138,60 @@ def test_hf_on_tokenize_and_bench(hf_env, capsys):
     assert json.loads(capsys.readouterr().out)[0]["model_type"].startswith("llama")
     assert main(["tokenize", "-p", "hi"]) == 1
     assert "error: give a model with -m FILE or -hf USER/REPO[:QUANT]" in capsys.readouterr().err
+
+
+def test_known_model_offline_and_in_the_store(smollm2_path, tmp_path, capsys):
+    """The README's first command from a warm cache with the network off (--offline, HF_HUB_OFFLINE=1, an
+    unreachable HF_ENDPOINT); the known model in list and show."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_CACHE=str(tmp_path))
+    p = subprocess.run(
+        [sys.executable, "-m", "llamapy", "run", "--offline", "-p", "Hello", "-n", "2", "--temp", "0"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "loaded SmolLM2-135M-Instruct.Q4_1.gguf" in p.stderr and p.stdout
+    assert main(["list", "--json"]) == 0
+    known = [m for m in json.loads(capsys.readouterr().out) if m["name"] == "smollm2-135m-instruct"]
+    assert known and known[0]["source"] == "pypi" and known[0]["quant"] == "Q4_1"
+    assert main(["show", "smollm2", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["architecture"] == "llama" and info["context_length"] == 8192
+    assert info["quantization"] == "Q4_1" and "im_start" in info["chat_template"]
+    assert info["parameter_size"] == "135M" and info["metadata"]["tokenizer.ggml.tokens"].endswith("items]")
+
+
+def test_progress_bar_on_a_terminal_only(hf_env, fake_hub):
+    """huggingface_hub's bar (size, rate) on stderr when it is a terminal; quiet on a pipe."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a new pty is 0 columns wide
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "llamapy", "pull", "test/tiny-GGUF:F16"],
+            stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, timeout=300, env=os.environ,
+        )  # fmt: skip
+        os.close(slave)
+        slave = -1
+        chunks = []
+        while True:
+            try:
+                b = os.read(master, 65536)
+            except OSError:
+                break
+            if not b:
+                break
+            chunks.append(b)
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+    err = b"".join(chunks).decode(errors="replace")
+    assert p.returncode == 0, err
+    assert "tiny-F16.gguf" in err and "100%" in err and "B/s" in err
+    q = llamapy("pull", "test/tiny-GGUF:Q8_0")
+    assert q.returncode == 0 and "%" not in q.stderr  # a pipe: one plain line per file, no bar
+    assert q.stderr.strip() == "llamapy: downloading tiny-Q8_0.gguf from test/tiny-GGUF"
