@@ -226,25 +226,39 @@ def _hub_error(e: Exception, repo: str, what: str) -> HubError:
     return HubError(f"{what or repo} from {where}: {type(e).__name__}: {e}")
 
 
+class HubUnreachableError(HubError):
+    """The Hub could not be reached (and the repo is not in the cache)."""
+
+
 def repo_files(repo: str, token: str | None = None, offline: bool = False) -> list[str]:
     """The repo's file list: from the Hub, or (offline, or the Hub unreachable) from the cached snapshot."""
+    return _repo_files(repo, token, offline)[0]
+
+
+def _repo_files(repo: str, token: str | None, offline: bool) -> tuple[list[str], bool]:
+    """(files, from the cache because the Hub could not be reached)."""
     cached = cached_repo_files(repo)
     if offline or offline_env():
         if not cached:
             raise HubError(
                 f"{repo} is not in the cache {hub_cache_dir()} (offline mode); run `llamapy pull {repo}` while online"
             )
-        return cached
+        return cached, False
     from huggingface_hub import HfApi, errors
 
     try:
-        return sorted(HfApi(endpoint=endpoint(), token=token).list_repo_files(repo))
+        return sorted(HfApi(endpoint=endpoint(), token=token).list_repo_files(repo)), False
     except (errors.RepositoryNotFoundError, errors.GatedRepoError, errors.RevisionNotFoundError) as e:
         raise _hub_error(e, repo, "") from None
     except Exception as e:  # network down: the cached snapshot, as llama.cpp
         if cached:
-            return cached
-        raise HubError(f"cannot list {repo} on {endpoint()}: {type(e).__name__}: {e}") from None
+            print(
+                f"llamapy: {endpoint()} cannot be reached ({type(e).__name__}); using the cached files of {repo}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return cached, True
+        raise HubUnreachableError(f"cannot list {repo} on {endpoint()}: {type(e).__name__}: {e}") from None
 
 
 def plan(ref: HFRef, hf_file: str | None, files: list[str], mmproj: bool = True) -> HFModel:
@@ -430,7 +444,8 @@ def download(
     model, and its mmproj unless ``mmproj`` is False) into huggingface_hub's cache."""
     r = parse_ref(ref) if isinstance(ref, str) else ref
     offline = offline or offline_env()
-    files = repo_files(r.repo, token, offline)
+    files, unreachable = _repo_files(r.repo, token, offline)
+    offline = offline or unreachable  # the Hub is down: the cached files, without asking again
     try:
         model = plan(r, hf_file, files, mmproj)
     except NoMatchingFileError as e:

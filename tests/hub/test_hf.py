@@ -133,3 +133,23 @@ def test_offline_uses_the_cache_and_fails_clearly(hf_env, fake_hub, monkeypatch)
 def test_resolve_model_takes_a_ref(hf_env, fake_hub):
     p = hub.resolve_model("test/tiny-GGUF:Q8_0")
     assert sha(p) == fake_hub.repos["test/tiny-GGUF"]["tiny-Q8_0.gguf"].sha256
+
+
+def test_hub_unreachable_uses_the_cache(hf_env, fake_hub, monkeypatch, capsys):
+    import huggingface_hub
+
+    online = hf.download("test/tiny-GGUF:Q8_0")
+
+    def down(*a, **k):
+        raise ConnectionError("network is down")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", down)
+    fake_hub.log.clear()
+    assert hf.download("test/tiny-GGUF:Q8_0").path == online.path
+    assert fake_hub.log == []  # the file is not asked for again either
+    assert (
+        "cannot be reached (ConnectionError); using the cached files of test/tiny-GGUF"
+        in capsys.readouterr().err
+    )
+    with pytest.raises(hf.HubUnreachableError, match="cannot list test/split-GGUF on .*network is down"):
+        hf.download("test/split-GGUF")
