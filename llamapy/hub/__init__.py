@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from . import hf, known
-from .hf import HFModel, HFRef, HubError, NoMatchingFileError, looks_like_ref, parse_ref
+from .hf import HFModel, HFRef, HubError, HubUnreachableError, NoMatchingFileError, looks_like_ref, parse_ref
 from .known import (
     DEFAULT_MODEL,
     KNOWN_MODELS,
@@ -24,7 +24,7 @@ from .known import (
 )
 
 __all__ = [
-    "DEFAULT_MODEL", "KNOWN_MODELS", "HFModel", "HFRef", "HubError", "KnownModel", "ModelFetchError",
+    "DEFAULT_MODEL", "KNOWN_MODELS", "HFModel", "HFRef", "HubError", "HubUnreachableError", "KnownModel", "ModelFetchError",
     "NoMatchingFileError", "ProgressBar", "cache_dir", "cached_path", "canonical_name", "hf", "known",
     "looks_like_ref", "models_dir", "parse_ref", "pull", "resolve_model", "sha256_file",
 ]  # fmt: skip

@@ -152,6 +152,11 @@ def show(name_or_path: str) -> dict[str, Any]:
     from ..model.model import _FTYPE_NAMES, _size_label
 
     p = Path(os.path.expanduser(name_or_path))
+    if not p.is_file() and canonical_name(name_or_path) is None and not hf.looks_like_ref(name_or_path):
+        what = "a directory" if p.is_dir() else "not found"
+        raise StoreError(
+            f"{name_or_path}: {what} (give a GGUF file, user/repo[:quant] or a known model name)"
+        )
     stored = None if p.is_file() else find(name_or_path)
     path = stored.path if stored else p
     with open_model(path) as m:

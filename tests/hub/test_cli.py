@@ -195,3 +195,16 @@ def test_progress_bar_on_a_terminal_only(hf_env, fake_hub):
     q = llamapy("pull", "test/tiny-GGUF:Q8_0")
     assert q.returncode == 0 and "%" not in q.stderr  # a pipe: one plain line per file, no bar
     assert q.stderr.strip() == "llamapy: downloading tiny-Q8_0.gguf from test/tiny-GGUF"
+
+
+def test_show_bad_input(tmp_path, capsys):
+    trunc = tmp_path / "trunc.gguf"
+    trunc.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x01" * 20)
+    for arg, msg in [
+        (str(tmp_path / "nope.gguf"), "nope.gguf: not found"),
+        (str(tmp_path), "a directory"),
+        (str(trunc), "trunc.gguf"),
+    ]:
+        assert main(["show", arg]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and msg in err and "Traceback" not in err
