@@ -41,7 +41,7 @@ import time  # noqa: E402
 import httpx  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 
-from tests.server.fuzz_bodies import Case, cases, check, healthy, post_routes  # noqa: E402
+from tests.server.fuzz_bodies import Case, cases, check, healthy, post_routes, served_model  # noqa: E402
 
 API_KEY = "soak"
 
@@ -92,6 +92,7 @@ class Soak:
         self.failures: list[str] = []
         self.dead = False
         self.n = 0
+        self.model = served_model(self.client, base)
 
     def _record_failure(self, case: Case, problem: str, seconds: float) -> None:
         fdir = self.out / "failures"
@@ -124,7 +125,7 @@ class Soak:
     def batch(self, route: str, n: int) -> None:
         @settings(max_examples=n, deadline=None, database=None, phases=[Phase.generate],
                   suppress_health_check=list(HealthCheck))  # fmt: skip
-        @given(case=cases(route, real=True))
+        @given(case=cases(route, real=True, model=self.model))
         def run(case: Case) -> None:
             self.one(case)
 

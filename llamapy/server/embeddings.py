@@ -84,6 +84,7 @@ def _limit(engine: Any, backend: Any) -> int:
 def _tokens(
     backend: Any, engine: Any, inputs: list[str | list[int]], truncate: bool, names: str
 ) -> list[list[int]]:
+    _check_count(len(inputs), names)  # (again here for callers without _inputs: ollama's /api/embed)
     limit = _limit(engine, backend)
     vocab = getattr(backend, "vocab", None)
     out = []

@@ -292,8 +292,9 @@ _O_MESSAGES = [
 _O_CHAT = [
     {"model": "fake", "messages": _O_MESSAGES, "options": _O_OPTIONS, "stream": False, "keep_alive": "5m"},
     {"model": "fake:latest", "messages": _O_MESSAGES[1:2], "options": {"num_predict": 4}},  # (streamed)
-    {"model": "fake", "messages": _O_MESSAGES[:2], "tools": _TOOLS, "format": _SCHEMA, "stream": False,
+    {"model": "fake", "messages": _O_MESSAGES[:2], "tools": _TOOLS, "stream": False,
      "options": {"num_predict": 8}, "think": False},
+    {"model": "fake", "messages": _O_MESSAGES[1:2], "format": _SCHEMA, "options": {"num_predict": 8}},  # (no tools)
     {"model": "fake", "messages": _O_MESSAGES[1:2], "format": "json", "stream": False, "options": {"num_predict": 8}},
 ]  # fmt: skip
 _O_GENERATE = [
@@ -716,6 +717,12 @@ def clamp_lengths(route: str, body: Any, n: int = 16) -> Any:
         v = body.get(k)
         if isinstance(v, int) and not isinstance(v, bool) and (v > n or v < 0):
             body[k] = n
+    if route.startswith("/api/"):  # ollama's: options.num_predict
+        opts = body.setdefault("options", {"num_predict": n})
+        v = opts.get("num_predict", -1) if isinstance(opts, dict) else 0
+        if isinstance(opts, dict) and (not isinstance(v, int) or isinstance(v, bool) or v > n or v < 0):
+            opts["num_predict"] = n
+        return body
     if not any(k in body for k in LENGTH_FIELDS):
         if route in ("/completion", "/completions", "/infill"):
             body["n_predict"] = n
@@ -726,9 +733,19 @@ def clamp_lengths(route: str, body: Any, n: int = 16) -> Any:
     return body
 
 
-def cases(route: str, real: bool = False) -> st.SearchStrategy[Case]:
-    """Mutated seed bodies for ``route`` (a path template of the app)."""
-    seeds = SEEDS[route]
+def with_model(body: Any, model: str) -> Any:
+    """A seed naming the fake model ("fake", as ollama's routes call /models/fake.gguf) naming ``model``."""
+    if not isinstance(body, dict) or model == "fake":
+        return body
+    names = {"fake": model, "fake:latest": f"{model}:latest"}
+    return {k: names.get(v, v) if k in ("model", "name", "source", "from") and isinstance(v, str) else v
+            for k, v in body.items()}  # fmt: skip
+
+
+def cases(route: str, real: bool = False, model: str = "fake") -> st.SearchStrategy[Case]:
+    """Mutated seed bodies for ``route`` (a path template of the app); ``model``: the served model's name
+    for ollama's routes, which check it (``real``: generations clamped to a few tokens)."""
+    seeds = [Seed(with_model(s.body, model), s.url, s.expect) for s in SEEDS[route]]
 
     @st.composite
     def build(draw: st.DrawFn) -> Case:
@@ -868,7 +885,8 @@ def _no_constant(name: str) -> Any:
 def check(client: httpx.Client, base_url: str, case: Case, deadline: float = 10.0,
           headers: dict[str, str] | None = None) -> Result:  # fmt: skip
     """Send ``case``; the result says what was wrong with the answer (``problem`` None: nothing)."""
-    h = {"content-type": "application/json"} | (headers or {})
+    # a connection of its own: a drop is this request's (after a 500, a pooled connection may be reset)
+    h = {"content-type": "application/json", "connection": "close"} | (headers or {})
     t0 = time.monotonic()
     status = None
     try:
@@ -918,6 +936,12 @@ def check(client: httpx.Client, base_url: str, case: Case, deadline: float = 10.
     if status >= 300 or not math.isfinite(dt):
         return Result(status, dt, f"unexpected HTTP {status}")
     return Result(status, dt)
+
+
+def served_model(client: httpx.Client, base_url: str) -> str:
+    """The served model's name on ollama's routes (``GET /api/tags``)."""
+    name = str(client.get(base_url + "/api/tags", timeout=30).json()["models"][0]["name"])
+    return name.removesuffix(":latest")
 
 
 def healthy(client: httpx.Client, base_url: str, timeout: float = 10.0) -> str | None:

@@ -5,7 +5,7 @@ shape within a per-request deadline, streams must end with their final event or 
 ``/health`` must answer after each request.
 
 Two targets: in-process servers over the fake model (every route: a generating server with FIM tokens, a
-LoRA adapter and a slot folder, an embedding server and a rerank server; 15 examples per route) and the
+LoRA adapter and a slot folder, an embedding server and a rerank server; 20 examples per route) and the
 real SmolLM2 ``llamapy serve`` (the generating routes, fewer examples: its grammars, templates and
 tokenizer are the real ones). ``LLAMAPY_FUZZ_EXAMPLES=N`` sets the examples per route (fake; a quarter of
 them on the real server); ``benchmarks/soak_fuzz.py`` runs the same fuzzer for an hour.
@@ -24,13 +24,26 @@ from typing import Any
 import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from llamapy.server.app import ServerSettings, create_app
 from tests.server.conftest import start_live, stop_live, wait_ready
 from tests.server.fake_backend import BOS, EOS, FakeBackend
-from tests.server.fuzz_bodies import SEEDS, Case, cases, check, healthy, needs_grammar, parse_sse, post_routes
+from tests.server.fuzz_bodies import (
+    SEEDS,
+    Case,
+    cases,
+    check,
+    error_shape_problem,
+    healthy,
+    needs_grammar,
+    parse_sse,
+    post_routes,
+    served_model,
+    with_model,
+)
 
-N_EXAMPLES = int(os.environ.get("LLAMAPY_FUZZ_EXAMPLES", "15"))
+N_EXAMPLES = int(os.environ.get("LLAMAPY_FUZZ_EXAMPLES", "20"))
 N_REAL = max(N_EXAMPLES // 4, 4)
 DEADLINE = 10.0  # seconds for one answer (a hostile request must be answered fast: most take < 0.1 s)
 REAL_DEADLINE = 30.0  # the real model generates (at most 16 tokens, while other tests load the CPUs)
@@ -41,7 +54,8 @@ _FUZZ = dict(deadline=None, database=None, print_blob=True, derandomize=False,
 EMBEDDING_ROUTES = {"/v1/embeddings", "/embedding", "/embeddings"}
 RERANK_ROUTES = {"/rerank", "/reranking", "/v1/rerank", "/v1/reranking"}
 REAL_ROUTES = ["/v1/chat/completions", "/v1/completions", "/completion", "/infill", "/tokenize", "/detokenize",
-               "/apply-template", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"]  # fmt: skip
+               "/apply-template", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/api/chat",
+               "/api/generate"]  # fmt: skip
 
 
 def app_routes() -> list[str]:
@@ -118,8 +132,10 @@ def test_every_post_route_has_seeds():
 def _check_seeds(routes: list[str], base_of: Any, deadline: float, fake: bool, headers: Any = None) -> None:
     with httpx.Client(headers=headers) as client:
         for route in routes:
+            model = "fake" if fake else served_model(client, base_of(route))
             for seed in SEEDS[route]:
-                case = Case(route, seed.url or route, json.dumps(seed.body).encode(), "seed")
+                body = json.dumps(with_model(seed.body, model)).encode()
+                case = Case(route, seed.url or route, body, "seed")
                 res = check(client, base_of(route), case, deadline)
                 assert res.problem is None, f"{res.problem} for {case.describe()}"
                 expect = seed.expect + ((400,) if fake and needs_grammar(seed.body) else ())
@@ -170,8 +186,10 @@ def test_fuzz_route_real(route, real_server, tmp_path_factory):
     headers = {"authorization": f"Bearer {real_server.api_key}"}
     client = httpx.Client(headers=headers)
 
+    model = served_model(client, real_server.base_url)
+
     @settings(max_examples=N_REAL, **_FUZZ)
-    @given(case=cases(route, real=True))
+    @given(case=cases(route, real=True, model=model))
     def run(case: Case) -> None:
         res = check(client, real_server.base_url, case, REAL_DEADLINE)
         if res.problem:
@@ -280,3 +298,25 @@ def test_too_many_inputs_is_a_quick_400(servers, kind, path, body):
     assert r.status_code == 400 and "the limit is 2048" in r.json()["error"]["message"], r.text
     assert dt < 5, f"{dt:.1f} s"
     assert httpx.get(servers[kind] + "/health", timeout=5).status_code == 200
+
+
+@settings(max_examples=N_EXAMPLES * 2, **_FUZZ)
+@given(
+    ident=st.text(max_size=40) | st.sampled_from(["", "..", "%00", "resp_" + "a" * 5000, "0" * 400]),
+    method=st.sampled_from(["GET", "DELETE", "POST"]),
+)
+def test_fuzz_path_parameters(servers, ident, method):
+    """The routes with a path parameter (a stored response's id, a slot id) answer any id with a 2xx or a
+    4xx in the API's shape."""
+    from urllib.parse import quote
+
+    base = servers["gen"]
+    url = (
+        f"/v1/responses/{quote(ident, safe='')}"
+        if method != "POST"
+        else f"/slots/{quote(ident, safe='')}?action=erase"
+    )
+    r = httpx.request(method, base + url, timeout=DEADLINE)
+    assert r.status_code < 500, (url, r.text)
+    if r.status_code >= 400:
+        assert error_shape_problem(url, r.json()) is None, (url, r.text)
