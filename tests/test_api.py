@@ -303,7 +303,16 @@ EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_examples_run(example, smollm2_path, capsys, monkeypatch):
-    """The llama-cpp-python style examples run unchanged (but for the import) on SmolLM2."""
+    """The llama-cpp-python style examples run unchanged (but for the import) on SmolLM2, seeded (they
+    sample at temperatures above 0: an unlucky draw can run a JSON answer into ``max_tokens``)."""
+    import llamapy
+
+    class SeededLlama(llamapy.Llama):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("seed", 1234)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(llamapy, "Llama", SeededLlama)
     monkeypatch.setattr(sys, "argv", [str(example), str(smollm2_path)])
     runpy.run_path(str(example), run_name="__main__")
     out = capsys.readouterr().out
