@@ -42,19 +42,31 @@ _stack_lock = threading.Lock()
 _deep = threading.local()
 
 
+def _no_panic(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, a panic in llguidance's Rust code (pyo3's ``PanicException``, a ``BaseException``
+    that no ``except Exception`` catches) turned into a :class:`GrammarError`."""
+    try:
+        return fn(*args)
+    except (Exception, KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:
+        what = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise GrammarError(f"llguidance failed on this grammar: {what}") from None
+
+
 def run_deep(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` on a fresh thread with a :data:`COMPILE_STACK` stack; its result or its exception.
 
     ``threading.stack_size`` is process-wide: it is set only while this thread is created, then restored.
     Called from such a thread already, or where no thread can be started, ``fn`` runs here."""
     if getattr(_deep, "active", False):
-        return fn(*args)
+        return _no_panic(fn, *args)
     box: dict[str, Any] = {}
 
     def target() -> None:
         _deep.active = True
         try:
-            box["result"] = fn(*args)
+            box["result"] = _no_panic(fn, *args)
         except BaseException as e:  # handed to the caller
             box["error"] = e
 
@@ -63,11 +75,11 @@ def run_deep(fn: Callable[..., T], *args: Any) -> T:
         try:
             old = threading.stack_size(COMPILE_STACK)
         except (ValueError, RuntimeError):
-            return fn(*args)
+            return _no_panic(fn, *args)
         try:
             th.start()
         except RuntimeError:
-            return fn(*args)
+            return _no_panic(fn, *args)
         finally:
             threading.stack_size(old)
     th.join()

@@ -433,6 +433,12 @@ async def chat_inputs(
     images = None
     if _has_image_parts(req):  # OpenAI image_url parts -> media markers; the images go in GenParams
         req, images = await run_in_threadpool(_split_images, req, backend, s.allow_image_urls)
+    if not engine.context_shift and len(req.messages) > engine.n_ctx_slot:  # (each renders as >= 1 token)
+        raise bad_request(
+            f"{len(req.messages)} messages cannot fit a slot's context of {engine.n_ctx_slot} tokens "
+            "(shorten the conversation or start the server with a larger -c or fewer -np)",
+            "messages",
+        )
     plan = await run_in_threadpool(P.chat_plan, req, backend)
     if images is None:
         limit = None if engine.context_shift else engine.n_ctx_slot  # a longer prompt is a 400: stop there

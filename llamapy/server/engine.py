@@ -340,7 +340,9 @@ class Engine:
                     fut.set_exception(e)
             try:
                 self._step()
-            except Exception as e:  # never let one bad step kill the server
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # never let one bad step kill the server (a Rust panic included)
                 log.exception("engine step failed")
                 for s in self.slots:
                     if s.task is not None:

@@ -196,6 +196,9 @@ M = TypeVar("M", bound=BaseModel)
 
 
 MAX_JSON_DEPTH = 64  # nesting of arrays and objects in a request body
+MAX_JSON_CONTAINERS = (
+    1 << 18
+)  # arrays and objects in a request body (millions take seconds to parse and validate)
 
 
 class _NonFinite(ValueError):
@@ -207,20 +210,26 @@ def _reject_constant(name: str) -> Any:
 
 
 def json_depth(raw: bytes) -> int:
-    """The deepest nesting of ``[``/``{`` in JSON text, outside strings: linear, with no recursion and no
-    regex (a string regex re-scans the rest of an unterminated string at every escaped quote: quadratic).
+    """The deepest nesting of ``[``/``{`` in JSON text, outside strings (see :func:`json_shape`)."""
+    return json_shape(raw)[0]
+
+
+def json_shape(raw: bytes) -> tuple[int, int]:
+    """The deepest nesting of ``[``/``{`` in JSON text, outside strings, and how many arrays and objects
+    it opens: linear, with no recursion and no regex (a string regex re-scans the rest of an
+    unterminated string at every escaped quote: quadratic).
 
     Backslash pairs go first, then escaped quotes, so that every quote left opens or closes a string;
-    a byte after an odd number of quotes is inside one. Text that is not JSON gets some number here and
+    a byte after an odd number of quotes is inside one. Text that is not JSON gets some numbers here and
     its 400 from the parser."""
     bare = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
     if not bare:
-        return 0
+        return 0, 0
     a = np.frombuffer(bare, np.uint8)
     steps = _STEP[a]
     if b'"' in bare:
         steps[(np.cumsum(a == _QUOTE, dtype=np.int32) & 1).astype(bool)] = 0
-    return max(int(np.cumsum(steps, dtype=np.int32).max()), 0)
+    return max(int(np.cumsum(steps, dtype=np.int32).max()), 0), int(np.count_nonzero(steps == 1))
 
 
 _QUOTE = ord('"')
@@ -238,11 +247,15 @@ def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH, array_ok: bool = Fal
     bound); ``NaN`` / ``Infinity`` literals (not JSON) and over-long integers are 400s too."""
     if not raw.strip():
         raise bad_request("the request body is empty; expected a JSON object")
-    depth = json_depth(raw)
+    depth, containers = json_shape(raw)
     if depth > max_depth:
         raise bad_request(f"the request body nests arrays/objects {depth} deep; the limit is {max_depth}")
-    try:
-        obj = json.loads(raw, parse_constant=_reject_constant)
+    if containers > MAX_JSON_CONTAINERS:
+        raise bad_request(
+            f"the request body has {containers} arrays/objects; the limit is {MAX_JSON_CONTAINERS}"
+        )
+    try:  # strict UTF-8 (RFC 8259): json.loads on bytes would let encoded surrogates through
+        obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except UnicodeDecodeError as e:
         raise bad_request(f"the request body is not UTF-8 ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:

@@ -326,3 +326,61 @@ def test_valid_tool_calls_and_functions_still_work(big):
         big.base_url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 2}, timeout=30
     )
     assert r.status_code == 200, r.text
+
+
+# -- what the route fuzzer found (issue 33's fuzzing): each a quick 4xx, the server still serving ----------
+
+
+def test_millions_of_containers_are_a_quick_400(big):
+    """2M empty arrays (6 MB) to /detokenize took 9.5 s (parsing and 2M validation errors) with /health
+    stalled: the pre-scan counts arrays and objects and refuses past the limit unparsed."""
+    from llamapy.server.schemas import MAX_JSON_CONTAINERS
+
+    body = b'{"tokens":[' + b",".join([b"[]"] * 2_000_000) + b"]}"
+    with HealthProbe(big.base_url) as probe:
+        r, dt = _timed(httpx.post, big.base_url + "/detokenize", content=body, timeout=120)
+    print(f"\n2M arrays: {r.status_code} in {dt:.3f} s, /health worst {probe.worst:.3f} s")
+    _assert_400(r, "2000002 arrays/objects", f"the limit is {MAX_JSON_CONTAINERS}")
+    assert dt < QUICK_S and probe.worst < QUICK_S
+    ok = b'{"tokens":[' + b",".join([b"1"] * 100_000) + b"]}"  # many values, few containers: fine
+    assert httpx.post(big.base_url + "/detokenize", content=ok, timeout=60).status_code == 200
+
+
+@pytest.mark.parametrize("raw", [b"\xed\xa0\x80", b"\xff", b"\xc3"], ids=["surrogate", "ff", "cut"])
+def test_body_must_be_strict_utf8(live, raw):
+    """Encoded surrogates (``\\xed\\xa0\\x80``) got through ``json.loads`` on bytes: a 500 on /v1/responses,
+    byte tokens elsewhere. Bodies are decoded as strict UTF-8 first."""
+    for path in ("/v1/responses", "/tokenize", "/v1/chat/completions"):
+        body = b'{"input": "a' + raw + b'", "content": "a' + raw + b'", "messages": []}'
+        r = httpx.post(live.base_url + path, content=body, timeout=30)
+        _assert_400(r, "not UTF-8")
+    assert httpx.get(live.base_url + "/health").status_code == 200
+
+
+def test_llguidance_panic_is_a_400(real_server):
+    """A schema whose error message llguidance cuts inside a multi-byte character made it panic (a
+    ``BaseException``): a plain-text 500. Now a 400 naming the schema, and the server serves on."""
+    with httpx.Client(base_url=real_server.base_url, headers=_auth(real_server), timeout=120) as c:
+        before = _real_greedy(real_server, c)
+        schema = {"type": "string", "maxLength": [20, "é" * 60]}
+        body = {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        }
+        r, dt = _timed(c.post, "/v1/chat/completions", json=body)
+        _assert_400(r, "response_format")
+        assert dt < QUICK_S
+        assert _real_greedy(real_server, c) == before
+
+
+def test_more_messages_than_the_context_is_a_quick_400(big):
+    """100k messages (3.5 MB) were rendered whole before their "too long" 400 (2.75 s)."""
+    msgs = [{"role": "user", "content": "x"}] * 100_000
+    with HealthProbe(big.base_url) as probe:
+        r, dt = _timed(
+            httpx.post, big.base_url + "/v1/chat/completions", json={"messages": msgs}, timeout=120
+        )
+    print(f"\n100k messages: {r.status_code} in {dt:.3f} s, /health worst {probe.worst:.3f} s")
+    _assert_400(r, "100000 messages cannot fit")
+    assert dt < QUICK_S and probe.worst < QUICK_S
