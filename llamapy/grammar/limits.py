@@ -274,6 +274,12 @@ def regex_cost(rx: str, what: str) -> int:
         lv = levels[-1]
         lv[1] += atom
         lv[2] = atom
+    return close_levels(levels)
+
+
+def close_levels(levels: list[list[int]]) -> int:
+    """The longest expansion of a pattern scanned into ``levels`` (per open group: the longest closed
+    alternative, the current sequence's length, its last atom's), closing the groups left open."""
     while len(levels) > 1:
         alt, seq, _ = levels.pop()
         levels[-1][1] += max(alt, seq)

@@ -15,6 +15,7 @@ from .limits import (
     MAX_RULES,
     chain_bound,
     chain_error,
+    close_levels,
     components,
     regex_cost,
 )
@@ -241,7 +242,4 @@ def _check_lark_rules(what: str, defs: dict[str, list[tuple[Any, ...]]]) -> None
                     lv = levels[-1]
                     lv[1] += atom
                     lv[2] = atom
-            while len(levels) > 1:
-                alt, seq, _ = levels.pop()
-                levels[-1][1] += max(alt, seq)
-            cost[v] = max(levels[0][0], levels[0][1])
+            cost[v] = close_levels(levels)

@@ -115,10 +115,10 @@ class OMessage(_Body):
     tool_name: str | None = None
 
 
-class ChatBody(_Body):
+class _GeneratingBody(_Body):
+    """The fields /api/chat and /api/generate share."""
+
     model: str
-    messages: list[Any] = Field(default_factory=list)
-    tools: list[dict[str, Any]] | None = None
     format: Format = None
     options: dict[str, Any] | None = None
     stream: bool = True
@@ -128,8 +128,12 @@ class ChatBody(_Body):
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
-class GenerateBody(_Body):
-    model: str
+class ChatBody(_GeneratingBody):
+    messages: list[Any] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+
+
+class GenerateBody(_GeneratingBody):
     prompt: str = ""
     suffix: str | None = None
     system: str | None = None
@@ -137,13 +141,6 @@ class GenerateBody(_Body):
     context: list[int] | None = None
     raw: bool = False
     images: list[str] | None = None
-    format: Format = None
-    options: dict[str, Any] | None = None
-    stream: bool = True
-    keep_alive: KeepAlive = None
-    think: Think = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 class EmbedBody(_Body):
