@@ -239,6 +239,20 @@ def generate(
         return seq.tokens if n is None else seq.tokens[:n]
 
     gen = Generation(vocab, sampler, params, tokens=tokens, stopping_criteria=stopping_criteria, **generation)
+    bind = getattr(draft_model, "bind", None)  # a draft reading the target's hidden states (MTP)
+    if bind is not None:
+        bind(seq)
+        try:
+            yield from _generate(seq, gen, prompt, vocab, draft_model, n_seen)
+        finally:
+            seq.set_hidden_tap(None)
+        return
+    yield from _generate(seq, gen, prompt, vocab, draft_model, n_seen)
+
+
+def _generate(
+    seq: TokenSequence, gen: Generation, prompt: Sequence[int], vocab: Any, draft_model: Any, n_seen: list
+) -> Iterator[Step]:
     seq.prefill(prompt)
     n_vocab = _n_vocab(vocab)
     step = gen.step(seq.logits())
@@ -273,12 +287,21 @@ def generate(
                 if step.finish_reason is not None or gen.limit_reached or step.token != guess:
                     seq.truncate(n0 + 1 + i)  # drop the guesses from this one on
                     break
+                _count_accepted(draft_model)
             else:
                 n_seen[0] = None
                 step = gen.step(rows[len(draft)])  # every guess kept: the row after the last one
                 yield step
         finally:
             n_seen[0] = None
+
+
+def _count_accepted(draft_model: Any) -> None:
+    """Acceptance statistics on the draft object (``n_accepted``), where it takes attributes."""
+    try:
+        draft_model.n_accepted = getattr(draft_model, "n_accepted", 0) + 1
+    except AttributeError:
+        pass
 
 
 def _n_vocab(vocab: Any) -> int:

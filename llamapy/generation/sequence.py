@@ -108,6 +108,17 @@ class TokenSequence:
         self.on_logits: Callable[[int, np.ndarray], None] | None = None
         self._last_logits: np.ndarray | None = None
         self.n_reused = 0  # prompt tokens the last prefill took from the cache
+        # called after each decoded chunk with (position of its first token, its tokens, their normed
+        # hidden states), every token an output; (-1, [], None) after a context shift (an MTP draft)
+        self._hidden_tap: Callable[[int, list[int], np.ndarray | None], None] | None = None
+
+    def set_hidden_tap(self, tap: Callable[[int, list[int], np.ndarray | None], None] | None) -> None:
+        """Report the hidden state of every evaluated token to ``tap`` (None: stop). Turns the
+        context's embeddings output on (the normed last hidden state, which the head reads)."""
+        if tap is not None and not self.ctx.embeddings:
+            self.ctx.embeddings = True
+            self.ctx._graphs.clear()  # graphs built without the embeddings output
+        self._hidden_tap = tap
 
     @property
     def n_ctx(self) -> int:
@@ -152,6 +163,8 @@ class TokenSequence:
         mem.seq_add(self.seq_id, n_keep + n_discard, n_past, -n_discard)
         del self.tokens[n_keep : n_keep + n_discard]
         self.n_shifted += n_discard
+        if self._hidden_tap is not None:
+            self._hidden_tap(-1, [], None)
         return n_discard
 
     def eval(self, tokens: Sequence[int], logits_all: bool | None = None) -> np.ndarray:
@@ -188,11 +201,16 @@ class TokenSequence:
                 self.shift()
                 continue
             chunk = tokens[i : i + min(self.n_batch, room)]
-            batch = make_batch(chunk, pos0=len(self.tokens), seq_id=self.seq_id, logits_all=logits_all)
+            tap = self._hidden_tap
+            batch = make_batch(
+                chunk, pos0=len(self.tokens), seq_id=self.seq_id, logits_all=logits_all or tap is not None
+            )
             self.ctx.decode(batch)
             pos0 = len(self.tokens)
             self.tokens.extend(chunk)
             i += len(chunk)
+            if tap is not None:
+                tap(pos0, chunk, self.ctx.get_embeddings()[: len(chunk)])
             if logits_all:
                 rows.append(np.array(self.ctx.get_logits()[: len(chunk)], dtype=np.float32))
                 if self.on_logits is not None:

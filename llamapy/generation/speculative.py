@@ -73,3 +73,43 @@ def draft_tokens(draft_model: object, context: Sequence[int], n_vocab: int, n_ma
             break
         out.append(t)
     return out
+
+
+# llama.cpp's --spec-type names this offers (besides a second model, ``-md``)
+SPEC_TYPES = ("ngram-simple", "ngram-map-k", "mtp", "draft-mtp")
+
+
+def make_spec_draft(
+    spec_type: str,
+    model: object = None,
+    *,
+    n_draft: int | None = None,
+    n_min: int = 0,
+    p_min: float = 0.0,
+    size_n: int | None = None,
+    size_m: int | None = None,
+    min_hits: int = 1,
+    n_ctx: int = 4096,
+    n_batch: int = 512,
+    n_threads: int | None = None,
+) -> LlamaDraftModel:
+    """A draft for one sequence by llama.cpp's ``--spec-type`` name: ``ngram-simple`` / ``ngram-map-k``
+    (:mod:`.ngram`; ``size_n`` key length, default 12, ``size_m`` draft length, default 48 or
+    ``n_draft``) or ``mtp`` / ``draft-mtp`` (:mod:`.mtp`: ``model`` is the loaded target, whose MTP layer
+    drafts ``n_draft`` tokens, default 3). Raises ``ValueError`` for an unknown name or bad parameters
+    and :class:`~.mtp.MtpError` for MTP on a model without MTP layers."""
+    from .ngram import NgramMapK, NgramSimple
+
+    name = str(spec_type).strip().lower()
+    if name in ("ngram-simple", "ngram-map-k"):
+        cls = NgramSimple if name == "ngram-simple" else NgramMapK
+        m = size_m if size_m is not None else (n_draft if n_draft is not None else 48)
+        return cls(size_n if size_n is not None else 12, m, min_hits)
+    if name in ("mtp", "draft-mtp"):
+        from .mtp import MtpDraft
+
+        if model is None:
+            raise ValueError("--spec-type mtp drafts with the target model's MTP layer: it needs the model")
+        return MtpDraft(model, n_draft=n_draft or 3, n_min=n_min, p_min=p_min, n_ctx=n_ctx, n_batch=n_batch,
+                        n_threads=n_threads)  # fmt: skip
+    raise ValueError(f"unknown speculative decoding type {spec_type!r} (one of: {', '.join(SPEC_TYPES)})")
