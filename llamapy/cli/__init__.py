@@ -19,6 +19,8 @@ SUBCOMMANDS = {
     "serve": "serve",
     "tokenize": "tokenize",
     "perplexity": "perplexity",
+    "quantize": "quantize",
+    "imatrix": "imatrix",
     "bench": "bench",
     "embed": "embed",
     "gguf": "gguf",
