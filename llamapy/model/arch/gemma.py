@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import Architecture, register
 
@@ -82,3 +83,36 @@ class Gemma(Architecture):
 
     def build(self, g: GraphBuilder) -> Outputs:
         return build_gemma(self, g, post_norms=False)
+
+
+def gemma_params(ctx, kv) -> None:
+    """GemmaModel.set_gguf_parameters (Gemma 2 adds its soft-capping and window)."""
+    hp = ctx.hparams
+    kv.add_context_length(hp["max_position_embeddings"])
+    kv.add_embedding_length(hp["hidden_size"])
+    kv.add_block_count(ctx.block_count)
+    kv.add_feed_forward_length(hp["intermediate_size"])
+    kv.add_head_count(hp["num_attention_heads"])
+    kv.add_head_count_kv(hp.get("num_key_value_heads", hp["num_attention_heads"]))
+    kv.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+    kv.add_key_length(hp["head_dim"])
+    kv.add_value_length(hp["head_dim"])
+    kv.add_file_type(ctx.file_type)
+
+
+def _gemma_vocab(ctx, kv) -> None:
+    """GemmaModel.set_vocab: SentencePiece, CodeGemma's FIM ids, no space prefix."""
+    ctx.set_vocab("spm")
+    ctx.special_tokens(kv, {"prefix": 67, "suffix": 69, "middle": 68, "fsep": 70, "eot": 107})
+    kv.add_add_space_prefix(False)
+
+
+HF_CONVERT = HFConvert(
+    "gemma",
+    ("GemmaForCausalLM",),
+    vocab=_gemma_vocab,
+    norm_shift=1.0,
+    generic_params=False,
+    params=gemma_params,
+    skip=("lm_head.weight",),
+)

@@ -4,9 +4,10 @@ on every other layer."""
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader, swa_pattern
 from . import Architecture, register
-from .gemma import build_gemma, gemma_attention_scale, load_gemma_tensors
+from .gemma import build_gemma, gemma_attention_scale, gemma_params, load_gemma_tensors
 
 
 @register("gemma2")
@@ -26,3 +27,26 @@ class Gemma2(Architecture):
 
     def build(self, g: GraphBuilder) -> Outputs:
         return build_gemma(self, g, post_norms=True)
+
+
+def _gemma2_params(ctx, kv) -> None:
+    gemma_params(ctx, kv)
+    kv.add_attn_logit_softcapping(ctx.hparams["attn_logit_softcapping"])
+    kv.add_final_logit_softcapping(ctx.hparams["final_logit_softcapping"])
+    kv.add_sliding_window(ctx.hparams["sliding_window"])
+
+
+def _gemma2_vocab(ctx, kv) -> None:
+    ctx.set_vocab("spm")
+    kv.add_add_space_prefix(False)
+
+
+HF_CONVERT = HFConvert(
+    "gemma2",
+    ("Gemma2ForCausalLM",),
+    vocab=_gemma2_vocab,
+    norm_shift=1.0,
+    generic_params=False,
+    params=_gemma2_params,
+    skip=("lm_head.weight",),
+)

@@ -4,6 +4,7 @@ layers, then 1 global), two rope bases (local 10000, global from the file) and n
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader, swa_pattern
 from . import Architecture, register
 from .gemma import build_gemma, gemma_attention_scale, load_gemma_tensors
@@ -27,3 +28,46 @@ class Gemma3(Architecture):
 
     def build(self, g: GraphBuilder) -> Outputs:
         return build_gemma(self, g, post_norms=True, qk_norm=True, scale_raw_embd=False)
+
+
+def _gemma3_params(ctx, kv) -> None:
+    """Gemma3Model.set_gguf_parameters (after the common keys)."""
+    hp = ctx.hparams
+    kv.add_context_length(hp.get("max_position_embeddings", 131072))
+    kv.add_head_count(hp.get("num_attention_heads", 8))
+    kv.add_layer_norm_rms_eps(hp.get("rms_norm_eps", 1e-6))
+    kv.add_key_length(hp.get("head_dim", 256))
+    kv.add_value_length(hp.get("head_dim", 256))
+    kv.add_rope_freq_base(
+        ctx.rope_parameters.get("full_attention", ctx.rope_parameters).get("rope_theta", 1_000_000.0)
+    )
+    if final := hp.get("final_logit_softcapping"):
+        kv.add_final_logit_softcapping(final)
+    if hp.get("sliding_window_pattern") != 1:
+        kv.add_sliding_window(hp["sliding_window"])
+    kv.add_head_count_kv(hp.get("num_key_value_heads", 4))
+
+
+def _gemma3_vocab(ctx, kv) -> None:
+    if (ctx.dir / "tokenizer.model").is_file():
+        ctx.set_vocab("spm")
+        kv.add_add_space_prefix(False)
+    else:
+        ctx.set_vocab("gpt2")
+
+
+def _gemma3_tensor(ctx, name, data, bid):
+    """Gemma3Model.modify_tensors: token_embd rows past the tokenizer's are dropped."""
+    if "embed_tokens.weight" in name:
+        data = data[: ctx.n_vocab_real()]
+    return [(name, data)]
+
+
+HF_CONVERT = HFConvert(
+    "gemma3",
+    ("Gemma3ForCausalLM",),
+    vocab=_gemma3_vocab,
+    norm_shift=1.0,
+    params=_gemma3_params,
+    tensor=_gemma3_tensor,
+)

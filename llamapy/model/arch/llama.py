@@ -5,6 +5,7 @@ from __future__ import annotations
 from ...ggml import ops
 from ...ggml.tensor import Tensor
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hf import HFConvert
 from . import Architecture, register
 
 
@@ -147,3 +148,52 @@ class Llama(Architecture):
 
     def build(self, g: GraphBuilder) -> Outputs:
         return build_dense(self, g, moe_norm_w=True)  # Mixtral (llama with experts): top-k renormalized
+
+
+def _llama_vocab(ctx, kv) -> None:
+    """LlamaModel.set_vocab: add_prefix_space from tokenizer_config.json, SentencePiece else BPE; the
+    Granite small models' vocab (49152) adds no BOS."""
+    add_prefix_space = ctx.tokenizer_config().get("add_prefix_space")
+    if add_prefix_space is not None:
+        kv.add_add_space_prefix(add_prefix_space)
+    ctx.set_vocab("spm|gpt2")
+    if ctx.hparams.get("vocab_size", 32000) == 49152:
+        kv.add_add_bos_token(False)
+
+
+def _llama_rope_freqs(ctx):
+    """LlamaModel.generate_extra_tensors: ``rope_freqs.weight`` for llama3 rope scaling."""
+    import math
+
+    import numpy as np
+
+    rp = ctx.rope_parameters.get("full_attention", ctx.rope_parameters)
+    if not rp or rp.get("rope_type", "").lower() != "llama3":
+        return
+    base = rp.get("rope_theta", 10000.0)
+    dim = ctx.hparams.get("head_dim") or ctx.hparams["hidden_size"] // ctx.hparams["num_attention_heads"]
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, lo, hi = rp.get("factor", 8.0), rp.get("low_freq_factor", 1.0), rp.get("high_freq_factor", 4.0)
+    old = rp.get("original_max_position_embeddings", 8192)
+    out = []
+    for f in freqs.astype(np.float32):
+        wavelen = np.float32(2 * math.pi) / f
+        if wavelen < old / hi:
+            out.append(1.0)
+        elif wavelen > old / lo:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - lo) / (hi - lo)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    yield "rope_freqs.weight", np.array(out, dtype=np.float32)
+
+
+HF_CONVERT = HFConvert(
+    "llama",
+    ("LLaMAForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "LlamaModel"),
+    vocab=_llama_vocab,
+    permute_qk=True,
+    vocab_size_key=True,
+    rope_dim_key=True,
+    extra_tensors=_llama_rope_freqs,
+)

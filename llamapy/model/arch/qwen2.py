@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import Architecture, register
 from .llama import build_dense, load_dense_tensors
@@ -20,3 +21,6 @@ class Qwen2(Architecture):
 
     def build(self, g: GraphBuilder) -> Outputs:
         return build_dense(self, g)
+
+
+HF_CONVERT = HFConvert("qwen2", ("Qwen2ForCausalLM", "Qwen2Model"), vocab="spm|gpt2")

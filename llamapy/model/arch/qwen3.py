@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import Architecture, register
 from .llama import build_dense, load_dense_tensors
@@ -21,3 +22,17 @@ class Qwen3(Architecture):
 
     def build(self, g: GraphBuilder) -> Outputs:
         return build_dense(self, g, qk_norm=True, moe_norm_w=self.hp.expert_weights_norm)
+
+
+def _qwen3moe_params(ctx, kv) -> None:
+    """Qwen2MoeModel.set_gguf_parameters: the expert FFN sizes."""
+    if (n := ctx.hparams.get("moe_intermediate_size")) is not None:
+        kv.add_expert_feed_forward_length(n)
+    if (n := ctx.hparams.get("shared_expert_intermediate_size")) is not None:
+        kv.add_expert_shared_feed_forward_length(n)
+
+
+HF_CONVERT = (
+    HFConvert("qwen3", ("Qwen3ForCausalLM", "Qwen3Model"), vocab="spm|gpt2"),
+    HFConvert("qwen3moe", ("Qwen3MoeForCausalLM",), vocab="gpt2", params=_qwen3moe_params),
+)
