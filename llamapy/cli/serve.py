@@ -79,6 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="load the adapters with scale 0 (set them later with POST /lora-adapters)",
     )  # fmt: skip
     p.add_argument("--no-slots", action="store_true", help="do not expose /slots")
+    p.add_argument("--no-webui", action="store_true", help="do not serve the chat page at /")
+    p.add_argument("--webui-dir", metavar="DIR", help="serve the chat page from DIR (its index.html) instead")
     p.add_argument("--slots-verbose", action="store_true", help="include prompt and cached text in /slots")
     p.add_argument(
         "--slot-save-path",
@@ -246,6 +248,10 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = create_app(settings, factory)
+    if not args.no_webui:  # the chat page at / (ahead of ollama's "Ollama is running")
+        from ..server.webui import mount_webui
+
+        mount_webui(app, args.webui_dir)
     config = uvicorn.Config(
         app,
         host=args.host,

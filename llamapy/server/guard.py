@@ -26,6 +26,13 @@ OLLAMA_PREFIX = "/api/"  # and ollama's under it
 KEY_ID = "api_key_id"  # scope["state"][KEY_ID]: which API key authorized the request (see key_id)
 
 
+def _public(path: str) -> bool:
+    """Health checks and the chat page with its files (it asks for the key itself) need no API key."""
+    from .webui import is_public
+
+    return path in PUBLIC_PATHS or is_public(path)
+
+
 def key_id(key: bytes) -> str:
     """Who a request is, for what it stores (responses): a digest of its API key, never the key."""
     return hashlib.sha256(b"llamapy-api-key:" + key).hexdigest()[:32]
@@ -54,7 +61,7 @@ class GuardMiddleware:
         anthropic = "ollama" if scope["path"].startswith(OLLAMA_PREFIX) else anthropic  # {"error": msg}
         if self.api_keys:  # a fresh state dict: what the app reads there comes from here, not the server
             scope["state"] = {**(scope.get("state") or {}), KEY_ID: None}
-        if self.api_keys and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
+        if self.api_keys and scope["method"] != "OPTIONS" and not _public(scope["path"]):
             matched = self._authorized(headers)
             if matched is None:
                 why = (

@@ -1,0 +1,32 @@
+// Tools from MCP servers the llamapy server runs (issue 28 §2): listed from GET /mcp/tools when the server
+// answers it, toggled one by one in the settings, remembered per browser. The request fields that turn
+// the server's agent loop on are built here alone, so the MCP side changes one function.
+import { getJSON } from "./api.js";
+
+const KEY = "llamapy.mcpTools";
+
+/** The tools the server offers, or null when it has no MCP host (any answer but 200). */
+export async function listTools() {
+  try {
+    const j = await getJSON("mcp/tools");
+    const tools = Array.isArray(j) ? j : j.tools || j.data || [];
+    return tools.map((t) => (typeof t === "string" ? { name: t } : t)).filter((t) => t && t.name);
+  } catch (_) {
+    return null;
+  }
+}
+
+export const enabledTools = () => {
+  try {
+    const v = JSON.parse(localStorage.getItem(KEY) || "[]");
+    return Array.isArray(v) ? v : [];
+  } catch (_) {
+    return [];
+  }
+};
+export const setEnabledTools = (names) => localStorage.setItem(KEY, JSON.stringify(names));
+
+/** Fields added to each /v1/chat/completions body: none until a tool is switched on. */
+export function requestFields(enabled = enabledTools()) {
+  return enabled.length ? { mcp: enabled } : {};
+}
