@@ -25,6 +25,8 @@ import numpy as np
 
 from ..batch import Batch
 from . import llava, siglip  # noqa: F401  (register the projector types)
+from .audio import AudioBitmap, AudioError, decode_audio, is_audio, mel_chunks
+from .audio_encoder import AUDIO_WRAP, AudioModel, mmproj_modalities
 from .clip import ClipModel
 from .errors import MtmdError
 from .image import DEFAULT_MAX_PIXELS, Bitmap, idefics3_frames, load_image, preprocess_fixed
@@ -78,6 +80,10 @@ class ImageChunk:
         return out
 
 
+class AudioChunk(ImageChunk):
+    """One 30 s window of an audio clip: ``pixels`` holds its log-mel ``F32[n_mel, 3000]``."""
+
+
 Chunk = TextChunk | ImageChunk
 
 
@@ -95,10 +101,18 @@ class MtmdContext:
     ) -> None:
         if not os.path.exists(os.fspath(mmproj_path)):
             raise MtmdError(f"{os.fspath(mmproj_path)}: mmproj file not found")
-        self.clip = ClipModel(mmproj_path, n_threads=n_threads, backend=backend)
+        has_vision, has_audio = mmproj_modalities(mmproj_path)
+        self.audio = AudioModel(mmproj_path, n_threads=n_threads, backend=backend) if has_audio else None
+        self.clip = (
+            ClipModel(mmproj_path, n_threads=n_threads, backend=backend)
+            if has_vision or not has_audio
+            else None
+        )
         self.model = text_model
         hp = text_model.hparams  # type: ignore[attr-defined]
-        self.clip.check_text_model(hp.n_embd_inp, f"{getattr(text_model, 'path', '')}")
+        for enc in (self.clip, self.audio):
+            if enc is not None:
+                enc.check_text_model(hp.n_embd_inp, f"{getattr(text_model, 'path', '')}")
         self.vocab = text_model.vocab  # type: ignore[attr-defined]
         if self.vocab is None:
             raise MtmdError(
@@ -106,35 +120,53 @@ class MtmdContext:
             )
         self.max_pixels = max_pixels
         self.image_pad = image_pad
-        ptype = self.clip.hparams.projector_type
-        self.image_wrap = _IMAGE_WRAP.get(ptype, _MROPE_WRAP if self.clip.projector.mrope else ("", ""))
-        for tok in (t for w in self.image_wrap for t in w.replace("><", ">\0<").split("\0")):
+        self.image_wrap: tuple[str, str] = ("", "")
+        self.audio_wrap = (
+            AUDIO_WRAP.get(self.audio.hparams.projector_type, ("", "")) if self.audio else ("", "")
+        )
+        wraps = [self.audio_wrap]
+        if self.clip is not None:
+            ptype = self.clip.hparams.projector_type
+            self.image_wrap = _IMAGE_WRAP.get(ptype, _MROPE_WRAP if self.clip.projector.mrope else ("", ""))
+            wraps.append(self.image_wrap)
+        for tok in (t for w in wraps for p in w for t in p.replace("><", ">\0<").split("\0")):
             if tok and (self.vocab is None or self.vocab.text_to_token(tok) < 0):
                 raise MtmdError(
-                    f"{self.clip.path}: the {ptype} projector needs the token {tok!r}, which the text model's "
+                    f"{os.fspath(mmproj_path)}: the projector needs the token {tok!r}, which the text model's "
                     "vocabulary lacks; this mmproj is for another model"
                 )
 
     @property
     def support_vision(self) -> bool:
-        return True
+        return self.clip is not None
+
+    @property
+    def support_audio(self) -> bool:
+        return self.audio is not None
 
     @property
     def decode_use_non_causal(self) -> bool:
-        return self.clip.projector.non_causal
+        return self.clip is not None and self.clip.projector.non_causal
 
-    # -- images ---------------------------------------------------------------------------------------
-    def bitmap_from_bytes(self, data: bytes, where: str = "image") -> Bitmap:
+    # -- images and audio -----------------------------------------------------------------------------
+    def bitmap_from_bytes(self, data: bytes, where: str = "image") -> Bitmap | AudioBitmap:
+        """An image, or an audio clip (WAV, FLAC, OGG, MP3: told by its first bytes)."""
+        if is_audio(data):
+            if self.audio is None:
+                raise AudioError(f"{where}: this model's mmproj has no audio encoder; it cannot take audio")
+            return decode_audio(data, where)
+        if self.clip is None:
+            raise MtmdError(f"{where}: this model's mmproj has no vision encoder; it takes audio, not images")
         return load_image(data, self.max_pixels, where)
 
-    def bitmap_from_file(self, path: str | os.PathLike) -> Bitmap:
+    def bitmap_from_file(self, path: str | os.PathLike) -> Bitmap | AudioBitmap:
         p = os.fspath(path)
         try:
             with open(p, "rb") as f:
                 data = f.read()
         except OSError as e:
-            raise MtmdError(f"{p}: cannot read the image: {e.strerror or e}") from None
-        return load_image(data, self.max_pixels, p)
+            raise MtmdError(f"{p}: cannot read the file: {e.strerror or e}") from None
+        return self.bitmap_from_bytes(data, p)
 
     def _image_chunk(self, bmp: Bitmap) -> ImageChunk:
         hp = self.clip.hparams
@@ -158,8 +190,24 @@ class MtmdContext:
         n = self.clip.n_output_tokens(px.shape[2], px.shape[1])
         return ImageChunk(bmp.id, n, px, self.decode_use_non_causal)
 
-    def _media_pieces(self, bmp: Bitmap) -> list[str | ImageChunk]:
+    def _audio_pieces(self, bmp: AudioBitmap) -> list[str | ImageChunk]:
+        """An audio clip: its marker tokens around one chunk per 30 s window (mtmd_tokenizer's audio branch)."""
+        if self.audio is None:
+            raise AudioError("this model's mmproj has no audio encoder; it cannot take audio")
+        mels = mel_chunks(bmp.samples, self.audio.hparams.n_mel)
+        n = self.audio.n_tokens
+        out: list[str | ImageChunk] = [self.audio_wrap[0]]
+        for k, mel in enumerate(mels):
+            cid = hashlib.sha256(f"{bmp.id}:audio:{k}".encode()).hexdigest()
+            out.append(AudioChunk(cid, n, mel))
+        return [*out, self.audio_wrap[1]]
+
+    def _media_pieces(self, bmp: Bitmap | AudioBitmap) -> list[str | ImageChunk]:
         """The text and image chunks one image becomes (its marker tokens around it)."""
+        if isinstance(bmp, AudioBitmap):
+            return self._audio_pieces(bmp)
+        if self.clip is None:
+            raise MtmdError("this model's mmproj has no vision encoder; it takes audio, not images")
         hp = self.clip.hparams
         beg, end = self.image_wrap
         longest = int(self.clip.metadata.get("clip.vision.preproc_image_size") or 0)
@@ -186,7 +234,7 @@ class MtmdContext:
     def tokenize(
         self,
         text: str,
-        bitmaps: Sequence[Bitmap] = (),
+        bitmaps: Sequence[Bitmap | AudioBitmap] = (),
         add_special: bool = True,
         parse_special: bool = True,
         marker: str = MEDIA_MARKER,
@@ -195,7 +243,8 @@ class MtmdContext:
         parts = text.split(marker)
         if len(parts) - 1 != len(bitmaps):
             raise MtmdError(
-                f"the prompt has {len(parts) - 1} image marker(s) {marker!r} but {len(bitmaps)} image(s) were given"
+                f"the prompt has {len(parts) - 1} image marker(s) {marker!r} but {len(bitmaps)} image(s) or "
+                "audio clip(s) were given"
             )
         pieces: list[str | ImageChunk] = [parts[0]]
         for bmp, part in zip(bitmaps, parts[1:], strict=True):
@@ -219,7 +268,9 @@ class MtmdContext:
     def encode(self, chunk: ImageChunk) -> np.ndarray:
         """The image's embeddings ``F32[n_tokens, n_embd]`` (computed once per chunk)."""
         if chunk.embd is None:
-            e = self.clip.encode(chunk.pixels)
+            enc = self.audio if isinstance(chunk, AudioChunk) else self.clip
+            assert enc is not None
+            e = enc.encode(chunk.pixels)
             if e.shape[0] != chunk.n_tokens:
                 raise MtmdError(f"encode: the projector made {e.shape[0]} tokens, expected {chunk.n_tokens}")
             chunk.embd = e
