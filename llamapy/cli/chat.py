@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "chat",
         help="chat with a model (interactive, or one message per line on a pipe)",
-        description="Chat with a model through its chat template. Commands: /exit, /clear, /image FILE.",
+        description="Chat with a model through its chat template. Commands: /exit, /clear, /image FILE, /audio FILE.",
         allow_abbrev=False,
     )
     g = p.add_argument_group("chat")
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                 n_accepted = 0
                 log("llamapy: conversation cleared")
                 continue
-            if cmd.startswith("/image "):  # the next message gets this image (llama-mtmd-cli)
+            if cmd.startswith(("/image ", "/audio ")):  # the next message gets this file (llama-mtmd-cli)
                 pending.append(cmd[len("/image ") :].strip())
                 log(f"llamapy: {pending[-1]} goes with the next message")
                 continue

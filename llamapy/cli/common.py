@@ -182,6 +182,10 @@ def add_mtmd_args(p: argparse.ArgumentParser, images: bool = True) -> None:
             "--image", action="append", default=[], metavar="FNAME",
             help="image file (repeatable); placed at each <__media__> in the prompt, else before it",
         )  # fmt: skip
+        g.add_argument(
+            "--audio", action="append", dest="image", metavar="FNAME",
+            help="audio file, WAV/FLAC/OGG/MP3 (repeatable; an mmproj with an audio encoder), placed as --image",
+        )  # fmt: skip
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

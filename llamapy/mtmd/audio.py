@@ -184,3 +184,37 @@ def mel_chunks(samples: np.ndarray, n_mel: int) -> list[np.ndarray]:
     mel = log_mel_spectrogram(samples, n_mel)
     n = mel.shape[1] // CHUNK_FRAMES
     return [np.ascontiguousarray(mel[:, k * CHUNK_FRAMES : (k + 1) * CHUNK_FRAMES]) for k in range(n)]
+
+
+AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "oga", "opus", "m4a", "webm", "pcm16")
+_DECODED_FORMATS = ("wav", "mp3", "flac", "ogg", "oga", "opus")
+
+
+def read_input_audio(part: object, where: str, max_bytes: int = MAX_AUDIO_BYTES) -> bytes:
+    """The bytes of an OpenAI ``input_audio`` content part (``{"data": base64, "format": "wav"}``)."""
+    import base64
+    import binascii
+    from collections.abc import Mapping
+
+    if not isinstance(part, Mapping):
+        raise AudioError(f"{where}.input_audio: must be an object with 'data' (base64) and 'format'")
+    data, fmt = part.get("data"), part.get("format", "wav")
+    if not isinstance(data, str) or not data:
+        raise AudioError(f"{where}.input_audio.data: must be a non-empty base64 string")
+    if not isinstance(fmt, str) or fmt.lower() not in _DECODED_FORMATS:
+        raise AudioError(
+            f"{where}.input_audio.format: {fmt!r} is not supported (supported: {', '.join(_DECODED_FORMATS)})"
+        )
+    if data.startswith("data:"):  # a data URL where plain base64 is expected: accepted
+        data = data.partition(",")[2]
+    if len(data) > max_bytes * 4 // 3 + 4:
+        raise AudioError(f"{where}.input_audio.data: the audio is larger than {max_bytes} bytes")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise AudioError(f"{where}.input_audio.data: invalid base64: {e}") from None
+    if not is_audio(raw):
+        raise AudioError(
+            f"{where}.input_audio.data: not a WAV, FLAC, OGG or MP3 file (format {fmt!r}); cannot decode the audio"
+        )
+    return raw

@@ -32,10 +32,12 @@ _K_BITS = 20  # pseudo token = -(1 + (image hash prefix << 20) + position in the
 
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
 _IMAGE_TYPES = ("image_url", "input_image", "image")
+# OpenAI's {"type": "input_audio", "input_audio": {"data": base64, "format": "wav"}}
+_AUDIO_TYPES = ("input_audio",)
 
 
 def _is_image_part(p: Any) -> bool:
-    return isinstance(p, Mapping) and p.get("type") in _IMAGE_TYPES
+    return isinstance(p, Mapping) and p.get("type") in _IMAGE_TYPES + _AUDIO_TYPES
 
 
 def has_images(messages: Sequence[Any]) -> bool:
@@ -128,8 +130,15 @@ def split_content(
                 url = ref.get("url") if isinstance(ref, Mapping) else ref
                 images.append((where, read_image_url(url, where, allow_remote)))
                 texts.append(marker)
+            elif kind in _AUDIO_TYPES:
+                from .audio import read_input_audio
+
+                images.append((where, read_input_audio(p.get("input_audio"), where)))
+                texts.append(marker)
             else:
-                raise MtmdError(f"{where}: content part type {kind!r} is not supported (text, image_url)")
+                raise MtmdError(
+                    f"{where}: content part type {kind!r} is not supported (text, image_url, input_audio)"
+                )
         out.append({**m, "content": "\n".join(texts)})
     return out, images
 
