@@ -1,0 +1,159 @@
+"""MTP speculative decoding (``--spec-type mtp``): the target's own next-token-prediction layer drafts,
+the target verifies. Tiny random-weight glm4moe / deepseek2 files with one nextn layer (written by
+llamapy's GGUF writer from a transformers model, tests/model/families); transformers has no MTP module
+for these, so the checks are the invariants: greedy output identical with and without the drafts, a
+seeded sampled run identical too, and a file built so that the MTP layer must predict what the model
+will say (its drafts then accepted), which a wrong MTP graph (input halves swapped, a wrong position,
+the wrong hidden state) fails."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from llamapy.context import Context, ContextParams  # noqa: E402
+from llamapy.generation import GenerationParams, TokenSequence, generate  # noqa: E402
+from llamapy.generation.mtp import MtpDraft, MtpError  # noqa: E402
+from llamapy.generation.speculative import make_spec_draft  # noqa: E402
+from llamapy.ggml.types import GGMLType  # noqa: E402
+from llamapy.model import Model  # noqa: E402
+from tests.model import hf_tiny  # noqa: E402
+
+hf_tiny._load_family_modules()
+FAMILIES = hf_tiny.FAMILIES
+
+
+class Vocab:
+    n_tokens = hf_tiny.N_VOCAB
+
+    def is_eog(self, t: int) -> bool:
+        return False
+
+    def token_to_piece(self, t: int, special: bool = False) -> bytes:
+        return b"x"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("mtp")
+    out: dict[str, Path] = {}
+    try:
+        for name in ("glm4moe", "deepseek2"):
+            tm = hf_tiny.make_tiny(FAMILIES[name], root, seed=zlib.crc32(name.encode()) % 10_000)
+            out[name] = tm.write(GGMLType.F32)
+            out[name + "-copy"] = _copying(tm, root)
+        out["llama"] = hf_tiny.make_tiny(FAMILIES["llama"], root, seed=3).write(GGMLType.F32)
+    finally:
+        torch.set_num_threads(n)
+    return out
+
+
+def _copying(tm: Any, root: Path) -> Path:
+    """The family's file with every attention/FFN output zeroed, so the model's next token is a
+    function f of the current one (head(norm(embed(t)))), and an MTP layer whose eh_proj keeps only
+    the token's half: it predicts f(t_{p+1}), which is exactly what the model will say after t_{p+1}."""
+    fam, cfg = tm.family, tm.hf.config
+    tensors = dict(tm.tensors[GGMLType.F32])
+    n_layer, n = cfg.num_hidden_layers, cfg.hidden_size
+    for k in tensors:
+        if k.endswith(
+            ("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")
+        ):
+            tensors[k] = np.zeros_like(tensors[k])
+    tensors[f"blk.{n_layer}.nextn.eh_proj.weight"] = np.concatenate(
+        [np.eye(n, dtype=np.float32), np.zeros((n, n), np.float32)], axis=1
+    )
+    md = hf_tiny.metadata(fam, cfg, GGMLType.F32)
+    return hf_tiny.write_gguf(root / f"copy-{fam.name}.gguf", fam.arch, md, tensors, GGMLType.F32)
+
+
+PROMPT = [int(t) for t in np.random.default_rng(5).integers(0, hf_tiny.N_VOCAB, 24)]
+
+
+def _run(model: Model, draft: Any, sample: Any = None, n: int = 32) -> list[int]:
+    ctx = Context(model, ContextParams(n_ctx=256, n_batch=64))
+    seq = TokenSequence(ctx)
+    sample = sample or (lambda z: int(np.argmax(z)))
+    steps = generate(seq, sample, Vocab(), PROMPT, GenerationParams(max_tokens=n), draft_model=draft)
+    return [s.token for s in steps if s.token is not None]
+
+
+@pytest.mark.parametrize("name", ["glm4moe", "deepseek2"])
+def test_greedy_identical_with_mtp_drafts(files: dict[str, Path], name: str) -> None:
+    model = Model.load(files[name])
+    assert model.hparams.n_layer_nextn == 1
+    plain = _run(model, None)
+    draft = make_spec_draft("mtp", model, n_ctx=256)
+    assert isinstance(draft, MtpDraft)
+    assert _run(model, draft) == plain
+    assert draft.n_drafted > 0 and draft.n_calls > 0
+
+
+@pytest.mark.parametrize("name", ["glm4moe", "deepseek2"])
+def test_mtp_drafts_are_accepted_when_the_layer_predicts_the_model(files: dict[str, Path], name: str) -> None:
+    model = Model.load(files[name + "-copy"])
+    plain = _run(model, None)
+    draft = MtpDraft(model, n_draft=3, n_ctx=256)
+    assert _run(model, draft) == plain
+    # every draft is right (up to the end of max_tokens): most of the tokens come from drafts
+    assert draft.n_accepted >= 0.9 * draft.n_drafted - 3 and draft.n_accepted >= 16
+
+
+def test_sampled_identical_with_mtp_drafts(files: dict[str, Path]) -> None:
+    """A seeded sampler draws the same tokens: each is drawn from the logits of exactly the tokens before."""
+    model = Model.load(files["glm4moe-copy"])
+
+    def sampler() -> Any:
+        rng = np.random.default_rng(11)
+
+        def sample(z: np.ndarray) -> int:
+            p = np.exp((z - z.max()) / 0.8)
+            return int(rng.choice(len(p), p=p / p.sum()))
+
+        return sample
+
+    draft = MtpDraft(model, n_draft=2, n_ctx=256)
+    assert _run(model, draft, sampler()) == _run(model, None, sampler())
+    assert draft.n_drafted > 0
+
+
+def test_mtp_reuses_its_cache_across_calls(files: dict[str, Path]) -> None:
+    """A second generation over the same context (prompt-cache reuse) still drafts and stays exact."""
+    model = Model.load(files["glm4moe-copy"])
+    ctx = Context(model, ContextParams(n_ctx=256, n_batch=64))
+    seq = TokenSequence(ctx)
+    draft = MtpDraft(model, n_ctx=256)
+    greedy = lambda z: int(np.argmax(z))  # noqa: E731
+    first = [
+        s.token
+        for s in generate(seq, greedy, Vocab(), PROMPT, GenerationParams(max_tokens=8), draft_model=draft)
+    ]
+    n_acc = draft.n_accepted
+    second_prompt = PROMPT + [t for t in first if t is not None] + [7, 8]
+    second = [
+        s.token
+        for s in generate(
+            seq, greedy, Vocab(), second_prompt, GenerationParams(max_tokens=16), draft_model=draft
+        )
+    ]
+    assert seq.n_reused > len(PROMPT)
+    assert second == [s.token for s in generate(TokenSequence(Context(model, ContextParams(n_ctx=256))), greedy,
+                                                Vocab(), second_prompt, GenerationParams(max_tokens=16))]  # fmt: skip
+    assert draft.n_accepted > n_acc
+
+
+def test_mtp_on_a_model_without_mtp_layers_is_a_typed_error(files: dict[str, Path]) -> None:
+    with pytest.raises(MtpError, match="MTP"):
+        make_spec_draft("mtp", Model.load(files["llama"]))
+    with pytest.raises(MtpError):
+        MtpDraft(Model.load(files["glm4moe"]), n_draft=0)
+    with pytest.raises(ValueError, match="unknown speculative"):
+        make_spec_draft("eagle9", None)
