@@ -51,7 +51,9 @@ __all__ = ["BatchError", "Context", "ContextFullError", "ContextParams", "EvalCa
 # llama.cpp's cb_eval (ggml_backend_sched_eval_callback) with the value in place of user_data: called
 # as cb(node, True, None) once per graph for every named node (return True to watch it), then as
 # cb(node, False, value) after each ubatch's compute for each watched node, in graph order (value: a
-# copy; return False to skip the remaining nodes of that ubatch).
+# copy; return False to skip the remaining nodes of that ubatch). A callback with a true attribute
+# ``ask_unnamed`` is asked about unnamed nodes too, and a watched mat-mul keeps its inputs readable
+# (``ctx.sched.get(node.src[1])``: llama-imatrix reads the activations going into each weight).
 EvalCallback = Callable[[Tensor, bool, "np.ndarray | None"], bool]
 
 _POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
@@ -330,9 +332,11 @@ class Context:
         watched: list[Tensor] = []
         cb = self.cb_eval
         if cb is not None:  # watched nodes become outputs: the planner keeps their memory to the end
-            watched = [t for t in graph.nodes if t.name and cb(t, True, None)]
+            every = bool(getattr(cb, "ask_unnamed", False))
+            watched = [t for t in graph.nodes if (t.name or every) and cb(t, True, None)]
             if watched:
-                graph = Graph(outs + watched, extra=writes)
+                mm_in = [s for t in watched if every and t.op in ("mul_mat", "mul_mat_id") for s in t.src[1:]]
+                graph = Graph(outs + watched + mm_in, extra=writes)
         used = {id(t) for t in graph.inputs}
         gis = [gi for gi in gis if any(id(t) in used for t in gi.tensors())]  # (Mamba2 reads no position)
         ge = _GraphEntry(graph, res.logits, embd, gis, watched, res.embd_pooled, used)

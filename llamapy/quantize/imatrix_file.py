@@ -116,10 +116,10 @@ def _load_gguf(path: str) -> Imatrix:
         for t in r.tensors:
             for suf in (".in_sum2", ".counts"):
                 if t.name.endswith(suf) and len(t.name) > len(suf):
-                    if t.type.name != "F32":
+                    if t.ggml_type.name != "F32":
                         raise QuantizeError(f"{path}: sums and counts for {t.name} must be F32")
                     pairs.setdefault(t.name[: -len(suf)], {})[suf] = np.array(
-                        t.array, dtype=np.float32
+                        t.array(), dtype=np.float32
                     ).reshape(-1)
         for name in sorted(pairs):
             p = pairs[name]
