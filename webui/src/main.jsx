@@ -5,6 +5,7 @@ import { ApiError, getJSON, getKey, setKey, streamChat } from "./api.js";
 import { addNode, branch, deleteConv, leaf, listConvs, newConv, putConv, validConv } from "./db.js";
 import { hasMath, onMathReady, toHTML } from "./markdown.js";
 import { enabledTools, listTools, requestFields, setEnabledTools } from "./mcp.js";
+import { Icon } from "./icons.jsx";
 import { Settings, loadSettings, samplingFields } from "./settings.jsx";
 import "./style.css";
 
@@ -50,13 +51,13 @@ function Siblings({ conv, node, onPick }) {
   return (
     <span class="branch">
       <button type="button" class="icon" title="previous branch" disabled={i <= 0} onClick={() => onPick(sibs[i - 1])}>
-        ‹
+        <Icon name="left" size={14} />
       </button>
       <span class="branch-n">
         {i + 1}/{sibs.length}
       </span>
       <button type="button" class="icon" title="next branch" disabled={i >= sibs.length - 1} onClick={() => onPick(sibs[i + 1])}>
-        ›
+        <Icon name="right" size={14} />
       </button>
     </span>
   );
@@ -68,7 +69,7 @@ function Attachments({ items, onRemove }) {
     <div class="atts">
       {items.map((a, i) => (
         <span class="att" key={i} title={a.name}>
-          {a.kind === "image" ? <img src={a.data} alt={a.name} /> : <span class="att-file">📄 {a.name}</span>}
+          {a.kind === "image" ? <img src={a.data} alt={a.name} /> : <span class="att-file"><Icon name="file" size={13} /> {a.name}</span>}
           {onRemove && (
             <button type="button" class="icon att-x" title="remove" onClick={() => onRemove(i)}>
               ×
@@ -93,10 +94,10 @@ function Message({ conv, node, live, busy, onPick, onEdit, onRegen }) {
             <div class="actions">
               <Siblings conv={conv} node={node} onPick={onPick} />
               <button type="button" class="icon" data-act="edit" title="edit and branch" disabled={busy} onClick={() => setEditing(node.content)}>
-                ✎
+                <Icon name="edit" />
               </button>
               <button type="button" class="icon" data-act="copy" title="copy" onClick={copy}>
-                ⧉
+                <Icon name="copy" />
               </button>
             </div>
           </>
@@ -143,10 +144,10 @@ function Message({ conv, node, live, busy, onPick, onEdit, onRegen }) {
         {!streaming && (
           <>
             <button type="button" class="icon" data-act="copy" title="copy" onClick={copy}>
-              ⧉
+              <Icon name="copy" />
             </button>
             <button type="button" class="icon" data-act="regen" title="regenerate" disabled={busy} onClick={() => onRegen(node)}>
-              ↻
+              <Icon name="regen" />
             </button>
           </>
         )}
@@ -195,10 +196,10 @@ function ConvItem({ c, active, onOpen, onRename, onDelete }) {
         {c.name}
       </button>
       <button type="button" class="icon" data-act="rename" title="rename" onClick={() => setRenaming(true)}>
-        ✎
+        <Icon name="edit" size={14} />
       </button>
       <button type="button" class={`icon${sure ? " danger" : ""}`} data-act="delete" title={sure ? "click again to delete" : "delete"} onClick={() => (sure ? onDelete(c) : setSure(true))}>
-        {sure ? "Delete?" : "🗑"}
+        {sure ? "Delete?" : <Icon name="trash" size={14} />}
       </button>
     </li>
   );
@@ -523,10 +524,10 @@ function App() {
               localStorage.setItem("llamapy.theme", t);
             }}
           >
-            ◐
+            <Icon name="theme" />
           </button>
           <button type="button" id="open-settings" title="settings" onClick={() => setShowSettings(true)}>
-            ⚙
+            <Icon name="gear" />
           </button>
         </div>
       </aside>
@@ -534,7 +535,7 @@ function App() {
       <main class="main">
         <header class="top">
           <button type="button" class="icon" id="toggle-side" title="conversations" onClick={() => setSide(!side)}>
-            ☰
+            <Icon name="menu" size={18} />
           </button>
           <div class="title">{conv?.name || "llamapy"}</div>
           {models.length > 1 ? (
@@ -583,7 +584,7 @@ function App() {
           <Attachments items={atts} onRemove={(i) => setAtts(atts.filter((_, j) => j !== i))} />
           <div class="row">
             <button type="button" class="icon" id="attach" title="attach images or text files" onClick={() => fileRef.current.click()}>
-              📎
+              <Icon name="clip" size={18} />
             </button>
             <input type="file" multiple hidden ref={fileRef} id="file" onChange={(e) => (readFiles([...e.currentTarget.files]), (e.currentTarget.value = ""))} />
             <textarea
