@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "chat": "chat",
     "pull": "pull",
     "serve": "serve",
+    "serve-ray": "serve_ray",
     "tokenize": "tokenize",
     "perplexity": "perplexity",
     "quantize": "quantize",

@@ -1,0 +1,45 @@
+"""llamapy on Ray: a Ray Serve application of N replicas of the llamapy server behind one endpoint, with
+prefix-cache-aware routing (``llamapy serve-ray``, :func:`build_app`). Needs the ``ray`` extra:
+``pip install 'llamapy[ray]'``.
+
+    import ray
+    from ray import serve
+    from llamapy.ray import build_app
+
+    ray.init(num_cpus=2)
+    serve.start(http_options={"port": 8000})
+    serve.run(build_app("model.gguf", replicas=2, threads=1), name="llamapy", route_prefix="/")
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import LlamapyError
+
+if TYPE_CHECKING:
+    from ray.serve import Application
+
+
+class RayNotInstalledError(LlamapyError):
+    """Ray (``ray[serve]``) is not installed."""
+
+
+def require_ray() -> None:
+    """Raise :class:`RayNotInstalledError`, naming the extra to install, when ``ray.serve`` is missing."""
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError as e:
+        raise RayNotInstalledError(f"Ray Serve is not installed ({e}): pip install 'llamapy[ray]'") from None
+
+
+def build_app(model: str, replicas: int = 1, **kwargs: Any) -> Application:
+    """The Ray Serve application: see :func:`llamapy.ray.deployment.build_app`."""
+    require_ray()
+    from .deployment import build_app as _build
+
+    return _build(model, replicas, **kwargs)
+
+
+__all__ = ["RayNotInstalledError", "build_app", "require_ray"]
