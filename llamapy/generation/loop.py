@@ -278,6 +278,8 @@ def _generate(
             yield step
             continue
         n0 = len(seq)
+        if getattr(seq.ctx.memory, "has_checkpoints", False):  # a recurrent state: keep it to come back to
+            seq.ctx.memory.checkpoint(seq.seq_id)
         rows = seq.eval([step.token, *draft], logits_all=True)
         try:
             for i, guess in enumerate(draft):

@@ -135,9 +135,15 @@ class TokenSequence:
         n = max(0, min(n, len(self.tokens)))
         if n == len(self.tokens):
             return
-        if not self.ctx.memory.seq_rm(self.seq_id, n, -1):
-            self.ctx.memory.seq_rm(self.seq_id, -1, -1)
-            keep, self.tokens = self.tokens[:n], []
+        mem = self.ctx.memory
+        if not mem.seq_rm(self.seq_id, n, -1):
+            # a recurrent state goes back only to a checkpoint (or to the start): from there, re-evaluate
+            q = int(getattr(mem, "seq_pos_restorable", lambda s, p: 0)(self.seq_id, n))
+            if not 0 < q <= n or not mem.seq_rm(self.seq_id, q, -1):
+                mem.seq_rm(self.seq_id, -1, -1)
+                q = 0
+            keep, self.tokens = self.tokens[q:n], self.tokens[:q]
+            self._last_logits = None
             if keep:
                 self.eval(keep)
             return

@@ -39,6 +39,10 @@ class Vocab:
         return b"x"
 
 
+OUT_PROJ = ("attn_output.weight", "ssm_out.weight", "ffn_down.weight", "ffn_down_exps.weight",
+            "ffn_down_shexp.weight")  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     n = torch.get_num_threads()
@@ -46,33 +50,53 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("mtp")
     out: dict[str, Path] = {}
     try:
-        for name in ("glm4moe", "deepseek2"):
+        for name in ("glm4moe", "deepseek2", "qwen35"):
             tm = hf_tiny.make_tiny(FAMILIES[name], root, seed=zlib.crc32(name.encode()) % 10_000)
-            out[name] = tm.write(GGMLType.F32)
-            out[name + "-copy"] = _copying(tm, root)
+            tm.write(GGMLType.F32)
+            out[name] = _with_mtp(tm, root, None)
+            out[name + "-copy"] = _with_mtp(tm, root, 0.0)
+            out[name + "-mostly"] = _with_mtp(tm, root, 0.35)
         out["llama"] = hf_tiny.make_tiny(FAMILIES["llama"], root, seed=3).write(GGMLType.F32)
     finally:
         torch.set_num_threads(n)
     return out
 
 
-def _copying(tm: Any, root: Path) -> Path:
-    """The family's file with every attention/FFN output zeroed, so the model's next token is a
-    function f of the current one (head(norm(embed(t)))), and an MTP layer whose eh_proj keeps only
-    the token's half: it predicts f(t_{p+1}), which is exactly what the model will say after t_{p+1}."""
+def _with_mtp(tm: Any, root: Path, scale: float | None) -> Path:
+    """The family's file with one MTP layer ``blk.{n_layer}`` (the families' converters add a random one
+    to glm4moe/deepseek2: a copy of the last layer; qwen35 gets the same here).
+
+    With ``scale`` every attention / linear-attention / FFN output projection is multiplied by it and
+    the MTP's eh_proj keeps only the token's half: at 0 the model's next token is a function f of the
+    current one (head(norm(embed(t)))) and the MTP layer predicts f(t_{p+1}), exactly what the model
+    will say after t_{p+1}; a little above 0 the context sometimes changes the model's choice, so some
+    drafts are rejected (a recurrent state must then be rolled back)."""
     fam, cfg = tm.family, tm.hf.config
     tensors = dict(tm.tensors[GGMLType.F32])
     n_layer, n = cfg.num_hidden_layers, cfg.hidden_size
-    for k in tensors:
-        if k.endswith(
-            ("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")
-        ):
-            tensors[k] = np.zeros_like(tensors[k])
-    tensors[f"blk.{n_layer}.nextn.eh_proj.weight"] = np.concatenate(
-        [np.eye(n, dtype=np.float32), np.zeros((n, n), np.float32)], axis=1
-    )
     md = hf_tiny.metadata(fam, cfg, GGMLType.F32)
-    return hf_tiny.write_gguf(root / f"copy-{fam.name}.gguf", fam.arch, md, tensors, GGMLType.F32)
+    if f"blk.{n_layer}.nextn.eh_proj.weight" not in tensors:
+        last = f"blk.{n_layer - 1}."
+        for k in [k for k in tensors if k.startswith(last)]:
+            tensors[f"blk.{n_layer}." + k[len(last) :]] = tensors[k].copy()
+        rng = np.random.default_rng(0)
+        tensors[f"blk.{n_layer}.nextn.eh_proj.weight"] = (rng.standard_normal((n, 2 * n)) * 0.2).astype(
+            np.float32
+        )
+        tensors[f"blk.{n_layer}.nextn.enorm.weight"] = np.ones(n, np.float32)
+        tensors[f"blk.{n_layer}.nextn.hnorm.weight"] = np.ones(n, np.float32)
+        md[f"{fam.arch}.block_count"] = n_layer + 1
+        md[f"{fam.arch}.nextn_predict_layers"] = 1
+    if scale is not None:
+        for k in tensors:
+            if k.endswith(OUT_PROJ):
+                tensors[k] = tensors[k] * np.float32(scale)
+        eye = np.eye(n, dtype=np.float32)
+        tensors[f"blk.{n_layer}.nextn.eh_proj.weight"] = np.concatenate(
+            [eye, np.zeros((n, n), np.float32)], 1
+        )
+    tag = "random" if scale is None else f"s{scale}"
+    return hf_tiny.write_gguf(root / f"{fam.name}-mtp-{tag}.gguf", fam.arch, md, tensors, GGMLType.F32)
 
 
 PROMPT = [int(t) for t in np.random.default_rng(5).integers(0, hf_tiny.N_VOCAB, 24)]
@@ -86,7 +110,7 @@ def _run(model: Model, draft: Any, sample: Any = None, n: int = 32) -> list[int]
     return [s.token for s in steps if s.token is not None]
 
 
-@pytest.mark.parametrize("name", ["glm4moe", "deepseek2"])
+@pytest.mark.parametrize("name", ["glm4moe", "deepseek2", "qwen35"])
 def test_greedy_identical_with_mtp_drafts(files: dict[str, Path], name: str) -> None:
     model = Model.load(files[name])
     assert model.hparams.n_layer_nextn == 1
@@ -97,7 +121,7 @@ def test_greedy_identical_with_mtp_drafts(files: dict[str, Path], name: str) -> 
     assert draft.n_drafted > 0 and draft.n_calls > 0
 
 
-@pytest.mark.parametrize("name", ["glm4moe", "deepseek2"])
+@pytest.mark.parametrize("name", ["glm4moe", "deepseek2", "qwen35"])
 def test_mtp_drafts_are_accepted_when_the_layer_predicts_the_model(files: dict[str, Path], name: str) -> None:
     model = Model.load(files[name + "-copy"])
     plain = _run(model, None)
@@ -105,6 +129,17 @@ def test_mtp_drafts_are_accepted_when_the_layer_predicts_the_model(files: dict[s
     assert _run(model, draft) == plain
     # every draft is right (up to the end of max_tokens): most of the tokens come from drafts
     assert draft.n_accepted >= 0.9 * draft.n_drafted - 3 and draft.n_accepted >= 16
+
+
+@pytest.mark.parametrize("name", ["glm4moe", "qwen35"])
+def test_partly_rejected_mtp_drafts_roll_back(files: dict[str, Path], name: str) -> None:
+    """Some drafts kept, some rejected: the KV cache (and qwen35's recurrent state, through a
+    checkpoint) goes back to the last kept token and the output stays the plain one."""
+    model = Model.load(files[name + "-mostly"])
+    plain = _run(model, None, n=40)
+    draft = MtpDraft(model, n_draft=3, n_ctx=256)
+    assert _run(model, draft, n=40) == plain
+    assert 0 < draft.n_accepted < draft.n_drafted
 
 
 def test_sampled_identical_with_mtp_drafts(files: dict[str, Path]) -> None:
