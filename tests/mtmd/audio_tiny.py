@@ -11,7 +11,7 @@ HF's WhisperEncoder.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from llamapy.ggml.types import GGMLType
 from llamapy.gguf import GGUFValueType
 from llamapy.gguf.writer import GGUFWriter
 from tests.model import hf_tiny
+from tests.mtmd import convert
 from tests.mtmd.convert import tiny_vocab
 
 D, FF, N_LAYER, N_HEAD, N_TEXT = 32, 64, 2, 2, 64
@@ -202,7 +203,8 @@ def make(kind: str, tmpdir: Path, n_mel: int = 80, seed: int = 0) -> TinyAudio:
 
 def make_text(tmpdir: Path, seed: int = 0) -> tuple[torch.nn.Module, Path]:
     """A tiny llama (hidden 64) whose vocabulary has the audio markers; (HF model, GGUF path)."""
-    fam = hf_tiny.FAMILIES["llama"]
+    base = hf_tiny.FAMILIES["llama"]
+    fam = replace(base, name="audio-text", config_kw={**base.config_kw, "vocab_size": convert.N_VOCAB})
     hf = hf_tiny.build_hf(fam, seed)
     cfg = hf.config
     sd = hf_tiny.effective_state_dict(hf_tiny.hf_state_dict(hf), GGMLType.F32)
