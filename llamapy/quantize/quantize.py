@@ -26,7 +26,15 @@ from ..gguf.split import SPLIT_KEYS, GGUFModelFiles, open_model, split_path
 from ..gguf.writer import GGUFWriter
 from .ftypes import FType, QuantizeError, parse_ftype, parse_ggml_type
 from .imatrix_file import Imatrix, load_imatrix
-from .rules import ModelInfo, Options, TensorDesc, TypePlanner, requires_imatrix, sort_key
+from .rules import (
+    ModelInfo,
+    Options,
+    TensorDesc,
+    TypePlanner,
+    allows_quantization,
+    requires_imatrix,
+    sort_key,
+)
 
 __all__ = ["QuantizeResult", "TensorPlan", "parse_override_kv", "plan_types", "quantize_file"]
 
@@ -170,8 +178,12 @@ def plan_types(
     else:
         infos.sort(key=lambda t: sort_key(t.name))
     planner = TypePlanner(_model_info(files), opts, [t.name for t in infos])
-    types = [planner.target_type(TensorDesc(t.name, tuple(t.ne), t.ggml_type)) for t in infos]
+    types = [planner.target_type(desc(t)) for t in infos]
     return infos, types, planner
+
+
+def desc(t: TensorInfo) -> TensorDesc:
+    return TensorDesc(t.name, tuple(t.ne), t.ggml_type)
 
 
 def _fmt_shape(ne: Sequence[int]) -> str:
@@ -263,7 +275,9 @@ def quantize_file(
         plans: list[TensorPlan] = []
         will_require = False
         for ti, dst in zip(infos, types, strict=True):
-            req = ti.ggml_type != dst and requires_imatrix(ti.name, dst, ft)
+            req = allows_quantization(opts, planner.model.arch, desc(ti)) and requires_imatrix(
+                ti.name, dst, ft
+            )
             if req and not weights:
                 if not dry_run:
                     raise QuantizeError(
