@@ -4,7 +4,8 @@ Tools: ``add`` (a + b), ``fail`` (always raises: the error must reach the model 
 ``slow`` (sleeps ``seconds`` then answers: the call timeout must stop it), ``getenv`` (a variable of its
 environment, or ``(unset)``: what the host passes it) and ``crash`` (exits the process mid-call).
 MODE ``crash``: exit at once with a message on stderr (an MCP server that crashes at start);
-``hang``: never answer the handshake (one that never starts).
+``hang``: never answer the handshake (one that never starts); ``http PORT``: serve streamable HTTP on
+127.0.0.1:PORT (path ``/mcp``) instead of stdio.
 """
 
 from __future__ import annotations
@@ -52,4 +53,7 @@ if __name__ == "__main__":
         """Exit the server process in the middle of the call."""
         os._exit(5)
 
-    server.run()
+    if mode == "http":
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()

@@ -180,6 +180,74 @@ def test_allowed_tools_and_bad_requests(srv, client):
     assert ask(client, "hi", mcp=[]).choices[0].message.content == "Hello!"
 
 
+def _stream_lines(base_url: str, text: str, on_chunk) -> list[dict]:
+    """The chunks of a streamed agent answer (raw SSE over httpx); ``on_chunk(chunk)`` for each."""
+    body = {"messages": [{"role": "user", "content": text}], "stream": True, "mcp": True}
+    chunks = []
+    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+                if on_chunk(chunks[-1]) is False:
+                    break
+    return chunks
+
+
+@pytest.mark.parametrize("allow", [True, False])
+def test_confirm_before_each_call(srv, client, allow):
+    st = srv.app.state.mcp
+    st.confirm = True  # as --mcp-confirm (this test only)
+    asked = []
+
+    def on_chunk(c):
+        for ch in c["choices"]:
+            for conf in ch["delta"].get("mcp_confirm") or []:
+                asked.append(conf)
+                r = httpx.post(srv.base_url + "/mcp/confirm", json={"id": conf["id"], "allow": allow})
+                assert r.status_code == 200 and r.json() == {"id": conf["id"], "allow": allow}
+                again = httpx.post(srv.base_url + "/mcp/confirm", json={"id": conf["id"], "allow": allow})
+                assert (
+                    again.status_code == 404 and "no MCP tool call waits" in again.json()["error"]["message"]
+                )
+
+    try:
+        chunks = _stream_lines(srv.base_url, "add 2 3", on_chunk)
+        assert httpx.get(srv.base_url + "/mcp/tools").json()["confirm"] is True
+        with pytest.raises(openai.BadRequestError, match="give 'stream': true"):
+            ask(client, "add 2 3")  # nobody could be asked
+        for bad in ({"allow": True}, {"id": "x", "allow": "yes"}):
+            r = httpx.post(srv.base_url + "/mcp/confirm", json=bad)
+            assert r.status_code == 400, r.text
+    finally:
+        st.confirm = False
+    assert [(a["name"], json.loads(a["arguments"])) for a in asked] == [("add", {"a": 2, "b": 3})]
+    results = [r for c in chunks for ch in c["choices"] for r in ch["delta"].get("mcp_tool_results") or []]
+    content = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
+    if allow:
+        assert results[0]["content"] == "5" and content == "The sum is 5."
+    else:
+        assert results[0]["is_error"] and "declined" in results[0]["content"]
+        assert content == f"The sum is {results[0]['content']}."
+
+
+def test_client_leaving_while_a_call_waits(srv):
+    st = srv.app.state.mcp
+    st.confirm = True
+    try:
+        chunks = _stream_lines(
+            srv.base_url, "add 2 3", lambda c: not c["choices"][0]["delta"].get("mcp_confirm")
+        )
+        assert chunks[-1]["choices"][0]["delta"]["mcp_confirm"]
+        deadline = time.monotonic() + 10
+        while len(st.confirmations):  # the left call is dropped, not left waiting
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        st.confirm = False
+    assert httpx.get(srv.base_url + "/health").status_code == 200
+
+
 def test_a_server_that_crashes_mid_call_is_restarted(srv, client):
     r = ask(client, "crash")
     res = r.choices[0].message.model_extra["mcp_tool_results"][0]

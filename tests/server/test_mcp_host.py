@@ -1,0 +1,126 @@
+"""The MCP host without the HTTP server: the ``mcpServers`` config (every mistake named), and a server
+over streamable HTTP (the test MCP server of :mod:`tests.server.mcp_tools_server` in HTTP mode)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from llamapy.server.mcp_host import McpConfigError, McpHost, load_config, parse_config
+from tests.server.mcp_live import TOOLS_SERVER
+
+
+def test_config_claude_desktop_shape(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "files": {"command": "npx", "args": ["-y", "srv", "/tmp"], "env": {"K": "v"}},
+                    "web": {"url": "https://example.com/mcp", "headers": {"Authorization": "Bearer x"}},
+                    "off": {"command": "x", "disabled": True},
+                    "slow": {"type": "stdio", "command": "x", "timeout": 5, "startTimeout": 1.5},
+                }
+            }
+        )
+    )
+    files, web, slow = load_config(path)
+    assert (files.transport, files.command, files.args, files.env) == (
+        "stdio",
+        "npx",
+        ("-y", "srv", "/tmp"),
+        {"K": "v"},
+    )
+    assert (web.transport, web.url, web.headers) == (
+        "http",
+        "https://example.com/mcp",
+        {"Authorization": "Bearer x"},
+    )
+    assert (slow.call_timeout, slow.start_timeout) == (5.0, 1.5)
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ([], '"mcpServers" object'),
+        ({"servers": {}}, '"mcpServers" object'),
+        ({"mcpServers": {"a": "npx"}}, "mcpServers.a must be an object"),
+        ({"mcpServers": {"a": {}}}, 'either "command"'),
+        ({"mcpServers": {"a": {"command": "x", "url": "http://h"}}}, 'either "command"'),
+        ({"mcpServers": {"a": {"command": ""}}}, "command must be a non-empty string"),
+        ({"mcpServers": {"a": {"command": "x", "args": "-v"}}}, "args must be a list of strings"),
+        ({"mcpServers": {"a": {"command": "x", "env": {"K": 1}}}}, "env must be an object of strings"),
+        ({"mcpServers": {"a": {"url": "ftp://h"}}}, "http:// or https://"),
+        ({"mcpServers": {"a": {"url": "http://h", "type": "sse"}}}, "SSE transport is not supported"),
+        ({"mcpServers": {"a": {"command": "x", "timeout": 0}}}, "timeout must be a number of seconds"),
+        ({"mcpServers": {"a": {"command": "x", "startTimeout": True}}}, "startTimeout must be a number"),
+        ({"mcpServers": {"a": {"command": "x", "cmd": "y"}}}, "unknown key(s) cmd"),
+        ({"mcpServers": {"a b": {"command": "x"}}}, "a server name is"),
+    ],
+)
+def test_config_mistakes_are_named(data, message):
+    with pytest.raises(McpConfigError) as e:
+        parse_config(data, "mcp.json")
+    assert message in str(e.value) and str(e.value).startswith("mcp.json")
+
+
+def test_config_file_errors(tmp_path):
+    with pytest.raises(McpConfigError, match="cannot read the MCP config"):
+        load_config(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{mcpServers: 1")
+    with pytest.raises(McpConfigError, match="is not valid JSON"):
+        load_config(bad)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_streamable_http_server_and_an_unreachable_one():
+    port, dead = _free_port(), _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, TOOLS_SERVER, "http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until it listens
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, "the HTTP MCP server did not start"
+            time.sleep(0.1)
+        cfg = {
+            "web": {"url": f"http://127.0.0.1:{port}/mcp", "timeout": 2},
+            "gone": {"url": f"http://127.0.0.1:{dead}/mcp", "startTimeout": 5},
+        }
+
+        async def main():
+            host = McpHost(parse_config({"mcpServers": cfg}))
+            await host.start()
+            try:
+                await host.wait_started(30)
+                st = {s["name"]: s for s in host.status()["servers"]}
+                assert st["web"]["state"] == "ready" and st["web"]["transport"] == "http", st
+                assert st["gone"]["state"] != "ready" and st["gone"]["error"], st
+                return st, await host.call("add", {"a": 40, "b": 2}), await host.call("slow", {"seconds": 10})
+            finally:
+                await host.stop()
+
+        st, added, slow = asyncio.run(main())
+        assert (added.content, added.is_error) == ("42", False)
+        assert slow.is_error and "did not answer within 2 s" in slow.content
+        print("unreachable server:", st["gone"]["error"])
+    finally:
+        proc.terminate()
+        proc.wait(10)
