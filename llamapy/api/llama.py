@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import LlamapyError
 from ..generation import IncrementalDetokenizer, TokenSequence, common_prefix_length
+from ..generation.speculative import SPEC_TYPES, make_spec_draft
 from ..gguf.strings import StringArray
 from ..sampling.logprobs import log_softmax
 from .chat import ChatMixin
@@ -81,6 +82,9 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
                             ("kv_overrides", kv_overrides)):  # fmt: skip
             if value:
                 raise UnsupportedError(f"Llama({name}=...) is not supported by llamapy")
+        spec_type = None  # llama.cpp's --spec-type name: made once the model is loaded
+        if isinstance(draft_model, str) and draft_model.strip().lower() in SPEC_TYPES:
+            spec_type, draft_model = draft_model, None
         if isinstance(draft_model, (str, os.PathLike)):  # a second GGUF (llama.cpp's --model-draft)
             from ..generation.draft_model import LlamaModelDraft
 
@@ -99,6 +103,10 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
             from ..generation.draft_model import check_compatible
 
             check_compatible(model.vocab, draft_model.vocab)
+        if spec_type is not None and not vocab_only:  # "mtp", "ngram-simple", "ngram-map-k"
+            draft_model = make_spec_draft(
+                spec_type, model, n_ctx=max(int(n_ctx or 0), 512), n_threads=n_threads
+            )
         ctx = None
         if not vocab_only:
             from ..context import Context, ContextParams

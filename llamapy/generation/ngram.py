@@ -90,7 +90,7 @@ class NgramMapK(LlamaDraftModel):
         self.hits: dict[tuple[int, ...], int] = {}
         self.n_accept: dict[tuple[int, ...], int] = {}  # key -> tokens of its value accepted last time
         self.n_indexed = 0  # keys starting before this index are in key_pos
-        self.last: tuple[tuple[int, ...], list[int]] | None = None  # (key, draft) of the last proposal
+        self.last: tuple[tuple[int, ...], int, list[int]] | None = None  # (key, where, draft) last proposed
         self.n_drafted = 0
         self.n_calls = 0
 
@@ -109,18 +109,20 @@ class NgramMapK(LlamaDraftModel):
         self.tokens = ids
 
     def _learn(self, ids: list[int]) -> None:
-        """Score the last proposal: how many of its tokens the sequence now continues with."""
+        """Score the last proposal: how many of its tokens the sequence now continues with (nothing
+        learnt when the history before it was rewritten)."""
         if self.last is None:
             return
-        key, draft = self.last
+        key, at, draft = self.last
         self.last = None
-        start = len(ids) - 1 - len(draft)  # (the sampled token that began the proposal was ids[start - 1])
+        if len(ids) < at or self.tokens[:at] != ids[:at]:
+            return
         n_ok = 0
         for i, t in enumerate(draft):
-            if start + i >= len(ids) - 1 or ids[start + i] != t:
+            if at + i >= len(ids) or ids[at + i] != t:
                 break
             n_ok += 1
-        self.n_accept[key] = max(1, n_ok + 1) if n_ok < len(draft) else self.size_m
+        self.n_accept[key] = max(1, n_ok) if n_ok < len(draft) else self.size_m
 
     def __call__(self, input_ids: np.ndarray, /, **kwargs: object) -> np.ndarray:
         self.n_calls += 1
@@ -145,7 +147,7 @@ class NgramMapK(LlamaDraftModel):
             return np.zeros(0, dtype=np.intc)
         n_take = min(m, self.n_accept.get(key, m))
         draft = ids[pos + n : pos + n + n_take]
-        self.last = (key, draft)
+        self.last = (key, cur, draft)
         self.n_drafted += len(draft)
         return np.asarray(draft, dtype=np.intc)
 
