@@ -83,6 +83,8 @@ class Context:
     state: dict[str, Any] = field(default_factory=dict)  # a hook's scratch (e.g. experts being stacked)
 
     kv: Any = None  # the key/value collector, while the vocabulary is written
+    # keys a tensor hook adds while the tensors are prepared ((GGUFWriter method, value)), written first
+    kv_early: list[tuple[str, Any]] = field(default_factory=list)
 
     def set_vocab(self, kind: str) -> None:
         """The vocabulary of ``kind`` ("spm", "gpt2", "spm|gpt2": the first present)."""
@@ -486,6 +488,7 @@ def _iter_converted(ctx: Context, tensors: dict[str, SafeTensor]) -> Iterator[tu
 def _plan(ctx: Context, tensors: dict[str, SafeTensor], qtype: GGMLType) -> _Plan:
     plan: _Plan = []
     seen: set[str] = set()
+    ctx.kv_early.clear()
     for i, (name, data) in enumerate(_iter_converted(ctx, tensors)):
         if name in seen:
             raise ConvertError(f"two HF tensors map to {name!r}")
@@ -544,6 +547,8 @@ def _metadata(
         meta.name = d.resolve().name
     if meta.size_label is None and total > 0:
         meta.size_label = gguf.size_label(total, shared, expert, n_exp)
+    for method, value in ctx.kv_early:
+        getattr(kv, method)(value)
     kv.add_type(gguf.GGUFType.MODEL)
     meta.set_gguf_meta_model(kv)
     if ctx.decl.generic_params:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 logger = logging.getLogger("llamapy.convert")
+logger.setLevel(logging.ERROR)  # its warnings are about the checkpoint, not errors of the conversion
 
 GGUFWriter = Any
 

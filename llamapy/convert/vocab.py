@@ -27,6 +27,8 @@ from .special_vocab import SpecialVocab
 # SentencePiece piece types (sentencepiece_model.proto) -> llama.cpp's token types
 SPM_NORMAL, SPM_UNKNOWN, SPM_CONTROL, SPM_USER_DEFINED, SPM_UNUSED, SPM_BYTE = 1, 2, 3, 4, 5, 6
 TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = 1, 2, 3, 4, 5, 6
+# sentencepiece's IsUnknown/IsControl/IsUnused/IsByte, else normal (user-defined pieces too)
+_SPM_TYPES = {SPM_UNKNOWN: TT_UNKNOWN, SPM_CONTROL: TT_CONTROL, SPM_UNUSED: TT_UNUSED, SPM_BYTE: TT_BYTE}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,12 +132,7 @@ def sentencepiece_vocab(d: Path, vocab_size: int | None) -> tuple[list[bytes], l
     for i, (piece, score, typ) in enumerate(pieces[:n]):
         tokens[i] = piece.encode("utf-8")
         scores[i] = score
-        types[i] = {
-            SPM_UNKNOWN: TT_UNKNOWN,
-            SPM_CONTROL: TT_CONTROL,
-            SPM_UNUSED: TT_UNUSED,
-            SPM_BYTE: TT_BYTE,
-        }.get(typ, TT_NORMAL)
+        types[i] = _SPM_TYPES.get(typ, TT_NORMAL)
     if (d / "added_tokens.json").is_file():
         for key, tid in _json(d / "added_tokens.json").items():
             if tid < n:
@@ -155,8 +152,41 @@ def sentencepiece_vocab(d: Path, vocab_size: int | None) -> tuple[list[bytes], l
     return tokens, scores, types
 
 
-def set_vocab_sentencepiece(kv: Any, d: Path, vocab_size: int | None) -> int:
-    tokens, scores, types = sentencepiece_vocab(d, vocab_size)
+def phi3_vocab(d: Path, vocab_size: int | None) -> tuple[list[bytes], list[float], list[int]]:
+    """Phi3MiniModel.set_vocab's variant: added tokens (added_tokens.json, the tokenizer_config's
+    added_tokens_decoder, tokenizer.json's added_tokens) are user-defined unless marked special."""
+    pieces = read_sentencepiece(d / "tokenizer.model")
+    n = vocab_size or len(pieces)
+    tokens = [f"[PAD{i}]".encode() for i in range(n)]
+    scores = [-10000.0] * n
+    types = [TT_UNUSED] * n
+    for i, (piece, score, typ) in enumerate(pieces):
+        if i >= n:
+            raise ConvertError(f"tokenizer.model has {len(pieces)} pieces, more than vocab_size {n}")
+        tokens[i], scores[i] = piece.encode("utf-8"), score
+        types[i] = _SPM_TYPES.get(typ, TT_NORMAL)
+    if (d / "added_tokens.json").is_file():
+        for key, tid in _json(d / "added_tokens.json").items():
+            if tid < n:
+                tokens[tid], scores[tid], types[tid] = key.encode("utf-8"), -1000.0, TT_USER_DEFINED
+    added: list[tuple[int, dict]] = []
+    if (d / "tokenizer_config.json").is_file():
+        dec = _json(d / "tokenizer_config.json").get("added_tokens_decoder", {})
+        added += [(int(k), v) for k, v in dec.items()]
+    if (d / "tokenizer.json").is_file():
+        added += [(int(a["id"]), a) for a in _json(d / "tokenizer.json").get("added_tokens", [])]
+    for tid, data in added:
+        if tid >= n:
+            raise ConvertError(f"added token {data['content']!r} has id {tid}, past vocab_size {n}")
+        tokens[tid], scores[tid] = data["content"].encode("utf-8"), -1000.0
+        types[tid] = TT_CONTROL if data.get("special") else TT_USER_DEFINED
+    return tokens, scores, types
+
+
+def set_vocab_sentencepiece(kv: Any, d: Path, vocab_size: int | None, phi3: bool = False) -> int:
+    if not (d / "tokenizer.model").is_file():
+        raise ConvertError(f"{d}: no tokenizer.model (SentencePiece), which this architecture needs")
+    tokens, scores, types = (phi3_vocab if phi3 else sentencepiece_vocab)(d, vocab_size)
     kv.add_tokenizer_model("llama")
     kv.add_tokenizer_pre("default")
     kv.add_token_list(tokens)
@@ -232,10 +262,9 @@ def set_vocab_gpt2(kv: Any, d: Path, vocab_size: int | None) -> int:
 
 
 def set_vocab(kv: Any, d: Path, kind: str, vocab_size: int | None) -> None:
-    """``kind``: "spm" (tokenizer.model), "gpt2" (tokenizer.json), "spm|gpt2" (the first present)."""
-    if kind == "spm" or (kind == "spm|gpt2" and (d / "tokenizer.model").is_file()):
-        if not (d / "tokenizer.model").is_file():
-            raise ConvertError(f"{d}: no tokenizer.model (SentencePiece), which this architecture needs")
-        set_vocab_sentencepiece(kv, d, vocab_size)
+    """``kind``: "spm" (tokenizer.model), "gpt2" (tokenizer.json), "spm|gpt2" (the first present), "phi3"
+    (Phi-3's SentencePiece variant)."""
+    if kind in ("spm", "phi3") or (kind == "spm|gpt2" and (d / "tokenizer.model").is_file()):
+        set_vocab_sentencepiece(kv, d, vocab_size, phi3=kind == "phi3")
     else:
         set_vocab_gpt2(kv, d, vocab_size)

@@ -1,0 +1,279 @@
+"""Tiny Hugging Face checkpoint directories for the converter's tests (test-only: torch, transformers).
+
+``make_hf_dir(case, root)`` writes ``config.json``, random weights as safetensors (NumPy's seeded
+generator, so the bytes do not depend on torch's RNG; one shard or several with an index, F32 or BF16),
+``generation_config.json`` and a tokenizer rebuilt from one of llama.cpp's vocab-only GGUF files in
+``../shared/vocab``: ``tokenizer.json`` (GPT-2's byte-level BPE: its pre-tokenizer hash is llama.cpp's
+"gpt-2" entry) or ``tokenizer.model`` (the LLaMA SentencePiece model, written as its protobuf).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.util import shared_path
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One converter test case: a transformers config and how the directory is laid out."""
+
+    name: str
+    config_cls: str
+    config_kw: dict[str, Any] = field(default_factory=dict)
+    tokenizer: str = "bpe"  # "bpe" (tokenizer.json, GPT-2's) or "spm" (tokenizer.model, LLaMA's)
+    shards: int = 1
+    dtype: str = "F32"  # "F32" or "BF16" (safetensors dtype)
+    gemma_norms: bool = False  # norms stored as w (used as 1 + w)
+
+
+def _cfg(**kw: Any) -> dict[str, Any]:
+    d: dict[str, Any] = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
+    d.update(kw)
+    return d
+
+
+CASES: dict[str, Case] = {
+    c.name: c
+    for c in [
+        Case("llama", "LlamaConfig", _cfg(rope_theta=10000.0), shards=2),
+        Case("llama-spm", "LlamaConfig", _cfg(rope_theta=10000.0), tokenizer="spm", dtype="BF16"),
+        Case("qwen2", "Qwen2Config", _cfg(tie_word_embeddings=True), tokenizer="spm"),
+        Case("qwen3", "Qwen3Config", _cfg(head_dim=32)),
+        Case(
+            "qwen3moe",
+            "Qwen3MoeConfig",
+            _cfg(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
+        ),
+        Case(
+            "gemma",
+            "GemmaConfig",
+            _cfg(head_dim=16, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True),
+            tokenizer="spm",
+            gemma_norms=True,
+        ),
+        Case(
+            "gemma2",
+            "Gemma2Config",
+            _cfg(
+                num_hidden_layers=3,
+                head_dim=16,
+                query_pre_attn_scalar=16,
+                sliding_window=4,
+                attn_logit_softcapping=10.0,
+                final_logit_softcapping=15.0,
+                tie_word_embeddings=True,
+            ),
+            tokenizer="spm",
+            gemma_norms=True,
+        ),
+        Case(
+            "gemma3",
+            "Gemma3TextConfig",
+            _cfg(num_hidden_layers=6, head_dim=16, query_pre_attn_scalar=16, sliding_window=4, tie_word_embeddings=True),
+            tokenizer="spm",
+            gemma_norms=True,
+        ),
+        Case("phi3", "Phi3Config", _cfg(sliding_window=None), tokenizer="spm"),
+    ]
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenizers
+
+
+def _vocab_gguf(name: str) -> dict[str, Any]:
+    from llamapy.gguf.reader import GGUFReader
+
+    with GGUFReader(shared_path("vocab", f"ggml-vocab-{name}.gguf")) as r:
+        md = r.metadata
+        return {k: (list(v) if k.startswith("tokenizer.ggml.") and not isinstance(v, (str, int)) else v)
+                for k, v in md.items()}  # fmt: skip
+
+
+def write_bpe_tokenizer(d: Path) -> int:
+    """GPT-2's tokenizer.json (byte-level BPE), rebuilt from llama.cpp's vocab file; returns its size."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    md = _vocab_gguf("gpt-2")
+    tokens = [str(t) for t in md["tokenizer.ggml.tokens"]]
+    merges = [tuple(str(m).split(" ")) for m in md["tokenizer.ggml.merges"]]
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
+    tok.save(str(d / "tokenizer.json"))
+    cfg = {
+        "tokenizer_class": "GPT2Tokenizer",
+        "bos_token": "<|endoftext|>",
+        "eos_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>",
+        "add_bos_token": False,
+        "chat_template": CHAT_TEMPLATE,
+        "model_max_length": 256,
+    }
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    return len(tokens)
+
+
+def _pb_varint(n: int) -> bytes:
+    out = bytearray()
+    n &= (1 << 64) - 1
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _pb_field(num: int, wire: int, payload: bytes) -> bytes:
+    return _pb_varint(num << 3 | wire) + payload
+
+
+def _pb_bytes(num: int, b: bytes) -> bytes:
+    return _pb_field(num, 2, _pb_varint(len(b)) + b)
+
+
+def write_spm_tokenizer(d: Path) -> int:
+    """LLaMA's tokenizer.model (SentencePiece BPE, byte fallback) as protobuf, from llama.cpp's vocab
+    file; returns its size."""
+    md = _vocab_gguf("llama-spm")
+    tokens = [str(t) for t in md["tokenizer.ggml.tokens"]]
+    scores = [float(s) for s in md["tokenizer.ggml.scores"]]
+    types = [int(t) for t in md["tokenizer.ggml.token_type"]]
+    pieces = b"".join(
+        _pb_bytes(
+            1,
+            _pb_bytes(1, t.encode("utf-8")) + _pb_field(2, 5, struct.pack("<f", s)) + _pb_field(3, 0, _pb_varint(ty)),
+        )
+        for t, s, ty in zip(tokens, scores, types, strict=True)
+    )
+    trainer = (
+        _pb_field(3, 0, _pb_varint(2))  # model_type BPE
+        + _pb_field(4, 0, _pb_varint(len(tokens)))  # vocab_size
+        + _pb_field(35, 0, _pb_varint(1))  # byte_fallback
+        + _pb_field(40, 0, _pb_varint(0))  # unk_id
+        + _pb_field(41, 0, _pb_varint(1))  # bos_id
+        + _pb_field(42, 0, _pb_varint(2))  # eos_id
+        + _pb_field(43, 0, _pb_varint(-1))  # pad_id
+    )
+    normalizer = (
+        _pb_bytes(1, b"identity") + _pb_field(3, 0, _pb_varint(1)) + _pb_field(4, 0, _pb_varint(0))
+    )
+    (d / "tokenizer.model").write_bytes(pieces + _pb_bytes(2, trainer) + _pb_bytes(3, normalizer))
+    cfg = {
+        "tokenizer_class": "LlamaTokenizer",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "chat_template": CHAT_TEMPLATE,
+        "added_tokens_decoder": {
+            "0": {"content": "<unk>", "special": True},
+            "1": {"content": "<s>", "special": True},
+            "2": {"content": "</s>", "special": True},
+        },
+    }
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    return len(tokens)
+
+
+# ---------------------------------------------------------------------------------------------
+# the checkpoint
+
+
+def hf_config(case: Case, n_vocab: int) -> Any:
+    import transformers
+
+    kw = dict(case.config_kw, vocab_size=n_vocab)
+    if case.tokenizer == "bpe":
+        kw.update(bos_token_id=50256, eos_token_id=50256)
+    else:
+        kw.update(bos_token_id=1, eos_token_id=2, pad_token_id=None)
+    return getattr(transformers, case.config_cls)(**kw)
+
+
+def random_state(case: Case, shapes: dict[str, tuple[int, ...]], tied: bool) -> dict[str, np.ndarray]:
+    """Weights of unit-ish scale from NumPy's seeded generator (as tests/model/hf_tiny.py's)."""
+    rng = np.random.default_rng(sum(map(ord, case.name)))
+    out: dict[str, np.ndarray] = {}
+    for name, shape in sorted(shapes.items()):
+        if len(shape) == 1:
+            noise = rng.standard_normal(shape, dtype=np.float32) * 0.1
+            if "norm" in name.lower() and not name.endswith("bias"):
+                out[name] = noise if case.gemma_norms else 1.0 + noise
+            else:
+                out[name] = noise * 2
+        elif "embed_tokens" in name:
+            out[name] = rng.standard_normal(shape, dtype=np.float32) * (0.25 if tied else 1.0)
+        else:
+            gain = 2.0 if name.endswith(("q_proj.weight", "k_proj.weight")) else 1.0
+            out[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(gain / math.sqrt(shape[-1]))
+    return out
+
+
+def make_hf_dir(case: Case, root: Path) -> Path:
+    """The checkpoint directory ``root/case.name`` (written once)."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    d = root / case.name
+    if (d / "config.json").exists():
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    n_vocab = write_bpe_tokenizer(d) if case.tokenizer == "bpe" else write_spm_tokenizer(d)
+    cfg = hf_config(case, n_vocab)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    tied = bool(cfg.tie_word_embeddings)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if tied:
+        shapes.pop("lm_head.weight", None)
+    state = random_state(case, shapes, tied)
+    dt = torch.bfloat16 if case.dtype == "BF16" else torch.float32
+    tensors = {k: torch.from_numpy(v).to(dt).contiguous() for k, v in state.items()}
+    names = sorted(tensors)
+    if case.shards == 1:
+        save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        per = math.ceil(len(names) / case.shards)
+        weight_map: dict[str, str] = {}
+        for i in range(case.shards):
+            fn = f"model-{i + 1:05d}-of-{case.shards:05d}.safetensors"
+            part = names[i * per : (i + 1) * per]
+            save_file({k: tensors[k] for k in part}, str(d / fn), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(part, fn))
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (d / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    cfg.architectures = [model.__class__.__name__]
+    cfg.to_json_file(str(d / "config.json"))
+    gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "do_sample": True, "temperature": 0.6}
+    (d / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    return d
