@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "serve-ray": "serve_ray",
     "tokenize": "tokenize",
     "perplexity": "perplexity",
+    "convert": "convert",
     "quantize": "quantize",
     "imatrix": "imatrix",
     "bench": "bench",

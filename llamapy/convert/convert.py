@@ -381,6 +381,21 @@ def _param_counts(infos: list[tuple[str, tuple[int, ...]]]) -> tuple[int, int, i
     return total, shared, expert, (expert_sum // n_exp) if n_exp else 0
 
 
+def _parse_outtype(outtype: str) -> tuple[str, Any]:
+    """(the float/q8_0 type to convert to, the quantize mix after it or None)."""
+    t = str(outtype).strip().lower()
+    if t == "auto" or t in OUTTYPES:
+        return t, None
+    from ..quantize import QuantizeError, parse_ftype
+
+    try:
+        return "auto", parse_ftype(t)
+    except QuantizeError:
+        raise ConvertError(
+            f"unknown output type {outtype!r} (auto, {', '.join(OUTTYPES)}, or a quantize type such as q4_k_m)"
+        ) from None
+
+
 def convert(
     hf_dir: str | os.PathLike,
     out: str | os.PathLike | None = None,
@@ -392,10 +407,55 @@ def convert(
     model_name: str | None = None,
     metadata_file: str | os.PathLike | None = None,
     split_max_size: int = 0,
+    imatrix: str | os.PathLike | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ConvertResult:
-    """Convert the checkpoint in ``hf_dir`` to GGUF at ``out`` (default: ``<dir>/<Name>-<Size>-<TYPE>.gguf``
-    as llama.cpp names it). Raises :class:`ConvertError` on bad input; nothing is left at ``out`` then."""
+    """Convert the checkpoint in ``hf_dir`` to GGUF at ``out`` (a file, or a directory for llama.cpp's
+    default name ``<Name>-<Size>-<TYPE>.gguf``; default: in ``hf_dir``). ``outtype``: f32, f16, bf16,
+    q8_0, auto (BF16 or F16 as the checkpoint stores its matrices), or a quantize mix (q4_k_m...: converted
+    with auto, then quantized by ``llamapy.quantize.quantize_file`` with ``imatrix``). Raises
+    :class:`ConvertError` on bad input; nothing is left at ``out`` then."""
+    base, mix = _parse_outtype(outtype)
+    if mix is None:
+        return _convert(hf_dir, out, base, vocab_only, dry_run, force, model_name, metadata_file, split_max_size,
+                        progress, None)  # fmt: skip
+    if vocab_only:
+        raise ConvertError(
+            "--vocab-only writes no tensors: give a float --outtype (f16, bf16, f32, q8_0 or auto)"
+        )
+    from ..quantize import quantize_file
+
+    first = _convert(hf_dir, out, "auto", False, True, force, model_name, metadata_file, 0, None, mix.name)
+    final = first.paths[0]
+    if final.exists() and not force:
+        raise ConvertError(f"{final} exists (use --force to overwrite it)")
+    if dry_run:
+        return ConvertResult([final], first.arch, first.tensors, first.metadata, first.n_params)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".unquantized.gguf", dir=final.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        mid = _convert(hf_dir, tmp, "auto", False, False, True, model_name, metadata_file, 0, progress, None)
+        q = quantize_file(tmp, final, mix, imatrix=imatrix, force=force, progress=progress)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return ConvertResult([final], mid.arch, [(n, s, GGMLType[q.types()[n].upper()]) for n, s, _t in mid.tensors],
+                         mid.metadata, mid.n_params)  # fmt: skip
+
+
+def _convert(
+    hf_dir: str | os.PathLike,
+    out: str | os.PathLike | None,
+    outtype: str,
+    vocab_only: bool,
+    dry_run: bool,
+    force: bool,
+    model_name: str | None,
+    metadata_file: str | os.PathLike | None,
+    split_max_size: int,
+    progress: Callable[[str], None] | None,
+    name_type: str | None,
+) -> ConvertResult:
     import gguf
 
     logging.getLogger("gguf").setLevel(logging.ERROR)
@@ -413,7 +473,8 @@ def convert(
             f"architecture {archs[0]!r} (config.json 'architectures') cannot be converted: llamapy converts "
             f"{', '.join(sorted(fams))}"
         )
-    outtype = outtype.lower()
+    if out is not None and not Path(out).is_dir() and Path(out).exists() and not force and not dry_run:
+        raise ConvertError(f"{out} exists (use --force to overwrite it)")
     tensors: dict[str, SafeTensor] = {}
     files: list[SafetensorsFile] = []
     try:
@@ -421,8 +482,6 @@ def convert(
             tensors, files = open_checkpoint(d)
         if outtype == "auto":
             outtype = _guess_outtype(tensors)
-        if outtype not in OUTTYPES:
-            raise ConvertError(f"unknown output type {outtype!r} (one of auto, {', '.join(OUTTYPES)})")
         file_type, qtype = OUTTYPES[outtype]
         ctx = _make_context(d, hp, decl, file_type)
         plan = [] if vocab_only else _plan(ctx, tensors, qtype)
@@ -430,12 +489,8 @@ def convert(
         _metadata(ctx, kv, plan, d, model_name, metadata_file, vocab_only)
         md = {k: v.value for k, v in kv.kv_data[0].items()}
         n_params = _param_counts([(n, s) for n, s, _t, _k in plan])[0]
-        if out is None:
-            out_path = d / _default_name(kv, md, outtype, n_params, vocab_only)
-        else:
-            out_path = Path(out)
-            if out_path.is_dir():
-                out_path = out_path / _default_name(kv, md, outtype, n_params, vocab_only)
+        fname = _default_name(md, name_type or outtype, vocab_only)
+        out_path = d / fname if out is None else Path(out) / fname if Path(out).is_dir() else Path(out)
         groups = _split_groups(plan, split_max_size) if split_max_size and plan else [list(range(len(plan)))]
         paths = _split_paths(out_path, len(groups))
         result = ConvertResult(paths, decl.arch, [(n, s, t) for n, s, t, _k in plan], md, n_params)
@@ -451,7 +506,8 @@ def convert(
             f.close()
 
 
-def _default_name(kv: Any, md: dict[str, Any], outtype: str, n_params: int, vocab_only: bool) -> str:
+def _default_name(md: dict[str, Any], outtype: str, vocab_only: bool) -> str:
+    """llama.cpp's default file name (gguf-py's naming_convention)."""
     import gguf
 
     name = md.get("general.name")

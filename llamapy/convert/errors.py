@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..errors import LlamapyError
 
-class ConvertError(ValueError):
+
+class ConvertError(LlamapyError, ValueError):
     """A checkpoint cannot be converted: what is wrong and where (the CLI prints it as ``error: ...``)."""
