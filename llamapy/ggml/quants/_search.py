@@ -15,6 +15,10 @@ F = np.float32
 GROUP_MAX_EPS = F(1e-15)
 
 
+# groups from which the searches run in Numba (``_search_fast``); smaller inputs stay in NumPy
+FAST_MIN_GROUPS = 512
+
+
 def _seq(v: np.ndarray) -> np.ndarray:
     """Sum over the last axis in order (like a C ``for`` loop), float32, keepdims."""
     return np.cumsum(v, axis=-1, dtype=F)[..., -1:]
@@ -43,6 +47,10 @@ def make_qx_quants(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric quantization to ``[-nmax, nmax-1]`` with a scale search; returns
     ``(scale float32[ng, 1], L int8[ng, n])`` where L holds ``l + nmax``."""
+    if len(x) >= FAST_MIN_GROUPS:  # the same loops in Numba (bit-identical, parallel)
+        from . import _search_fast
+
+        return _search_fast.make_qx_quants(x, nmax, qw, rmse_type)
     x = x.astype(F, copy=False)
     mx, amax = _signed_absmax(x)
     zero = amax < GROUP_MAX_EPS
@@ -143,6 +151,10 @@ def make_qkx_quants(
     """``make_qkx2_quants`` (version 2, weights required) or ``make_qkx3_quants`` (version 3, weights
     default to x*x): asymmetric quantization to ``[0, nmax]``. Returns ``(scale, the_min, L uint8)``
     with ``x ~= scale * L - the_min``."""
+    if len(x) >= FAST_MIN_GROUPS:
+        from . import _search_fast
+
+        return _search_fast.make_qkx_quants(x, nmax, weights, rmin, rdelta, nstep, use_mad, version)
     x = x.astype(F, copy=False)
     w = (x * x) if weights is None else weights.astype(F, copy=False)
     mn = np.minimum(x.min(axis=-1, keepdims=True), F(0)).astype(F)

@@ -1,0 +1,203 @@
+"""Numba versions of the two scale searches the k-quants spend their time in (``make_qkx2_quants`` /
+``make_qkx3_quants`` and ``make_qx_quants``): llama.cpp's C loops one group at a time, in float32, in
+the same order, so results are bit-identical to the NumPy versions in ``_search`` (tests check that);
+parallel over groups. ``_search`` calls these for large inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..._numba import njit, prange
+
+F = np.float32
+
+
+@njit(cache=True, inline="always")
+def _nearest_int(v):  # ggml's nearest_int: the float32 add-magic trick (round half to even)
+    return np.int32(v + F(12582912.0)) - 12582912
+
+
+@njit(cache=True, parallel=True)
+def qkx_kernel(x, w, nmax, rmin, rdelta, nstep, use_mad, version, scale_out, min_out, L):  # noqa: ANN001
+    ng, n = x.shape
+    fmax = F(nmax)
+    for g in prange(ng):
+        laux = np.empty(n, np.uint8)
+        mn = x[g, 0]
+        mx = x[g, 0]
+        sum_w = w[g, 0]
+        sum_x = sum_w * x[g, 0]
+        for i in range(1, n):
+            xi = x[g, i]
+            if xi < mn:
+                mn = xi
+            if xi > mx:
+                mx = xi
+            wi = w[g, i]
+            sum_w += wi
+            sum_x += wi * xi
+        if mn > F(0):
+            mn = F(0)
+        flat = (mx == mn) if version == 2 else (mx <= mn)
+        if flat:
+            for i in range(n):
+                L[g, i] = 0
+            min_out[g] = -mn
+            scale_out[g] = F(0)
+            continue
+        iscale = fmax / (mx - mn)
+        scale = F(1) / iscale
+        best = F(0)
+        for i in range(n):
+            li = _nearest_int(iscale * (x[g, i] - mn))
+            li = max(0, min(nmax, li))
+            L[g, i] = li
+            diff = scale * F(li) + mn - x[g, i]
+            diff = abs(diff) if use_mad else diff * diff
+            best += w[g, i] * diff
+        if nstep >= 1:
+            for step in range(nstep + 1):
+                iscale = (rmin + rdelta * F(step) + fmax) / (mx - mn)
+                sum_l = F(0)
+                sum_l2 = F(0)
+                sum_xl = F(0)
+                for i in range(n):
+                    li = _nearest_int(iscale * (x[g, i] - mn))
+                    li = max(0, min(nmax, li))
+                    laux[i] = li
+                    wi = w[g, i]
+                    lf = F(li)
+                    sum_l += wi * lf
+                    sum_l2 += wi * lf * lf
+                    sum_xl += wi * lf * x[g, i]
+                D = sum_w * sum_l2 - sum_l * sum_l
+                if D > F(0):
+                    this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+                    this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+                    if this_min > F(0):
+                        this_min = F(0)
+                        this_scale = sum_xl / sum_l2
+                    cur = F(0)
+                    for i in range(n):
+                        diff = this_scale * F(laux[i]) + this_min - x[g, i]
+                        diff = abs(diff) if use_mad else diff * diff
+                        cur += w[g, i] * diff
+                    if cur < best:
+                        for i in range(n):
+                            L[g, i] = laux[i]
+                        best = cur
+                        scale = this_scale
+                        mn = this_min
+        min_out[g] = -mn
+        scale_out[g] = scale
+
+
+@njit(cache=True, parallel=True)
+def qx_kernel(x, qw, has_qw, nmax, rmse_type, scale_out, L):  # noqa: ANN001
+    ng, n = x.shape
+    fmax = F(nmax)
+    for g in prange(ng):
+        lt = np.empty(n, np.int32)
+        mx = F(0)
+        amax = F(0)
+        for i in range(n):
+            ax = abs(x[g, i])
+            if ax > amax:
+                amax = ax
+                mx = x[g, i]
+        if amax < F(1e-15):
+            for i in range(n):
+                L[g, i] = 0
+            scale_out[g] = F(0)
+            continue
+        iscale = -fmax / mx
+        if rmse_type == 0:
+            for i in range(n):
+                li = _nearest_int(iscale * x[g, i])
+                L[g, i] = nmax + max(-nmax, min(nmax - 1, li))
+            scale_out[g] = F(1) / iscale
+            continue
+        early = rmse_type < 0
+        rt = -rmse_type if early else rmse_type
+        sumlx = F(0)
+        suml2 = F(0)
+        for i in range(n):
+            xi = x[g, i]
+            li = max(-nmax, min(nmax - 1, _nearest_int(iscale * xi)))
+            L[g, i] = li + nmax
+            if has_qw:
+                wi = qw[g, i]
+            elif rt == 1:
+                wi = xi * xi
+            elif rt == 2:
+                wi = F(1)
+            elif rt == 3:
+                wi = abs(xi)
+            else:
+                wi = np.sqrt(abs(xi))
+            lf = F(li)
+            sumlx += wi * xi * lf
+            suml2 += wi * lf * lf
+        scale = sumlx / suml2 if suml2 != F(0) else F(0)
+        if early:
+            scale_out[g] = F(0.5) * (scale + F(1) / iscale) if suml2 > F(0) else F(1) / iscale
+            continue
+        best = scale * sumlx
+        for k in range(-9, 10):
+            if k == 0:
+                continue
+            isc = -(fmax + F(0.1) * F(k)) / mx
+            sumlx = F(0)
+            suml2 = F(0)
+            for i in range(n):
+                xi = x[g, i]
+                li = max(-nmax, min(nmax - 1, _nearest_int(isc * xi)))
+                lt[i] = li
+                if has_qw:
+                    wi = qw[g, i]
+                elif rt == 1:
+                    wi = xi * xi
+                elif rt == 2:
+                    wi = F(1)
+                elif rt == 3:
+                    wi = abs(xi)
+                else:
+                    wi = np.sqrt(abs(xi))
+                lf = F(li)
+                sumlx += wi * xi * lf
+                suml2 += wi * lf * lf
+            if suml2 > F(0) and sumlx * sumlx > best * suml2:
+                for i in range(n):
+                    L[g, i] = lt[i] + nmax
+                scale = sumlx / suml2
+                best = scale * sumlx
+        scale_out[g] = scale
+
+
+def make_qkx_quants(
+    x: np.ndarray, nmax: int, weights: np.ndarray | None, rmin: float, rdelta: float, nstep: int, use_mad: bool,
+    version: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """As ``_search.make_qkx_quants``: ``(scale[ng, 1], the_min[ng, 1], L uint8[ng, n])``."""
+    x = np.ascontiguousarray(x, dtype=F)
+    w = np.ascontiguousarray(x * x if weights is None else weights, dtype=F)
+    ng = x.shape[0]
+    sc = np.empty(ng, F)
+    mn = np.empty(ng, F)
+    L = np.empty(x.shape, np.uint8)
+    qkx_kernel(x, w, int(nmax), F(rmin), F(rdelta), int(nstep), bool(use_mad), int(version), sc, mn, L)
+    return sc[:, None], mn[:, None], L
+
+
+def make_qx_quants(
+    x: np.ndarray, nmax: int, qw: np.ndarray | None, rmse_type: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """As ``_search.make_qx_quants``: ``(scale float32[ng, 1], L int8[ng, n])`` with L = l + nmax."""
+    x = np.ascontiguousarray(x, dtype=F)
+    q = np.ascontiguousarray(qw, dtype=F) if qw is not None else x[:1]
+    ng = x.shape[0]
+    sc = np.empty(ng, F)
+    L = np.empty(x.shape, np.int8)
+    qx_kernel(x, q, qw is not None, int(nmax), int(rmse_type), sc, L)
+    return sc[:, None], L
