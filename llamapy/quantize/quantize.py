@@ -43,6 +43,9 @@ _TOKEN_EMBD_NAMES = ("token_embd.weight", "per_layer_token_embd.weight")
 # elements a worker quantizes at a time (whole rows, never across an expert)
 _CHUNK_ELEMS = 1 << 18
 
+# types whose quantizer runs its scale searches in parallel Numba kernels: one chunk at a time
+_NUMBA_PARALLEL = frozenset({GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})
+
 Progress = Callable[[str], None]
 
 
@@ -503,7 +506,7 @@ def _quantize_tensor(
         xf = x.view(np.float32) if ti.ggml_type == GGMLType.F32 else dequantize(x, ti.ggml_type)
         out[a:b] = quantize(xf.reshape(b - a, n), p.dst_type, w)
 
-    if pool is None or len(jobs) == 1:
+    if pool is None or len(jobs) == 1 or p.dst_type in _NUMBA_PARALLEL:
         for j in jobs:
             run(j)
     else:
