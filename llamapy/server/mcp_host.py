@@ -310,10 +310,8 @@ class McpHost:
                     raise
                 if isinstance(e, (KeyboardInterrupt, SystemExit)):
                     raise
-                if not self._stopping.is_set():
-                    what = "failed to start" if srv.state != "ready" else "stopped answering"
-                    srv.error = f"{what}: {_describe(e)}{self._stderr_tail(srv)}"
-                    log.warning("MCP server %r %s", srv.cfg.name, srv.error)
+                if not self._stopping.is_set() and srv.state != "failed":  # (not reported yet)
+                    self._failed(srv, e)
             finally:
                 srv.session, srv.tools = None, []
                 if not self._stopping.is_set():
@@ -329,6 +327,13 @@ class McpHost:
             if not self._stopping.is_set():
                 srv.restarts += 1
                 srv.state = "starting"
+
+    def _failed(self, srv: _Server, e: BaseException) -> None:
+        what = "failed to start" if srv.state != "ready" else "stopped answering"
+        srv.error = f"{what}: {_describe(e)}{self._stderr_tail(srv)}"
+        srv.state, srv.session, srv.tools = "failed", None, []
+        srv.started.set()
+        log.warning("MCP server %r %s", srv.cfg.name, srv.error)
 
     def _errlog_path(self, srv: _Server) -> Path:
         assert self._tmp is not None
@@ -373,14 +378,33 @@ class McpHost:
                 )
             session = await stack.enter_async_context(ClientSession(read, write))
             try:
-                tools = await asyncio.wait_for(self._handshake(session), cfg.start_timeout)
-            except asyncio.TimeoutError:
-                raise TimeoutError(f"no answer to the MCP handshake within {cfg.start_timeout:g} s") from None
+                tools = await self._until_stopped(self._handshake(session), cfg.start_timeout)
+            except BaseException as e:  # reported now: stopping the process may take a few seconds
+                if isinstance(e, asyncio.TimeoutError):
+                    e = TimeoutError(f"no answer to the MCP handshake within {cfg.start_timeout:g} s")
+                if not self._stopping.is_set() and not isinstance(e, asyncio.CancelledError):
+                    self._failed(srv, e)
+                raise e from None
             srv.tools, srv.session, srv.state, srv.error = tools, session, "ready", None
             srv.since = time.time()
             srv.started.set()
             log.info("MCP server %r ready: %d tools", cfg.name, len(tools))
             await self._watch(srv, session)
+
+    async def _until_stopped(self, coro: Any, timeout: float) -> Any:
+        """``coro``'s result, TimeoutError after ``timeout`` s, CancelledError when stop() is called."""
+        work = asyncio.ensure_future(coro)
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({work, stop}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not work.done():
+                work.cancel()
+                await asyncio.wait({work}, timeout=5)
+        if not work.done() or work.cancelled():
+            raise asyncio.CancelledError() if self._stopping.is_set() else asyncio.TimeoutError()
+        return work.result()
 
     @staticmethod
     async def _handshake(session: Any) -> list[Any]:

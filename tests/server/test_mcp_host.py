@@ -85,7 +85,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_streamable_http_server_and_an_unreachable_one():
+def test_streamable_http_server_an_unreachable_one_and_one_that_never_answers():
     port, dead = _free_port(), _free_port()
     proc = subprocess.Popen(
         [sys.executable, TOOLS_SERVER, "http", str(port)],
@@ -103,6 +103,7 @@ def test_streamable_http_server_and_an_unreachable_one():
         cfg = {
             "web": {"url": f"http://127.0.0.1:{port}/mcp", "timeout": 2},
             "gone": {"url": f"http://127.0.0.1:{dead}/mcp", "startTimeout": 5},
+            "hang": {"command": sys.executable, "args": [TOOLS_SERVER, "hang"], "startTimeout": 1},
         }
 
         async def main():
@@ -113,6 +114,7 @@ def test_streamable_http_server_and_an_unreachable_one():
                 st = {s["name"]: s for s in host.status()["servers"]}
                 assert st["web"]["state"] == "ready" and st["web"]["transport"] == "http", st
                 assert st["gone"]["state"] != "ready" and st["gone"]["error"], st
+                assert "no answer to the MCP handshake within 1 s" in st["hang"]["error"], st
                 return st, await host.call("add", {"a": 40, "b": 2}), await host.call("slow", {"seconds": 10})
             finally:
                 await host.stop()
@@ -120,7 +122,7 @@ def test_streamable_http_server_and_an_unreachable_one():
         st, added, slow = asyncio.run(main())
         assert (added.content, added.is_error) == ("42", False)
         assert slow.is_error and "did not answer within 2 s" in slow.content
-        print("unreachable server:", st["gone"]["error"])
+        print("unreachable server:", st["gone"]["error"], "| silent server:", st["hang"]["error"])
     finally:
-        proc.terminate()
+        proc.kill()  # (its event loop may still sleep in the slow tool)
         proc.wait(10)
