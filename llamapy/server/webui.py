@@ -16,10 +16,13 @@ import re
 from pathlib import Path
 
 from fastapi import FastAPI
+from starlette.datastructures import MutableHeaders
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import LlamapyError
 
@@ -52,6 +55,28 @@ def _csp(html: str) -> str:
     )
 
 
+class _Immutable:
+    """Content-hashed files (``app-3F2A9C1B.js``) never change under their name: browsers keep them."""
+
+    HASHED = re.compile(r"-[A-Z0-9]{8}\.(?:js|css)$")
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.HASHED.search(scope.get("path", "")):
+            await self.app(scope, receive, send)
+            return
+
+        async def send_cached(message: Message) -> None:
+            if message["type"] == "http.response.start" and message.get("status") == 200:
+                headers = MutableHeaders(scope=message)
+                headers["Cache-Control"] = "public, max-age=31536000, immutable"
+            await send(message)
+
+        await self.app(scope, receive, send_cached)
+
+
 def mount_webui(app: FastAPI, directory: str | Path | None = None) -> Path:
     """Serves the page folder ``directory`` (default: the bundled build) at ``/`` on ``app``, ahead of
     the routes already there. Returns the folder. Raises :class:`WebUIError` when it has no index.html."""
@@ -73,7 +98,9 @@ def mount_webui(app: FastAPI, directory: str | Path | None = None) -> Path:
     routes = [
         Route("/", page, methods=["GET", "HEAD"], name="webui"),
         Route("/index.html", page, methods=["GET", "HEAD"], name="webui_index"),
-        Mount(ASSETS_PREFIX, app=StaticFiles(directory=folder), name="webui_assets"),
+        Mount(
+            ASSETS_PREFIX, app=GZipMiddleware(_Immutable(StaticFiles(directory=folder))), name="webui_assets"
+        ),
     ]
     app.router.routes[:0] = routes
     return folder

@@ -72,6 +72,9 @@ def test_root_serves_the_page_without_a_key(served):
     for ref in re.findall(r'(?:src|href|data-css)="(webui/[^"]+)"', r.text):
         a = httpx.get(f"{served}/{ref}")
         assert a.status_code == 200 and len(a.content) > 1000, ref
+        assert a.headers["cache-control"] == "public, max-age=31536000, immutable"  # content-hashed names
+        if ref.endswith(".js"):
+            assert a.headers["content-encoding"] == "gzip"
     assert httpx.get(served + "/webui/no-such-file.js").status_code == 404
 
 
