@@ -28,6 +28,7 @@ from . import llava, siglip  # noqa: F401  (register the projector types)
 from .audio import AudioBitmap, AudioError, decode_audio, is_audio, mel_chunks
 from .audio_encoder import AUDIO_WRAP, AudioModel, mmproj_modalities
 from .clip import ClipModel
+from .embd_cache import DEFAULT_CACHE_MB, EmbeddingCache, chunk_key
 from .errors import MtmdError
 from .image import DEFAULT_MAX_PIXELS, Bitmap, idefics3_frames, load_image, preprocess_fixed
 
@@ -98,7 +99,12 @@ class MtmdContext:
         max_pixels: int = DEFAULT_MAX_PIXELS,
         image_pad: bool = True,
         backend: str | None = None,
+        cache_mb: float = DEFAULT_CACHE_MB,
     ) -> None:
+        if not 0 <= float(cache_mb) < 2**40:
+            raise MtmdError(f"the mmproj embedding cache size must be 0 (off) or more MiB, got {cache_mb}")
+        self.embd_cache = EmbeddingCache(int(float(cache_mb) * 2**20))  # encode once (embd_cache.py)
+        self.n_encoded = 0  # encoder runs (cache misses that encoded)
         if not os.path.exists(os.fspath(mmproj_path)):
             raise MtmdError(f"{os.fspath(mmproj_path)}: mmproj file not found")
         has_vision, has_audio = mmproj_modalities(mmproj_path)
@@ -268,11 +274,19 @@ class MtmdContext:
     def encode(self, chunk: ImageChunk) -> np.ndarray:
         """The image's embeddings ``F32[n_tokens, n_embd]`` (computed once per chunk)."""
         if chunk.embd is None:
-            enc = self.audio if isinstance(chunk, AudioChunk) else self.clip
-            assert enc is not None
-            e = enc.encode(chunk.pixels)
-            if e.shape[0] != chunk.n_tokens:
-                raise MtmdError(f"encode: the projector made {e.shape[0]} tokens, expected {chunk.n_tokens}")
+            audio = isinstance(chunk, AudioChunk)
+            key = chunk_key("audio" if audio else "image", chunk.pixels)
+            e = self.embd_cache.get(key)
+            if e is None:
+                enc = self.audio if audio else self.clip
+                assert enc is not None
+                e = enc.encode(chunk.pixels)
+                self.n_encoded += 1
+                if e.shape[0] != chunk.n_tokens:
+                    raise MtmdError(
+                        f"encode: the projector made {e.shape[0]} tokens, expected {chunk.n_tokens}"
+                    )
+                e = self.embd_cache.put(key, e)
             chunk.embd = e
         return chunk.embd
 
