@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import LlamapyError
+
 log = logging.getLogger("llamapy.server.mcp")
 
 DEFAULT_CALL_TIMEOUT = 60.0
@@ -44,11 +46,11 @@ _ENTRY_KEYS = {"command", "args", "env", "cwd", "url", "headers", "type", "trans
 _ENTRY_KEYS |= {"startTimeout", "disabled"}
 
 
-class McpConfigError(ValueError):
+class McpConfigError(LlamapyError, ValueError):
     """The ``--mcp-config`` file is missing, not JSON, or not an ``mcpServers`` map of valid entries."""
 
 
-class McpUnavailableError(RuntimeError):
+class McpUnavailableError(LlamapyError, RuntimeError):
     """The ``mcp`` package is not installed."""
 
 

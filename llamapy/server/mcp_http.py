@@ -124,6 +124,10 @@ def _check_request(req: Any, st: McpState) -> None:
         raise bad_request(
             "give either 'tools' (run by the client) or 'mcp' (run by the server), not both", "mcp"
         )
+    if req.tool_choice not in (None, "auto"):
+        raise bad_request(
+            "'tool_choice' with 'mcp': only \"auto\" (the model decides at each step)", "tool_choice"
+        )
     if req.n not in (None, 1):
         raise bad_request("'n' must be 1 with 'mcp'", "n")
     if req.logprobs or req.top_logprobs:

@@ -174,6 +174,8 @@ def test_allowed_tools_and_bad_requests(srv, client):
         ask(client, "hi", mcp="yes")
     with pytest.raises(openai.BadRequestError, match="not both"):
         ask(client, "hi", tools=[{"type": "function", "function": {"name": "f"}}])
+    with pytest.raises(openai.BadRequestError, match='only "auto"'):
+        ask(client, "hi", tool_choice="required")
     with pytest.raises(openai.BadRequestError, match="'n' must be 1"):
         ask(client, "hi", n=2)
     assert ask(client, "hi", mcp=False).choices[0].message.content == "Hello!"
