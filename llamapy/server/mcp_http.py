@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -183,14 +184,10 @@ class _Chunks:
     """``chat.completion.chunk`` objects of an agent answer (see docs/interfaces.md)."""
 
     def __init__(self, model: str) -> None:
-        from .formats import FINGERPRINT, new_id
+        from .formats import FINGERPRINT
 
-        self.id, self.created, self.model, self.fp = (
-            new_id("chatcmpl", "-"),
-            int(time.time()),
-            model,
-            FINGERPRINT,
-        )
+        self.id, self.created, self.model = f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), model
+        self.fp = FINGERPRINT
 
     def chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
         choice: dict[str, Any] = {
