@@ -221,7 +221,7 @@ class LlamapyIngress:
         resp.headers["x-llamapy-replica"] = replica
         return resp
 
-    async def _probe_all(self, path: str, timeout: float = 5.0) -> list[dict[str, Any]]:
+    async def _probe_all(self, path: str, timeout: float = 3.0) -> list[dict[str, Any]]:
         router = self.router()
         if router is None:  # the handle builds its router on first use
             try:
@@ -239,7 +239,9 @@ class LlamapyIngress:
             except Exception as e:
                 return {"replica": rid, "status": 503, "body": f"unreachable: {type(e).__name__}".encode()}
 
-        return list(await asyncio.gather(*(one(r) for r in ids)))
+        # one after the other: calls made while serving one HTTP request share its internal request id,
+        # and Ray Serve's router fulfils concurrent calls with the same id as one (the others never route)
+        return [await one(r) for r in ids]
 
     async def _health(self) -> JSONResponse:
         probes = await self._probe_all("/health")
