@@ -5,7 +5,7 @@ For each test model (tests/quantize/models.py: dense 16 layers GQA 4, tied 8 lay
 each mix, without and with a synthetic imatrix: both tools quantize the same F32 file; the per-tensor
 types and the sha256 of every tensor's bytes are compared. ``--write-expectations`` stores
 llama-quantize's tables (types + sha256) in tests/data/quantize/ for the CI tests, which then need no
-llama.cpp. ``--smollm2`` also times Q4_K_M / Q8_0 on SmolLM2-135M dequantized to F32.
+llama.cpp. ``--smollm2`` also times a few mixes on SmolLM2-135M dequantized to F16.
 
     python benchmarks/bench_quantize.py [--bin DIR] [--threads 2] [--mixes Q4_K_M,Q8_0] [--models dense16]
         [--write-expectations] [--smollm2]
@@ -145,7 +145,7 @@ def compare(models: list[str], mixes: list[str], binp: Path, threads: int, write
 
 
 def smollm2(binp: Path, threads: int) -> None:
-    """Wall time on a real model: SmolLM2-135M (Q4_1 from the store, dequantized to F32 once)."""
+    """Wall time on a real model: SmolLM2-135M (Q4_1 from the store, dequantized to F16 once)."""
     from llamapy.quantize import quantize_file
 
     src_q = Path.home() / ".cache/llamapy/models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -153,13 +153,13 @@ def smollm2(binp: Path, threads: int) -> None:
         print("SmolLM2 not in the store; skipped")
         return
     with tempfile.TemporaryDirectory() as td:
-        f32 = Path(td) / "smollm2-f32.gguf"
-        quantize_file(src_q, f32, "F32", allow_requantize=True)
+        f32 = Path(td) / "smollm2-f16.gguf"
+        quantize_file(src_q, f32, "F16", allow_requantize=True)
         print(
-            f"\n## SmolLM2-135M F32 -> mix, {threads} threads\n\n| mix | llama-quantize s | llamapy s (command) | bytes |"
+            f"\n## SmolLM2-135M F16 -> mix, {threads} threads\n\n| mix | llama-quantize s | llamapy s (command) | bytes |"
         )
         print("|---|---|---|---|")
-        for mix in ("Q8_0", "Q4_0", "Q4_K_M", "Q6_K"):
+        for mix in ("Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_XS"):
             lp, op = Path(td) / "ref.gguf", Path(td) / "ours.gguf"
             lp.unlink(missing_ok=True)
             op.unlink(missing_ok=True)
@@ -176,6 +176,65 @@ def smollm2(binp: Path, threads: int) -> None:
             print(f"| {mix} | {lt:.2f} | {ot:.2f} | {same} |", flush=True)
 
 
+def imatrix_compare(binp: Path, write: bool, threads: int) -> None:
+    """llama-imatrix and llamapy imatrix on SmolLM2-135M Q4_1 over the same text and chunks: the
+    relative difference of every value; ``write`` stores a sample of llama-imatrix's entries."""
+    import numpy as np
+
+    from llamapy.quantize import load_imatrix
+
+    model = Path.home() / ".cache/llamapy/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    text = ROOT / "tests/data/quantize/gpl-3-head.txt"
+    args = ["-c", "128", "--chunks", "2", "-b", "256"]
+    with tempfile.TemporaryDirectory() as td:
+        ref, ours = Path(td) / "ref.gguf", Path(td) / "ours.gguf"
+        t0 = time.perf_counter()
+        p = subprocess.run([str(binp / "llama-imatrix"), "-m", str(model), "-f", str(text), "-o", str(ref), "--no-ppl",
+                            "-t", str(threads), *args], capture_output=True, text=True)  # fmt: skip
+        lt = time.perf_counter() - t0
+        if p.returncode:
+            print("llama-imatrix failed:", p.stderr[-2000:])
+            return
+        t0 = time.perf_counter()
+        q = subprocess.run([sys.executable, "-m", "llamapy", "imatrix", "-m", str(model), "-f", str(text), "-o", str(ours),
+                            "-t", str(threads), *args], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+        ot = time.perf_counter() - t0
+        if q.returncode:
+            print("llamapy imatrix failed:", q.stderr[-2000:])
+            return
+        a, b = load_imatrix(ref), load_imatrix(ours)
+        print(
+            f"\n## imatrix, SmolLM2-135M Q4_1, 2 chunks of 128: llama-imatrix {lt:.1f} s, llamapy {ot:.1f} s"
+        )
+        print(
+            f"entries: {len(a.entries)} vs {len(b.entries)}, same names: {set(a.entries) == set(b.entries)}"
+        )
+        worst, worst_name, rels = 0.0, "", []
+        for name, e in a.entries.items():
+            f = b.entries.get(name)
+            if f is None or f.sums.shape != e.sums.shape or not np.array_equal(f.counts, e.counts):
+                print(
+                    f"  {name}: differs in shape or counts ({None if f is None else f.counts} vs {e.counts})"
+                )
+                continue
+            rel = np.abs(f.sums.astype(np.float64) - e.sums) / np.maximum(np.abs(e.sums), 1e-30)
+            rels.append(rel)
+            if rel.max() > worst:
+                worst, worst_name = float(rel.max()), name
+        allr = np.concatenate(rels)
+        print(f"relative difference: max {worst:.2e} ({worst_name}), median {np.median(allr):.2e}, "
+              f"99th percentile {np.percentile(allr, 99):.2e}")  # fmt: skip
+        if write:
+            keep = {}
+            for il in (0, 15, 29):
+                for w in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+                    name = f"blk.{il}.{w}.weight"
+                    keep[name + ".sums"] = a.entries[name].sums
+                    keep[name + ".counts"] = a.entries[name].counts
+            EXPECT.mkdir(parents=True, exist_ok=True)
+            np.savez_compressed(EXPECT / "imatrix_smollm2.npz", n_entries=len(a.entries), **keep)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", type=Path, default=BIN, help="llama.cpp's bin directory")
@@ -187,6 +246,7 @@ def main() -> int:
     )
     ap.add_argument("--subprocess", action="store_true", help="time `llamapy quantize` as a command")
     ap.add_argument("--smollm2", action="store_true", help="also time SmolLM2-135M")
+    ap.add_argument("--imatrix", action="store_true", help="also compare llama-imatrix on SmolLM2")
     a = ap.parse_args()
     os.environ.setdefault("LLAMAPY_FULL_EXIT", "1")
     bad = compare(

@@ -257,7 +257,7 @@ def quantize_file(
         raise QuantizeError(f"{in_path}: cannot read: {e.strerror or e}") from None
     with files:
         if not dry_run and out_path is not None:
-            _check_output(in_path, out_path, force)
+            _check_output(in_path, out_path, force or keep_split)
         file_ftype = ft
         if ft.name == "COPY":
             src = files.get("general.file_type")
@@ -306,7 +306,20 @@ def quantize_file(
             return res
         assert out_path is not None
         kv = _output_kv(files, file_ftype, overrides, weights, im, im_path)
-        _write(files, infos, plans, kv, out_path, keep_split, weights, allow_requantize, nthreads, say, res)
+        _write(
+            files,
+            infos,
+            plans,
+            kv,
+            out_path,
+            keep_split,
+            force,
+            weights,
+            allow_requantize,
+            nthreads,
+            say,
+            res,
+        )
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -387,6 +400,7 @@ def _write(
     kv: list[tuple[str, GGUFValueType, Any, bool]],
     out_path: str,
     keep_split: bool,
+    force: bool,
     weights: Mapping[str, np.ndarray],
     allow_requantize: bool,
     nthreads: int | None,
@@ -394,7 +408,7 @@ def _write(
     res: QuantizeResult,
 ) -> None:
     # which output file each tensor goes to
-    if keep_split and len(files.readers) > 1:
+    if keep_split:  # llama.cpp names the shards PREFIX-0000i-of-0000n.gguf (even a single one)
         idx = {id(t): i for i, r in enumerate(files.readers) for t in r.tensors}
         part = [idx[id(t)] for t in infos]
         n_split = len(files.readers)
@@ -404,6 +418,10 @@ def _write(
         part = [0] * len(infos)
         n_split = 1
         paths = [out_path]
+    if keep_split and not force:
+        for p in paths:
+            if os.path.exists(p):
+                raise QuantizeError(f"{p} exists (use --force to overwrite it)")
     tmps = [f"{p}.tmp.{os.getpid()}" for p in paths]
     writers: list[GGUFWriter] = []
     nthreads = nthreads if nthreads and nthreads > 0 else (os.cpu_count() or 1)
