@@ -46,9 +46,18 @@ def table(path: Path) -> dict[str, tuple[str, str]]:
         return {t.name: (t.ggml_type.name, hashlib.sha256(t.data.tobytes()).hexdigest()) for t in r.tensors}
 
 
+def have_llama(binp: Path) -> bool:
+    return (binp / "llama-quantize").exists() or (binp / "libllama.so").exists()
+
+
 def run_llama(binp: Path, src: Path, dst: Path, mix: str, im: Path | None, threads: int) -> tuple[float, str]:
-    cmd = [str(binp / "llama-quantize")] + (["--imatrix", str(im)] if im else []) + [str(src), str(dst), mix]
-    cmd.append(str(threads))
+    """llama-quantize, or when only the library is built, its ``llama_model_quantize`` through ctypes
+    (benchmarks/llama_quantize_ctypes.py; the same quantizer, plus a Python start of ~0.1 s)."""
+    if (binp / "llama-quantize").exists():
+        cmd = [str(binp / "llama-quantize")]
+    else:
+        cmd = [sys.executable, str(ROOT / "benchmarks/llama_quantize_ctypes.py"), "--lib", str(binp)]
+    cmd += (["--imatrix", str(im)] if im else []) + [str(src), str(dst), mix, str(threads)]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True)
     dt = time.perf_counter() - t0
@@ -78,7 +87,7 @@ def compare(models: list[str], mixes: list[str], binp: Path, threads: int, write
     from tests.quantize.models import write_imatrix, write_model
 
     bad = 0
-    have_llama = (binp / "llama-quantize").exists()
+    llama_ok = have_llama(binp)
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         for m in models:
@@ -94,7 +103,7 @@ def compare(models: list[str], mixes: list[str], binp: Path, threads: int, write
                     lt = ot = float("nan")
                     lerr = oerr = ""
                     ref = ours = None
-                    if have_llama:
+                    if llama_ok:
                         lp = tmp / "ref.gguf"
                         lp.unlink(missing_ok=True)
                         lt, lerr = run_llama(binp, src, lp, mix, im, threads)
@@ -105,7 +114,7 @@ def compare(models: list[str], mixes: list[str], binp: Path, threads: int, write
                     ours = None if oerr else table(op)
                     if ref is None and ours is None:
                         types = bytes_ = (
-                            f"both refuse ({oerr[:50]})" if have_llama and lerr else f"ours: {oerr[:60]}"
+                            f"both refuse ({oerr[:50]})" if llama_ok and lerr else f"ours: {oerr[:60]}"
                         )
                     elif ref is None or ours is None:
                         types = bytes_ = f"DIFFER: llama {lerr[:40] or 'ok'} / ours {oerr[:40] or 'ok'}"
@@ -125,7 +134,7 @@ def compare(models: list[str], mixes: list[str], binp: Path, threads: int, write
                             else f"{len(bd)}/{len(names)} differ ({', '.join(sorted({ref[n][0] for n in bd}))})"
                         )
                         bad += bool(td_) + bool(bd)
-                    if write and have_llama:
+                    if write and llama_ok:
                         if ref is not None:
                             expect["names"] = expect["names"] or list(ref)
                             expect["runs"][key] = {
@@ -138,7 +147,7 @@ def compare(models: list[str], mixes: list[str], binp: Path, threads: int, write
                         f"| {mix} | {'yes' if im else 'no'} | {lt:.2f} | {ot:.2f} | {types} | {bytes_} |",
                         flush=True,
                     )
-            if write and have_llama:
+            if write and llama_ok:
                 EXPECT.mkdir(parents=True, exist_ok=True)
                 (EXPECT / f"{m}.json").write_text(json.dumps(expect, indent=0) + "\n")
     return bad
@@ -164,9 +173,7 @@ def smollm2(binp: Path, threads: int) -> None:
             lp.unlink(missing_ok=True)
             op.unlink(missing_ok=True)
             lt, lerr = (
-                run_llama(binp, f32, lp, mix, None, threads)
-                if (binp / "llama-quantize").exists()
-                else (float("nan"), "absent")
+                run_llama(binp, f32, lp, mix, None, threads) if have_llama(binp) else (float("nan"), "absent")
             )
             ot, oerr = run_ours(f32, op, mix, None, threads, subproc=True)
             same = "-"
