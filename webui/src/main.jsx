@@ -242,6 +242,7 @@ function App() {
   const [atts, setAtts] = useState([]);
   const [live, setLive] = useState(null); // {convId, nodeId, ctrl}
   const [bootErr, setBootErr] = useState(null);
+  const [waiting, setWaiting] = useState(null);
   const [toast, setToast] = useState(null);
   const [tools, setTools] = useState(null);
   const threadRef = useRef(null);
@@ -269,11 +270,16 @@ function App() {
       const pick = ids.includes(model) ? model : (data.find((m) => modelState(m) === "loaded") || data[0])?.id || "";
       setModel(pick);
       setKeyWhy(null);
+      setWaiting(null);
       loadProps(pick, data.length > 1);
       listTools().then(setTools);
     } catch (e) {
       if (e.status === 401) setKeyWhy(getKey() ? e.message : "");
-      else setBootErr(`the server did not list its models: ${e.message}`);
+      else if (e.status === 503) {
+        setWaiting(`the server is getting ready: ${e.message}`); // loading its model: ask again soon
+        setTimeout(boot, 1000);
+        return;
+      } else setBootErr(`the server did not list its models: ${e.message}`);
     }
   };
 
@@ -570,6 +576,7 @@ function App() {
           }}
         >
           {bootErr && <div class="msg assistant error"><div class="error-text">{bootErr}</div></div>}
+          {waiting && <div class="waiting">{waiting}</div>}
           {!thread.length && !bootErr && <div class="hello">Ask anything. Enter sends, Shift+Enter starts a new line.</div>}
           {thread.map((n) => (
             <Message key={n.id} conv={conv} node={n} live={liveHere && live.nodeId === n.id} busy={busy} onPick={pick} onEdit={edit} onRegen={regen} />
