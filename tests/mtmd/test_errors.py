@@ -216,7 +216,7 @@ def test_server_bad_parts_and_no_mmproj(servers: tuple[LiveServer, LiveServer]) 
             "base64 payload is invalid",
         ),
         ({"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}, "must be data: URLs"),
-        ({"type": "input_audio", "input_audio": {"data": "AAAA"}}, "'input_audio' is not supported"),
+        ({"type": "input_audio", "input_audio": {"data": "AAAA"}}, "not a WAV, FLAC, OGG or MP3 file"),
     ]
     for part, says in cases:
         r = _post(vision, [{"role": "user", "content": [part]}])
