@@ -42,4 +42,13 @@ def build_app(model: str, replicas: int = 1, **kwargs: Any) -> Application:
     return _build(model, replicas, **kwargs)
 
 
-__all__ = ["RayNotInstalledError", "build_app", "require_ray"]
+def from_args(args: dict[str, Any]) -> Application:
+    """:func:`build_app` from a dict: the application builder for Ray Serve config files and KubeRay's
+    RayService (``import_path: llamapy.ray:from_args`` with ``args: {model: ..., replicas: 2}``)."""
+    args = dict(args)
+    if "model" not in args:
+        raise ValueError("args needs 'model': a GGUF path every node can read")
+    return build_app(args.pop("model"), int(args.pop("replicas", 1)), **args)
+
+
+__all__ = ["RayNotInstalledError", "build_app", "from_args", "require_ray"]

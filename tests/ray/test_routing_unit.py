@@ -92,3 +92,31 @@ def test_cli_bad_autoscaling_bounds(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as e:
         main(["serve-ray", "-m", "whatever.gguf", "--min-replicas", "3", "--max-replicas", "2"])
     assert "--min-replicas" in str(e.value.code)
+
+
+def test_autoscaling_options_pass_through() -> None:
+    import argparse
+
+    from llamapy.cli.serve_ray import _autoscaling
+
+    ns = argparse.Namespace(min_replicas=1, max_replicas=4, replicas=2, target_ongoing_requests=3.0)
+    assert _autoscaling(ns) == {
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "initial_replicas": 2,
+        "target_ongoing_requests": 3.0,
+    }
+    ns = argparse.Namespace(min_replicas=None, max_replicas=None, replicas=2, target_ongoing_requests=2.0)
+    assert _autoscaling(ns) is None  # a fixed number of replicas
+
+
+def test_build_app_bad_arguments() -> None:
+    from llamapy.ray import build_app, from_args
+
+    with pytest.raises(ValueError, match="routing"):
+        build_app("m.gguf", 2, routing="random")
+    with pytest.raises(ValueError, match="replicas"):
+        build_app("m.gguf", 0)
+    with pytest.raises(ValueError, match="model"):
+        from_args({"replicas": 2})
+    assert from_args({"model": "m.gguf", "replicas": 2, "threads": 2}) is not None  # no cluster needed
