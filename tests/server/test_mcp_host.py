@@ -126,3 +126,38 @@ def test_streamable_http_server_an_unreachable_one_and_one_that_never_answers():
     finally:
         proc.kill()  # (its event loop may still sleep in the slow tool)
         proc.wait(10)
+
+
+def test_tool_names_unique_over_servers_and_results_as_text():
+    import mcp_types as t
+
+    from llamapy.server.mcp_host import MAX_RESULT_CHARS, _result_text
+
+    host = McpHost(parse_config({"mcpServers": {"a": {"command": "x"}, "b": {"command": "y"}}}))
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}}
+    for name, tools in (("a", ["search", "only_a"]), ("b", ["search"])):
+        srv = host.servers[name]
+        srv.state, srv.tools = (
+            "ready",
+            [t.Tool(name=n, description=f"{n} of {name}", input_schema=schema) for n in tools],
+        )
+    tools = host.tools()
+    assert sorted(tools) == ["a__search", "b__search", "only_a"]  # a name two servers share gets prefixed
+    assert (tools["b__search"].server, tools["b__search"].tool) == ("b", "search")
+    fn = tools["only_a"].openai()["function"]
+    assert fn == {"name": "only_a", "description": "only_a of a", "parameters": schema}
+    host.servers["b"].state = "failed"  # a failed server's tools are not offered
+    assert sorted(host.tools()) == ["only_a", "search"]
+
+    res = t.CallToolResult(
+        content=[
+            t.TextContent(type="text", text="hello"),
+            t.ImageContent(type="image", data="AA==", mime_type="image/png"),
+        ]
+    )
+    assert _result_text(res) == "hello\n[image image/png]"
+    assert _result_text(t.CallToolResult(content=[], structured_content={"n": 1})) == '{"n": 1}'
+    long = _result_text(
+        t.CallToolResult(content=[t.TextContent(type="text", text="x" * (MAX_RESULT_CHARS + 5))])
+    )
+    assert long.endswith("[... 5 more characters cut]") and len(long) < MAX_RESULT_CHARS + 50
