@@ -200,6 +200,7 @@ class _Server:
         self.session: Any = None
         self.started = asyncio.Event()  # set once the first attempt is decided (ready or failed)
         self.lost = asyncio.Event()  # a call found the connection gone
+        self.relist = asyncio.Event()  # the server said its tool list changed
         self.since = time.time()
 
     def info(self) -> dict[str, Any]:
@@ -356,6 +357,14 @@ class McpHost:
 
         cfg = srv.cfg
         srv.lost.clear()
+        srv.relist.clear()
+
+        async def on_message(message: Any) -> None:
+            if getattr(message, "method", None) == "notifications/tools/list_changed":
+                srv.relist.set()
+            elif isinstance(message, Exception):  # the transport's: a ping tells whether it is gone
+                srv.lost.set()
+
         async with contextlib.AsyncExitStack() as stack:
             if cfg.transport == "stdio":
                 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -378,7 +387,7 @@ class McpHost:
                 read, write = await stack.enter_async_context(
                     streamable_http_client(cfg.url, http_client=http)
                 )
-            session = await stack.enter_async_context(ClientSession(read, write))
+            session = await stack.enter_async_context(ClientSession(read, write, message_handler=on_message))
             try:
                 tools = await self._until_stopped(self._handshake(session), cfg.start_timeout)
             except BaseException as e:  # reported now: stopping the process may take a few seconds
@@ -408,9 +417,13 @@ class McpHost:
             raise asyncio.CancelledError() if self._stopping.is_set() else asyncio.TimeoutError()
         return work.result()
 
-    @staticmethod
-    async def _handshake(session: Any) -> list[Any]:
+    @classmethod
+    async def _handshake(cls, session: Any) -> list[Any]:
         await session.initialize()
+        return await cls._list_tools(session)
+
+    @staticmethod
+    async def _list_tools(session: Any) -> list[Any]:
         tools, cursor = [], None
         while True:
             if cursor is None:
@@ -425,19 +438,22 @@ class McpHost:
                 return tools
 
     async def _watch(self, srv: _Server, session: Any) -> None:
-        """Returns when stop() is called; raises when the server stops answering."""
+        """Returns when stop() is called; raises when the server stops answering. Lists the tools again
+        when the server says they changed."""
         while not self._stopping.is_set():
-            stop = asyncio.ensure_future(self._stopping.wait())
-            lost = asyncio.ensure_future(srv.lost.wait())
-            done, pending = await asyncio.wait(
-                {stop, lost}, timeout=PING_INTERVAL, return_when="FIRST_COMPLETED"
-            )
-            for p in pending:
-                p.cancel()
-            if stop in done:
+            waits = [asyncio.ensure_future(e.wait()) for e in (self._stopping, srv.lost, srv.relist)]
+            await asyncio.wait(waits, timeout=PING_INTERVAL, return_when="FIRST_COMPLETED")
+            for w in waits:
+                w.cancel()
+            if self._stopping.is_set():
                 return
             try:
-                await asyncio.wait_for(session.send_ping(), 10)
+                if srv.relist.is_set():
+                    srv.relist.clear()
+                    srv.tools = await asyncio.wait_for(self._list_tools(session), srv.cfg.start_timeout)
+                    log.info("MCP server %r: tools changed, now %d", srv.cfg.name, len(srv.tools))
+                else:
+                    await asyncio.wait_for(session.send_ping(), 10)
             except Exception as e:
                 raise ConnectionError(f"the connection is gone ({_describe(e)})") from None
             srv.lost.clear()

@@ -2,7 +2,8 @@
 
 Tools: ``add`` (a + b), ``fail`` (always raises: the error must reach the model as a tool result),
 ``slow`` (sleeps ``seconds`` then answers: the call timeout must stop it), ``getenv`` (a variable of its
-environment, or ``(unset)``: what the host passes it) and ``crash`` (exits the process mid-call).
+environment, or ``(unset)``: what the host passes it), ``grow`` (adds the tool ``grown`` and says the
+tool list changed) and ``crash`` (exits the process mid-call).
 MODE ``crash``: exit at once with a message on stderr (an MCP server that crashes at start);
 ``hang``: never answer the handshake (one that never starts); ``http PORT``: serve streamable HTTP on
 127.0.0.1:PORT (path ``/mcp``) instead of stdio.
@@ -22,7 +23,7 @@ if __name__ == "__main__":
     if mode == "hang":
         time.sleep(3600)
 
-    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver import Context, MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
     server = MCPServer("llamapy-test-tools")
@@ -47,6 +48,18 @@ if __name__ == "__main__":
     def getenv(name: str) -> str:
         """One variable of this server's environment."""
         return os.environ.get(name, "(unset)")
+
+    @server.tool()
+    async def grow(ctx: Context) -> str:
+        """Add the tool ``grown`` and tell the client that the tool list changed."""
+
+        def grown() -> str:
+            """A tool added at run time."""
+            return "grown here"
+
+        server.add_tool(grown)
+        await ctx.session.send_tool_list_changed()
+        return "added the tool grown"
 
     @server.tool()
     def crash() -> str:

@@ -115,7 +115,18 @@ def test_streamable_http_server_an_unreachable_one_and_one_that_never_answers():
                 assert st["web"]["state"] == "ready" and st["web"]["transport"] == "http", st
                 assert st["gone"]["state"] != "ready" and st["gone"]["error"], st
                 assert "no answer to the MCP handshake within 1 s" in st["hang"]["error"], st
-                return st, await host.call("add", {"a": 40, "b": 2}), await host.call("slow", {"seconds": 10})
+                added, slow = (
+                    await host.call("add", {"a": 40, "b": 2}),
+                    await host.call("slow", {"seconds": 10}),
+                )
+                assert "grown" not in host.tools()
+                assert (await host.call("grow", {})).content == "added the tool grown"
+                for _ in range(100):  # the server's list_changed notification: the tools are listed again
+                    if "grown" in host.tools():
+                        break
+                    await asyncio.sleep(0.05)
+                assert (await host.call("grown", {})).content == "grown here"
+                return st, added, slow
             finally:
                 await host.stop()
 
