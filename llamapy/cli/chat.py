@@ -144,7 +144,9 @@ def run(args: argparse.Namespace) -> int:
             chain.set_grammar(gs)
             answer = []
             try:
-                for step in generate(seq, chain, llm.vocab, prompt, params, grammar=gs):
+                for step in generate(
+                    seq, chain, llm.vocab, prompt, params, grammar=gs, draft_model=llm.draft_model
+                ):
                     if step.text:
                         answer.append(step.text)
                         write_out(step.text)

@@ -28,7 +28,7 @@ def _number(
             v = kind(s)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{s!r} is not a valid {what}") from None
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
+        if v != v or (lo is not None and v < lo) or (hi is not None and v > hi):  # (v != v: NaN)
             rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
             raise argparse.ArgumentTypeError(f"{s!r} is out of range ({what} must be {rng})")
         return v
@@ -186,6 +186,8 @@ def add_mtmd_args(p: argparse.ArgumentParser, images: bool = True) -> None:
             "--audio", action="append", dest="image", metavar="FNAME",
             help="audio file, WAV/FLAC/OGG/MP3 (repeatable; an mmproj with an audio encoder), placed as --image",
         )  # fmt: skip
+    g.add_argument("--mmproj-cache-mb", type=_number(float, 0, 2**30, what="size"), default=None, metavar="MB",
+                   help="image/audio embeddings kept to skip encoding them again (default 256; 0: off)")  # fmt: skip
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -238,6 +240,25 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
                    help="tokens to generate (-1 = until the end of generation)")  # fmt: skip
     g.add_argument("-r", "--reverse-prompt", action="append", default=[], metavar="TEXT", help="stop at TEXT")
     g.add_argument("-sp", "--special", action="store_true", help="print special tokens")
+    add_spec_args(p)
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's self-speculative decoding flags (``--spec-type``; greedy output is unchanged)."""
+    from ..generation.speculative import SPEC_TYPES
+
+    g = p.add_argument_group("speculative decoding (the output is the same, faster when drafts hold)")
+    g.add_argument("--spec-type", choices=SPEC_TYPES, default=None,
+                   help="draft from n-grams of the text so far, or from the model's own MTP layer")  # fmt: skip
+    g.add_argument("--spec-draft-n-max", "--draft-max", dest="spec_n_max", type=_number(int, 1, what="count"),
+                   default=None, metavar="N", help="most tokens drafted per step (mtp: 3)")  # fmt: skip
+    for kind in ("simple", "map-k"):
+        g.add_argument(f"--spec-ngram-{kind}-size-n", dest="spec_size_n", type=_number(int, 1, what="count"),
+                       default=None, metavar="N", help=f"ngram-{kind}: key length (default 12)")  # fmt: skip
+        g.add_argument(f"--spec-ngram-{kind}-size-m", dest="spec_size_m", type=_number(int, 1, what="count"),
+                       default=None, metavar="M", help=f"ngram-{kind}: draft length (default 48)")  # fmt: skip
+        g.add_argument(f"--spec-ngram-{kind}-min-hits", dest="spec_min_hits", type=_number(int, 1, what="count"),
+                       default=1, metavar="H", help=f"ngram-{kind}: least hits of a key to draft")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -363,6 +384,15 @@ def load_llama(args: argparse.Namespace) -> Any:
             except ValueError:
                 raise SystemExit(f"--lora-scaled {f} {scale}: the scale must be a number") from None
             llm.ctx.set_adapter_lora(LoraAdapter.load(f, m), s)
+    if getattr(args, "spec_type", None) and llm.ctx is not None:
+        from ..generation.speculative import make_spec_draft
+
+        llm.draft_model = make_spec_draft(
+            args.spec_type, m, n_draft=args.spec_n_max, size_n=args.spec_size_n, size_m=args.spec_size_m,
+            min_hits=args.spec_min_hits, n_ctx=llm.n_ctx(), n_threads=kw["n_threads"],
+        )  # fmt: skip
+    if getattr(args, "mmproj_cache_mb", None) is not None and llm.mtmd is not None:
+        llm.mtmd.embd_cache.resize(int(args.mmproj_cache_mb * 2**20))
     log(
         f"llamapy: loaded {path.name} ({m.desc}, {m.size / 2**20:.0f} MiB) in {time.perf_counter() - t0:.2f} s, "
         f"n_ctx = {llm.n_ctx()}"

@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     t_first = None
     n_gen = 0
     finish = None
-    for step in generate(seq, chain, llm.vocab, prompt, params, grammar=gs):
+    for step in generate(seq, chain, llm.vocab, prompt, params, grammar=gs, draft_model=llm.draft_model):
         if t_first is None:
             t_first = time.perf_counter()
         if step.token is not None:

@@ -21,10 +21,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import LlamapyError
 from .speculative import LlamaDraftModel
 
 
-class NgramError(ValueError):
+class NgramError(LlamapyError, ValueError):
     """Bad n-gram draft parameters."""
 
 

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import LlamapyError
+
 
 class LlamaDraftModel:
     """A draft model: ``draft(input_ids) -> np.ndarray`` of guessed next tokens (llama-cpp-python's
@@ -109,7 +111,13 @@ def make_spec_draft(
         from .mtp import MtpDraft
 
         if model is None:
-            raise ValueError("--spec-type mtp drafts with the target model's MTP layer: it needs the model")
+            raise SpecTypeError(
+                "--spec-type mtp drafts with the target model's MTP layer: it needs the model"
+            )
         return MtpDraft(model, n_draft=n_draft or 3, n_min=n_min, p_min=p_min, n_ctx=n_ctx, n_batch=n_batch,
                         n_threads=n_threads)  # fmt: skip
-    raise ValueError(f"unknown speculative decoding type {spec_type!r} (one of: {', '.join(SPEC_TYPES)})")
+    raise SpecTypeError(f"unknown speculative decoding type {spec_type!r} (one of: {', '.join(SPEC_TYPES)})")
+
+
+class SpecTypeError(LlamapyError, ValueError):
+    """A ``--spec-type`` name this does not offer."""
