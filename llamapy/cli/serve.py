@@ -115,10 +115,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat-penalty", type=float, default=1.0, help="default repeat penalty")
     p.add_argument("--seed", type=int, default=-1, help="default seed (-1: random)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    r = p.add_argument_group("router mode (many models in one server; a request's model picks one)")
+    r.add_argument("--models-dir", metavar="DIR",
+                   help="serve every GGUF model under DIR (split models and mmproj files paired by name)")  # fmt: skip
+    r.add_argument("--models-preset", metavar="FILE",
+                   help='TOML: a table per model ([name], its model = path or user/repo[:quant]) of serve '
+                        'options (ctx-size, parallel, chat-template, model-draft, lora...); ["*"]: every model')  # fmt: skip
+    r.add_argument("--models-max", type=_non_negative, default=4, metavar="N",
+                   help="most models loaded at once; the least recently used idle one is unloaded (0: no limit)")  # fmt: skip
+    r.add_argument("--keep-alive", default="-1", metavar="DURATION",
+                   help="unload a model idle this long (30s, 5m, 1h; 0: after each answer; -1: never, the default)")  # fmt: skip
+    r.add_argument("--no-models-autoload", action="store_true",
+                   help="do not load a model on its first request (POST /models/load does)")  # fmt: skip
     from .common import add_hf_args
 
     add_hf_args(p)  # -hf user/repo[:quant], -hff, --hf-token, --offline, --no-mmproj
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, serve_parser=p)
 
 
 def _positive(s: str) -> int:
@@ -172,18 +184,57 @@ def run(args: argparse.Namespace) -> int:
     from .common import resolve_model_args
 
     api_keys = _api_keys(args)  # before anything else: keys asked for and not given fail at once
-    model_path = resolve_model_args(args)  # before the heavy imports: a bad -m/-hf fails fast
+    router_mode = bool(args.models_dir or args.models_preset)
+    if router_mode and (args.model or args.hf_repo):
+        print(
+            "error: give either a model (-m/-hf) or --models-dir/--models-preset (router mode)",
+            file=sys.stderr,
+        )
+        return 1
+    model_path = None if router_mode else resolve_model_args(args)  # a bad -m/-hf fails fast
 
     import uvicorn
-
-    from ..sampling import LLAMA_DEFAULT_SEED, SamplingParams
-    from ..server.app import ServerSettings, create_app
-    from ..server.backend import ContextBackend
-    from ..server.params import Defaults
 
     if args.slot_save_path and not Path(args.slot_save_path).is_dir():
         print(f"llamapy serve: --slot-save-path {args.slot_save_path}: not a folder", file=sys.stderr)
         return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        app = make_app(args, api_keys, model_path)
+    except ValueError as e:  # a bad preset or --keep-alive
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if not args.no_webui:  # the chat page at / (ahead of ollama's "Ollama is running")
+        from ..server.webui import mount_webui
+
+        mount_webui(app, args.webui_dir)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    _announce(server, args.host)
+    server.run()
+    return 0
+
+
+def make_app(args: argparse.Namespace, api_keys: list[str], model_path: Any = None) -> Any:
+    """The app of ``args``: one model (``model_path``), or router mode (``--models-dir``/``--models-preset``)."""
+    from ..server.app import create_app
+
+    if args.models_dir or args.models_preset:
+        settings, router = build_router(args, api_keys)
+        return create_app(settings, router=router)
+    return create_app(server_settings(args, str(model_path), api_keys), backend_factory(args, model_path))
+
+
+def chat_template(args: argparse.Namespace) -> str | None:
+    """--chat-template-file or --chat-template, checked (a bad template is a startup error, not a 500 on
+    every chat request)."""
     template = Path(args.chat_template_file).read_text(encoding="utf-8") if args.chat_template_file else None
     template = template if template is not None else args.chat_template
     if template is not None:  # a bad template is a startup error, not a 500 on every chat request
@@ -191,6 +242,15 @@ def run(args: argparse.Namespace) -> int:
 
         is_builtin = template.strip().lower() in BUILTIN_TEMPLATES
         ChatTemplate(builtin_template(template) if is_builtin else template)
+    return template
+
+
+def server_settings(args: argparse.Namespace, model_path: str, api_keys: list[str]) -> Any:
+    """The :class:`ServerSettings` of ``args`` for the model at ``model_path``."""
+    from ..sampling import LLAMA_DEFAULT_SEED, SamplingParams
+    from ..server.app import ServerSettings
+    from ..server.params import Defaults
+
     defaults = Defaults(
         sampling=SamplingParams(
             temp=args.temp,
@@ -203,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
         n_predict=args.n_predict,
         n_keep=args.keep,
     )
-    settings = ServerSettings(
+    return ServerSettings(
         model_path=str(model_path),
         alias=args.alias,
         api_keys=api_keys,
@@ -221,6 +281,14 @@ def run(args: argparse.Namespace) -> int:
         allow_image_urls=args.allow_image_urls,
     )
 
+
+def backend_factory(args: argparse.Namespace, model_path: Any, mmproj: str | None = None) -> Any:
+    """A function building the backend ``args`` ask for (on the loading thread); ``model_path`` a path or a
+    function giving it at load time (router mode resolves Hub refs then)."""
+    from ..server.backend import ContextBackend
+
+    template = chat_template(args)
+    mmproj = mmproj or args.mmproj
     if args.reranking:  # as llama-server: --reranking is --embedding --pooling rank
         args.embeddings, args.pooling = True, "rank"
 
@@ -228,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
         from ..server.embeddings import EmbeddingBackend  # keeps per-token embeddings (pooling none)
 
         backend = (EmbeddingBackend if args.embeddings else ContextBackend)(
-            model_path,
+            model_path() if callable(model_path) else model_path,
             n_ctx=args.ctx_size,
             n_seq_max=args.parallel,
             n_batch=args.batch_size,
@@ -240,30 +308,114 @@ def run(args: argparse.Namespace) -> int:
             loras=_loras(args),
             draft=_draft(args),
         )
-        if args.mmproj:  # the vision encoder + projector next to the text model (llama-server --mmproj)
+        if mmproj:  # the vision encoder + projector next to the text model (llama-server --mmproj)
             from ..mtmd import MtmdContext
 
-            backend.mtmd = MtmdContext(args.mmproj, backend.model, n_threads=args.threads)  # type: ignore[attr-defined]
+            backend.mtmd = MtmdContext(mmproj, backend.model, n_threads=args.threads)  # type: ignore[attr-defined]
         return backend
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    app = create_app(settings, factory)
-    if not args.no_webui:  # the chat page at / (ahead of ollama's "Ollama is running")
-        from ..server.webui import mount_webui
+    return factory
 
-        mount_webui(app, args.webui_dir)
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=5,
+
+# -- router mode -------------------------------------------------------------------------------------
+
+_ROUTER_ONLY = {"host", "port", "api_key", "api_key_file", "cors_origin", "models_dir", "models_preset",
+                "models_max", "keep_alive", "no_models_autoload", "model", "hf_repo", "hf_file", "hf_token", "offline", "alias", "log_level",
+                "max_body_size", "metrics", "no_slots", "slots_verbose", "slot_save_path", "no_webui",
+                "webui_dir"}  # fmt: skip
+
+
+def _preset_args(args: argparse.Namespace, values: dict[str, Any], where: str) -> argparse.Namespace:
+    """``args`` with a preset's options (``ctx-size = 2048``...); an option given on the command line
+    wins, as llama-server's."""
+    import copy
+
+    parser: argparse.ArgumentParser = args.serve_parser
+    actions = {o.lstrip("-"): a for a in parser._actions for o in a.option_strings}
+    ns = copy.copy(args)
+    for key, value in values.items():
+        a = actions.get(key) or actions.get(key.replace("_", "-"))
+        if a is None or a.dest in _ROUTER_ONLY:
+            why = "is set for the whole server" if a is not None else "is not an option of llamapy serve"
+            raise ValueError(f"--models-preset {where}: {key!r} {why}")
+        if getattr(args, a.dest) != parser.get_default(a.dest):
+            continue  # given on the command line
+        if isinstance(a, argparse._StoreTrueAction):
+            if not isinstance(value, bool):
+                raise ValueError(f"--models-preset {where}: {key} must be true or false")
+        elif isinstance(a, argparse._AppendAction):
+            value = [_preset_value(a, v, where, key) for v in (value if isinstance(value, list) else [value])]
+        else:
+            value = _preset_value(a, value, where, key)
+        setattr(ns, a.dest, value)
+    return ns
+
+
+def _preset_value(a: argparse.Action, value: Any, where: str, key: str) -> Any:
+    if isinstance(value, list | dict) and not a.nargs:
+        raise ValueError(f"--models-preset {where}: {key} must be a single value")
+    try:
+        v = a.type(str(value)) if a.type is not None and not isinstance(value, list) else value
+    except (ValueError, argparse.ArgumentTypeError) as e:
+        raise ValueError(f"--models-preset {where}: {key} = {value!r}: {e}") from None
+    if a.choices is not None and v not in a.choices:
+        raise ValueError(f"--models-preset {where}: {key} must be one of {', '.join(map(str, a.choices))}")
+    return v
+
+
+def build_router(args: argparse.Namespace, api_keys: list[str]) -> tuple[Any, Any]:
+    """The server settings and the :class:`~llamapy.server.router.Router` of ``--models-dir`` and
+    ``--models-preset`` (the preset's options apply to the model of the same name in the folder)."""
+    from ..server.router import ModelSpec, Router, load_preset, parse_duration, scan_models_dir
+    from ..server.state import ModelEntry
+
+    specs: dict[str, ModelSpec] = {}
+    if args.models_dir:
+        for spec in scan_models_dir(args.models_dir):
+            specs[spec.name] = spec
+    common: dict[str, Any] = {}
+    if args.models_preset:
+        common, preset = load_preset(args.models_preset)
+        for spec in preset:
+            known = specs.get(spec.name)
+            if known is not None and spec.model == spec.name:  # options for a model of the folder
+                spec.model, spec.mmproj = known.model, spec.mmproj or known.mmproj
+            specs[spec.name] = spec
+    startup = [s.name for s in specs.values() if s.args.pop("load-on-startup", False)]
+    keep_alive = parse_duration(args.keep_alive, "--keep-alive")
+    settings = server_settings(args, "", api_keys)
+
+    def make_entry(spec: ModelSpec) -> ModelEntry:
+        ns = _preset_args(_preset_args(args, common, '["*"]'), spec.args, f"[{spec.name}]")
+        ms = server_settings(ns, spec.path or spec.model, api_keys)
+        ms.alias = spec.name
+        entry = ModelEntry(ms, lambda: None, name=spec.name)  # (the factory reads the path at load time)
+        entry.factory = backend_factory(ns, lambda: entry.settings.model_path, spec.mmproj)
+        entry.extra_files = [f for f in (spec.mmproj or ns.mmproj, ns.model_draft) if f]
+        entry.n_ctx = ns.ctx_size // max(1, ns.parallel) * ns.parallel
+        return entry
+
+    for spec in specs.values():
+        make_entry(spec)  # a bad preset value is a startup error
+
+    def pull(name: str) -> ModelSpec:
+        from ..hub import canonical_name, hf, resolve_model
+
+        if canonical_name(name) is None and hf.looks_like_ref(name):
+            m = hf.download(name, token=getattr(args, "hf_token", None), quiet=True)
+            return ModelSpec(name, name, str(m.mmproj) if m.mmproj else None, source="pull", path=str(m.path))
+        return ModelSpec(name, name, source="pull", path=str(resolve_model(name)))
+
+    router = Router(
+        list(specs.values()),
+        make_entry,
+        models_max=args.models_max,
+        keep_alive=keep_alive,
+        autoload=not args.no_models_autoload,
+        pull=pull,
+        load_on_startup=startup,
     )
-    server = uvicorn.Server(config)
-    _announce(server, args.host)
-    server.run()
-    return 0
+    return settings, router
 
 
 def _announce(server: object, host: str) -> None:

@@ -24,13 +24,15 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
-from . import params as P
 from .engine import Event, TokenProb
 from .errors import APIError, bad_request, not_supported
-from .responses import brief, named_sse, new_id, parsed_body, passthrough, validate_at
+from .formats import BaseFormatter, new_id
+from .inputs import chat_inputs, no_completions, parsed_body
+from .inputs import count_tokens as prompt_token_count
+from .responses import brief, named_sse, passthrough, validate_at
 from .schemas import ChatCompletionRequest, validate
+from .stream import generate
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -361,7 +363,7 @@ def _tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"value": value}
 
 
-class MessagesFormatter:
+class MessagesFormatter(BaseFormatter):
     """Builds the ``message`` object and, streamed, Anthropic's events (for ``_generate``)."""
 
     def __init__(self, model: str, n_prompt: int, stop_sequences: list[str]) -> None:
@@ -488,9 +490,7 @@ class MessagesFormatter:
         return error_body(e)
 
 
-def add_messages_routes(app: FastAPI, state: Any) -> None:
-    from .app import _generate, _has_image_parts, _image_tokens, _no_completions, _split_images, chat_inputs
-
+def add_routes(app: FastAPI, state: Any) -> None:
     def anthropic_errors(handler: Any) -> Any:
         async def wrapped(request: Request) -> Any:
             try:
@@ -504,8 +504,9 @@ def add_messages_routes(app: FastAPI, state: Any) -> None:
     @app.post("/v1/messages")
     @anthropic_errors
     async def messages(request: Request) -> Any:
-        engine, backend = state.ready()
-        _no_completions(backend)
+        m = await state.pick(request)
+        engine, backend = m.ready()
+        no_completions(backend)
 
         def plan(raw: dict[str, Any]) -> tuple[MessagesRequest, ChatCompletionRequest]:
             req: MessagesRequest = validate(MessagesRequest, raw)
@@ -515,23 +516,13 @@ def add_messages_routes(app: FastAPI, state: Any) -> None:
         # max_tokens is required here and agent clients send large ones (32000): an upper bound, clamped
         # to the slot's context (generation then ends at the context with stop_reason "max_tokens")
         limit = req.max_tokens if req.max_tokens < 1 else min(req.max_tokens, engine.n_ctx_slot)
-        tokens, gp = await chat_inputs(chat, state, limit, "max_tokens")
-        fmt = MessagesFormatter(req.model or state.settings.model_id, len(tokens), req.stop_sequences or [])
-        return await _generate(request, engine, tokens, gp, fmt, req.stream, False, done_marker=False)
+        tokens, gp = await chat_inputs(chat, m, limit, "max_tokens")
+        fmt = MessagesFormatter(req.model or m.name, len(tokens), req.stop_sequences or [])
+        return await generate(request, engine, tokens, gp, fmt, req.stream)
 
     @app.post("/v1/messages/count_tokens")
     @anthropic_errors
     async def count_tokens(request: Request) -> Any:
-        _, backend = state.ready()
+        m = await state.pick(request)
         chat = await parsed_body(request, lambda raw: to_chat(validate(CountTokensRequest, raw), raw))
-        images = None
-        if _has_image_parts(chat):  # the images count as the tokens they become
-            chat, images = await run_in_threadpool(
-                _split_images, chat, backend, state.settings.allow_image_urls
-            )
-        plan = await run_in_threadpool(P.chat_plan, chat, backend)
-        if images is None:
-            tokens = await run_in_threadpool(P.chat_tokens, plan.prompt, backend)
-        else:
-            tokens, _ = await run_in_threadpool(_image_tokens, plan.prompt, images, backend)
-        return {"input_tokens": len(tokens)}
+        return {"input_tokens": await prompt_token_count(chat, m)}  # (images count as the tokens they become)

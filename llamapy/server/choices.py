@@ -15,12 +15,12 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
 from ..sampling import LLAMA_DEFAULT_SEED
 from .engine import Engine, Event, GenParams
 from .errors import APIError
 from .formats import SSE_DONE, JSONAnswer, sse, timings, usage
+from .stream import TokenStream, collect, stream_response, watch_disconnect
 
 
 def choice_params(gp: GenParams, n: int) -> list[GenParams]:
@@ -61,11 +61,9 @@ async def generate_n(
     stream: bool,
     include_usage: bool,
 ) -> Any:
-    from .app import _collect, _Stream, _watch_disconnect
-
     for f in fmts[1:]:  # one answer: one id
         f.id, f.created = fmts[0].id, fmts[0].created
-    streams = [_Stream(engine, tokens, gp) for gp in gps]
+    streams = [TokenStream(engine, tokens, gp) for gp in gps]
     streams[0].task.share_prompt = True
     for st in streams[1:]:
         st.task.leader = streams[0].task
@@ -80,7 +78,7 @@ async def generate_n(
         raise
     if not stream:
         results = await asyncio.gather(
-            *(_collect(request, engine, tokens, st.task.params, st=st) for st in streams),
+            *(collect(request, engine, tokens, st.task.params, st=st) for st in streams),
             return_exceptions=True,
         )
         for r in results:
@@ -99,7 +97,7 @@ async def generate_n(
     try:
         firsts = []
         for st in streams:
-            watcher = asyncio.create_task(_watch_disconnect(request, st))
+            watcher = asyncio.create_task(watch_disconnect(request, st))
             try:
                 firsts.append(await st.next())
             finally:
@@ -151,8 +149,4 @@ async def generate_n(
             for st in streams:
                 st.close()
 
-    return StreamingResponse(
-        events(),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    return stream_response(events())

@@ -41,6 +41,7 @@ from .backend import ContextBackend
 from .engine import GenParams
 from .errors import APIError, bad_request
 from .schemas import parse_json
+from .stream import collect
 
 
 class EmbeddingBackend(ContextBackend):
@@ -81,7 +82,7 @@ def _limit(engine: Any, backend: Any) -> int:
     return min(lim, max_input_tokens(ctx)) if ctx is not None else lim
 
 
-def _tokens(
+def tokens_of(
     backend: Any, engine: Any, inputs: list[str | list[int]], truncate: bool, names: str
 ) -> list[list[int]]:
     _check_count(len(inputs), names)  # (again here for callers without _inputs: ollama's /api/embed)
@@ -128,12 +129,10 @@ def _fit(toks: list[int], limit: int, truncate: bool, where: str, keep_last: boo
         raise bad_request(str(e).replace("pass truncate=True", 'send "truncate": true'), param) from None
 
 
-async def _run(request: Request, engine: Any, token_lists: list[list[int]]) -> list[Any]:
+async def run_embeddings(request: Request, engine: Any, token_lists: list[list[int]]) -> list[Any]:
     """Each token list as an embedding task; their final events, in order (the first error raised)."""
-    from .app import _collect
-
     results = await asyncio.gather(
-        *(_collect(request, engine, t, GenParams(), "embedding") for t in token_lists)
+        *(collect(request, engine, t, GenParams(), "embedding") for t in token_lists)
     )
     finals = [r[3] for r in results]
     for ev in finals:
@@ -179,18 +178,17 @@ def _check_count(n: int, name: str) -> None:
         raise bad_request(f"'{name}' has {n} inputs; the limit is {MAX_INPUTS} per request", name)
 
 
-def add_embedding_routes(app: FastAPI, state: Any) -> None:
-    s = state.settings
-
-    def embedding_server() -> tuple[Any, Any]:
-        engine, backend = state.ready()
+def add_routes(app: FastAPI, state: Any) -> None:
+    async def embedding_server(request: Request) -> tuple[Any, Any, str]:
+        m = await state.pick(request)
+        engine, backend = m.ready()
         if not backend.embeddings:
             raise APIError(501, "this server does not compute embeddings; start it with --embeddings")
-        return engine, backend
+        return engine, backend, m.name
 
     @app.post("/v1/embeddings")
     async def embeddings_oai(request: Request) -> dict[str, Any]:
-        engine, backend = embedding_server()
+        engine, backend, name = await embedding_server(request)
         body = _body(await request.body())
         if _pooling(backend) == POOLING_NONE:
             raise bad_request(
@@ -206,8 +204,8 @@ def add_embedding_routes(app: FastAPI, state: Any) -> None:
             raise bad_request("'input' must be provided", "input")
         inputs, _ = _inputs(body["input"], "input")
         norm, truncate = _norm(body), _flag(body, "truncate", False)
-        lists = await run_in_threadpool(_tokens, backend, engine, inputs, truncate, "input")
-        finals = await _run(request, engine, lists)
+        lists = await run_in_threadpool(tokens_of, backend, engine, inputs, truncate, "input")
+        finals = await run_embeddings(request, engine, lists)
         data, n = [], 0
         for i, ev in enumerate(finals):
             v = normalize_embedding(np.asarray(ev.embedding, dtype=np.float32).reshape(-1), norm)
@@ -219,20 +217,20 @@ def add_embedding_routes(app: FastAPI, state: Any) -> None:
             data.append(item)
             n += ev.n_prompt
         usage = {"prompt_tokens": n, "total_tokens": n}
-        return {"object": "list", "data": data, "model": s.model_id, "usage": usage}
+        return {"object": "list", "data": data, "model": name, "usage": usage}
 
     @app.post("/embedding")
     @app.post("/embeddings")
     async def embeddings_native(request: Request) -> list[dict[str, Any]]:
-        engine, backend = embedding_server()
+        engine, backend, _ = await embedding_server(request)
         body = _body(await request.body())
         key = "content" if "content" in body else "input"
         if key not in body:
             raise bad_request("'content' (or 'input') must be provided", "content")
         inputs, _ = _inputs(body[key], key)
         norm, truncate = _norm(body), _flag(body, "truncate", False)
-        lists = await run_in_threadpool(_tokens, backend, engine, inputs, truncate, key)
-        finals = await _run(request, engine, lists)
+        lists = await run_in_threadpool(tokens_of, backend, engine, inputs, truncate, key)
+        finals = await run_embeddings(request, engine, lists)
         pooled = _pooling(backend) != POOLING_NONE
         out = []
         for i, ev in enumerate(finals):
@@ -247,7 +245,8 @@ def add_embedding_routes(app: FastAPI, state: Any) -> None:
     @app.post("/v1/rerank")
     @app.post("/v1/reranking")
     async def rerank(request: Request) -> Any:
-        engine, backend = state.ready()
+        m = await state.pick(request)
+        engine, backend = m.ready()
         if not backend.embeddings or _pooling(backend) != POOLING_RANK:
             raise APIError(
                 501, "this server does not rerank: start it with --reranking (a model with a rank head)"
@@ -288,7 +287,7 @@ def add_embedding_routes(app: FastAPI, state: Any) -> None:
             ]
 
         lists = await run_in_threadpool(prompts)
-        finals = await _run(request, engine, lists)
+        finals = await run_embeddings(request, engine, lists)
         scores = [float(np.asarray(ev.embedding).reshape(-1)[0]) for ev in finals]
         results = rerank_results(scores, docs, top_n, ret)
         if tei:
@@ -296,4 +295,4 @@ def add_embedding_routes(app: FastAPI, state: Any) -> None:
                     for r in results]  # fmt: skip
         n = sum(ev.n_prompt for ev in finals)
         usage = {"prompt_tokens": n, "total_tokens": n}
-        return {"object": "list", "model": s.model_id, "results": results, "usage": usage}
+        return {"object": "list", "model": m.name, "results": results, "usage": usage}

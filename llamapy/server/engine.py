@@ -270,6 +270,12 @@ class Engine:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def idle(self) -> bool:
+        """No task in a slot, waiting or just submitted (router mode may unload an idle model)."""
+        with self._cond:
+            return not self._incoming and not self._calls and not self._has_work()
+
     def submit(self, task: Task) -> None:
         with self._cond:
             self._incoming.append(task)

@@ -13,12 +13,14 @@ from fastapi.responses import JSONResponse
 from .. import __version__
 from ..api.chat_request import delta_dicts, message_dict
 from .engine import Event, TokenProb
+from .errors import APIError
 
 FINGERPRINT = f"llamapy-{__version__}"
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(12)}"
+def new_id(prefix: str, sep: str = "_") -> str:
+    """A fresh object id: ``resp_...``, ``msg_...`` (``sep="-"``: ``chatcmpl-...``, as OpenAI's)."""
+    return f"{prefix}{sep}{secrets.token_hex(12)}"
 
 
 def finite(obj: Any) -> Any:
@@ -129,9 +131,32 @@ def native_probs(probs: list[TokenProb]) -> list[dict[str, Any]]:
     ]
 
 
-class ChatFormatter:
+class BaseFormatter:
+    """Defaults of :class:`~llamapy.server.stream.Formatter`: OpenAI-style server-sent events, no start or usage event, the error
+    as OpenAI's error object."""
+
+    media_type = "text/event-stream"
+    done_marker: bytes | None = None
+    text_in_final = False
+
+    def first_chunk(self) -> Any:
+        return None
+
+    def usage_chunk(self, ev: Event) -> Any:
+        return None
+
+    def encode(self, obj: Any) -> bytes:
+        return sse(obj)
+
+    def error_event(self, e: APIError) -> Any:
+        return e.body()
+
+
+class ChatFormatter(BaseFormatter):
+    done_marker = SSE_DONE
+
     def __init__(self, model: str, want_logprobs: bool) -> None:
-        self.id, self.created, self.model = new_id("chatcmpl"), int(time.time()), model
+        self.id, self.created, self.model = new_id("chatcmpl", "-"), int(time.time()), model
         self.want_logprobs = want_logprobs
 
     def _chunk(self, delta: dict[str, Any], finish: str | None, probs: list[TokenProb] | None = None) -> dict:
@@ -190,9 +215,11 @@ class ChatFormatter:
         }
 
 
-class CompletionFormatter:
+class CompletionFormatter(BaseFormatter):
+    done_marker = SSE_DONE
+
     def __init__(self, model: str, want_logprobs: bool, echo_text: str = "") -> None:
-        self.id, self.created, self.model = new_id("cmpl"), int(time.time()), model
+        self.id, self.created, self.model = new_id("cmpl", "-"), int(time.time()), model
         self.want_logprobs = want_logprobs
         self.echo_text = echo_text
         self.offset = len(echo_text)
@@ -238,8 +265,10 @@ class CompletionFormatter:
         return body
 
 
-class NativeFormatter:
+class NativeFormatter(BaseFormatter):
     """llama.cpp's ``/completion``: ``{"content", "stop", ...}``; the stream ends with the full final object."""
+
+    text_in_final = True
 
     def __init__(
         self, model: str, prompt: str, settings: dict[str, Any], n_probs: int, return_tokens: bool

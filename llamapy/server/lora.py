@@ -50,15 +50,15 @@ def resolve(changes: dict[int, float] | None, global_scales: list[float]) -> tup
 
 def add_routes(app: Any, state: Any) -> None:
     @app.get("/lora-adapters")
-    async def lora_adapters() -> list[dict[str, Any]]:
-        engine, backend = state.ready()
+    async def lora_adapters(request: Request) -> list[dict[str, Any]]:
+        engine, backend = (await state.pick(request)).ready()
         return [dict(info, scale=engine.lora_scales[i]) for i, info in enumerate(_infos(backend))]
 
     @app.post("/lora-adapters")
     async def set_lora_adapters(request: Request) -> list[dict[str, Any]]:
         from .schemas import parse_json
 
-        engine, backend = state.ready()
+        engine, backend = (await state.pick(request)).ready()
         changes = parse_lora_list(
             parse_json(await request.body(), array_ok=True), len(engine.lora_scales), "body"
         )

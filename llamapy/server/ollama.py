@@ -27,14 +27,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from . import params as P
+from .embeddings import run_embeddings, tokens_of
 from .errors import APIError, bad_request, not_supported
-from .responses import brief, parsed_body, validate_at
+from .formats import BaseFormatter
+from .infill import suffix_tokens
+from .inputs import chat_inputs, no_completions, parsed_body
+from .responses import brief, validate_at
 from .schemas import ChatCompletionRequest, CompletionRequest, validate
+from .stream import generate
 
 PREFIX = "/api/"  # errors under it get ollama's shape
 VERSION = "0.12.0"  # the ollama API version this imitates (some apps check it)
@@ -311,10 +316,11 @@ def _arguments(text: str) -> dict[str, Any]:
     return v if isinstance(v, dict) else {"value": v}
 
 
-class OllamaFormatter:
+class OllamaFormatter(BaseFormatter):
     """ollama's answer objects and NDJSON stream (for ``_generate``): ``kind`` "chat" or "generate"."""
 
     encode = staticmethod(ndjson)
+    media_type = "application/x-ndjson"
 
     def __init__(self, model: str, kind: str, t0: float, logprobs: bool = False) -> None:
         self.model, self.kind, self.t0, self.logprobs = model, kind, t0, logprobs
@@ -447,39 +453,79 @@ def _jsonable(v: Any, verbose: bool) -> tuple[bool, Any]:
     return False, None
 
 
-def add_ollama_routes(app: FastAPI, state: Any) -> None:
-    from .app import _generate, _no_completions, chat_inputs
-    from .infill import suffix_tokens
+def stamp(m: Any) -> tuple[str, str]:
+    """(modified_at, digest) of a model's file; the digest names the file (path, size, mtime), not its
+    bytes (hashing gigabytes per request is not worth it)."""
+    p = Path(m.settings.model_path)
+    try:
+        st = p.stat()
+        mtime, size = st.st_mtime, st.st_size
+    except OSError:
+        mtime, size = m.created, 0
+    when = datetime.fromtimestamp(mtime, UTC).isoformat().replace("+00:00", "Z")
+    return when, hashlib.sha256(f"{p.resolve()}:{size}:{mtime}".encode()).hexdigest()
 
-    s = state.settings
 
-    def model_name(given: str | None) -> str:
-        name, ok = _names(s.model_id)
+def model_entry(m: Any, info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A model as ``/api/tags`` lists it (``info``: the backend's, or the file's header unloaded)."""
+    info = m.backend.info() if info is None else info
+    name, _ = _names(m.name)
+    when, digest = stamp(m)
+    size = int(info.get("size") or 0)
+    return {"name": name, "model": name, "modified_at": when, "size": size, "digest": digest,
+            "details": _details(info)}  # fmt: skip
+
+
+def _until(m: Any, keep_alive: float | None) -> str:
+    seconds = 365 * 100 * 86400 if keep_alive is None or keep_alive < 0 else keep_alive
+    return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+
+
+def capabilities(backend: Any, template: str) -> list[str]:
+    if backend.embeddings:
+        return ["embedding"]
+    caps = ["completion"]
+    if "tools" in template:
+        caps.append("tools")
+    if supports_thinking(template):
+        caps.append("thinking")
+    if getattr(backend, "mtmd", None) is not None:
+        caps.append("vision")
+    try:
+        backend.fim_tokens()
+        caps.append("insert")
+    except Exception:  # no fill-in-the-middle tokens
+        pass
+    return caps
+
+
+def template_of(backend: Any) -> str:
+    return str(backend.info().get("chat_template") or "")
+
+
+def add_routes(app: FastAPI, state: Any) -> None:
+    router = state.router
+
+    async def model(request: Request) -> Any:
+        """The entry of the request's ``model`` (loaded; in router mode by its name, ``:latest`` optional)."""
+        return await state.pick(request)
+
+    def check_name(m: Any, given: str | None) -> str:
+        """A single-model server answers only to its model's names (a router resolved them already)."""
         if not given:
             raise bad_request("model is required", "model")
-        if given.lower() not in ok:
+        name, ok = _names(m.name)
+        if router is None and given.lower() not in ok:
             raise APIError(404, f"model {brief(given)} not found; this server serves {name!r}")
         return given
 
-    def stamp() -> tuple[str, str]:
-        """(modified_at, digest) of the model file; the digest names the file (path, size, mtime), not its
-        bytes (hashing gigabytes per request is not worth it)."""
-        p = Path(s.model_path)
-        try:
-            st = p.stat()
-            mtime, size = st.st_mtime, st.st_size
-        except OSError:
-            mtime, size = state.created, 0
-        when = datetime.fromtimestamp(mtime, UTC).isoformat().replace("+00:00", "Z")
-        return when, hashlib.sha256(f"{p.resolve()}:{size}:{mtime}".encode()).hexdigest()
+    def keep(m: Any, keep_alive: Any) -> None:
+        """ollama's ``keep_alive`` of a request (router mode: how long the model stays loaded after it)."""
+        if router is not None:
+            router.keep_alive(m, keep_alive)
 
-    def entry(backend: Any) -> dict[str, Any]:
-        info = backend.info()
-        name, _ = _names(s.model_id)
-        when, digest = stamp()
-        size = int(info.get("size") or 0)
-        return {"name": name, "model": name, "modified_at": when, "size": size, "digest": digest,
-                "details": _details(info)}  # fmt: skip
+    def unloads(keep_alive: Any) -> bool:
+        return router is not None and router.parse_keep_alive(keep_alive) == 0
 
     @app.head("/")
     async def head_root() -> Response:
@@ -499,25 +545,35 @@ def add_ollama_routes(app: FastAPI, state: Any) -> None:
 
     @app.get("/api/tags")
     async def tags() -> dict[str, Any]:
-        _, backend = state.ready()
-        return {"models": [entry(backend)]}
+        if router is not None:
+            return {"models": await run_in_threadpool(router.ollama_tags)}
+        m = state.default
+        m.ready()
+        return {"models": [model_entry(m)]}
 
     @app.get("/api/ps")
     async def ps() -> dict[str, Any]:
-        engine, backend = state.ready()
-        e = entry(backend)
-        forever = (datetime.now(UTC) + timedelta(days=365 * 100)).isoformat().replace("+00:00", "Z")
-        e.update(expires_at=forever, size_vram=0, context_length=int(engine.n_ctx_slot))
-        return {"models": [e]}
+        out = []
+        for m in [state.default] if router is None else router.entries():
+            if router is None:
+                m.ready()
+            if m.engine is None or m.backend is None:
+                continue
+            e = model_entry(m)
+            until = _until(m, router.keep_alive_of(m) if router is not None else None)
+            e.update(expires_at=until, size_vram=0, context_length=int(m.engine.n_ctx_slot))
+            out.append(e)
+        return {"models": out}
 
     @app.post("/api/show")
     async def show(request: Request) -> dict[str, Any]:
-        engine, backend = state.ready()
+        m = await model(request)
+        _, backend = m.ready()
         body: ShowBody = await parsed_body(request, lambda raw: validate(ShowBody, raw))
-        model_name(body.model or body.name)
+        check_name(m, body.model or body.name)
         info = backend.info()
-        model = getattr(backend, "model", None)
-        meta = dict(getattr(model, "metadata", None) or {"general.architecture": info.get("arch", "")})
+        mdl = getattr(backend, "model", None)
+        meta = dict(getattr(mdl, "metadata", None) or {"general.architecture": info.get("arch", "")})
         model_info = {}
         for k, v in meta.items():
             ok, val = _jsonable(v, body.verbose)
@@ -526,10 +582,10 @@ def add_ollama_routes(app: FastAPI, state: Any) -> None:
             elif isinstance(v, list | tuple):
                 model_info[k] = None  # (ollama's answer without verbose: the big arrays left out)
         template = str(info.get("chat_template") or "")
-        when, _ = stamp()
+        when, _ = stamp(m)
         return {
             "license": str(meta.get("general.license", "")),
-            "modelfile": f"# served by llamapy\nFROM {s.model_path}\n",
+            "modelfile": f"# served by llamapy\nFROM {m.settings.model_path}\n",
             "parameters": "",
             "template": template,
             "details": _details(info),
@@ -538,56 +594,42 @@ def add_ollama_routes(app: FastAPI, state: Any) -> None:
             "modified_at": when,
         }
 
-    def capabilities(backend: Any, template: str) -> list[str]:
-        if backend.embeddings:
-            return ["embedding"]
-        caps = ["completion"]
-        if "tools" in template:
-            caps.append("tools")
-        if supports_thinking(template):
-            caps.append("thinking")
-        if getattr(backend, "mtmd", None) is not None:
-            caps.append("vision")
-        try:
-            backend.fim_tokens()
-            caps.append("insert")
-        except Exception:  # no fill-in-the-middle tokens
-            pass
-        return caps
-
-    def template_of(backend: Any) -> str:
-        return str(backend.info().get("chat_template") or "")
-
-    async def run_chat(request: Request, chat: ChatCompletionRequest, n_predict: int | None, fmt: Any) -> Any:
-        engine, _ = state.ready()
-        tokens, gp = await chat_inputs(chat, state, n_predict, "options.num_predict")
-        return _ndjson(
-            await _generate(request, engine, tokens, gp, fmt, chat.stream, False, done_marker=False)
-        )
+    async def run_chat(
+        request: Request, m: Any, chat: ChatCompletionRequest, n_predict: int | None, fmt: Any
+    ) -> Any:
+        engine, _ = m.ready()
+        tokens, gp = await chat_inputs(chat, m, n_predict, "options.num_predict")
+        return await generate(request, engine, tokens, gp, fmt, chat.stream)
 
     @app.post("/api/chat")
     async def chat(request: Request) -> Any:
         t0 = time.perf_counter()
-        _, backend = state.ready()
-        _no_completions(backend)
+        m = await model(request)
+        _, backend = m.ready()
+        no_completions(backend)
 
         def plan(raw: dict[str, Any]) -> tuple[ChatBody, ChatCompletionRequest, int | None]:
             body: ChatBody = validate(ChatBody, raw)
-            model_name(body.model)
+            check_name(m, body.model)
             msgs = chat_messages(body.messages)
             req, n = to_chat(msgs, body, body.tools, template_of(backend))
             return body, req, n
 
         body, req, n_predict = await parsed_body(request, plan)
-        return await run_chat(request, req, n_predict, OllamaFormatter(body.model, "chat", t0, body.logprobs))
+        keep(m, body.keep_alive)
+        fmt = OllamaFormatter(body.model, "chat", t0, body.logprobs)
+        return await run_chat(request, m, req, n_predict, fmt)
 
     @app.post("/api/generate")
-    async def generate(request: Request) -> Any:
+    async def generate_(request: Request) -> Any:
         t0 = time.perf_counter()
-        engine, backend = state.ready()
-        _no_completions(backend)
+        m = await model(request)
+        engine, backend = m.ready()
+        no_completions(backend)
+        s = m.settings
         body: GenerateBody = await parsed_body(request, lambda raw: validate(GenerateBody, raw))
-        model_name(body.model)
+        check_name(m, body.model)
+        keep(m, body.keep_alive)
         if body.template:
             raise not_supported("a custom 'template' (the model's own chat template is used)", "template")
         if body.top_logprobs and not body.logprobs:
@@ -597,12 +639,12 @@ def add_ollama_routes(app: FastAPI, state: Any) -> None:
         fmt = OllamaFormatter(body.model, "generate", t0, body.logprobs)
         if not body.prompt and not body.images and body.suffix is None:  # ollama: load the model, say so
             return {"model": body.model, "created_at": _now(), "response": "", "done": True,
-                    "done_reason": "load"}  # fmt: skip
+                    "done_reason": "unload" if unloads(body.keep_alive) else "load"}  # fmt: skip
         if not body.raw and body.suffix is None:
             msgs = [{"role": "system", "content": body.system}] if body.system else []
             msgs.append({"role": "user", "content": _content(body.prompt, body.images, "")})
             req, n_predict = to_chat(msgs, body, None, template_of(backend))
-            return await run_chat(request, req, n_predict, fmt)
+            return await run_chat(request, m, req, n_predict, fmt)
         # raw prompt or fill-in-the-middle: the /v1/completions path
         if body.images:
             raise not_supported("'images' with 'raw' or 'suffix'", "images")
@@ -629,17 +671,17 @@ def add_ollama_routes(app: FastAPI, state: Any) -> None:
         else:
             limit = None if engine.context_shift else engine.n_ctx_slot
             tokens = await run_in_threadpool(P.tokenize_prompt, body.prompt, backend, "prompt", limit)
-        return _ndjson(
-            await _generate(request, engine, tokens, gp, fmt, body.stream, False, done_marker=False)
-        )
+        return await generate(request, engine, tokens, gp, fmt, body.stream)
 
     @app.post("/api/embed")
     async def embed(request: Request) -> dict[str, Any]:
         t0 = time.perf_counter()
+        m = await model(request)
         body: EmbedBody = await parsed_body(request, lambda raw: validate(EmbedBody, raw))
-        model_name(body.model)
+        check_name(m, body.model)
+        keep(m, body.keep_alive)
         inputs = [body.input] if isinstance(body.input, str) else body.input
-        vectors, n = await _embed(request, inputs, body.truncate, "input")
+        vectors, n = await _embed(request, m, inputs, body.truncate, "input")
         if body.dimensions is not None:
             from ..api.embedding import normalize_embedding
 
@@ -650,20 +692,21 @@ def add_ollama_routes(app: FastAPI, state: Any) -> None:
 
     @app.post("/api/embeddings")
     async def embeddings(request: Request) -> dict[str, Any]:
+        m = await model(request)
         body: EmbeddingsBody = await parsed_body(request, lambda raw: validate(EmbeddingsBody, raw))
-        model_name(body.model)
-        vectors, _ = await _embed(request, [body.prompt], True, "prompt", normalize=-1)
+        check_name(m, body.model)
+        keep(m, body.keep_alive)
+        vectors, _ = await _embed(request, m, [body.prompt], True, "prompt", normalize=-1)
         return {"embedding": vectors[0].tolist()}
 
     async def _embed(
-        request: Request, inputs: list[str], truncate: bool, name: str, normalize: int = 2
+        request: Request, m: Any, inputs: list[str], truncate: bool, name: str, normalize: int = 2
     ) -> tuple[list[Any], int]:
         import numpy as np
 
         from ..api.embedding import normalize_embedding
-        from .embeddings import _run, _tokens
 
-        engine, backend = state.ready()
+        engine, backend = m.ready()
         if not backend.embeddings:
             raise APIError(501, "this server does not compute embeddings; start it with --embeddings")
         if not inputs:
@@ -672,11 +715,17 @@ def add_ollama_routes(app: FastAPI, state: Any) -> None:
             raise bad_request(
                 f"'{name}' has {len(inputs)} inputs; the limit is {MAX_INPUTS} per request", name
             )
-        lists = await run_in_threadpool(_tokens, backend, engine, inputs, truncate, name)
-        finals = await _run(request, engine, lists)
+        lists = await run_in_threadpool(tokens_of, backend, engine, inputs, truncate, name)
+        finals = await run_embeddings(request, engine, lists)
         vecs = [normalize_embedding(np.asarray(ev.embedding, dtype=np.float32).reshape(-1), normalize)
                 for ev in finals]  # fmt: skip
         return vecs, sum(ev.n_prompt for ev in finals)
+
+    if router is not None:
+        from .router import add_ollama_store_routes  # /api/pull, /api/delete, /api/copy over the router
+
+        add_ollama_store_routes(app, state)
+        return
 
     @app.post("/api/pull")
     @app.post("/api/push")
@@ -687,12 +736,6 @@ def add_ollama_routes(app: FastAPI, state: Any) -> None:
         raise APIError(
             501,
             f"{request.url.path} is not available on this server: it serves one model "
-            f"({_names(s.model_id)[0]!r}) given at start",
+            f"({_names(state.default.name)[0]!r}) given at start; start it in router mode "
+            "(--models-dir DIR) to pull, copy and delete models",
         )
-
-
-def _ndjson(resp: Any) -> Any:
-    """A streamed answer of ``_generate`` (an event stream) as ollama's newline-delimited JSON."""
-    if isinstance(resp, StreamingResponse):
-        resp.headers["content-type"] = "application/x-ndjson"
-    return resp

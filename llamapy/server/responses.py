@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import functools
 import json
-import secrets
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
 from .engine import Event, TokenProb
 from .errors import APIError, bad_request, not_supported
+from .formats import BaseFormatter, new_id
 from .guard import request_key_id
-from .schemas import ChatCompletionRequest, SamplingFields, parse_json, validate
+from .inputs import chat_inputs, no_completions, parsed_body
+from .schemas import ChatCompletionRequest, SamplingFields, validate
+from .stream import generate
 
 MAX_STORED = 256  # responses kept for previous_response_id
 MAX_STORED_BYTES = 256 << 20  # and their estimated memory (approx_size), all together
@@ -37,10 +38,6 @@ METADATA_MAX_PAIRS, METADATA_MAX_KEY, METADATA_MAX_VALUE = 16, 64, 512
 # llama.cpp sampling extras a client may add to the body (top_k, min_p, seed, ...), passed to chat as-is
 _NOT_PASSED = {"model", "stream", "stream_options", "user", "temperature", "top_p"}
 PASSTHROUGH = tuple(k for k in SamplingFields.model_fields if k not in _NOT_PASSED)
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(12)}"
 
 
 def named_sse(obj: dict[str, Any]) -> bytes:
@@ -432,7 +429,7 @@ class ResponseStore:
 # -- response -----------------------------------------------------------------------------------------
 
 
-class ResponsesFormatter:
+class ResponsesFormatter(BaseFormatter):
     """Builds the ``response`` object and, streamed, the Responses events (for ``_generate``)."""
 
     def __init__(
@@ -742,30 +739,16 @@ class ResponsesFormatter:
         return self._ev("error", code=str(e.status), message=e.message, param=e.param)
 
 
-INLINE_BODY_BYTES = 64 << 10  # larger bodies are parsed, validated and translated off the event loop
-T = TypeVar("T")
-
-
-async def parsed_body(request: Request, work: Callable[[dict[str, Any]], T]) -> T:
-    """``work`` on the parsed body: on the event loop for a small body, in a worker thread for a larger
-    one (parsing megabytes takes a second on a slow machine: ``/health`` must not wait for it)."""
-    raw = await request.body()
-    if len(raw) <= INLINE_BODY_BYTES:
-        return work(parse_json(raw))
-    return await run_in_threadpool(lambda: work(parse_json(raw)))
-
-
-def add_responses_routes(app: FastAPI, state: Any) -> None:
-    from .app import _generate, _no_completions, chat_inputs
-
+def add_routes(app: FastAPI, state: Any) -> None:
     store = ResponseStore()
     state.response_store = store  # (for tests and introspection)
 
     @app.post("/v1/responses")
     @app.post("/responses")
     async def responses(request: Request) -> Any:
-        engine, backend = state.ready()
-        _no_completions(backend)
+        m = await state.pick(request)
+        engine, backend = m.ready()
+        no_completions(backend)
         owner = request_key_id(request.scope)
 
         def plan(raw: dict[str, Any]) -> tuple[dict[str, Any], ResponsesRequest, Any, list[dict[str, Any]]]:
@@ -775,10 +758,10 @@ def add_responses_routes(app: FastAPI, state: Any) -> None:
             return raw, req, *to_chat(req, raw, history)
 
         raw, req, chat, conversation = await parsed_body(request, plan)
-        tokens, gp = await chat_inputs(chat, state, req.max_output_tokens, "max_output_tokens")
+        tokens, gp = await chat_inputs(chat, m, req.max_output_tokens, "max_output_tokens")
         keep = functools.partial(store.put, owner=owner)
-        fmt = ResponsesFormatter(state.settings.model_id, req, raw, conversation, keep)
-        return await _generate(request, engine, tokens, gp, fmt, req.stream, False, done_marker=False)
+        fmt = ResponsesFormatter(m.name, req, raw, conversation, keep)
+        return await generate(request, engine, tokens, gp, fmt, req.stream)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, request: Request) -> Any:

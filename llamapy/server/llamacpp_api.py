@@ -1,0 +1,161 @@
+"""llama.cpp's own endpoints: ``/health``, ``/props``, ``/slots``, ``/metrics``, ``/tokenize``,
+``/detokenize``, ``/apply-template``, ``/completion``, ``/infill`` (LoRA adapters: :mod:`.lora`). In router
+mode each answers for the model named by ``?model=`` (or the body's ``model``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.concurrency import run_in_threadpool
+
+from .. import __version__
+from . import params as P
+from .engine import GenParams
+from .errors import APIError
+from .formats import NativeFormatter
+from .infill import infill_tokens
+from .inputs import no_completions, read_body, settings_dict
+from .schemas import (
+    ApplyTemplateRequest,
+    ChatCompletionRequest,
+    DetokenizeRequest,
+    InfillRequest,
+    NativeCompletionRequest,
+    TokenizeRequest,
+    parse_json,
+)
+from .state import ModelEntry, ServerState
+from .stream import generate
+
+
+async def native_params(req: NativeCompletionRequest, m: ModelEntry) -> tuple[GenParams, dict[str, Any]]:
+    """``/completion`` and ``/infill``: GenParams (one choice, the grammar) and the settings echoed back."""
+    engine, backend = m.ready()
+    s = m.settings
+    P.n_choices(req, allowed=False)
+    n_predict = P.native_n_predict(req, engine.n_ctx_slot, s.defaults, engine.context_shift)
+    gp = await run_in_threadpool(
+        P.gen_params, req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel
+    )
+    gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
+    settings = settings_dict(gp.sampling, gp.n_predict) | {"stop": gp.stop, "n_probs": gp.n_probs}
+    return gp, settings
+
+
+def add_routes(app: FastAPI, state: ServerState) -> None:
+    s = state.settings
+
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health(request: Request) -> JSONResponse:
+        if state.router is None or request.query_params.get("model"):
+            await state.pick(request)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/props")
+    async def props(request: Request) -> dict[str, Any]:
+        m = await state.pick(request)
+        engine, backend = m.ready()
+        info = backend.info()
+        return {
+            "default_generation_settings": {
+                "n_ctx": engine.n_ctx_slot,
+                "params": settings_dict(m.settings.defaults.sampling, m.settings.defaults.n_predict),
+            },
+            "total_slots": engine.n_parallel,
+            "model_path": m.settings.model_path,
+            "model_alias": m.name,
+            "chat_template": info.get("chat_template", ""),
+            "bos_token": info.get("bos_token", ""),
+            "eos_token": info.get("eos_token", ""),
+            "embeddings": backend.embeddings,
+            "modalities": {"vision": getattr(backend, "mtmd", None) is not None, "audio": False},
+            "build_info": f"llamapy {__version__}",
+        }
+
+    @app.get("/slots")
+    async def slots(request: Request) -> list[dict[str, Any]]:
+        if not s.slots:
+            raise APIError(501, "this server does not expose slots (started with --no-slots)")
+        m = await state.pick(request)
+        engine, _ = m.ready()
+        return engine.slots_info(verbose=s.slots_verbose)
+
+    @app.post("/slots/{id_slot}")
+    async def slot_action(id_slot: str, request: Request) -> dict[str, Any]:
+        from .slots import slot_action
+
+        m = await state.pick(request)
+        engine, _ = m.ready()
+        raw = await request.body()
+        body = parse_json(raw) if raw.strip() else {}
+        return await slot_action(engine, s.slot_save_path, id_slot, request.query_params.get("action"), body)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> PlainTextResponse:
+        if not s.metrics:
+            raise APIError(501, "this server does not expose metrics; start it with --metrics")
+        m = await state.pick(request)
+        engine, _ = m.ready()
+        engine._update_gauges()
+        return PlainTextResponse(m.metrics.prometheus(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        _, backend = (await state.pick(request)).ready()
+        req: TokenizeRequest = await read_body(request, TokenizeRequest)
+        toks = await run_in_threadpool(backend.tokenize, req.content, req.add_special, req.parse_special)
+        if not req.with_pieces:
+            return {"tokens": toks}
+        out = []
+        for t in toks:
+            piece = backend.token_to_piece(t, special=True)
+            try:
+                out.append({"id": t, "piece": piece.decode("utf-8")})
+            except UnicodeDecodeError:
+                out.append({"id": t, "piece": list(piece)})
+        return {"tokens": out}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        _, backend = (await state.pick(request)).ready()
+        req: DetokenizeRequest = await read_body(request, DetokenizeRequest)
+        P.check_tokens(req.tokens, backend.n_vocab, "tokens")
+        return {"content": await run_in_threadpool(backend.detokenize, req.tokens)}
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request) -> dict[str, Any]:
+        _, backend = (await state.pick(request)).ready()
+        req: ApplyTemplateRequest = await read_body(request, ApplyTemplateRequest)
+        creq = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt)
+        text, _ = await run_in_threadpool(P.chat_prompt, creq, backend)
+        return {"prompt": text}
+
+    @app.post("/completion")
+    @app.post("/completions")
+    async def completion_native(request: Request) -> Any:
+        m = await state.pick(request)
+        engine, backend = m.ready()
+        no_completions(backend)
+        req: NativeCompletionRequest = await read_body(request, NativeCompletionRequest)
+        gp, settings = await native_params(req, m)
+        limit = None if engine.context_shift else engine.n_ctx_slot
+        tokens = await run_in_threadpool(P.tokenize_prompt, req.prompt, backend, "prompt", limit)
+        prompt_text = req.prompt if isinstance(req.prompt, str) else backend.detokenize(tokens)
+        fmt = NativeFormatter(m.name, prompt_text, settings, gp.n_probs, req.return_tokens)
+        return await generate(request, engine, tokens, gp, fmt, req.stream)
+
+    @app.post("/infill")
+    async def infill(request: Request) -> Any:
+        m = await state.pick(request)
+        engine, backend = m.ready()
+        no_completions(backend)
+        req: InfillRequest = await read_body(request, InfillRequest)
+        gp, settings = await native_params(req, m)
+        args = (req, backend, engine.n_batch, engine.n_ctx_slot, gp.n_predict)
+        tokens = await run_in_threadpool(infill_tokens, *args)
+        prompt_text = backend.detokenize(tokens)
+        fmt = NativeFormatter(m.name, prompt_text, settings, gp.n_probs, req.return_tokens)
+        return await generate(request, engine, tokens, gp, fmt, req.stream)
