@@ -164,9 +164,11 @@ class LlamapyIngress:
         return list(self._vocab.tokenize(text, add_special=False, parse_special=False))
 
     async def _route(self, body: bytes, headers: Any) -> dict[str, Any]:
+        def key() -> tuple[list[int], str | None]:  # off the event loop: a hostile body may be slow to parse
+            return key_tokens(json.loads(body) if body else None, self._tokenize)
+
         try:
-            parsed = json.loads(body) if body else None
-            tokens, session = await asyncio.to_thread(key_tokens, parsed, self._tokenize)
+            tokens, session = await asyncio.to_thread(key)
         except Exception:  # not JSON, odd shapes: no key; the replica answers the request as it is
             tokens, session = [], None
         return {"tokens": tokens, "session": headers.get("x-session-id") or session}
@@ -177,9 +179,13 @@ class LlamapyIngress:
             return await self._health()
         if request.method == "GET" and path == "/metrics":
             return await self._metrics()
-        body = await request.body()
-        if len(body) > self.max_body:
-            return _error_response(path, 413, f"the request body is over {self.max_body} bytes")
+        chunks, n = [], 0
+        async for chunk in request.stream():  # read no further than the limit
+            n += len(chunk)
+            if n > self.max_body:
+                return _error_response(path, 413, f"the request body is over {self.max_body} bytes")
+            chunks.append(chunk)
+        body = b"".join(chunks)
         route = await self._route(body, request.headers)
         req = {
             "method": request.method,

@@ -43,6 +43,12 @@ def test_bad_request_keeps_the_api_shape(ray_serve: RayServe) -> None:
     assert r.status_code == 400 and "error" in r.json()
     r = httpx.post(ray_serve.base_url + "/v1/messages", json={"messages": "x"}, timeout=30)
     assert r.status_code == 400 and r.json()["type"] == "error"
+    big = b'{"prompt": "' + b"x" * (9 << 20) + b'"}'  # over the 8 MiB limit: refused by the ingress
+    r = httpx.post(ray_serve.base_url + "/v1/completions", content=big, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == 413
+    nested = b"[" * 100_000 + b"]" * 100_000  # the key is given up; the replica answers as one server
+    r = httpx.post(ray_serve.base_url + "/v1/chat/completions", content=nested, timeout=60)
+    assert r.status_code == 400 and "error" in r.json()
 
 
 def _chat(rs: RayServe, msgs: list[dict[str, str]]) -> tuple[str, str, dict[str, Any]]:
