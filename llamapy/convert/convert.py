@@ -701,6 +701,10 @@ def _write(
                 progress(f"[{i + 1}/{len(plan)}] {name:<32} {t.name:<5} {list(reversed(shape))}")
         for w in writers:
             w.write()
+        if not plan:  # gguf-py's vocab-only file ends with its metadata: no padding to the data section
+            w = writers[0]
+            head = 24 + sum(8 + len(k.encode("utf-8")) + len(v) for k, v in w._kv.items())
+            os.truncate(tmps[0], head)
         for tmp, (path, _g) in zip(tmps, parts, strict=True):
             os.replace(tmp, path)
         tmps = []

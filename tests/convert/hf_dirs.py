@@ -64,7 +64,13 @@ CASES: dict[str, Case] = {
         Case(
             "qwen3moe",
             "Qwen3MoeConfig",
-            _cfg(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
+            _cfg(
+                head_dim=16,
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                norm_topk_prob=True,
+            ),
         ),
         Case(
             "gemma",
@@ -91,7 +97,13 @@ CASES: dict[str, Case] = {
         Case(
             "gemma3",
             "Gemma3TextConfig",
-            _cfg(num_hidden_layers=6, head_dim=16, query_pre_attn_scalar=16, sliding_window=4, tie_word_embeddings=True),
+            _cfg(
+                num_hidden_layers=6,
+                head_dim=16,
+                query_pre_attn_scalar=16,
+                sliding_window=4,
+                tie_word_embeddings=True,
+            ),
             tokenizer="spm",
             gemma_norms=True,
         ),
@@ -168,7 +180,9 @@ def write_spm_tokenizer(d: Path) -> int:
     pieces = b"".join(
         _pb_bytes(
             1,
-            _pb_bytes(1, t.encode("utf-8")) + _pb_field(2, 5, struct.pack("<f", s)) + _pb_field(3, 0, _pb_varint(ty)),
+            _pb_bytes(1, t.encode("utf-8"))
+            + _pb_field(2, 5, struct.pack("<f", s))
+            + _pb_field(3, 0, _pb_varint(ty)),
         )
         for t, s, ty in zip(tokens, scores, types, strict=True)
     )
@@ -181,9 +195,7 @@ def write_spm_tokenizer(d: Path) -> int:
         + _pb_field(42, 0, _pb_varint(2))  # eos_id
         + _pb_field(43, 0, _pb_varint(-1))  # pad_id
     )
-    normalizer = (
-        _pb_bytes(1, b"identity") + _pb_field(3, 0, _pb_varint(1)) + _pb_field(4, 0, _pb_varint(0))
-    )
+    normalizer = _pb_bytes(1, b"identity") + _pb_field(3, 0, _pb_varint(1)) + _pb_field(4, 0, _pb_varint(0))
     (d / "tokenizer.model").write_bytes(pieces + _pb_bytes(2, trainer) + _pb_bytes(3, normalizer))
     cfg = {
         "tokenizer_class": "LlamaTokenizer",
@@ -237,6 +249,26 @@ def random_state(case: Case, shapes: dict[str, tuple[int, ...]], tied: bool) -> 
     return out
 
 
+_TOKENIZER_FILES = {
+    "bpe": ("tokenizer.json", "tokenizer_config.json"),
+    "spm": ("tokenizer.model", "tokenizer_config.json"),
+}
+
+
+def _write_tokenizer(kind: str, d: Path, root: Path) -> int:
+    """The tokenizer files in ``d``, built once per ``root`` and copied after that."""
+    import shutil
+
+    cache = root / f".tokenizer-{kind}"
+    if not (cache / "n_vocab").is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        n = write_bpe_tokenizer(cache) if kind == "bpe" else write_spm_tokenizer(cache)
+        (cache / "n_vocab").write_text(str(n))
+    for f in _TOKENIZER_FILES[kind]:
+        shutil.copyfile(cache / f, d / f)
+    return int((cache / "n_vocab").read_text())
+
+
 def make_hf_dir(case: Case, root: Path) -> Path:
     """The checkpoint directory ``root/case.name`` (written once)."""
     import torch
@@ -247,7 +279,7 @@ def make_hf_dir(case: Case, root: Path) -> Path:
     if (d / "config.json").exists():
         return d
     d.mkdir(parents=True, exist_ok=True)
-    n_vocab = write_bpe_tokenizer(d) if case.tokenizer == "bpe" else write_spm_tokenizer(d)
+    n_vocab = _write_tokenizer(case.tokenizer, d, root)
     cfg = hf_config(case, n_vocab)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg)
@@ -274,6 +306,11 @@ def make_hf_dir(case: Case, root: Path) -> Path:
         (d / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     cfg.architectures = [model.__class__.__name__]
     cfg.to_json_file(str(d / "config.json"))
-    gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "do_sample": True, "temperature": 0.6}
+    gen = {
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "do_sample": True,
+        "temperature": 0.6,
+    }
     (d / "generation_config.json").write_text(json.dumps(gen, indent=2))
     return d

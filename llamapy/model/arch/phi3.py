@@ -111,7 +111,9 @@ def _phi3_rope_factors(ctx):
         raise ValueError(f"rope scaling type {kind!r} is not supported")
     ctx.kv_early.append(("add_rope_scaling_attn_factors", attn))
     if short_f is None or len(long_f) != len(short_f) or len(long_f) != _phi3_rope_dims(ctx) / 2:
-        raise ValueError(f"the rope long and short factors must have {_phi3_rope_dims(ctx) // 2} entries each")
+        raise ValueError(
+            f"the rope long and short factors must have {_phi3_rope_dims(ctx) // 2} entries each"
+        )
     yield "rope_factors_long.weight", np.array(long_f, dtype=np.float32)
     yield "rope_factors_short.weight", np.array(short_f, dtype=np.float32)
 

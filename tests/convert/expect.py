@@ -1,0 +1,121 @@
+"""What llama.cpp's ``convert_hf_to_gguf.py`` wrote for each tiny checkpoint, stored small in
+``tests/data/convert/<case>-<outtype>.json``: the file's sha256, every metadata key with its type and
+value (long arrays as a length and a hash), every tensor's name, ggml shape, type and a hash of its bytes.
+
+Regenerate (needs llama.cpp's sdist with its gguf-py, torch, and the sentencepiece package on
+PYTHONPATH for the SentencePiece cases)::
+
+    PYTHONPATH=/path/to/sentencepiece python -m tests.convert.expect ~/.cache/llamapy/llamacpp/0.3.36
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.util import DATA
+
+EXPECT_DIR = DATA / "convert"
+
+# (case, --outtype, extra converter flags): what is compared with llama.cpp
+RUNS: list[tuple[str, str, tuple[str, ...]]] = [
+    ("llama", "f16", ()),
+    ("llama", "q8_0", ()),
+    ("llama", "f16", ("--vocab-only",)),
+    ("llama-spm", "auto", ()),
+    ("qwen2", "f16", ()),
+    ("qwen3", "f16", ()),
+    ("qwen3moe", "bf16", ()),
+    ("gemma", "f16", ()),
+    ("gemma2", "f16", ()),
+    ("gemma3", "f16", ()),
+    ("phi3", "f32", ()),
+]
+
+
+def run_id(case: str, outtype: str, flags: tuple[str, ...]) -> str:
+    return "-".join([case, outtype, *(f.strip("-") for f in flags)])
+
+
+def _sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def _value(v: Any) -> Any:
+    if isinstance(v, (str, bool, int, float)):
+        return v
+    items = list(v)
+    items = [x.item() if isinstance(x, np.generic) else x for x in items]
+    if len(items) <= 16:
+        return items
+    return {"len": len(items), "sha256": _sha(json.dumps(items, ensure_ascii=False).encode())}
+
+
+def describe(path: Path) -> dict[str, Any]:
+    """The comparable description of a GGUF file."""
+    from llamapy.gguf.reader import GGUFReader
+
+    with GGUFReader(path) as r:
+        md = {
+            k: [f.type.name, f.sub_type.name if f.sub_type is not None else None, _value(f.value)]
+            for k, f in r.fields.items()
+        }
+        tensors = [[t.name, list(t.ne), t.ggml_type.name, _sha(t.array().tobytes())] for t in r]
+    return {"file_sha256": _sha(path.read_bytes()), "metadata": md, "tensors": tensors}
+
+
+def differences(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    """What differs, key by key and tensor by tensor (empty when the files are equal)."""
+    out: list[str] = []
+    gm, wm = got["metadata"], want["metadata"]
+    if list(gm) != list(wm):
+        out.append(f"metadata keys: ours only {[k for k in gm if k not in wm]}, llama.cpp's only "
+                   f"{[k for k in wm if k not in gm]}, order equal: {[k for k in gm if k in wm] == [k for k in wm if k in gm]}")  # fmt: skip
+    out += [f"{k}: ours {gm[k]!r:.200}, llama.cpp's {wm[k]!r:.200}" for k in gm if k in wm and gm[k] != wm[k]]
+    gt, wt = {t[0]: t for t in got["tensors"]}, {t[0]: t for t in want["tensors"]}
+    if list(gt) != list(wt):
+        out.append(f"tensors: ours {list(gt)}, llama.cpp's {list(wt)}")
+    out += [
+        f"tensor {n}: ours {gt[n][1:]}, llama.cpp's {wt[n][1:]}" for n in gt if n in wt and gt[n] != wt[n]
+    ]
+    if not out and got["file_sha256"] != want["file_sha256"]:
+        out.append("same keys and tensors, but the file bytes differ (padding or layout)")
+    return out
+
+
+def main(sdist: str) -> None:
+    from tests.convert.hf_dirs import CASES, make_hf_dir
+
+    EXPECT_DIR.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for case, outtype, flags in RUNS:
+            d = make_hf_dir(CASES[case], root)
+            out = root / f"{run_id(case, outtype, flags)}.gguf"
+            cmd = [
+                sys.executable,
+                "convert_hf_to_gguf.py",
+                str(d),
+                "--outfile",
+                str(out),
+                "--outtype",
+                outtype,
+                *flags,
+            ]
+            subprocess.run(cmd, cwd=sdist, check=True, capture_output=True)
+            desc = describe(out)
+            (EXPECT_DIR / f"{run_id(case, outtype, flags)}.json").write_text(
+                json.dumps(desc, indent=1) + "\n"
+            )
+            print(run_id(case, outtype, flags), desc["file_sha256"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
