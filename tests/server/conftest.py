@@ -26,14 +26,21 @@ class LiveServer:
 def start_live(
     settings: ServerSettings, backend: object, load_gate: threading.Event | None = None
 ) -> tuple[LiveServer, threading.Thread]:
-    import uvicorn
-
     def factory() -> object:
         if load_gate is not None:
             load_gate.wait(30)
         return backend
 
     app = create_app(settings, factory)
+    base_url, server, thread = serve_app(app)
+    return LiveServer(base_url, backend, app, server), thread
+
+
+def serve_app(app: object) -> tuple[str, object, threading.Thread]:
+    """``app`` served by uvicorn on a free port of 127.0.0.1 in a background thread: (base URL, server,
+    thread); stop it with ``server.should_exit = True`` and a join."""
+    import uvicorn
+
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
     )
@@ -45,7 +52,7 @@ def start_live(
             raise RuntimeError("the test server did not start")
         time.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
-    return LiveServer(f"http://127.0.0.1:{port}", backend, app, server), thread
+    return f"http://127.0.0.1:{port}", server, thread
 
 
 def stop_live(live: LiveServer, thread: threading.Thread) -> None:
