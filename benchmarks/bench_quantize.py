@@ -196,8 +196,12 @@ def imatrix_compare(binp: Path, write: bool, threads: int) -> None:
     with tempfile.TemporaryDirectory() as td:
         ref, ours = Path(td) / "ref.gguf", Path(td) / "ours.gguf"
         t0 = time.perf_counter()
-        p = subprocess.run([str(binp / "llama-imatrix"), "-m", str(model), "-f", str(text), "-o", str(ref), "--no-ppl",
-                            "-t", str(threads), *args], capture_output=True, text=True)  # fmt: skip
+        if (binp / "llama-imatrix").exists():
+            cmd = [str(binp / "llama-imatrix")]
+        else:  # the library through ctypes (benchmarks/llama_imatrix_ctypes.py: its loop and callback)
+            cmd = [sys.executable, str(ROOT / "benchmarks/llama_imatrix_ctypes.py"), "--lib", str(binp)]
+        cmd += ["-m", str(model), "-f", str(text), "-o", str(ref), "--no-ppl", "-t", str(threads), *args]
+        p = subprocess.run(cmd, capture_output=True, text=True)
         lt = time.perf_counter() - t0
         if p.returncode:
             print("llama-imatrix failed:", p.stderr[-2000:])
@@ -233,7 +237,7 @@ def imatrix_compare(binp: Path, write: bool, threads: int) -> None:
               f"99th percentile {np.percentile(allr, 99):.2e}")  # fmt: skip
         if write:
             keep = {}
-            for il in (0, 15, 29):
+            for il in (0, 1, 15, 29):
                 for w in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
                     name = f"blk.{il}.{w}.weight"
                     keep[name + ".sums"] = a.entries[name].sums

@@ -29,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--parse-special", action="store_true", help="parse special tokens in the text")
     p.add_argument("--show-statistics", action="store_true", help="statistics of one --in-file, then exit")
     p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: all cores)")
+    p.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache type (f16, f32, q8_0, q4_0)")
+    p.add_argument("-ctv", "--cache-type-v", default="f16", help="V cache type (f16, f32, q8_0, q4_0)")
     p.add_argument("--force", action="store_true", help="overwrite the output file when it exists")
     p.set_defaults(func=run)
 
@@ -139,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
 
     im = compute_imatrix(model, tokens, n_ctx=args.ctx_size, n_batch=args.batch_size, n_chunks=args.chunks,
                          process_output=args.process_output, n_threads=args.threads, datasets=[args.file],
-                         previous=combined, progress=progress)  # fmt: skip
+                         previous=combined, progress=progress, type_k=args.cache_type_k,
+                         type_v=args.cache_type_v)  # fmt: skip
     _save(im, out, fmt, args.file)
     print(
         f"imatrix: stored {len(im.entries)} entries after {im.chunk_count} chunks in '{out}'", file=sys.stderr
