@@ -10,6 +10,7 @@ import json
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.webui.conftest import TEST_SETTINGS, shot, storage
@@ -72,10 +73,19 @@ def test_streamed_answer_token_by_token_then_reload(app):
     assert page.evaluate("document.documentElement.dataset.theme") == "dark"  # the theme is kept too
 
 
-def test_stop_mid_answer(app):
+def test_stop_mid_answer(app, webui_server):
     page = app
     page.click("#open-settings")
+    auth = {"Authorization": f"Bearer {webui_server.api_key}"}
+    params = httpx.get(webui_server.base_url + "/props", headers=auth).json()["default_generation_settings"][
+        "params"
+    ]
+    assert page.get_attribute("input[name=top_k]", "placeholder") == str(
+        params["top_k"]
+    )  # the server's defaults
+    assert page.get_attribute("input[name=min_p]", "placeholder") == f"{params['min_p']:g}"
     page.fill("input[name=max_tokens]", "400")
+    shot(page, "settings")
     page.click("#save-settings")
     send(page, "Write a long story about a dragon and a knight.")
     page.wait_for_function(
@@ -277,6 +287,7 @@ def test_model_picker_reasoning_and_stream_error(app, tmp_path):
     assert msg.locator(".stats").inner_text() == "50.0 tokens/s · 12 tokens · context 42/4096 (1%)"
     details.locator("summary").click()
     assert msg.get_by_text("Let me think.").is_visible()
+    shot(page, "picker-and-reasoning")
 
     send(page, "And then?")
     settle(page, 2)

@@ -234,6 +234,7 @@ function App() {
   const [model, setModel] = useState(localStorage.getItem("llamapy.model") || "");
   const [ctxOf, setCtxOf] = useState({});
   const [vision, setVision] = useState(false);
+  const [params, setParams] = useState(null);
   const [keyWhy, setKeyWhy] = useState(null);
   const [showSettings, setShowSettings] = useState(false);
   const [side, setSide] = useState(!mqPhone());
@@ -289,6 +290,7 @@ function App() {
       const n = p?.default_generation_settings?.n_ctx;
       if (n) setCtxOf((o) => ({ ...o, [id]: n }));
       setVision(!!p?.modalities?.vision);
+      setParams(p?.default_generation_settings?.params || null);
     } catch (_) {}
   };
 
@@ -629,6 +631,7 @@ function App() {
       {showSettings && (
         <Settings
           value={settings}
+          params={params}
           tools={tools}
           enabled={enabledTools()}
           onTools={setEnabledTools}

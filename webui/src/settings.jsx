@@ -3,17 +3,26 @@
 import { useState } from "preact/hooks";
 
 const KEY = "llamapy.settings";
-export const FIELDS = [
-  ["temperature", "Temperature", "0.8"],
-  ["top_k", "Top-k", "40"],
-  ["top_p", "Top-p", "0.95"],
-  ["min_p", "Min-p", "0.05"],
-  ["max_tokens", "Max tokens", "-1 (until the context)"],
-  ["repeat_penalty", "Repeat penalty", "1.0"],
-  ["presence_penalty", "Presence penalty", "0.0"],
-  ["frequency_penalty", "Frequency penalty", "0.0"],
-  ["seed", "Seed", "random"],
+export const FIELDS = [ // [request field, label, placeholder, key in /props default_generation_settings.params]
+  ["temperature", "Temperature", "0.8", "temp"],
+  ["top_k", "Top-k", "40", "top_k"],
+  ["top_p", "Top-p", "0.95", "top_p"],
+  ["min_p", "Min-p", "0.05", "min_p"],
+  ["max_tokens", "Max tokens", "-1", "n_predict"],
+  ["repeat_penalty", "Repeat penalty", "1.0", "penalty_repeat"],
+  ["presence_penalty", "Presence penalty", "0.0", "penalty_present"],
+  ["frequency_penalty", "Frequency penalty", "0.0", "penalty_freq"],
+  ["seed", "Seed", "random", "seed"],
 ];
+
+/** The server's default for a field, as the placeholder of an empty field. */
+function serverDefault(params, key, fallback) {
+  const v = params?.[key];
+  if (typeof v !== "number") return fallback;
+  if (key === "seed" && (v < 0 || v === 0xffffffff)) return "random";
+  if (key === "n_predict" && v < 0) return "-1 (until the context)";
+  return String(Math.round(v * 1e6) / 1e6);
+}
 const DEFAULTS = { system: "", extra: "", ...Object.fromEntries(FIELDS.map(([k]) => [k, ""])) };
 
 export function loadSettings() {
@@ -41,7 +50,7 @@ export function samplingFields(s) {
   return out;
 }
 
-export function Settings({ value, tools, enabled, onTools, onSave, onClose, onForgetKey, hasKey }) {
+export function Settings({ value, params, tools, enabled, onTools, onSave, onClose, onForgetKey, hasKey }) {
   const [s, setS] = useState(value);
   const [on, setOn] = useState(enabled);
   let extraErr = "";
@@ -72,10 +81,10 @@ export function Settings({ value, tools, enabled, onTools, onSave, onClose, onFo
           <textarea id="system" rows={3} value={s.system} onInput={set("system")} placeholder="(none)" />
         </label>
         <div class="grid">
-          {FIELDS.map(([k, label, ph]) => (
+          {FIELDS.map(([k, label, ph, pk]) => (
             <label key={k}>
               {label}
-              <input name={k} inputmode="decimal" value={s[k]} placeholder={ph} onInput={set(k)} />
+              <input name={k} inputmode="decimal" value={s[k]} placeholder={serverDefault(params, pk, ph)} onInput={set(k)} />
             </label>
           ))}
         </div>
