@@ -207,7 +207,7 @@ class MtpDraft(LlamaDraftModel):
         if not 0.0 <= float(p_min) <= 1.0 or math.isnan(float(p_min)):
             raise MtpError(f"p_min must be between 0 and 1, got {p_min}")
         self.n_draft, self.n_min, self.p_min = int(n_draft), int(n_min), float(p_min)
-        self.mtp = MtpModel(model)
+        self.mtp = model if isinstance(model, MtpModel) else MtpModel(model)  # (slots share one)
         self.n_embd = self.mtp.n_embd
         params = ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(n_batch, 512), n_threads=n_threads,
                                embeddings=True, pooling_type=0)  # fmt: skip
@@ -231,17 +231,19 @@ class MtpDraft(LlamaDraftModel):
     def _rows(self, tokens: list[int], hs: list[np.ndarray]) -> np.ndarray:
         return np.concatenate([self.mtp.embed(tokens), np.stack(hs)], axis=1)
 
-    def _decode(self, rows: np.ndarray, pos0: int, logits_all: bool = False) -> None:
+    def _decode(self, rows: np.ndarray, pos0: int) -> None:
+        """Decode ``rows`` from ``pos0`` (in ``n_batch`` pieces); the last row's outputs are kept."""
         from ..batch import Batch
 
         for i in range(0, len(rows), self.ctx.n_batch):
-            chunk = rows[i : i + self.ctx.n_batch]
-            last = i + len(chunk) >= len(rows)
-            self.ctx.decode(Batch.from_embd(chunk, pos0=pos0 + i, logits_all=logits_all and last))
+            self.ctx.decode(Batch.from_embd(rows[i : i + self.ctx.n_batch], pos0=pos0 + i))
 
-    def _catch_up(self, ids: list[int]) -> None:
-        """Make the MTP cache hold positions ``0..len(ids)-1`` of ``ids`` where the target's hidden state
-        of the position before is known (position 0 reads zeros, as llama.cpp)."""
+    def _catch_up(self, ids: list[int]) -> tuple[list[int], list[np.ndarray]]:
+        """The rows that bring the MTP cache to positions ``0..len(ids)-1`` of ``ids``, from the first
+        position it does not hold yet (returned undecoded: the caller decodes them together with the
+        first draft row). Each pairs ``t_p`` with the target's ``h_{p-1}``; zeros where that is not
+        known (position 0, as llama.cpp; a prefix the target reused rather than evaluated; a server
+        prompt's rows without an output)."""
         n = 0
         for a, b in zip(self.tokens, ids, strict=False):
             if a != b:
@@ -249,24 +251,16 @@ class MtpDraft(LlamaDraftModel):
             n += 1
         self.ctx.memory.seq_rm(0, n, -1)
         del self.tokens[n:]
-        todo_t: list[int] = []
+        zeros = np.zeros(self.n_embd, np.float32)
         todo_h: list[np.ndarray] = []
-        start = n
         for p in range(n, len(ids)):
-            prev = self.hidden.get(p - 1) if p else (0, np.zeros(self.n_embd, np.float32))
-            if prev is None or (p and prev[0] != ids[p - 1]):
-                if todo_t:  # a gap (a reused prefix the target did not re-evaluate): skip the position
-                    self._decode(self._rows(todo_t, todo_h), start)
-                todo_t, todo_h, start = [], [], p + 1
-                self.tokens.append(ids[p])
-                continue
-            todo_t.append(ids[p])
-            todo_h.append(prev[1])
-            self.tokens.append(ids[p])
-        if todo_t:
-            self._decode(self._rows(todo_t, todo_h), start)
+            prev = self.hidden.get(p - 1)
+            todo_h.append(prev[1] if prev is not None and p and prev[0] == ids[p - 1] else zeros)
+        todo_t = ids[n:]
+        self.tokens.extend(todo_t)
         for p in [p for p in self.hidden if p < len(ids) - 1]:  # only h_{P-1} on is read again
             del self.hidden[p]
+        return todo_t, todo_h
 
     def __call__(self, input_ids: np.ndarray, /, **kwargs: object) -> np.ndarray:
         ids = [int(t) for t in np.asarray(input_ids).reshape(-1)]
@@ -282,11 +276,13 @@ class MtpDraft(LlamaDraftModel):
             or any(not 0 <= t < n_vocab for t in ids)
         ):
             return np.zeros(0, dtype=np.intc)
-        self._catch_up(ids[:P])
+        todo_t, todo_h = self._catch_up(ids[:P])
         out: list[int] = []
-        tok, h = ids[P], last[1]
+        # the catch-up rows and the first draft row (the sampled token with the target's h_{P-1}) in one batch
+        rows = self._rows([*todo_t, ids[P]], [*todo_h, last[1]])
+        pos0 = P - len(todo_t)
         while True:
-            self._decode(self._rows([tok], [h]), P + len(out), logits_all=True)
+            self._decode(rows, pos0)
             logits = np.asarray(self.ctx.get_logits()[-1], dtype=np.float64)
             top = np.argpartition(-logits, min(TOP_K, len(logits) - 1))[:TOP_K]
             best = int(top[np.argmax(logits[top])])
@@ -296,7 +292,8 @@ class MtpDraft(LlamaDraftModel):
             out.append(best)
             if len(out) >= self.n_draft:
                 break
-            tok, h = best, np.array(self.ctx.get_embeddings()[-1], dtype=np.float32)
+            rows = self._rows([best], [np.array(self.ctx.get_embeddings()[-1], dtype=np.float32)])
+            pos0 = P + len(out)
         self.ctx.memory.seq_rm(0, P, -1)  # the drafts' entries are not the target's: drop them
         if len(out) < self.n_min:
             out = []

@@ -192,3 +192,77 @@ def test_mtp_on_a_model_without_mtp_layers_is_a_typed_error(files: dict[str, Pat
         MtpDraft(Model.load(files["glm4moe"]), n_draft=0)
     with pytest.raises(ValueError, match="unknown speculative"):
         make_spec_draft("eagle9", None)
+
+
+class EngineLikeBackend:
+    """What :class:`SlotDrafts` reads of a server backend (model, ctx, n_ctx, n_seq_max, decode), and a
+    loop that drives two slots in shared batches as the server engine does: the prompts (an output on
+    each one's last token), then per step each slot's sampled token and its guesses, every row an
+    output, greedy verification, rejected cells removed."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.ctx = Context(model, ContextParams(n_ctx=512, n_seq_max=2, n_batch=128))
+        self.n_ctx, self.n_seq_max = 512, 2
+        self.accepted = [0, 0]
+
+    def decode(self, tokens: list, pos: list, seq_ids: list, outputs: list) -> np.ndarray:
+        from llamapy.batch import Batch
+
+        self.ctx.decode(
+            Batch(token=list(tokens), pos=list(pos), seq_id=[[s] for s in seq_ids], logits=list(outputs))
+        )
+        return np.asarray(self.ctx.get_logits())
+
+    def run(self, prompts: list[list[int]], drafts: list[Any], n: int) -> list[list[int]]:
+        toks, pos, seqs, outs = [], [], [], []
+        for s, p in enumerate(prompts):
+            toks += p
+            pos += list(range(len(p)))
+            seqs += [s] * len(p)
+            outs += [False] * (len(p) - 1) + [True]
+        logits = self.decode(toks, pos, seqs, outs)
+        cache = [list(p) for p in prompts]
+        nxt = [int(np.argmax(logits[s])) for s in range(len(prompts))]
+        gen = [[t] for t in nxt]
+        while min(len(g) for g in gen) < n:
+            toks, pos, seqs, spans = [], [], [], []
+            for s in range(len(prompts)):
+                guess = [int(t) for t in drafts[s]([*cache[s], nxt[s]])] if drafts[s] else []
+                row = [nxt[s], *guess]
+                spans.append((len(toks), guess))
+                toks += row
+                pos += list(range(len(cache[s]), len(cache[s]) + len(row)))
+                seqs += [s] * len(row)
+                cache[s] += row
+            logits = self.decode(toks, pos, seqs, [True] * len(toks))
+            for s, (first, guess) in enumerate(spans):
+                j = 0
+                while True:
+                    t = int(np.argmax(logits[first + j]))
+                    gen[s].append(t)
+                    if j == len(guess) or t != guess[j]:
+                        break
+                    j += 1
+                self.accepted[s] += j
+                keep = len(cache[s]) - len(guess) + j
+                del cache[s][keep:]
+                self.ctx.memory.seq_rm(s, keep, -1)
+                nxt[s] = t
+        return [g[:n] for g in gen]
+
+
+def test_server_slots_draft_with_mtp(files: dict[str, Path]) -> None:
+    """--spec-type mtp in the server: the hidden state of each output row reaches its slot's draft."""
+    from llamapy.generation.spec_server import SlotDrafts, server_spec
+
+    model = Model.load(files["glm4moe-mostly"])
+    prompts = [PROMPT, PROMPT[::-1][:17]]
+    plain = EngineLikeBackend(model).run(prompts, [None, None], 24)
+    b = EngineLikeBackend(model)
+    sd = SlotDrafts(b, server_spec("mtp", n_draft=2))
+    drafts = [sd.make(), sd.make()]
+    assert b.run(prompts, drafts, 24) == plain
+    assert all(n > 0 for n in b.accepted) and all(d.n_drafted > 0 for d in drafts)
+    with pytest.raises(MtpError):
+        SlotDrafts(EngineLikeBackend(Model.load(files["llama"])), server_spec("mtp"))
