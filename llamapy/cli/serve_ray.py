@@ -5,6 +5,8 @@ or ``--address``); with none, starts a local one."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 import time
 from typing import Any
@@ -104,10 +106,10 @@ def run(args: argparse.Namespace) -> int:
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(app, name="llamapy", route_prefix="/", blocking=False)
     print(f"llamapy: listening on http://{args.host}:{args.port} (Ray Serve)", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill`: remove the application too
     try:
         while True:
             time.sleep(3600)
-    except KeyboardInterrupt:
-        serve.delete("llamapy")
-        raise
-    return 0
+    finally:
+        with contextlib.suppress(Exception):
+            serve.delete("llamapy")

@@ -3,6 +3,7 @@ application deployed: two replicas of SmolLM2, one thread each, behind the Serve
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -35,6 +36,8 @@ def ray_serve(smollm2_path: Path) -> Iterator[RayServe]:
     from llamapy.ray import build_app
 
     t0 = time.monotonic()
+    # Serve's INFO lines go to the stream pytest captured when its logger was made, closed by now
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
     ray.init(
         address="local",
         num_cpus=2,
