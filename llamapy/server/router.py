@@ -276,9 +276,11 @@ class Router:
             _hold(request, m)
         m.keep_alive = None  # this request's keep-alive: the server's (ollama's routes may set their own)
         if m.engine is None:
-            if not autoload and m.name not in self._loads:
+            if not autoload:
                 if m.status == FAILED:
                     m.ready()  # raises the load error
+                if m.name in self._loads:
+                    raise APIError(503, f"Loading model {m.name!r}", type="unavailable_error")
                 why = "--no-models-autoload" if not self.autoload else "a GET does not load models"
                 raise APIError(
                     503,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -291,3 +292,63 @@ def test_pull_from_the_hub(models_dir: Path, hf_env: Path) -> None:  # noqa: F81
         assert not list(hf_env.glob("models--test--chat-GGUF/snapshots/*/*.gguf"))  # its files are gone
     finally:
         srv.stop()
+
+
+def test_a_slow_load_does_not_block_the_other_models(tmp_path: Path) -> None:
+    """The fake backend behind two router entries: while one loads (held by a gate), the other answers."""
+    from llamapy.server.app import ServerSettings, create_app
+    from llamapy.server.router import ModelSpec, Router
+    from llamapy.server.state import ModelEntry
+    from tests.server.fake_backend import FakeBackend
+
+    gate = threading.Event()
+
+    def make_entry(spec: ModelSpec) -> ModelEntry:
+        def factory() -> Any:
+            if spec.name == "slow":
+                gate.wait(30)
+            return FakeBackend(n_ctx=256, n_seq_max=1)
+
+        return ModelEntry(ServerSettings(model_path=spec.model, alias=spec.name), factory)
+
+    for name in ("slow", "fast"):
+        (tmp_path / f"{name}.gguf").write_bytes(b"GGUF")
+    specs = [ModelSpec(n, str(tmp_path / f"{n}.gguf")) for n in ("slow", "fast")]
+    app = create_app(ServerSettings(), router=Router(specs, make_entry))
+    url, server, thread = serve_app(app)
+    try:
+        body = {"prompt": "hi", "max_tokens": 3}
+        pending = threading.Thread(
+            target=lambda: httpx.post(url + "/v1/completions", json={"model": "slow", **body}, timeout=60)
+        )
+        pending.start()
+        wait_for(lambda: httpx.get(url + "/v1/models").json()["data"][0]["status"]["value"] == "loading")
+        t0 = time.monotonic()
+        r = httpx.post(url + "/v1/completions", json={"model": "fast", **body}, timeout=30)
+        assert r.status_code == 200 and time.monotonic() - t0 < 5  # (measured: ~0.05 s)
+        assert httpx.get(url + "/health", params={"model": "slow"}).status_code == 503
+        gate.set()
+        pending.join(30)
+        states = {m["id"]: m["status"]["value"] for m in httpx.get(url + "/v1/models").json()["data"]}
+        assert states == {"slow": "loaded", "fast": "loaded"}
+    finally:
+        gate.set()
+        server.should_exit = True  # type: ignore[attr-defined]
+        thread.join(10)
+
+
+def test_models_dir_pairs_split_parts_and_mmproj(tmp_path: Path) -> None:
+    from llamapy.server.router import scan_models_dir
+
+    for rel in ["a-Q4_K_M.gguf", "mmproj-a-F16.gguf", "big/Big-Q8_0-00001-of-00003.gguf",
+                "big/Big-Q8_0-00002-of-00003.gguf", "big/Big-Q8_0-00003-of-00003.gguf",
+                "vis/vis-Q8_0.gguf", "vis/mmproj-F16.gguf", "notes.txt"]:  # fmt: skip
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"GGUF")
+    specs = {s.name: s for s in scan_models_dir(tmp_path)}
+    assert set(specs) == {"a-Q4_K_M", "big", "vis"}
+    assert specs["a-Q4_K_M"].mmproj.endswith("mmproj-a-F16.gguf")
+    assert specs["big"].model.endswith("Big-Q8_0-00001-of-00003.gguf") and specs["big"].mmproj is None
+    assert specs["vis"].mmproj.endswith("vis/mmproj-F16.gguf")
+    with pytest.raises(FileNotFoundError):
+        scan_models_dir(tmp_path / "nope")
