@@ -1,4 +1,4 @@
-"""ollama's API (``/api/chat``, ``/api/generate``, ``/api/embed``, ``/api/tags``...) over the one model.
+"""ollama's API (``/api/chat``, ``/api/generate``, ``/api/embed``, ``/api/tags``...) over the server's models.
 
 A thin translation, as :mod:`llamapy.server.anthropic` is: a chat request becomes a
 :class:`ChatCompletionRequest` (``options`` -> sampling fields, ``format`` -> ``response_format``, ``think``
@@ -9,10 +9,12 @@ as ``/v1/chat/completions``; ``/api/generate`` is a one-message chat, or with ``
 newline-delimited JSON stream (``stream`` defaults to true, as ollama's) and its final statistics; errors
 are ``{"error": "message"}`` with the HTTP status.
 
-A single-model server: ``model`` must name the served model (its alias or file name, ``:latest`` optional;
-anything else is a 404 that names it). Load-time options (``num_ctx``, ``num_thread``, ``num_gpu``,
-``num_batch``...) cannot change a loaded model: they are accepted and ignored, as is ``keep_alive`` (the
-model stays loaded). ``/api/pull``, ``/api/delete``, ``/api/copy`` answer 501 here.
+On a one-model server ``model`` must name the served model (its alias or file name, ``:latest``
+optional; anything else is a 404 that names it) and ``keep_alive`` is ignored (the model stays loaded);
+``/api/pull``, ``/api/delete``, ``/api/copy`` answer 501. In router mode (:mod:`.router`) ``model`` picks
+the model, ``keep_alive`` sets how long it stays loaded after the request, and pull, copy and delete
+manage the router's list. Load-time options (``num_ctx``, ``num_thread``, ``num_gpu``, ``num_batch``...)
+cannot change a loaded model: they are accepted and ignored.
 """
 
 from __future__ import annotations
