@@ -261,6 +261,12 @@ function App() {
 
   const refreshConvs = async () => setConvs(await listConvs());
 
+  const refreshModels = async () => {
+    try {
+      setModels((await getJSON("v1/models")).data || []);
+    } catch (_) {}
+  };
+
   const boot = async () => {
     setBootErr(null);
     try {
@@ -291,7 +297,8 @@ function App() {
       if (n) setCtxOf((o) => ({ ...o, [id]: n }));
       setVision(!!p?.modalities?.vision);
       setParams(p?.default_generation_settings?.params || null);
-    } catch (_) {}
+      return n;
+    } catch (_) {} // (router mode: a model not loaded yet has no props; asked again after its answer)
   };
 
   useEffect(() => {
@@ -302,7 +309,7 @@ function App() {
 
   useEffect(() => {
     if (!models.some((m) => modelState(m) === "loading")) return;
-    const t = setTimeout(boot, 3000);
+    const t = setTimeout(refreshModels, 1500); // a model loading: show when it is ready (or failed)
     return () => clearTimeout(t);
   }, [models]);
 
@@ -360,6 +367,7 @@ function App() {
     const paint = () => {
       if (!frame.current) frame.current = requestAnimationFrame(() => ((frame.current = 0), bump()));
     };
+    if (multi && modelState(models.find((m) => m.id === model)) !== "loaded") setTimeout(refreshModels, 400);
     const body = {
       messages: apiMessages(c, parentId),
       ...(model ? { model } : {}),
@@ -389,7 +397,8 @@ function App() {
       }
     }
     a.done = true;
-    a.n_ctx = ctxOf[model] || Object.values(ctxOf)[0];
+    a.n_ctx = ctxOf[model] || (!a.error && !a.stopped && (await loadProps(model, multi))) || undefined;
+    if (multi) refreshModels(); // the router may have loaded or unloaded models
     delete liveConvs.current[c.id];
     setLive(null);
     await save(c);
@@ -547,7 +556,7 @@ function App() {
           </button>
           <div class="title">{conv?.name || "llamapy"}</div>
           {models.length > 1 ? (
-            <select id="model" value={model} onChange={(e) => (setModel(e.currentTarget.value), localStorage.setItem("llamapy.model", e.currentTarget.value), loadProps(e.currentTarget.value, true))}>
+            <select id="model" value={model} onFocus={refreshModels} onChange={(e) => (setModel(e.currentTarget.value), localStorage.setItem("llamapy.model", e.currentTarget.value), loadProps(e.currentTarget.value, true))}>
               {models.map((m) => (
                 <option value={m.id} key={m.id}>
                   {m.id}
