@@ -25,6 +25,7 @@ import argparse  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -64,6 +65,74 @@ def run_llama(binp: Path, src: Path, dst: Path, mix: str, im: Path | None, threa
     return dt, "" if p.returncode == 0 else (p.stderr.strip().splitlines() or ["failed"])[-1]
 
 
+_ROW = re.compile(r"^\[\s*\d+/\s*\d+\]\s+(\S+)\s+- \[.*\], type =\s*(\S+),.*size = [^(]*(?:\((\S+)\))?\s*$")
+
+
+def llama_types(binp: Path, src: Path, mix: str, im: Path | None) -> tuple[dict[str, str] | None, str]:
+    """llama-quantize's per-tensor types from its --dry-run table (fast: nothing is quantized)."""
+    cmd = [sys.executable, str(ROOT / "benchmarks/llama_quantize_ctypes.py"), "--lib", str(binp), "--dry-run"]
+    cmd += (["--imatrix", str(im)] if im else []) + [str(src), str(src) + ".none", mix, "1"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        return None, (p.stderr.strip().splitlines() or ["failed"])[-1]
+    out = {}
+    for line in p.stderr.splitlines():
+        m = _ROW.match(line.strip())
+        if m:
+            out[m.group(1)] = (m.group(3) or m.group(2)).upper()
+    return out, ""
+
+
+def types_only(models: list[str], mixes: list[str], binp: Path, write: bool) -> int:
+    """Types of every mix (dry runs of both tools); ``write`` merges them into the stored expectations."""
+    from llamapy.quantize import QuantizeError, quantize_file
+    from tests.quantize.models import write_imatrix, write_model
+
+    bad = 0
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        for m in models:
+            src = write_model(m, tmp / f"{m}.gguf")
+            imf = write_imatrix(m, tmp / f"{m}-imatrix.gguf")
+            path = EXPECT / f"{m}.json"
+            expect = json.loads(path.read_text()) if path.exists() else {"names": None, "runs": {}}
+            n_same = 0
+            for mix in mixes:
+                for im in (None, imf):
+                    key = mix + ("+imatrix" if im else "")
+                    ref, err = llama_types(binp, src, mix, im)
+                    try:
+                        ours = quantize_file(src, None, mix, imatrix=im, dry_run=True).types()
+                    except QuantizeError as e:
+                        ours = None
+                        oerr = str(e)
+                    if ref is None:
+                        print(f"{m} {key}: llama-quantize refuses: {err[:80]}")
+                        continue
+                    if ours is None:
+                        print(f"{m} {key}: DIFFER: llama ok, ours: {oerr}")
+                        bad += 1
+                        continue
+                    # llama-quantize's dry run does not refuse a missing imatrix; a real run does
+                    names = list(ref)
+                    diff = [n for n in names if ref[n] != ours.get(n)]
+                    if diff or names != list(ours):
+                        print(f"{m} {key}: {len(diff)} types differ, e.g. {diff[:3]}")
+                        bad += 1
+                    else:
+                        n_same += 1
+                    if write:
+                        expect["names"] = expect["names"] or names
+                        run = expect["runs"].setdefault(key, {})
+                        if "error" not in run:
+                            run["types"] = [ref[n] for n in expect["names"]]
+            print(f"{m}: {n_same} runs with the same types for every tensor")
+            if write:
+                EXPECT.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(expect, indent=0) + "\n")
+    return bad
+
+
 def run_ours(
     src: Path, dst: Path, mix: str, im: Path | None, threads: int, subproc: bool
 ) -> tuple[float, str]:
@@ -93,7 +162,8 @@ def compare(models: list[str], mixes: list[str], binp: Path, threads: int, write
         for m in models:
             src = write_model(m, tmp / f"{m}.gguf")
             imf = write_imatrix(m, tmp / f"{m}-imatrix.gguf")
-            expect: dict = {"names": None, "runs": {}}
+            path = EXPECT / f"{m}.json"
+            expect: dict = json.loads(path.read_text()) if path.exists() else {"names": None, "runs": {}}
             print(
                 f"\n## {m}\n\n| mix | imatrix | llama-quantize s | llamapy s | types | bytes |\n|---|---|---|---|---|---|"
             )
@@ -149,7 +219,7 @@ def compare(models: list[str], mixes: list[str], binp: Path, threads: int, write
                     )
             if write and llama_ok:
                 EXPECT.mkdir(parents=True, exist_ok=True)
-                (EXPECT / f"{m}.json").write_text(json.dumps(expect, indent=0) + "\n")
+                path.write_text(json.dumps(expect, indent=0) + "\n")
     return bad
 
 
@@ -258,11 +328,17 @@ def main() -> int:
     ap.add_argument("--subprocess", action="store_true", help="time `llamapy quantize` as a command")
     ap.add_argument("--smollm2", action="store_true", help="also time SmolLM2-135M")
     ap.add_argument("--imatrix", action="store_true", help="also compare llama-imatrix on SmolLM2")
+    ap.add_argument("--types-only", action="store_true", help="compare the types only (dry runs; fast)")
     a = ap.parse_args()
     os.environ.setdefault("LLAMAPY_FULL_EXIT", "1")
-    bad = compare(
-        a.models.split(","), a.mixes.split(","), a.bin, a.threads, a.write_expectations, a.subprocess
-    )
+    bad = 0
+    models, mixes = [m for m in a.models.split(",") if m], a.mixes.split(",")
+    if models and a.types_only:
+        bad = types_only(models, mixes, a.bin, a.write_expectations)
+    elif models:
+        bad = compare(models, mixes, a.bin, a.threads, a.write_expectations, a.subprocess)
+    if a.imatrix:
+        imatrix_compare(a.bin, a.write_expectations, a.threads)
     if a.smollm2:
         smollm2(a.bin, a.threads)
     print(f"\n{bad} differences")

@@ -9,6 +9,13 @@ The draft defaults to the target itself (the only pair of packaged models that s
 that measures the machinery (acceptance near 100 %, the cost of drafting), not a real small-for-large
 speed-up. Greedy output with and without a draft is checked to be identical. Writes
 benchmarks/results/speculative.md with the machine line.
+
+Also llama.cpp's self-speculative ``--spec-type ngram-simple`` / ``ngram-map-k`` (llama.cpp's defaults:
+key 12, draft 48) on the same prompt, and MTP (``--spec-type mtp``) on synthetic glm4moe / qwen35
+files with one MTP layer (no packaged model has one): ``--mtp-scale 0`` makes the model's next token a
+function of the current one and the MTP layer predict it exactly (acceptance ~100 %: the machinery's
+cost and best case), ``0.35`` lets the context change some choices (some drafts rejected; qwen35's
+recurrent state rolled back). ``--only ngram|mtp`` runs one part (no llama.cpp build needed for mtp).
 """
 
 from __future__ import annotations
@@ -54,7 +61,11 @@ def llamapy_run(target: str, draft: object, n: int, threads: int) -> tuple[float
     dt = time.perf_counter() - t0
     info = {}
     if hasattr(draft, "n_drafted"):
-        info = {"drafted": draft.n_drafted, "calls": draft.n_calls}
+        info = {
+            "drafted": draft.n_drafted,
+            "calls": draft.n_calls,
+            "accepted": getattr(draft, "n_accepted", 0),
+        }
     n_gen = r["usage"]["completion_tokens"]
     return n_gen / dt, r["choices"][0]["text"], info
 
@@ -72,8 +83,91 @@ def llamacpp_run(bin_dir: Path, tool: str, args: list[str]) -> tuple[float | Non
     return float(m.group(3)), f"accept {acc.group(1)}%" if acc else ""
 
 
+def synthetic_mtp_model(family: str, n_layer: int, hidden: int, scale: float, tmp: Path) -> str:
+    """A random-weight ``family`` model (transformers config, converted by llamapy's writer) with one
+    MTP layer, its output projections scaled by ``scale`` (tests/generation/test_spec_mtp.py)."""
+    import dataclasses
+
+    import torch
+
+    from llamapy.ggml.types import GGMLType
+    from tests.generation.test_spec_mtp import _with_mtp
+    from tests.model import hf_tiny
+
+    torch.set_num_threads(1)
+    hf_tiny._load_family_modules()
+    fam = hf_tiny.FAMILIES[family]
+    kw = dict(fam.config_kw, num_hidden_layers=n_layer, hidden_size=hidden, intermediate_size=2 * hidden)
+    fam = dataclasses.replace(fam, name=f"{family}-bench{n_layer}x{hidden}", config_kw=kw)
+    tm = hf_tiny.make_tiny(fam, tmp, seed=1)
+    tm.write(GGMLType.F32)
+    return str(_with_mtp(tm, tmp, scale))
+
+
+def mtp_section(a: argparse.Namespace) -> list[str]:
+    """Greedy tokens/s without a draft and with MTP drafts (1 and 3 tokens) on synthetic models."""
+    import tempfile
+
+    import numpy as np
+
+    from llamapy.context import Context, ContextParams
+    from llamapy.generation import GenerationParams, TokenSequence, generate
+    from llamapy.generation.mtp import MtpDraft
+    from llamapy.model import Model
+
+    class Vocab:
+        n_tokens = 256
+
+        def is_eog(self, t: int) -> bool:
+            return False
+
+        def token_to_piece(self, t: int, special: bool = False) -> bytes:
+            return b"x"
+
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, 256, 64)]
+    tmp = Path(tempfile.mkdtemp(prefix="bench_mtp_"))
+    lines = [
+        "## MTP drafts (`--spec-type mtp`) on synthetic models",
+        "",
+        f"- machine: {machine_line()}",
+        f"- glm4moe and qwen35 (hybrid) with {a.mtp_layers} trunk layers, hidden {a.mtp_hidden}, vocabulary "
+        f"256, F32, one MTP layer; {a.n} greedy tokens after a 64-token prompt, {a.threads} threads; "
+        "scale 0: the MTP layer predicts the model exactly, 0.35: the context changes some choices",
+        "",
+        "| model | scale | no draft t/s | MTP n_draft 1 | MTP n_draft 3 | identical |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for family in ("glm4moe", "qwen35"):
+        for scale in a.mtp_scale:
+            model = Model.load(synthetic_mtp_model(family, a.mtp_layers, a.mtp_hidden, scale, tmp))
+            cells, outs = [], []
+            for n_draft in (0, 1, 3):
+                best, out, note = 0.0, [], ""
+                for _ in range(max(1, a.rounds)):
+                    ctx = Context(model, ContextParams(n_ctx=512, n_batch=128, n_threads=a.threads))
+                    seq = TokenSequence(ctx)
+                    draft = (
+                        MtpDraft(model, n_draft=n_draft, n_ctx=512, n_threads=a.threads) if n_draft else None
+                    )
+                    t0 = time.perf_counter()
+                    steps = generate(seq, lambda z: int(np.argmax(z)), Vocab(), prompt,
+                                     GenerationParams(max_tokens=a.n), draft_model=draft)  # fmt: skip
+                    out = [s.token for s in steps if s.token is not None]
+                    dt = time.perf_counter() - t0
+                    best = max(best, len(out) / dt)
+                    if draft is not None:
+                        note = f" (accepted {draft.n_accepted}/{draft.n_drafted})"
+                cells.append(f"{best:.1f}{note}")
+                outs.append(out)
+                print(f"mtp {family} scale {scale} n_draft {n_draft}: {cells[-1]}", flush=True)
+            same = all(o == outs[0] for o in outs)
+            lines.append(f"| {family} | {scale} | " + " | ".join(cells) + f" | {same} |")
+    return lines
+
+
 def main() -> int:
     from llamapy import LlamaModelDraft, LlamaPromptLookupDecoding, hub
+    from llamapy.generation.speculative import make_spec_draft
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2-135m-instruct")
@@ -83,7 +177,16 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--draft-max", type=int, default=16)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/speculative.md"))
+    ap.add_argument("--only", choices=("all", "ngram", "mtp"), default="all")
+    ap.add_argument("--mtp-layers", type=int, default=8, help="trunk layers of the synthetic MTP models")
+    ap.add_argument("--mtp-hidden", type=int, default=256)
+    ap.add_argument("--mtp-scale", type=float, nargs="+", default=[0.0, 0.35])
     a = ap.parse_args()
+    if a.only == "mtp":
+        lines = mtp_section(a)
+        Path(a.out.replace(".md", "_mtp.md")).write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return 0
     target = str(hub.resolve_model(a.target))
     draft = str(hub.resolve_model(a.draft)) if a.draft else target
     bin_dir = Path(subprocess.run(["bash", str(ROOT / "benchmarks/build_llamacpp.sh")], capture_output=True,
@@ -114,10 +217,14 @@ def main() -> int:
                 "llamapy, draft model",
                 lambda: LlamaModelDraft(draft, n_draft=a.draft_max, n_threads=a.threads),
             ),
+            ("llamapy, --spec-type ngram-simple (12/48)", lambda: make_spec_draft("ngram-simple")),
+            ("llamapy, --spec-type ngram-map-k (12/48)", lambda: make_spec_draft("ngram-map-k")),
         ):
             tps, text, info = llamapy_run(target, make(), a.n, a.threads)
             texts.setdefault(name, text)
-            extra = f" (drafted {info['drafted']} in {info['calls']} calls)" if info else ""
+            extra = (
+                f" (accepted {info['accepted']}/{info['drafted']} in {info['calls']} calls)" if info else ""
+            )
             rows.setdefault(name, []).append(f"{tps:.1f}{extra}")
             print(f"round {rnd}: {name}: {tps:.1f} t/s{extra}", flush=True)
         for name, tool, extra_args in (
@@ -146,6 +253,8 @@ def main() -> int:
         "| --- |" + " --- |" * a.rounds,
     ]
     lines += [f"| {k} | " + " | ".join(v) + " |" for k, v in rows.items()]
+    if a.only == "all":
+        lines += ["", *mtp_section(a)]
     Path(a.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if same else 1

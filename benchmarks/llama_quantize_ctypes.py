@@ -48,7 +48,15 @@ class Params(C.Structure):
     ]  # fmt: skip
 
 
-def quantize(lib_dir: Path, inp: str, out: str, type_name: str, nthread: int, imatrix: str | None) -> int:
+def quantize(
+    lib_dir: Path,
+    inp: str,
+    out: str,
+    type_name: str,
+    nthread: int,
+    imatrix: str | None,
+    dry_run: bool = False,
+) -> int:
     import numpy as np
 
     from llamapy.quantize import load_imatrix, parse_ftype
@@ -65,6 +73,7 @@ def quantize(lib_dir: Path, inp: str, out: str, type_name: str, nthread: int, im
     p.ftype = ft.ftype
     p.nthread = nthread
     p.only_copy = ft.name == "COPY"
+    p.dry_run = dry_run
     keep = []
     if imatrix:
         im = load_imatrix(imatrix)
@@ -98,12 +107,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", type=Path, default=LIB)
     ap.add_argument("--imatrix")
+    ap.add_argument("--dry-run", action="store_true", help="the per-tensor table on stderr, nothing written")
     ap.add_argument("inp")
     ap.add_argument("out")
     ap.add_argument("type")
     ap.add_argument("nthread", nargs="?", type=int, default=0)
     a = ap.parse_args()
-    return 1 if quantize(a.lib, a.inp, a.out, a.type, a.nthread, a.imatrix) else 0
+    return 1 if quantize(a.lib, a.inp, a.out, a.type, a.nthread, a.imatrix, a.dry_run) else 0
 
 
 if __name__ == "__main__":
