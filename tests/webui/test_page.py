@@ -341,3 +341,35 @@ def test_attachments_and_phone_layout(app, tmp_path):
     page.wait_for_function("() => document.querySelector('.sidebar').getBoundingClientRect().right <= 1")
     assert page.locator(".msg.user").count() == 1
     shot(page, "phone")
+
+
+def test_mcp_tools_in_the_settings(app):
+    page = app
+    assert page.locator("#open-settings").count() == 1
+    page.click("#open-settings")
+    assert page.locator("#mcp-tools").count() == 0  # this server runs no MCP servers
+    page.click("#settings-dialog button:text('Cancel')")
+    tools = {"servers": [{"name": "files", "state": "ready"}], "confirm": False, "max_steps": 8,
+             "tools": [{"name": "files__read", "description": "read a file", "server": "files"},
+                       {"name": "files__list", "description": "list a folder", "server": "files"}]}  # fmt: skip
+    page.route("**/mcp/tools", lambda r: r.fulfill(json=tools))
+    bodies: list[dict[str, Any]] = []
+
+    def chat(route: Any) -> None:
+        bodies.append(route.request.post_data_json)
+        route.fulfill(
+            status=200, headers={"content-type": "text/event-stream"}, body=sse(delta(content="ok"))
+        )
+
+    page.route("**/v1/chat/completions", chat)
+    page.reload()
+    page.locator(".model-name").wait_for()
+    send(page, "no tools yet")
+    settle(page, 1)
+    assert "mcp" not in bodies[0]  # nothing switched on: a plain request
+    page.click("#open-settings")
+    page.locator("#mcp-tools label", has_text="files__read").locator("input").check()
+    page.click("#save-settings")
+    send(page, "read it")
+    settle(page, 2)
+    assert bodies[1]["mcp"] == ["files__read"]
