@@ -12,6 +12,10 @@ The encoder takes one 30 s window of log-mel ``F32[n_mel, 3000]`` (``audio.mel_c
 - ``voxtral``: the post norm, frames stacked by 4, linear, GELU, linear: 375 tokens, as HF's
   ``VoxtralForConditionalGeneration`` and mistral-common. (llama.cpp also average-pools Voxtral's frames
   before stacking them, 187 tokens; that is its bug ggml-org/llama.cpp#25496, not followed here.)
+- ``qwen2.5o`` (Qwen2.5-Omni's audio half; the mmproj also holds a ``qwen2.5vl_merger`` vision tower): as
+  ``qwen2a``, but as HF's ``Qwen2_5OmniAudioEncoder`` the window is cut into chunks of ``2 * n_window`` (200)
+  frames, each convolved on its own (zero padding at its edges), given positions from 0, and attending only
+  within itself. (llama.cpp runs it as ``qwen2a``, whole-window; not followed here.)
 
 GELU is the exact (erf) one, as ``ggml_gelu_erf``; it is composed here from the graph's elementwise ops with
 Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7), there being no erf op. Convolutions are im2col views (one strided
@@ -40,10 +44,11 @@ from .errors import MtmdError
 
 __all__ = ["AUDIO_PROJECTORS", "AudioHParams", "AudioModel", "gelu_erf", "mmproj_modalities"]
 
-AUDIO_PROJECTORS = ("ultravox", "qwen2a", "voxtral")
+AUDIO_PROJECTORS = ("ultravox", "qwen2a", "voxtral", "qwen2.5o")
 # projector type -> (text before the audio, text after it), mtmd_context's aud_beg / aud_end
 AUDIO_WRAP = {
     "qwen2a": ("<|audio_bos|>", "<|audio_eos|>"),
+    "qwen2.5o": ("<|audio_bos|>", "<|audio_eos|>"),
     "voxtral": ("[BEGIN_AUDIO]", ""),
     "ultravox": ("", ""),
 }
@@ -59,6 +64,7 @@ class AudioHParams:
     n_mel: int
     eps: float
     stack_factor: int = 0
+    n_window: int = 0  # qwen2.5o: frames are convolved and attend in chunks of 2 * n_window
 
 
 def mmproj_modalities(path: str | os.PathLike) -> tuple[bool, bool]:
@@ -73,9 +79,7 @@ def mmproj_modalities(path: str | os.PathLike) -> tuple[bool, bool]:
 def load_audio_hparams(metadata: dict[str, Any], where: str) -> AudioHParams:
     md = MetaReader(metadata, "clip", where=where)
     try:
-        ptype = md.string("audio.projector_type") or md.string("projector_type")
-        if ptype == "qwen25o":
-            ptype = "qwen2a"  # Qwen2.5-Omni's audio half (clip.cpp's legacy mapping)
+        ptype = md.string("projector_type") or md.string("audio.projector_type")
         if not ptype:
             raise MtmdError(f"{where}: metadata key 'clip.projector_type' is missing")
         if ptype not in AUDIO_PROJECTORS:
@@ -91,6 +95,7 @@ def load_audio_hparams(metadata: dict[str, Any], where: str) -> AudioHParams:
             n_mel=md.u32("audio.num_mel_bins", required=True),
             eps=md.f32("audio.attention.layer_norm_epsilon", required=True),
             stack_factor=md.u32("audio.projector.stack_factor", 0, required=ptype in ("ultravox", "voxtral")),
+            n_window=md.u32("audio.n_window", 100) if ptype == "qwen2.5o" else 0,
         )
     except ModelLoadError as e:
         raise MtmdError(str(e)) from None
@@ -101,6 +106,8 @@ def load_audio_hparams(metadata: dict[str, Any], where: str) -> AudioHParams:
         raise MtmdError(f"{where}: audio embedding length {hp.n_embd} is not a multiple of {hp.n_head} heads")
     if ptype in ("ultravox", "voxtral") and not 0 < hp.stack_factor <= 64:
         raise MtmdError(f"{where}: clip.audio.projector.stack_factor = {hp.stack_factor} must be in 1..64")
+    if hp.n_window and CHUNK_FRAMES % (2 * hp.n_window):
+        raise MtmdError(f"{where}: clip.audio.n_window = {hp.n_window} does not divide the 3000-frame window")
     return hp
 
 
@@ -128,14 +135,17 @@ def _linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     return ops.add(y, b) if b is not None else y
 
 
-def _conv1d(x: Tensor, k: Tensor, b: Tensor, stride: int) -> Tensor:
-    """``ggml_conv_1d_ph`` (kernel 3, padding 1) of time-major ``x [T, C]`` with ``k (D, C, 3)`` -> ``[T', D]``."""
-    t_in, c = x.shape
+def _conv1d(x: Tensor, k: Tensor, b: Tensor, stride: int, n_chunks: int = 1) -> Tensor:
+    """``ggml_conv_1d_ph`` (kernel 3, padding 1) of time-major ``x [T, C]`` with ``k (D, C, 3)`` -> ``[T', D]``;
+    with ``n_chunks``, each of the ``n_chunks`` equal pieces of time on its own (zero padding at its edges)."""
+    t_all, c = x.shape
     d = k.shape[0]
+    t_in = t_all // n_chunks
     t_out = (t_in - 1) // stride + 1
-    xp = ops.pad(x, ((1, 1), (0, 0)))  # [T + 2, C]
-    cols = ops.view(xp, (t_out, c, 3), (stride * c * 4, 4, c * 4))  # (t, c, j) = xp[stride * t + j, c]
-    cols = ops.reshape(ops.cont(cols), (t_out, c * 3))
+    xp = ops.pad(ops.reshape(x, (n_chunks, t_in, c)), ((0, 0), (1, 1), (0, 0)))  # [n, T + 2, C]
+    # (i, t, c, j) = xp[i, stride * t + j, c]
+    cols = ops.view(xp, (n_chunks, t_out, c, 3), ((t_in + 2) * c * 4, stride * c * 4, 4, c * 4))
+    cols = ops.reshape(ops.cont(cols), (n_chunks * t_out, c * 3))
     y = ops.mul_mat(ops.reshape(k, (d, c * 3)), cols)
     return ops.add(y, ops.reshape(b, (d,)))
 
@@ -169,13 +179,16 @@ class AudioModel:
             )
         if not loader.metadata.get("clip.has_audio_encoder", False):
             raise MtmdError(f"{self.path}: mmproj has no audio encoder (clip.has_audio_encoder is not true)")
+        if loader.metadata.get(
+            "clip.has_vision_encoder", False
+        ):  # the vision tower's tensors are ClipModel's
+            loader.used.update(n for n in loader.tensor_index if not n.startswith(("a.", "mm.a.")))
         self.metadata = loader.metadata
         self.hparams = load_audio_hparams(loader.metadata, self.path)
         tl = TensorLoader(loader)
         try:
             self._load(tl)
-            if not loader.metadata.get("clip.has_vision_encoder", False):
-                loader.check_all_used()
+            loader.check_all_used()
         except ModelLoadError as e:
             raise MtmdError(str(e)) from None
         self.w = Weights(tl.tensors)
@@ -220,7 +233,7 @@ class AudioModel:
         t("a.post_ln.weight", (e,))
         t("a.post_ln.bias", (e,))
         kind = hp.projector_type
-        if kind == "qwen2a":
+        if kind in ("qwen2a", "qwen2.5o"):
             self._n_mmproj_embd = self._matrix(t, "mm.a.fc.weight", e)
             t("mm.a.fc.bias", (self._n_mmproj_embd,))
         else:
@@ -266,7 +279,7 @@ class AudioModel:
     def n_tokens(self) -> int:
         """Embeddings one 30 s window becomes."""
         hp, n = self.hparams, self.n_pos
-        if hp.projector_type == "qwen2a":
+        if hp.projector_type in ("qwen2a", "qwen2.5o"):
             return n // 2
         return -(-n // hp.stack_factor)
 
@@ -282,32 +295,40 @@ class AudioModel:
         hp, w = self.hparams, self.w
         e, nh = hp.n_embd, hp.n_head
         dh = e // nh
+        n_chunks = CHUNK_FRAMES // (2 * hp.n_window) if hp.n_window else 1
         x = ops.cont(ops.transpose(inp))  # [3000, n_mel]
-        x = gelu_erf(_conv1d(x, w["a.conv1d.1.weight"], w["a.conv1d.1.bias"], 1))
-        x = gelu_erf(_conv1d(x, w["a.conv1d.2.weight"], w["a.conv1d.2.bias"], 2))
+        x = gelu_erf(_conv1d(x, w["a.conv1d.1.weight"], w["a.conv1d.1.bias"], 1, n_chunks))
+        x = gelu_erf(_conv1d(x, w["a.conv1d.2.weight"], w["a.conv1d.2.bias"], 2, n_chunks))
         n = x.shape[0]
+        per = n // n_chunks  # positions restart in each chunk
         pos = w["a.position_embd.weight"]
-        x = ops.add(x, ops.view(pos, (n, e), (pos.strides[0], pos.strides[1])), name="inp_pos")
+        pos = ops.view(pos, (1, per, e), (0, pos.strides[0], pos.strides[1]))
+        x = ops.reshape(ops.add(ops.reshape(x, (n_chunks, per, e)), pos), (n, e), name="inp_pos")
+        mask = None
+        if n_chunks > 1:  # block-diagonal attention: each chunk sees itself
+            blk = np.arange(n) // per
+            m = np.where(blk[:, None] == blk[None, :], 0.0, -np.inf).astype(np.float32)
+            mask = ops.weight("a.chunk_mask", GGMLType.F32, (n, n), m)
         for il in range(hp.n_layer):
             b = f"a.blk.{il}."
             cur = _norm(x, w[b + "ln1.weight"], w[b + "ln1.bias"], hp.eps)
             q = ops.reshape(_linear(cur, w[b + "attn_q.weight"], w[b + "attn_q.bias"]), (n, nh, dh))
             k = ops.reshape(_linear(cur, w[b + "attn_k.weight"], w.get(b + "attn_k.bias")), (n, nh, dh))
             v = ops.reshape(_linear(cur, w[b + "attn_v.weight"], w[b + "attn_v.bias"]), (n, nh, dh))
-            a = ops.flash_attn_ext(q, k, v, None, 1.0 / math.sqrt(dh), name=f"a_kqv-{il}")
+            a = ops.flash_attn_ext(q, k, v, mask, 1.0 / math.sqrt(dh), name=f"a_kqv-{il}")
             a = _linear(ops.reshape(a, (n, e)), w[b + "attn_out.weight"], w[b + "attn_out.bias"])
             x = ops.add(a, x)
             cur = _norm(x, w[b + "ln2.weight"], w[b + "ln2.bias"], hp.eps)
             cur = gelu_erf(_linear(cur, w[b + "ffn_up.weight"], w[b + "ffn_up.bias"]))
             x = ops.add(x, _linear(cur, w[b + "ffn_down.weight"], w[b + "ffn_down.bias"]), name=f"a_out-{il}")
         kind = hp.projector_type
-        if kind == "qwen2a":  # nn.AvgPool1d(2, 2) over time
+        if kind in ("qwen2a", "qwen2.5o"):  # nn.AvgPool1d(2, 2) over time
             half = n // 2
             even = ops.view(x, (half, e), (2 * e * 4, 4))
             odd = ops.view(x, (half, e), (2 * e * 4, 4), offset=e * 4)
             x = ops.scale(ops.add(even, odd), 0.5)
         x = _norm(x, w["a.post_ln.weight"], w["a.post_ln.bias"], hp.eps)
-        if kind == "qwen2a":
+        if kind in ("qwen2a", "qwen2.5o"):
             return _linear(x, w["mm.a.fc.weight"], w["mm.a.fc.bias"])
         x = _stack(x, hp.stack_factor)
         if kind == "voxtral":

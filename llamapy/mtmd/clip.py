@@ -94,6 +94,8 @@ def load_hparams(metadata: dict[str, Any], where: str) -> ClipHParams:
         if not md.boolean("has_vision_encoder", False):
             raise MtmdError(f"{where}: mmproj has no vision encoder (clip.has_vision_encoder is not true)")
         ptype = md.string("projector_type") or md.string("vision.projector_type")
+        if ptype == "qwen2.5o":  # Qwen2.5-Omni: vision and audio in one mmproj (clip.cpp's mapping)
+            ptype = "qwen2.5vl_merger"
         if not ptype:
             raise MtmdError(f"{where}: metadata key 'clip.projector_type' is missing")
         if ptype not in PROJECTORS:
@@ -156,6 +158,8 @@ class ClipModel:
         tl = TensorLoader(loader)
         try:
             self.projector.load(self, tl)
+            if loader.metadata.get("clip.has_audio_encoder", False):  # the audio half is AudioModel's
+                loader.used.update(n for n in loader.tensor_index if n.startswith(("a.", "mm.a.")))
             loader.check_all_used()
         except ModelLoadError as e:
             raise MtmdError(str(e)) from None

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniAudioEncoderConfig
+from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniAudioEncoder
 from transformers.models.qwen2_audio.modeling_qwen2_audio import Qwen2AudioMultiModalProjector
 from transformers.models.voxtral.modeling_voxtral import VoxtralMultiModalProjector
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
@@ -81,6 +83,13 @@ def build(kind: str, n_mel: int = 80, seed: int = 0) -> tuple[torch.nn.Module, t
         enc = transformers.VoxtralEncoder(acfg)
         full = transformers.VoxtralConfig(audio_config=acfg.to_dict(), text_config={"hidden_size": N_TEXT})
         proj = VoxtralMultiModalProjector(full)
+    elif kind == "qwen2.5o":  # Qwen2.5-Omni's audio tower (its projection inside: ln_post, proj)
+        ocfg = Qwen2_5OmniAudioEncoderConfig(
+            d_model=D, encoder_layers=N_LAYER, encoder_attention_heads=N_HEAD, encoder_ffn_dim=FF,
+            n_window=100, output_dim=N_TEXT, **common,
+        )  # fmt: skip
+        enc = Qwen2_5OmniAudioEncoder(ocfg)
+        proj = torch.nn.Identity()
     else:
         raise ValueError(kind)
     enc.config._attn_implementation = "eager"
@@ -105,6 +114,10 @@ def build(kind: str, n_mel: int = 80, seed: int = 0) -> tuple[torch.nn.Module, t
 def reference(kind: str, enc: torch.nn.Module, proj: torch.nn.Module, mel: np.ndarray) -> np.ndarray:
     """HF's audio embeddings of one window ``mel [n_mel, 3000]``."""
     with torch.no_grad():
+        if kind == "qwen2.5o":
+            return enc(
+                torch.from_numpy(mel), feature_lens=torch.tensor([mel.shape[1]])
+            ).last_hidden_state.numpy()
         h = enc(torch.from_numpy(mel[None])).last_hidden_state
         if kind == "voxtral":  # VoxtralModel.get_audio_features: 4 frames per token
             return proj(h.reshape(-1, enc.config.intermediate_size)).numpy()
@@ -131,8 +144,12 @@ def mmproj_tensors(kind: str, enc: torch.nn.Module, proj: torch.nn.Module) -> di
             out[f"a.conv1d.{conv[-1]}.{part}"] = w[:, None] if part == "bias" else w
         elif name == "embed_positions.weight":
             out["a.position_embd.weight"] = w
-        elif name.startswith("layer_norm."):
+        elif name.startswith(("layer_norm.", "ln_post.")):
             out["a.post_ln." + name.split(".")[1]] = w
+        elif name.startswith("proj."):
+            out["mm.a.fc." + name.split(".")[1]] = w
+    if kind == "qwen2.5o":  # a buffer: the sinusoids llama.cpp's converter writes
+        out["a.position_embd.weight"] = enc.positional_embedding.positional_embedding.float().numpy()
     names = {"linear": "mm.a.fc", "linear_1": "mm.a.mlp.1", "linear_2": "mm.a.mlp.2"}
     names |= {"ln_pre": "mm.a.norm_pre", "ln_mid": "mm.a.norm_mid"}
     for name, t in proj.state_dict().items():
