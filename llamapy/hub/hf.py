@@ -247,6 +247,9 @@ def _repo_files(repo: str, token: str | None, offline: bool) -> tuple[list[str],
     from huggingface_hub import HfApi, errors
 
     try:
+        why = unreachable(endpoint())  # at once, not after huggingface_hub's five retries (~24 s)
+        if why is not None:
+            raise ConnectionError(why)
         return sorted(HfApi(endpoint=endpoint(), token=token).list_repo_files(repo)), False
     except (errors.RepositoryNotFoundError, errors.GatedRepoError, errors.RevisionNotFoundError) as e:
         raise _hub_error(e, repo, "") from None
@@ -259,6 +262,30 @@ def _repo_files(repo: str, token: str | None, offline: bool) -> tuple[list[str],
             )
             return cached, True
         raise HubUnreachableError(f"cannot list {repo} on {endpoint()}: {type(e).__name__}: {e}") from None
+
+
+PROBE_SECONDS = 3.0
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def unreachable(url: str, timeout: float = PROBE_SECONDS) -> str | None:
+    """Why no TCP connection to ``url``'s host opens within ``timeout`` s (refused, no such host, no
+    answer), or None when it does (or a proxy is set: only the proxy knows)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if any(os.environ.get(k) for k in _PROXY_VARS):
+        return None
+    u = urlsplit(url)
+    if not u.hostname:
+        return None
+    try:
+        socket.create_connection(
+            (u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout
+        ).close()
+    except OSError as e:
+        return f"{u.hostname}: {e.strerror or type(e).__name__}"
+    return None
 
 
 def plan(ref: HFRef, hf_file: str | None, files: list[str], mmproj: bool = True) -> HFModel:

@@ -275,7 +275,7 @@ def test_bad_preset_is_a_startup_error(
     assert "whole server" in capsys.readouterr().err
 
 
-def test_pull_from_the_hub(models_dir: Path, hf_env: Path) -> None:  # noqa: F811
+def test_pull_from_the_hub(models_dir: Path, hf_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     srv = Served(["--models-dir", str(models_dir)])
     try:
         events = list(srv.ollama.pull("test/chat-GGUF", stream=True))
@@ -290,6 +290,17 @@ def test_pull_from_the_hub(models_dir: Path, hf_env: Path) -> None:  # noqa: F81
         srv.ollama.delete("test/chat-GGUF")
         assert "test/chat-GGUF:latest" not in {m.model for m in srv.ollama.list().models}
         assert not list(hf_env.glob("models--test--chat-GGUF/snapshots/*/*.gguf"))  # its files are gone
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]  # closed again: nothing listens there
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        t0 = time.monotonic()
+        with pytest.raises(ollama.ResponseError) as e:
+            srv.ollama.pull("test/other-GGUF", stream=False)
+        assert e.value.status_code == 502 and "cannot list test/other-GGUF" in str(e.value)
+        assert time.monotonic() - t0 < 10  # (measured ~0.01 s; huggingface_hub's retries took ~24 s)
     finally:
         srv.stop()
 
