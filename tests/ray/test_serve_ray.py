@@ -100,6 +100,34 @@ def test_health_and_metrics_aggregate_the_replicas(ray_serve: RayServe) -> None:
     assert "llamapy_ray:replicas_ok 2" in m
 
 
+def test_anthropic_client_through_the_endpoint(ray_serve: RayServe) -> None:
+    import anthropic
+
+    c = anthropic.Anthropic(base_url=ray_serve.base_url, api_key="none", max_retries=0, timeout=120)
+    msgs: Any = [{"role": "user", "content": "Name a fruit."}]
+    greedy: Any = {"temperature": 0}
+    m = c.messages.create(model="m", max_tokens=8, messages=msgs, extra_body=greedy)
+    assert m.content[0].type == "text" and m.content[0].text
+    with c.messages.stream(model="m", max_tokens=8, messages=msgs, extra_body=greedy) as st:
+        text = "".join(st.text_stream)
+    assert text == m.content[0].text
+
+
+def test_session_hint_keeps_short_requests_together(ray_serve: RayServe) -> None:
+    # prompts shorter than one block: no prefix to match, the `user` hint decides
+    seen = set()
+    for i in range(3):
+        r = httpx.post(
+            ray_serve.base_url + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": f"Hi {i}"}], "max_tokens": 2, "user": "alice"},
+            timeout=120,
+        )
+        assert r.status_code == 200
+        seen.add(r.headers["x-llamapy-replica"])
+    assert len(seen) == 1
+    assert httpx.get(ray_serve.base_url + "/health", timeout=30).json()["routing"]["routed"]["session"] >= 2
+
+
 def _stream(rs: RayServe, i: int, out: dict[int, dict[str, Any]]) -> None:
     rec: dict[str, Any] = {"chunks": 0, "error": None, "done": False}
     out[i] = rec
@@ -170,6 +198,7 @@ def test_replica_killed_during_streams(ray_serve: RayServe) -> None:
     while time.monotonic() < deadline:
         h = httpx.get(ray_serve.base_url + "/health", timeout=30).json()
         if h["replicas_ok"] == 2 and victim not in {rep["id"] for rep in h["replicas"]}:
+            print(f"replaced and serving {time.monotonic() - killed:.1f} s after the kill")
             break
         time.sleep(1)
     else:
