@@ -79,3 +79,18 @@ def shot(page: Any, name: str) -> None:
     """A screenshot for a reviewer, under tests/webui/screenshots/ (ignored by git)."""
     SCREENSHOTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+
+
+def send(page: Any, text: str) -> None:
+    page.fill("#input", text)
+    page.press("#input", "Enter")
+
+
+def settle(page: Any, answers: int) -> None:
+    """Waits until the thread shows `answers` assistant messages and none is streaming."""
+    page.wait_for_function(
+        "n => document.querySelectorAll('.msg.assistant').length === n"
+        " && !document.querySelector('.msg.streaming') && !document.querySelector('#stop')",
+        arg=answers,
+        timeout=60_000,
+    )

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,8 +102,12 @@ def test_webui_dir(tmp_path):
         mount_webui(app, tmp_path / "missing")
 
 
-def test_cli_webui_dir_without_index_is_an_error(tmp_path, smollm2_path):
-    cmd = [sys.executable, "-m", "llamapy", "serve", "-m", str(smollm2_path), "--port", "0"]
-    r = subprocess.run([*cmd, "--webui-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("error:"), r.stderr
-    assert "no index.html" in r.stderr
+def test_cli_webui_dir_without_index_is_an_error(tmp_path, smollm2_path, capsys, monkeypatch):
+    import uvicorn
+
+    from llamapy.cli import main
+
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: pytest.fail("served without a page"))
+    rc = main(["serve", "-m", str(smollm2_path), "--port", "0", "--webui-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.strip().splitlines()[-1].startswith("error:") and "no index.html" in err, err

@@ -13,8 +13,7 @@ from llamapy.server.app import ServerSettings
 from llamapy.server.webui import mount_webui
 from tests.server.conftest import LiveServer, start_live, stop_live
 from tests.server.fake_backend import FakeBackend
-from tests.webui.conftest import storage
-from tests.webui.test_page import send, settle
+from tests.webui.conftest import send, settle, storage
 
 pytestmark = pytest.mark.slow
 

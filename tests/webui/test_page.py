@@ -13,24 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.webui.conftest import TEST_SETTINGS, shot, storage
+from tests.webui.conftest import TEST_SETTINGS, send, settle, shot, storage
 
 pytestmark = pytest.mark.slow
-
-
-def send(page: Any, text: str) -> None:
-    page.fill("#input", text)
-    page.press("#input", "Enter")
-
-
-def settle(page: Any, answers: int) -> None:
-    """Waits until the thread shows `answers` assistant messages and none is streaming."""
-    page.wait_for_function(
-        "n => document.querySelectorAll('.msg.assistant').length === n"
-        " && !document.querySelector('.msg.streaming') && !document.querySelector('#stop')",
-        arg=answers,
-        timeout=60_000,
-    )
 
 
 def last(page: Any, role: str) -> Any:

@@ -16,8 +16,7 @@ from llamapy.cli.serve import make_app
 from llamapy.server.webui import mount_webui
 from tests.hub.conftest import tiny_with_vocab
 from tests.server.conftest import serve_app
-from tests.webui.conftest import shot, storage
-from tests.webui.test_page import send, settle
+from tests.webui.conftest import send, settle, shot, storage
 
 pytestmark = pytest.mark.slow
 

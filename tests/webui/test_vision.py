@@ -17,8 +17,7 @@ from llamapy.server.backend import ContextBackend
 from llamapy.server.webui import mount_webui
 from tests.mtmd import convert
 from tests.server.conftest import LiveServer, start_live, stop_live, wait_ready
-from tests.webui.conftest import shot, storage
-from tests.webui.test_page import send, settle
+from tests.webui.conftest import send, settle, shot, storage
 
 pytestmark = pytest.mark.slow
 
