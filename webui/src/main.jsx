@@ -314,6 +314,10 @@ function App() {
   }, [models]);
 
   useEffect(() => {
+    document.title = conv && conv.name !== "New chat" ? `${conv.name} · llamapy` : "llamapy";
+  });
+
+  useEffect(() => {
     const el = threadRef.current;
     if (el && stick.current) el.scrollTop = el.scrollHeight;
   });
@@ -625,7 +629,7 @@ function App() {
                 if (files.length) (e.preventDefault(), readFiles(files));
               }}
             />
-            {liveHere ? (
+            {live ? (
               <button type="button" id="stop" class="danger" onClick={stop}>
                 Stop
               </button>
