@@ -11,7 +11,15 @@ import sys
 import time
 from typing import Any
 
+from ..errors import LlamapyError
 from .serve import _api_keys, _positive
+
+
+def _first_line(e: BaseException) -> str:
+    """The message of a deploy failure without Ray's traceback (the replica's own error included)."""
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    tail = [x for x in lines if "Error" in x and not x.startswith(("File ", "Traceback"))]
+    return "; ".join(dict.fromkeys(lines[:1] + tail[-1:]))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -79,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
     api_keys = _api_keys(args)
     autoscaling = _autoscaling(args)
     model_path = resolve_model_args(args)
+    from ..vocab.vocab import load_vocab
+
+    load_vocab(model_path)  # not a GGUF, or no vocabulary: a clear error here, before any cluster starts
 
     import ray
     from ray import serve
@@ -104,7 +115,12 @@ def run(args: argparse.Namespace) -> int:
     )
     ray.init(address=args.address, include_dashboard=False, ignore_reinit_error=True)
     serve.start(http_options={"host": args.host, "port": args.port})
-    serve.run(app, name="llamapy", route_prefix="/", blocking=False)
+    try:
+        serve.run(app, name="llamapy", route_prefix="/", blocking=False)
+    except RuntimeError as e:  # a replica that cannot start (its model file missing on a node, not a GGUF)
+        with contextlib.suppress(Exception):
+            serve.delete("llamapy")
+        raise LlamapyError(f"the Ray Serve application failed to deploy: {_first_line(e)}") from None
     print(f"llamapy: listening on http://{args.host}:{args.port} (Ray Serve)", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill`: remove the application too
     try:

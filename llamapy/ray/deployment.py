@@ -329,6 +329,7 @@ def build_app(
         "max_ongoing_requests": max_ongoing_requests,
         "health_check_period_s": health_check_period_s,
         "graceful_shutdown_timeout_s": graceful_shutdown_timeout_s,
+        "max_constructor_retry_count": 2,  # a model that does not load fails the deployment, not 20 tries
         "request_router_config": RequestRouterConfig(
             request_router_class="llamapy.ray.router.LlamapyRouter",
             request_router_kwargs={"policy": routing},

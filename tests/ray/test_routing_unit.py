@@ -4,6 +4,7 @@ when Ray is missing."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +121,13 @@ def test_build_app_bad_arguments() -> None:
     with pytest.raises(ValueError, match="model"):
         from_args({"replicas": 2})
     assert from_args({"model": "m.gguf", "replicas": 2, "threads": 2}) is not None  # no cluster needed
+
+
+def test_cli_not_a_gguf_fails_before_any_cluster(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from llamapy.cli import main
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf")
+    assert main(["serve-ray", "-m", str(bad), "--replicas", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "GGUF" in err
