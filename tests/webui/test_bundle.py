@@ -111,3 +111,12 @@ def test_cli_webui_dir_without_index_is_an_error(tmp_path, smollm2_path, capsys,
     rc = main(["serve", "-m", str(smollm2_path), "--port", "0", "--webui-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 1 and err.strip().splitlines()[-1].startswith("error:") and "no index.html" in err, err
+
+
+def test_every_bundle_file_is_package_data():
+    """`pip install` ships what pyproject's package-data globs name: every file of the bundle."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    base = ROOT / "llamapy" / "server"
+    shipped = {p for g in globs["llamapy.server"] for p in base.glob(g) if p.is_file()}
+    assert {p for p in BUNDLE_DIR.rglob("*") if p.is_file()} <= shipped
