@@ -106,7 +106,22 @@ def decode_audio(
                 raise AudioError(
                     f"{where}: the audio is {frames / rate:.1f} s long; at most {max_seconds:g} s are accepted"
                 )
-            x = f.read(dtype="float32", always_2d=True)
+            # read in blocks, down-mixed and resampled as they come: memory follows the 16 kHz mono result
+            rs = None
+            if rate != SAMPLE_RATE:
+                rs = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")  # type: ignore[attr-defined]
+            parts: list[np.ndarray] = []
+            n_in = 0
+            for block in f.blocks(blocksize=rate * 10, dtype="float32", always_2d=True):
+                n_in += block.shape[0]
+                if n_in > max_seconds * rate:
+                    raise AudioError(f"{where}: the audio is longer than {max_seconds:g} s")
+                if not np.isfinite(block).all():
+                    raise AudioError(f"{where}: the audio has NaN or infinite samples")
+                mono = block.mean(axis=1, dtype=np.float32) if channels > 1 else block[:, 0]
+                parts.append(rs.resample_chunk(mono) if rs is not None else mono.copy())
+            if rs is not None:
+                parts.append(rs.resample_chunk(np.zeros(0, np.float32), last=True))
     except AudioError:
         raise
     except Exception as e:  # soundfile.LibsndfileError, RuntimeError, TypeError on malformed headers
@@ -114,13 +129,9 @@ def decode_audio(
         raise AudioError(
             f"{where}: cannot decode the audio (WAV, FLAC, OGG and MP3 are read): {msg}"
         ) from None
-    if x.shape[0] == 0:
+    if n_in == 0:
         raise AudioError(f"{where}: the audio has no samples")
-    if not np.isfinite(x).all():
-        raise AudioError(f"{where}: the audio has NaN or infinite samples")
-    mono = x.mean(axis=1, dtype=np.float32) if x.shape[1] > 1 else x[:, 0]
-    if rate != SAMPLE_RATE:
-        mono = soxr.resample(mono, rate, SAMPLE_RATE, quality="HQ")  # type: ignore[attr-defined]
+    mono = np.concatenate(parts) if parts else np.zeros(0, np.float32)
     return AudioBitmap(np.asarray(mono, dtype=np.float32))
 
 
