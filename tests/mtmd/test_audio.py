@@ -59,6 +59,8 @@ def _hf_mel(fe: WhisperFeatureExtractor, x: np.ndarray, floor: float = 1e-10) ->
 def test_mel_matches_whisper_feature_extractor(n_mel: int) -> None:
     fe = WhisperFeatureExtractor(feature_size=n_mel)
     for name, x in _signals().items():
+        if n_mel == 128 and name not in ("tone", "long", "tiny", "silence"):
+            continue  # (the bin count only changes the filter bank)
         x = x.astype(np.float32)
         chunks = mel_chunks(x, n_mel)
         assert len(chunks) == (2 if name == "long" else 1) and all(c.shape == (n_mel, 3000) for c in chunks)

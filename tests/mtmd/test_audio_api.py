@@ -145,3 +145,14 @@ def test_cli_run_and_chat_with_audio(
     rc = main(["run", *base, "-n", "2", "--audio", str(bad), "-p", "x"])
     err = capfd.readouterr().err
     assert rc == 1 and "bad.wav" in err and err.count("error:") == 1 and "Traceback" not in err
+
+
+def test_audio_over_30_s_is_one_chunk_per_window(files: tuple, llm: Llama) -> None:
+    tiny = files[0]
+    mt = llm.mtmd
+    x = (0.3 * np.sin(np.arange(35 * 16000) / 11)).astype(np.float32)
+    chunks = mt.tokenize("<__media__> say", [AudioBitmap(x)])
+    audio = [c for c in chunks if isinstance(c, AudioChunk)]
+    assert [c.n_tokens for c in audio] == [750, 750] and audio[0].id != audio[1].id
+    for c in audio:
+        assert float(np.abs(mt.encode(c) - tiny.reference(c.pixels)).max()) < 1e-3
