@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
-from . import anthropic, embeddings, llamacpp_api, lora, ollama, openai_api, responses
+from . import anthropic, audio, embeddings, llamacpp_api, lora, ollama, openai_api, responses
 from .backend import Backend
 from .errors import APIError
 from .guard import ANTHROPIC_PREFIX, GuardMiddleware
@@ -39,6 +39,7 @@ ROUTES: list[Callable[[FastAPI, ServerState], None]] = [
     responses.add_routes,  # /v1/responses
     anthropic.add_routes,  # /v1/messages, /v1/messages/count_tokens
     embeddings.add_routes,  # /v1/embeddings, /embedding(s), /rerank, /v1/rerank...
+    audio.add_routes,  # /v1/audio/transcriptions
     ollama.add_routes,  # /api/chat, /api/generate, /api/tags... (ollama's API)
 ]
 

@@ -59,6 +59,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         m = await state.pick(request)
         engine, backend = m.ready()
         info = backend.info()
+        mt = getattr(backend, "mtmd", None)
         return {
             "default_generation_settings": {
                 "n_ctx": engine.n_ctx_slot,
@@ -71,7 +72,10 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
             "bos_token": info.get("bos_token", ""),
             "eos_token": info.get("eos_token", ""),
             "embeddings": backend.embeddings,
-            "modalities": {"vision": getattr(backend, "mtmd", None) is not None, "audio": False},
+            "modalities": {
+                "vision": mt is not None and bool(getattr(mt, "support_vision", True)),
+                "audio": mt is not None and bool(getattr(mt, "support_audio", False)),
+            },
             "build_info": f"llamapy {__version__}",
         }
 
