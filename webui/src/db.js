@@ -28,6 +28,7 @@ async function tx(mode, fn) {
 
 export const listConvs = async () =>
   ((await tx("readonly", (s) => s.getAll())) || []).sort((a, b) => b.updated - a.updated);
+export const getConv = (id) => tx("readonly", (s) => s.get(id));
 export const putConv = (c) => tx("readwrite", (s) => s.put(c));
 export const deleteConv = (id) => tx("readwrite", (s) => s.delete(id));
 

@@ -2,7 +2,7 @@
 import { render } from "preact";
 import { useEffect, useMemo, useRef, useState } from "preact/hooks";
 import { ApiError, getJSON, getKey, setKey, streamChat } from "./api.js";
-import { addNode, branch, deleteConv, leaf, listConvs, newConv, putConv, validConv } from "./db.js";
+import { addNode, branch, deleteConv, getConv, leaf, listConvs, newConv, putConv, validConv } from "./db.js";
 import { hasMath, onMathReady, toHTML } from "./markdown.js";
 import { enabledTools, listTools, requestFields, setEnabledTools } from "./mcp.js";
 import { Icon } from "./icons.jsx";
@@ -259,7 +259,14 @@ function App() {
     setTimeout(() => setToast((t) => (t === msg ? null : t)), 4000);
   };
 
-  const refreshConvs = async () => setConvs(await listConvs());
+  const storeFailed = (e) => note(`conversations cannot be kept in this browser (IndexedDB: ${e?.message || e})`);
+  const refreshConvs = async () => {
+    try {
+      setConvs(await listConvs());
+    } catch (e) {
+      storeFailed(e);
+    }
+  };
 
   const refreshModels = async () => {
     try {
@@ -324,12 +331,16 @@ function App() {
 
   const save = async (c) => {
     c.updated = Date.now();
-    await putConv(c);
+    try {
+      await putConv(c);
+    } catch (e) {
+      return storeFailed(e); // the conversation goes on in memory
+    }
     await refreshConvs();
   };
 
   const open = async (id) => {
-    const c = liveConvs.current[id] || (await listConvs()).find((x) => x.id === id);
+    const c = liveConvs.current[id] || (await getConv(id));
     setConv(c || null);
     stick.current = true;
     if (mqPhone()) setSide(false);
