@@ -97,7 +97,7 @@ def image_prompt(llm: Any, text: str, images: list[str]) -> list[int]:
     from ..mtmd.prompt import prefill
 
     if llm.mtmd is None:
-        raise MtmdError("--image needs a multimodal projector: give --mmproj FILE")
+        raise MtmdError("--image/--audio need a multimodal projector: give --mmproj FILE")
     if MEDIA_MARKER not in text:
         text = MEDIA_MARKER * len(images) + text
     bitmaps = [llm.mtmd.bitmap_from_file(f) for f in images]
