@@ -209,9 +209,9 @@ class MtpDraft(LlamaDraftModel):
         self.n_draft, self.n_min, self.p_min = int(n_draft), int(n_min), float(p_min)
         self.mtp = model if isinstance(model, MtpModel) else MtpModel(model)  # (slots share one)
         self.n_embd = self.mtp.n_embd
-        params = ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(n_batch, 512), n_threads=n_threads,
-                               embeddings=True, pooling_type=0)  # fmt: skip
-        self.ctx = Context(self.mtp, params)  # type: ignore[arg-type]
+        self._params = ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(n_batch, 512),
+                                     n_threads=n_threads, embeddings=True, pooling_type=0)  # fmt: skip
+        self.ctx = Context(self.mtp, self._params)  # type: ignore[arg-type]
         self.tokens: list[int] = []  # positions the MTP cache holds, computed from the target's h
         self.hidden: dict[int, tuple[int, np.ndarray]] = {}  # target position -> (token, h row)
         self.n_drafted = 0
@@ -219,11 +219,24 @@ class MtpDraft(LlamaDraftModel):
 
     # -- the target's side -------------------------------------------------------------------------
     def bind(self, seq: Any) -> None:
-        """Have ``seq`` (the target's :class:`TokenSequence`) report its hidden states here."""
+        """Have ``seq`` (the target's :class:`TokenSequence`) report its hidden states here (the MTP
+        cache grows to the target's context first)."""
+        if int(seq.n_ctx) > self.ctx.n_ctx:
+            from ..context import Context
+
+            self._params.n_ctx = int(seq.n_ctx)
+            self.ctx = Context(self.mtp, self._params)  # type: ignore[arg-type]
+            self.tokens = []
         seq.set_hidden_tap(self.observe)
 
-    def observe(self, pos0: int, tokens: list[int], h: np.ndarray) -> None:
-        """The target evaluated ``tokens`` from position ``pos0``; ``h`` their normed hidden states."""
+    def observe(self, pos0: int, tokens: list[int], h: np.ndarray | None) -> None:
+        """The target evaluated ``tokens`` from position ``pos0``; ``h`` their normed hidden states
+        (``pos0`` -1: the target's context shifted, positions moved: start over)."""
+        if pos0 < 0 or h is None:
+            self.hidden.clear()
+            self.tokens = []
+            self.ctx.memory.seq_rm(0, -1, -1)
+            return
         for i, t in enumerate(tokens):
             self.hidden[pos0 + i] = (int(t), np.array(h[i], dtype=np.float32))
 

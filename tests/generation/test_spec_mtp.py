@@ -266,3 +266,22 @@ def test_server_slots_draft_with_mtp(files: dict[str, Path]) -> None:
     assert all(n > 0 for n in b.accepted) and all(d.n_drafted > 0 for d in drafts)
     with pytest.raises(MtpError):
         SlotDrafts(EngineLikeBackend(Model.load(files["llama"])), server_spec("mtp"))
+
+
+def test_mtp_through_a_context_shift(files: dict[str, Path]) -> None:
+    """A full context shifts (positions move down): the MTP draft starts over and stays exact."""
+    model = Model.load(files["glm4moe-copy"])
+
+    def run(draft: Any) -> list[int]:
+        seq = TokenSequence(
+            Context(model, ContextParams(n_ctx=256, n_batch=64)), context_shift=True, n_keep=4
+        )
+        steps = generate(seq, lambda z: int(np.argmax(z)), Vocab(), PROMPT, GenerationParams(max_tokens=300),
+                         draft_model=draft)  # fmt: skip
+        out = [s.token for s in steps if s.token is not None]
+        assert seq.n_shifted > 0
+        return out
+
+    draft = MtpDraft(model, n_ctx=256)
+    assert run(draft) == run(None)
+    assert draft.n_accepted > 100
