@@ -214,12 +214,18 @@ class LlamapyIngress:
         replica = start.get("replica", "")
 
         async def chunks() -> AsyncIterator[bytes]:
+            done = False
             try:
                 async for chunk in gen:
                     yield chunk
+                done = True
             except Exception as e:  # the replica died mid-stream: end the stream with an error event
+                done = True
                 log.warning("llamapy replica %s lost mid-stream on %s: %s", replica, path, e)
                 yield _error_chunk(path, f"the replica serving this stream was lost ({type(e).__name__})")
+            finally:
+                if not done:  # the client went away: the replica's app sees a disconnect and stops
+                    gen.cancel()
 
         resp = StreamingResponse(chunks(), status_code=start["status"])
         for k, v in headers:

@@ -128,6 +128,30 @@ def test_session_hint_keeps_short_requests_together(ray_serve: RayServe) -> None
     assert httpx.get(ray_serve.base_url + "/health", timeout=30).json()["routing"]["routed"]["session"] >= 2
 
 
+def _processing(rs: RayServe) -> float:
+    text = httpx.get(rs.base_url + "/metrics", timeout=30).text
+    return sum(
+        float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("llamapy:requests_processing{")
+    )
+
+
+def test_client_gone_mid_stream_stops_the_generation(ray_serve: RayServe) -> None:
+    body = {
+        "messages": [{"role": "user", "content": "Count from 1 to 500."}],
+        "max_tokens": 400,
+        "stream": True,
+    }
+    with httpx.stream("POST", ray_serve.base_url + "/v1/chat/completions", json=body, timeout=120) as r:
+        lines = r.iter_lines()
+        while not next(lines).startswith("data: {"):
+            pass
+        assert _processing(ray_serve) == 1
+    deadline = time.monotonic() + 10  # the client closed the connection: the replica's slot is freed
+    while _processing(ray_serve) != 0:
+        assert time.monotonic() < deadline, "the generation went on after its client left"
+        time.sleep(0.2)
+
+
 def _stream(rs: RayServe, i: int, out: dict[int, dict[str, Any]]) -> None:
     rec: dict[str, Any] = {"chunks": 0, "error": None, "done": False}
     out[i] = rec
