@@ -1,4 +1,4 @@
-"""One local Ray cluster for the session (2 CPUs, a small object store, no dashboard) with the llamapy
+"""One local Ray cluster for the cluster tests (2 CPUs, a small object store, no dashboard) with the llamapy
 application deployed: two replicas of SmolLM2, one thread each, behind the Serve proxy on a free port."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # one cluster for the module's tests, shut down when they are done
 def ray_serve(smollm2_path: Path) -> Iterator[RayServe]:
     import httpx
     import ray
