@@ -7,7 +7,8 @@ The encoder takes one 30 s window of log-mel ``F32[n_mel, 3000]`` (``audio.mel_c
 
 - ``ultravox``: the post norm, frames stacked by ``clip.audio.projector.stack_factor`` (zero-padded to a whole
   stack: ``ceil(1500 / s)`` tokens, as HF's ``StackAudioFrames``), RMS norm, linear, SwiGLU with the second half
-  gated (``silu(b) * a``), RMS norm, linear.
+  gated (``silu(b) * a``), RMS norm, linear. (llama.cpp counts 187 tokens for a stack of 8, one fewer than its
+  graph makes.)
 - ``qwen2a`` (Qwen2-Audio): 2-frame average pool, the post norm, one linear with bias: 750 tokens.
 - ``voxtral``: the post norm, frames stacked by 4, linear, GELU, linear: 375 tokens, as HF's
   ``VoxtralForConditionalGeneration`` and mistral-common. (llama.cpp also average-pools Voxtral's frames
@@ -125,6 +126,7 @@ def gelu_erf(x: Tensor) -> Tensor:
     for a in _ERF_A[3::-1]:
         poly = ops.mul(ops.scale(poly, 1.0, a), t)
     u2 = ops.mul(u, u)
+    u2 = ops.scale(ops.relu(ops.scale(u2, -1.0, 80.0)), -1.0, 80.0)  # min(u^2, 80): exp(-80) is 0 enough
     e = ops.div(ops.sigmoid(ops.scale(u2, -1.0)), ops.sigmoid(u2))  # exp(-u^2)
     erf_abs = ops.scale(ops.mul(poly, e), -1.0, 1.0)
     return ops.add(ops.scale(x, 0.5), ops.scale(ops.mul(ax, erf_abs), 0.5))

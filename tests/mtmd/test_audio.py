@@ -86,6 +86,22 @@ def test_mel_windows_follow_llama_cpp_counts() -> None:
         mel_chunks(np.zeros(0, np.float32), 80)
 
 
+def test_gelu_erf_is_exact_gelu() -> None:
+    from llamapy.ggml import ops
+    from llamapy.ggml.graph import Graph
+    from llamapy.ggml.sched import Scheduler
+    from llamapy.ggml.types import GGMLType
+    from llamapy.mtmd.audio_encoder import gelu_erf
+
+    x = np.concatenate([np.linspace(-12, 12, 4001), [-1e4, 1e4, 0.0]]).astype(np.float32).reshape(1, -1)
+    inp = ops.new_tensor(GGMLType.F32, x.shape, "x")
+    out = gelu_erf(inp)
+    sched = Scheduler()
+    sched.compute(Graph(out), {inp: x})
+    got, ref = sched.get(out), torch.nn.functional.gelu(torch.from_numpy(x).double()).numpy()
+    assert np.isfinite(got).all() and np.abs(got - ref).max() < 2e-6
+
+
 # -- encoders -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module", params=["ultravox", "qwen2a", "voxtral", "qwen2.5o"])
 def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> audio_tiny.TinyAudio:
