@@ -143,6 +143,9 @@ def _load_hparams(d: Path) -> dict[str, Any]:
 def _make_context(d: Path, hp: dict[str, Any], decl: HFConvert, file_type: int) -> Context:
     if "text_config" in hp and isinstance(hp["text_config"], dict):
         hp = {**hp, **hp["text_config"]}
+    hp = {k: v for k, v in hp.items() if k not in decl.drop_hparams}
+    if decl.adjust_hparams is not None:
+        hp = decl.adjust_hparams(hp)
     ctx = Context(d, hp, decl, file_type)
     ctx.block_count = ctx.find_hparam(["n_layers", "num_hidden_layers", "n_layer", "num_layers"])
     rp = dict(hp.get("rope_parameters", hp.get("rope_scaling")) or {})
@@ -609,8 +612,6 @@ def _metadata(
     meta.set_gguf_meta_model(kv)
     if ctx.decl.generic_params:
         generic_params(ctx, kv)
-    if ctx.decl.params is not None:
-        ctx.decl.params(ctx, kv)
     if ctx.decl.vocab_size_key:
         kv.add_vocab_size(ctx.hparams["vocab_size"])
     if ctx.decl.rope_dim_key:
@@ -618,6 +619,8 @@ def _metadata(
             ctx.hparams.get("head_dim") or ctx.hparams["hidden_size"] // ctx.hparams["num_attention_heads"]
         )
         kv.add_rope_dimension_count(rope_dim)
+    if ctx.decl.params is not None:
+        ctx.decl.params(ctx, kv)
     kv.add_quantization_version(gguf.GGML_QUANT_VERSION)
     try:
         ctx.kv = kv

@@ -40,6 +40,10 @@ class HFConvert:
     params: ParamsHook | None = None
     tensor: TensorHook | None = None
     skip: tuple[str, ...] = ()  # HF tensor names not converted (e.g. a tied lm_head)
+    drop_hparams: tuple[str, ...] = ()  # config.json keys ignored (Granite's head_dim)
+    adjust_hparams: Callable[[dict[str, Any]], dict[str, Any]] | None = (
+        None  # config.json as the family reads it
+    )
     vocab_size_key: bool = False  # also write {arch}.vocab_size (LlamaModel does)
     rope_dim_key: bool = False  # also write {arch}.rope.dimension_count = head_dim
     extra_tensors: Callable[[Any], Iterable[tuple[str, np.ndarray]]] | None = None  # before the weights

@@ -5,7 +5,7 @@ value (long arrays as a length and a hash), every tensor's name, ggml shape, typ
 Regenerate (needs llama.cpp's sdist with its gguf-py, torch, and the sentencepiece package on
 PYTHONPATH for the SentencePiece cases)::
 
-    PYTHONPATH=/path/to/sentencepiece python -m tests.convert.expect ~/.cache/llamapy/llamacpp/0.3.36
+    PYTHONPATH=/path/to/sentencepiece python -m tests.convert.expect ~/.cache/llamapy/llamacpp/0.3.36 [RUN_ID...]
 """
 
 from __future__ import annotations
@@ -37,6 +37,13 @@ RUNS: list[tuple[str, str, tuple[str, ...]]] = [
     ("gemma2", "f16", ()),
     ("gemma3", "f16", ()),
     ("phi3", "f32", ()),
+    ("smollm3", "f16", ()),
+    ("olmo2", "f16", ()),
+    ("granite", "f16", ()),
+    ("qwen2moe", "f16", ()),
+    ("starcoder2", "f16", ()),
+    ("command-r", "f16", ()),
+    ("gpt2", "f16", ()),
 ]
 
 
@@ -90,13 +97,15 @@ def differences(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
     return out
 
 
-def main(sdist: str) -> None:
+def main(sdist: str, only: list[str]) -> None:
     from tests.convert.hf_dirs import CASES, make_hf_dir
 
     EXPECT_DIR.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for case, outtype, flags in RUNS:
+            if only and run_id(case, outtype, flags) not in only:
+                continue
             d = make_hf_dir(CASES[case], root)
             out = root / f"{run_id(case, outtype, flags)}.gguf"
             cmd = [
@@ -118,4 +127,4 @@ def main(sdist: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])

@@ -108,6 +108,38 @@ CASES: dict[str, Case] = {
             gemma_norms=True,
         ),
         Case("phi3", "Phi3Config", _cfg(sliding_window=None), tokenizer="spm"),
+        Case("smollm3", "SmolLM3Config", _cfg(num_hidden_layers=5)),
+        Case("olmo2", "Olmo2Config", _cfg()),
+        Case(
+            "granite",
+            "GraniteConfig",
+            _cfg(
+                embedding_multiplier=3.0,
+                attention_multiplier=0.5,
+                residual_multiplier=0.6,
+                logits_scaling=4.0,
+            ),
+        ),
+        Case("starcoder2", "Starcoder2Config", _cfg(sliding_window=None, norm_epsilon=1e-5)),
+        Case(
+            "command-r", "CohereConfig", _cfg(logit_scale=0.5, layer_norm_eps=1e-5, tie_word_embeddings=True)
+        ),
+        Case(
+            "gpt2",
+            "GPT2Config",
+            dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, n_ctx=256, layer_norm_epsilon=1e-5),
+        ),
+        Case(
+            "qwen2moe",
+            "Qwen2MoeConfig",
+            _cfg(
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=64,
+                norm_topk_prob=False,
+            ),
+        ),
     ]
 }
 
@@ -224,7 +256,7 @@ def hf_config(case: Case, n_vocab: int) -> Any:
 
     kw = dict(case.config_kw, vocab_size=n_vocab)
     if case.tokenizer == "bpe":
-        kw.update(bos_token_id=50256, eos_token_id=50256)
+        kw.update(bos_token_id=50256, eos_token_id=50256, pad_token_id=None)
     else:
         kw.update(bos_token_id=1, eos_token_id=2, pad_token_id=None)
     return getattr(transformers, case.config_cls)(**kw)

@@ -77,7 +77,24 @@ def _our_logits(path: Path) -> np.ndarray:
     return np.asarray(ctx.get_logits(), dtype=np.float32).reshape(len(TOKENS), -1)
 
 
-@pytest.mark.parametrize("case", ["llama", "llama-spm", "qwen3moe", "gemma2", "gemma3", "phi3"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "llama",
+        "llama-spm",
+        "qwen3moe",
+        "qwen2moe",
+        "gemma2",
+        "gemma3",
+        "phi3",
+        "smollm3",
+        "olmo2",
+        "granite",
+        "starcoder2",
+        "command-r",
+        "gpt2",
+    ],
+)
 def test_logits_match_transformers(hf_dir, tmp_path: Path, case: str) -> None:
     d = hf_dir(case)
     out = tmp_path / "f32.gguf"

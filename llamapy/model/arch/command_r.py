@@ -6,6 +6,7 @@ global) and ropes only the sliding-window layers: the global ones are NoPE."""
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
+from ..hf import HFConvert
 from ..hparams import HParams, MetaReader, swa_pattern
 from . import Architecture, register
 from .llama import build_dense, load_dense_tensors
@@ -32,3 +33,21 @@ class CommandR(Architecture):
     def build(self, g: GraphBuilder) -> Outputs:
         scale = self.hp.f_logit_scale
         return build_dense(self, g, norm="layer", parallel=True, logit_scale=1.0 / scale if scale else 0.0)
+
+
+def _command_r_params(ctx, kv) -> None:
+    """CommandR2Model.set_gguf_parameters (after the common keys)."""
+    import gguf
+
+    kv.add_logit_scale(ctx.hparams["logit_scale"])
+    kv.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+
+
+def _command_r_hparams(hp: dict) -> dict:
+    # max_position_embeddings is 8192 in config.json, the models were trained on model_max_length
+    return {**hp, "max_position_embeddings": hp.get("model_max_length", hp["max_position_embeddings"])}
+
+
+HF_CONVERT = HFConvert(
+    "command-r", ("CohereForCausalLM",), params=_command_r_params, adjust_hparams=_command_r_hparams
+)

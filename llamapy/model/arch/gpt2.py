@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ...ggml import ops
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
+from ..hf import HFConvert
 from . import Architecture, register
 
 
@@ -55,3 +56,27 @@ class GPT2(Architecture):
         return g.output(
             x, w["output_norm.weight"], self.output_weight(), b_norm=w["output_norm.bias"], norm_kind="layer"
         )
+
+
+def _gpt2_params(ctx, kv) -> None:
+    """GPT2Model.set_gguf_parameters."""
+    hp = ctx.hparams
+    kv.add_block_count(ctx.block_count)
+    kv.add_context_length(hp["n_ctx"])
+    kv.add_embedding_length(hp["n_embd"])
+    kv.add_feed_forward_length(4 * hp["n_embd"])
+    kv.add_head_count(hp["n_head"])
+    kv.add_layer_norm_eps(hp["layer_norm_epsilon"])
+    kv.add_file_type(ctx.file_type)
+
+
+def _gpt2_tensor(ctx, name, data, bid):
+    """GPT2Model.modify_tensors: HF's Conv1D weights ([in, out]) transposed."""
+    if name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
+        data = data.T
+    return [(name, data)]
+
+
+HF_CONVERT = HFConvert(
+    "gpt2", ("GPT2LMHeadModel",), generic_params=False, params=_gpt2_params, tensor=_gpt2_tensor
+)

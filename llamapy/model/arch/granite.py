@@ -4,9 +4,12 @@ branch x residual_scale, logits / logit_scale. The MoE routes by softmax over th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..blocks import GraphBuilder, Outputs, TensorLoader
 from ..hparams import HParams, MetaReader
 from . import Architecture, register
+from .llama import HF_CONVERT as LLAMA_HF
 from .llama import build_dense, load_dense_tensors
 
 
@@ -35,3 +38,26 @@ class Granite(Architecture):
             residual_scale=hp.f_residual_scale or None,
             logit_scale=hp.f_logit_scale,
         )
+
+
+def _granite_params(ctx, kv) -> None:
+    """GraniteModel.set_gguf_parameters: the *_multiplier hparams as *_scale keys."""
+    hp = ctx.hparams
+    if v := hp.get("attention_multiplier"):
+        kv.add_attention_scale(v)
+    if v := hp.get("embedding_multiplier"):
+        kv.add_embedding_scale(v)
+    if v := hp.get("residual_multiplier"):
+        kv.add_residual_scale(v)
+    if v := hp.get("logits_scaling"):
+        kv.add_logit_scale(v)
+
+
+# GraniteModel is LlamaModel without head_dim (ignored) and with its scales
+HF_CONVERT = replace(
+    LLAMA_HF,
+    arch="granite",
+    hf_archs=("GraniteForCausalLM",),
+    params=_granite_params,
+    drop_hparams=("head_dim",),
+)

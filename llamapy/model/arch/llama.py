@@ -190,7 +190,7 @@ def _llama_rope_freqs(ctx):
 
 HF_CONVERT = HFConvert(
     "llama",
-    ("LLaMAForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "LlamaModel"),
+    ("LLaMAForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"),
     vocab=_llama_vocab,
     permute_qk=True,
     vocab_size_key=True,

@@ -4,6 +4,7 @@ inputs are not), q/k RMS-normed over the whole projection (not per head), neox r
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import Architecture, register
 from .llama import load_dense_tensors
@@ -30,3 +31,18 @@ class Olmo2(Architecture):
             h = g.build_norm(h, blk["post_ffw_norm.weight"], name="ffn_post_norm", il=il)
             x = g.cb(x + h, "l_out", il)
         return g.output(x, self.w["output_norm.weight"], self.output_weight())
+
+
+def _olmo2_params(ctx, kv) -> None:
+    """Olmo2Model.set_gguf_parameters: OLMo 3's window and its per-layer pattern."""
+    hp = ctx.hparams
+    if "sliding_window" in hp:
+        kv.add_sliding_window(hp["sliding_window"])
+        if "layer_types" in hp:
+            pattern = [t == "sliding_attention" for t in hp["layer_types"]]
+        else:
+            pattern = [(i + 1) % 4 != 0 for i in range(hp["num_hidden_layers"])]
+        kv.add_sliding_window_pattern(pattern)
+
+
+HF_CONVERT = HFConvert("olmo2", ("Olmo2ForCausalLM", "Olmo3ForCausalLM"), params=_olmo2_params)

@@ -23,4 +23,4 @@ class Qwen2(Architecture):
         return build_dense(self, g)
 
 
-HF_CONVERT = HFConvert("qwen2", ("Qwen2ForCausalLM", "Qwen2Model"), vocab="spm|gpt2")
+HF_CONVERT = HFConvert("qwen2", ("Qwen2ForCausalLM",), vocab="spm|gpt2")

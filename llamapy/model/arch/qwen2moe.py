@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError
 from . import Architecture, register
 from .llama import build_dense, load_dense_tensors
+from .qwen3 import qwen_moe_params
 
 
 @register("qwen2moe")
@@ -25,3 +27,6 @@ class Qwen2Moe(Architecture):
 
     def build(self, g: GraphBuilder) -> Outputs:
         return build_dense(self, g, shared_expert=True)
+
+
+HF_CONVERT = HFConvert("qwen2moe", ("Qwen2MoeForCausalLM",), params=qwen_moe_params)

@@ -24,7 +24,7 @@ class Qwen3(Architecture):
         return build_dense(self, g, qk_norm=True, moe_norm_w=self.hp.expert_weights_norm)
 
 
-def _qwen3moe_params(ctx, kv) -> None:
+def qwen_moe_params(ctx, kv) -> None:
     """Qwen2MoeModel.set_gguf_parameters: the expert FFN sizes."""
     if (n := ctx.hparams.get("moe_intermediate_size")) is not None:
         kv.add_expert_feed_forward_length(n)
@@ -33,6 +33,6 @@ def _qwen3moe_params(ctx, kv) -> None:
 
 
 HF_CONVERT = (
-    HFConvert("qwen3", ("Qwen3ForCausalLM", "Qwen3Model"), vocab="spm|gpt2"),
-    HFConvert("qwen3moe", ("Qwen3MoeForCausalLM",), vocab="gpt2", params=_qwen3moe_params),
+    HFConvert("qwen3", ("Qwen3ForCausalLM",), vocab="spm|gpt2"),
+    HFConvert("qwen3moe", ("Qwen3MoeForCausalLM",), vocab="gpt2", params=qwen_moe_params),
 )

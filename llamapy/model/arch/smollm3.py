@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..blocks import Rope
 from . import register
+from .llama import HF_CONVERT as LLAMA_HF
 from .llama import Llama
 
 
@@ -13,3 +16,7 @@ class SmolLM3(Llama):
 
     def layer_rope(self, il: int, n_ctx: int = 0) -> Rope | None:
         return None if (il + 1) % self.no_rope_layer_step == 0 else super().layer_rope(il, n_ctx)
+
+
+# SmolLM3Model is LlamaModel with its own arch name
+HF_CONVERT = replace(LLAMA_HF, arch="smollm3", hf_archs=("SmolLM3ForCausalLM",))

@@ -4,6 +4,7 @@ biases (c_fc, c_proj), output tied to the embeddings unless the file has ``outpu
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import Architecture, register
 from .llama import build_dense, load_dense_tensors
@@ -21,3 +22,6 @@ class StarCoder2(Architecture):
 
     def build(self, g: GraphBuilder) -> Outputs:
         return build_dense(self, g, norm="layer", ffn_act="gelu", gated_ffn=False)
+
+
+HF_CONVERT = HFConvert("starcoder2", ("Starcoder2ForCausalLM",))
