@@ -113,6 +113,18 @@ def test_anthropic_client_through_the_endpoint(ray_serve: RayServe) -> None:
     assert text == m.content[0].text
 
 
+def test_responses_and_ollama_apis_through_the_endpoint(ray_serve: RayServe) -> None:
+    import ollama
+
+    r = _client(ray_serve).responses.create(model="m", input="Name an animal.", max_output_tokens=8)
+    assert r.output_text
+    c = ollama.Client(host=ray_serve.base_url)
+    model = c.list().models[0].model
+    parts = [p.message.content for p in c.chat(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                               stream=True, options={"num_predict": 6})]  # fmt: skip
+    assert "".join(parts)
+
+
 def test_session_hint_keeps_short_requests_together(ray_serve: RayServe) -> None:
     # prompts shorter than one block: no prefix to match, the `user` hint decides
     seen = set()
