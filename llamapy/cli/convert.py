@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "GGUF file, as llama.cpp's convert_hf_to_gguf.py does.",
         allow_abbrev=False,
     )
-    p.add_argument("model", metavar="HF_DIR", help="the checkpoint directory")
+    p.add_argument("model", metavar="HF_DIR", help="the checkpoint directory (or a PEFT LoRA adapter's)")
     p.add_argument(
         "-o",
         "--outfile",
@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-name", help="general.name to write")
     p.add_argument("--metadata", metavar="FILE", help="a JSON file of general.* metadata overrides")
     p.add_argument("--imatrix", metavar="FILE", help="importance matrix for a quantize --outtype")
+    p.add_argument(
+        "--base", metavar="DIR", help="for a LoRA adapter: the base model's directory (its config.json)"
+    )
     p.add_argument("--force", action="store_true", help="overwrite the output file")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=run)
@@ -72,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         metadata_file=args.metadata,
         split_max_size=args.split_max_size,
         imatrix=args.imatrix,
+        base_model=args.base,
         progress=None if args.quiet else say,
     )
     total = 0

@@ -411,13 +411,20 @@ def convert(
     metadata_file: str | os.PathLike | None = None,
     split_max_size: int = 0,
     imatrix: str | os.PathLike | None = None,
+    base_model: str | os.PathLike | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ConvertResult:
     """Convert the checkpoint in ``hf_dir`` to GGUF at ``out`` (a file, or a directory for llama.cpp's
     default name ``<Name>-<Size>-<TYPE>.gguf``; default: in ``hf_dir``). ``outtype``: f32, f16, bf16,
     q8_0, auto (BF16 or F16 as the checkpoint stores its matrices), or a quantize mix (q4_k_m...: converted
     with auto, then quantized by ``llamapy.quantize.quantize_file`` with ``imatrix``). Raises
-    :class:`ConvertError` on bad input; nothing is left at ``out`` then."""
+    :class:`ConvertError` on bad input; nothing is left at ``out`` then. A PEFT LoRA adapter directory
+    (``adapter_config.json``) becomes a GGUF LoRA (``base_model``: the base model's directory, for its
+    config.json)."""
+    if (Path(hf_dir) / "adapter_config.json").is_file():  # a PEFT LoRA adapter
+        from .lora import convert_lora
+
+        return convert_lora(hf_dir, base_model, out, outtype, force=force, dry_run=dry_run)
     base, mix = _parse_outtype(outtype)
     if mix is None:
         return _convert(hf_dir, out, base, vocab_only, dry_run, force, model_name, metadata_file, split_max_size,

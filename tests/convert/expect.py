@@ -47,6 +47,10 @@ RUNS: list[tuple[str, str, tuple[str, ...]]] = [
 ]
 
 
+# PEFT LoRA adapters (hf_dirs.make_lora_dir) of a case: (case, --outtype), by convert_lora_to_gguf.py
+LORA_RUNS: list[tuple[str, str]] = [("llama-spm", "f32"), ("llama", "q8_0")]
+
+
 def run_id(case: str, outtype: str, flags: tuple[str, ...]) -> str:
     return "-".join([case, outtype, *(f.strip("-") for f in flags)])
 
@@ -98,7 +102,7 @@ def differences(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
 
 
 def main(sdist: str, only: list[str]) -> None:
-    from tests.convert.hf_dirs import CASES, make_hf_dir
+    from tests.convert.hf_dirs import CASES, make_hf_dir, make_lora_dir
 
     EXPECT_DIR.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,6 +128,19 @@ def main(sdist: str, only: list[str]) -> None:
                 json.dumps(desc, indent=1) + "\n"
             )
             print(run_id(case, outtype, flags), desc["file_sha256"])
+        for case, outtype in LORA_RUNS:
+            rid = f"lora-{case}-{outtype}"
+            if only and rid not in only:
+                continue
+            d = make_hf_dir(CASES[case], root)
+            ld = make_lora_dir(d, root, f"lora-{case}")
+            out = root / f"{rid}.gguf"
+            cmd = [sys.executable, "convert_lora_to_gguf.py", str(ld), "--base", str(d), "--outfile", str(out),
+                   "--outtype", outtype]  # fmt: skip
+            subprocess.run(cmd, cwd=sdist, check=True, capture_output=True)
+            desc = describe(out)
+            (EXPECT_DIR / f"{rid}.json").write_text(json.dumps(desc, indent=1) + "\n")
+            print(rid, desc["file_sha256"])
 
 
 if __name__ == "__main__":

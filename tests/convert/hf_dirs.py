@@ -346,3 +346,48 @@ def make_hf_dir(case: Case, root: Path) -> Path:
     }
     (d / "generation_config.json").write_text(json.dumps(gen, indent=2))
     return d
+
+
+def make_lora_dir(base: Path, root: Path, name: str = "lora", r: int = 4, alpha: float = 8.0) -> Path:
+    """A PEFT LoRA adapter of the checkpoint ``base`` (q, k, v, o and down projections of every layer),
+    written as PEFT writes it: adapter_config.json and adapter_model.safetensors (F32)."""
+    from safetensors.numpy import save_file
+
+    from llamapy.convert.safetensors import SafetensorsFile
+
+    d = root / name
+    if (d / "adapter_config.json").exists():
+        return d
+    d.mkdir(parents=True)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in sorted(base.glob("*.safetensors")):
+        sf = SafetensorsFile(f)
+        shapes.update({k: v.shape for k, v in sf.tensors.items()})
+        sf.close()
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "down_proj")
+    rng = np.random.default_rng(7)
+    tensors: dict[str, np.ndarray] = {}
+    for k, shape in sorted(shapes.items()):
+        mod = k.removesuffix(".weight")
+        if not mod.endswith(targets):
+            continue
+        n_out, n_in = shape
+        tensors[f"base_model.model.{mod}.lora_A.weight"] = rng.standard_normal(
+            (r, n_in), dtype=np.float32
+        ) / np.float32(math.sqrt(n_in))
+        tensors[f"base_model.model.{mod}.lora_B.weight"] = rng.standard_normal(
+            (n_out, r), dtype=np.float32
+        ) * np.float32(0.2)
+    save_file(tensors, str(d / "adapter_model.safetensors"), metadata={"format": "pt"})
+    cfg = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": str(base),
+        "r": r,
+        "lora_alpha": alpha,
+        "target_modules": list(targets),
+        "lora_dropout": 0.0,
+        "bias": "none",
+    }
+    (d / "adapter_config.json").write_text(json.dumps(cfg, indent=2))
+    return d

@@ -22,8 +22,8 @@ import pytest
 
 from llamapy.cli import main
 from llamapy.convert import ConvertError, convert
-from tests.convert.expect import EXPECT_DIR, RUNS, describe, differences, run_id
-from tests.convert.hf_dirs import CASES, make_hf_dir
+from tests.convert.expect import EXPECT_DIR, LORA_RUNS, RUNS, describe, differences, run_id
+from tests.convert.hf_dirs import CASES, make_hf_dir, make_lora_dir
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -56,6 +56,57 @@ def test_same_file_as_llama_cpp(
     diff = differences(got, want)
     assert not diff, "\n".join(diff)
     assert got["file_sha256"] == want["file_sha256"]
+
+
+@pytest.mark.parametrize(("case", "outtype"), LORA_RUNS, ids=[f"{c}-{t}" for c, t in LORA_RUNS])
+def test_lora_same_file_as_llama_cpp(hf_dir, hf_root: Path, tmp_path: Path, case: str, outtype: str) -> None:
+    want = json.loads((EXPECT_DIR / f"lora-{case}-{outtype}.json").read_text())
+    d = hf_dir(case)
+    ld = make_lora_dir(d, hf_root, f"lora-{case}")
+    out = tmp_path / "lora.gguf"
+    assert main(["convert", str(ld), "--base", str(d), "-o", str(out), "--outtype", outtype, "-q"]) == 0
+    got = describe(out)
+    diff = differences(got, want)
+    assert not diff, "\n".join(diff)
+    assert got["file_sha256"] == want["file_sha256"]
+
+
+def test_lora_applied_matches_merged_weights(hf_dir, hf_root: Path, tmp_path: Path) -> None:
+    """The converted adapter on the converted base (llamapy) = transformers with W + alpha/r B A."""
+    from safetensors.numpy import load_file
+
+    from llamapy.batch import Batch
+    from llamapy.context import Context, ContextParams
+    from llamapy.model import Model
+    from llamapy.model.lora import LoraAdapter
+
+    d = hf_dir("llama-spm")
+    ld = make_lora_dir(d, hf_root, "lora-llama-spm")
+    base, lora = tmp_path / "base.gguf", tmp_path / "lora.gguf"
+    convert(d, base, "f32")
+    convert(ld, lora, "f32", base_model=d)
+    model = Model.load(base)
+    ctx = Context(model, ContextParams(n_ctx=64, type_k="f32", type_v="f32"))
+    ctx.set_adapters_lora([(LoraAdapter.load(lora, model), 1.0)])
+    ctx.decode(Batch.from_tokens(TOKENS, logits_all=True))
+    got = np.asarray(ctx.get_logits(), dtype=np.float32).reshape(len(TOKENS), -1)
+
+    cfg = json.loads((ld / "adapter_config.json").read_text())
+    scale = cfg["lora_alpha"] / cfg["r"]
+    ab = load_file(str(ld / "adapter_model.safetensors"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        d, dtype=torch.float32, attn_implementation="eager"
+    )
+    sd = hf.state_dict()
+    with torch.no_grad():
+        for k, a in ab.items():
+            if ".lora_A." in k:
+                mod = k.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+                b = ab[k.replace(".lora_A.", ".lora_B.")]
+                sd[f"{mod}.weight"] += torch.from_numpy(scale * (b @ a))
+        ref = hf(input_ids=torch.tensor([TOKENS]), use_cache=False).logits[0].numpy()
+    err = float(np.abs(got - ref).max() / np.abs(ref).max())
+    assert err < TOL, f"max |diff| / max |logit| = {err:.2e}"
 
 
 def _hf_logits(d: Path) -> np.ndarray:
