@@ -243,15 +243,17 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
     add_spec_args(p)
 
 
-def add_spec_args(p: argparse.ArgumentParser) -> None:
-    """llama.cpp's self-speculative decoding flags (``--spec-type``; greedy output is unchanged)."""
+def add_spec_args(p: argparse.ArgumentParser, n_max: bool = True) -> None:
+    """llama.cpp's self-speculative decoding flags (``--spec-type``; greedy output is unchanged);
+    ``n_max``: also ``--spec-draft-n-max`` (serve has its own, shared with ``-md``)."""
     from ..generation.speculative import SPEC_TYPES
 
     g = p.add_argument_group("speculative decoding (the output is the same, faster when drafts hold)")
     g.add_argument("--spec-type", choices=SPEC_TYPES, default=None,
                    help="draft from n-grams of the text so far, or from the model's own MTP layer")  # fmt: skip
-    g.add_argument("--spec-draft-n-max", "--draft-max", dest="spec_n_max", type=_number(int, 1, what="count"),
-                   default=None, metavar="N", help="most tokens drafted per step (mtp: 3)")  # fmt: skip
+    if n_max:
+        g.add_argument("--spec-draft-n-max", "--draft-max", dest="spec_n_max", type=_number(int, 1, what="count"),
+                       default=None, metavar="N", help="most tokens drafted per step (mtp: 3)")  # fmt: skip
     for kind in ("simple", "map-k"):
         g.add_argument(f"--spec-ngram-{kind}-size-n", dest="spec_size_n", type=_number(int, 1, what="count"),
                        default=None, metavar="N", help=f"ngram-{kind}: key length (default 12)")  # fmt: skip

@@ -69,6 +69,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="least draft probability to keep drafting (default 0.75)")  # fmt: skip
     p.add_argument("-cd", "--ctx-size-draft", type=int, default=0, metavar="N",
                    help="the draft's context per slot (default: the slot's)")  # fmt: skip
+    from .common import add_spec_args
+
+    add_spec_args(p, n_max=False)  # --spec-type ngram-simple|ngram-map-k|mtp, --spec-ngram-* sizes
+    p.add_argument("--mmproj-cache-mb", type=float, default=None, metavar="MB",
+                   help="image/audio embeddings kept across requests and slots (default 256; 0: off)")  # fmt: skip
     p.add_argument("--lora", action="append", default=[], metavar="FILE", help="LoRA adapter (repeatable)")
     p.add_argument(
         "--lora-scaled", nargs=2, action="append", default=[], metavar=("FILE", "SCALE"),
@@ -289,6 +294,10 @@ def backend_factory(args: argparse.Namespace, model_path: Any, mmproj: str | Non
 
     template = chat_template(args)
     mmproj = mmproj or args.mmproj
+    if getattr(args, "spec_type", None) and not callable(model_path):  # fail at start-up, not at load
+        from ..generation.spec_server import check_spec_model
+
+        check_spec_model(args.spec_type, model_path)
     if args.reranking:  # as llama-server: --reranking is --embedding --pooling rank
         args.embeddings, args.pooling = True, "rank"
 
@@ -311,7 +320,9 @@ def backend_factory(args: argparse.Namespace, model_path: Any, mmproj: str | Non
         if mmproj:  # the vision encoder + projector next to the text model (llama-server --mmproj)
             from ..mtmd import MtmdContext
 
-            backend.mtmd = MtmdContext(mmproj, backend.model, n_threads=args.threads)  # type: ignore[attr-defined]
+            cache_mb = getattr(args, "mmproj_cache_mb", None)
+            cache = {} if cache_mb is None else {"cache_mb": cache_mb}
+            backend.mtmd = MtmdContext(mmproj, backend.model, n_threads=args.threads, **cache)  # type: ignore[attr-defined]
         return backend
 
     return factory
@@ -445,6 +456,12 @@ def _loras(args: argparse.Namespace) -> list[tuple[str, float]]:
 
 
 def _draft(args: argparse.Namespace) -> dict[str, Any] | None:
+    if getattr(args, "spec_type", None) and not args.model_draft:  # (llamapy.generation.spec_server)
+        from ..generation.spec_server import server_spec
+
+        n_draft = args.draft_max if args.draft_max != 16 else None  # (mtp: 3 unless --draft-max N)
+        return server_spec(args.spec_type, n_draft=n_draft, size_n=args.spec_size_n, size_m=args.spec_size_m,
+                           min_hits=args.spec_min_hits, n_threads=args.threads)  # fmt: skip
     if not args.model_draft:
         return None
     kw: dict[str, Any] = dict(model=args.model_draft, n_draft=args.draft_max, n_min=args.draft_min,

@@ -81,6 +81,28 @@ class SlotDrafts:
         b.decode = decode
 
 
+def check_spec_model(spec_type: str, path: str | Any) -> None:
+    """Before a server starts: raise :class:`~.mtp.MtpError` when ``--spec-type mtp`` is asked of a
+    model file whose metadata has no MTP layer (reads the header only)."""
+    if str(spec_type).strip().lower() not in ("mtp", "draft-mtp"):
+        return
+    import os
+
+    from ..gguf.reader import GGUFReader
+    from .mtp import MTP_ARCHS, MtpError
+
+    p = os.fspath(path)
+    if not os.path.isfile(p):
+        return  # (the load reports a missing file)
+    md = GGUFReader(p).metadata
+    arch = md.get("general.architecture")
+    if arch not in MTP_ARCHS or not int(md.get(f"{arch}.nextn_predict_layers", 0) or 0):
+        raise MtpError(
+            f"{p}: --spec-type mtp needs a model with next-token-prediction (MTP) layers "
+            f"({', '.join(MTP_ARCHS)} files with nextn_predict_layers > 0); this {arch} model has none"
+        )
+
+
 def server_spec(spec_type: str | None, **kw: Any) -> dict[str, Any] | None:
     """The backend's ``draft`` argument for ``--spec-type`` (None without one)."""
     if not spec_type:
@@ -94,4 +116,4 @@ def server_spec(spec_type: str | None, **kw: Any) -> dict[str, Any] | None:
     return {"spec_type": spec_type, **kw}
 
 
-__all__ = ["SlotDrafts", "server_spec"]
+__all__ = ["SlotDrafts", "check_spec_model", "server_spec"]

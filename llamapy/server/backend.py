@@ -119,10 +119,14 @@ class ContextBackend:
         # context over it (LlamaModelDraft keyword arguments besides "model")
         self._draft_kw = dict(draft or {})
         self._draft_model = None
+        # --spec-type (ngram-simple, ngram-map-k, mtp): per-slot drafts by llamapy.generation.spec_server
+        spec, self._spec_drafts = (self._draft_kw, None) if self._draft_kw.get("spec_type") else (None, None)
+        if spec is not None:
+            self._draft_kw = {}
         hp = self.model.hparams
-        if self._draft_kw and any(hp.is_recurrent(il) for il in range(hp.n_layer)):
+        if (self._draft_kw or spec) and any(hp.is_recurrent(il) for il in range(hp.n_layer)):
             raise ValueError(
-                "speculative decoding (-md) needs a memory that can drop rejected tokens; "
+                "speculative decoding (-md, --spec-type) needs a memory that can drop rejected tokens; "
                 f"{self.model.arch} keeps a recurrent state"
             )
         if self._draft_kw:
@@ -142,6 +146,10 @@ class ContextBackend:
         self.eos_text = v.token_text(v.eos) if v.eos >= 0 else ""
         self._template = template_for_model(self.model.metadata, self.bos_text, self.eos_text, chat_template)
         self.chat_template_source = self._template.source
+        if spec is not None:
+            from ..generation.spec_server import SlotDrafts
+
+            self._spec_drafts = SlotDrafts(self, spec)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return list(self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special))
@@ -192,7 +200,9 @@ class ContextBackend:
         return np.asarray(self.ctx.get_embeddings_seq(seq), dtype=np.float32)
 
     def make_draft(self) -> Any:
-        """A draft model for one slot (None without ``-md``)."""
+        """A draft model for one slot (None without ``-md`` or ``--spec-type``)."""
+        if self._spec_drafts is not None:
+            return self._spec_drafts.make()
         if self._draft_model is None:
             return None
         from ..generation.draft_model import LlamaModelDraft

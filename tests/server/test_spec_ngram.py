@@ -73,3 +73,13 @@ def test_bad_spec_flags_refused(smollm2_path) -> None:
         ContextBackend(str(smollm2_path), n_ctx=256, draft=server_spec("ngram-simple", size_n=0))
     with pytest.raises(LlamapyError, match="MTP"):
         ContextBackend(str(smollm2_path), n_ctx=256, draft=server_spec("mtp"))
+
+
+def test_serve_spec_type_mtp_without_mtp_layers_exits(smollm2_path, capfd) -> None:
+    """``llamapy serve --spec-type mtp`` on a model without MTP layers: ``error: ...``, exit 1, before
+    listening (the header is read, not the model)."""
+    from llamapy.cli import main
+
+    rc = main(["serve", "-m", str(smollm2_path), "--spec-type", "mtp", "--port", "0", "-c", "256"])
+    err = capfd.readouterr().err
+    assert rc == 1 and "error:" in err and "MTP" in err
