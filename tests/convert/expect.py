@@ -44,6 +44,7 @@ RUNS: list[tuple[str, str, tuple[str, ...]]] = [
     ("starcoder2", "f16", ()),
     ("command-r", "f16", ()),
     ("gpt2", "f16", ()),
+    ("lfm2", "f16", ()),
 ]
 
 

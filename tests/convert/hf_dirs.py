@@ -130,6 +130,18 @@ CASES: dict[str, Case] = {
             dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, n_ctx=256, layer_norm_epsilon=1e-5),
         ),
         Case(
+            "lfm2",
+            "Lfm2Config",
+            _cfg(
+                num_hidden_layers=4,
+                layer_types=["conv", "full_attention", "conv", "conv"],
+                block_auto_adjust_ff_dim=False,
+                norm_eps=1e-6,
+                conv_L_cache=3,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            ),
+        ),
+        Case(
             "qwen2moe",
             "Qwen2MoeConfig",
             _cfg(

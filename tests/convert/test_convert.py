@@ -144,6 +144,7 @@ def _our_logits(path: Path) -> np.ndarray:
         "starcoder2",
         "command-r",
         "gpt2",
+        "lfm2",
     ],
 )
 def test_logits_match_transformers(hf_dir, tmp_path: Path, case: str) -> None:

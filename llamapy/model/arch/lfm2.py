@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ...ggml import ops
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError
 from ..rs_blocks import build_shortconv
 from . import Architecture, register
@@ -87,3 +88,39 @@ class Lfm2(Architecture):
                 h = g.build_ffn(h, blk, il)
             x = g.cb(ops.add(x, h), "l_out", il)
         return g.output(x, self.w["token_embd_norm.weight"], self.output_weight())
+
+
+def _lfm2_hparams(hp: dict) -> dict:
+    """LFM2Model.set_gguf_parameters: head_count_kv per layer, 0 for the conv layers."""
+    kv = hp["num_key_value_heads"]
+    return {**hp, "num_key_value_heads": [kv if t != "conv" else 0 for t in hp["layer_types"]]}
+
+
+def _lfm2_params(ctx, kv) -> None:
+    hp = ctx.hparams
+    kv.add_vocab_size(hp["vocab_size"])
+    kv.add_shortconv_l_cache(hp["conv_L_cache"])
+    kv.add_layer_norm_rms_eps(hp["norm_eps"])
+    ff = ctx.find_hparam(["block_ff_dim", "intermediate_size"])
+    if hp["block_auto_adjust_ff_dim"]:
+        ff = int(2 * ff / 3)
+        if (mult := hp["block_ffn_dim_multiplier"]) is not None:
+            ff = int(mult * ff)
+        m = hp["block_multiple_of"]
+        ff = m * ((ff + m - 1) // m)
+    kv.add_feed_forward_length(ff)
+
+
+def _lfm2_tensor(ctx, name, data, bid):
+    if "conv.conv" in name:  # the conv op takes [C, L]
+        data = data.reshape(data.shape[0], *data.shape[2:]) if data.ndim == 3 and data.shape[1] == 1 else data
+    return [(name, data)]
+
+
+HF_CONVERT = HFConvert(
+    "lfm2",
+    ("Lfm2ForCausalLM", "LFM2ForCausalLM"),
+    params=_lfm2_params,
+    tensor=_lfm2_tensor,
+    adjust_hparams=_lfm2_hparams,
+)
