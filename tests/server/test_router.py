@@ -363,3 +363,16 @@ def test_models_dir_pairs_split_parts_and_mmproj(tmp_path: Path) -> None:
     assert specs["vis"].mmproj.endswith("vis/mmproj-F16.gguf")
     with pytest.raises(FileNotFoundError):
         scan_models_dir(tmp_path / "nope")
+
+
+def test_preset_with_a_hub_ref(hf_env: Path, tmp_path: Path) -> None:  # noqa: F811
+    preset = tmp_path / "hub.toml"
+    preset.write_text('[hubbed]\nmodel = "test/chat-GGUF"\n')
+    srv = Served(["--models-preset", str(preset)])
+    try:
+        assert srv.states() == {"hubbed": "unloaded"}
+        assert ask(srv, "hubbed")  # downloaded by the first request, then loaded
+        props = httpx.get(srv.url + "/props", params={"model": "hubbed"}).json()
+        assert str(hf_env) in props["model_path"] and srv.states() == {"hubbed": "loaded"}
+    finally:
+        srv.stop()
