@@ -192,8 +192,11 @@ def save_imatrix(im: Imatrix, path: str | os.PathLike) -> None:
             nmat = len(e.counts)
             if not len(e.sums) or not nmat:
                 continue
-            w.add_tensor(f"{name}.in_sum2", np.asarray(e.sums, dtype=np.float32).reshape(nmat, -1))
-            w.add_tensor(f"{name}.counts", np.asarray(e.counts, dtype=np.float32).reshape(nmat, 1))
+            # ggml drops trailing dimensions of 1: a dense weight's entry is 1-D, as llama-imatrix writes it
+            sums = np.asarray(e.sums, dtype=np.float32).reshape(nmat, -1)
+            counts = np.asarray(e.counts, dtype=np.float32).reshape(nmat, 1)
+            w.add_tensor(f"{name}.in_sum2", sums if nmat > 1 else sums.reshape(-1))
+            w.add_tensor(f"{name}.counts", counts if nmat > 1 else counts.reshape(-1))
         w.write()
         os.replace(tmp, path)
     except BaseException:

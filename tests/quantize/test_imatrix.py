@@ -96,6 +96,13 @@ def test_file_formats_roundtrip_and_combine(tmp_path):
         rng.random(4 * 32).astype(np.float32), np.array([10, 0, 5, 7])
     )
     save_imatrix(a, tmp_path / "a.gguf")
+    from llamapy.gguf.reader import GGUFReader
+
+    with GGUFReader(tmp_path / "a.gguf") as r:  # as llama-imatrix writes them: 1-D for a dense weight
+        shapes = {t.name: t.shape for t in r.tensors}
+    assert shapes["blk.0.ffn_up.weight.in_sum2"] == (64,) and shapes["blk.0.ffn_up.weight.counts"] == (1,)
+    assert shapes["blk.0.ffn_up_exps.weight.in_sum2"] == (4, 32)
+    assert shapes["blk.0.ffn_up_exps.weight.counts"] == (4, 1)
     b = load_imatrix(tmp_path / "a.gguf")
     assert not b.is_legacy and b.datasets == ["a.txt"] and (b.chunk_count, b.chunk_size) == (2, 512)
     for k, e in a.entries.items():
