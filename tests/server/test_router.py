@@ -129,6 +129,22 @@ def test_unknown_or_missing_model_names_the_known_ones(router: Served) -> None:
     assert ask(router, "ALPHA.gguf") == ask(router, "alpha")  # names as ollama's: case, .gguf, :latest
 
 
+def test_hostile_model_fields(router: Served) -> None:
+    url = router.url + "/v1/chat/completions"
+    msgs = [{"role": "user", "content": "hi"}]
+    for value, status in [(5, 400), (["alpha"], 400), ({"a": 1}, 400), ("", 400), (None, 400),
+                          ("x" * 1_000_000, 404), ("../alpha", 404), ("alpha\u0000", 404)]:  # fmt: skip
+        t0 = time.monotonic()
+        r = httpx.post(url, json={"model": value, "messages": msgs}, timeout=30)
+        assert r.status_code == status, (value if len(str(value)) < 20 else "long", r.text[:200])
+        assert len(r.text) < 2000 and time.monotonic() - t0 < 5  # (the name is cut in the message)
+    r = httpx.post(router.url + "/v1/messages", json={"model": "nope", "max_tokens": 5, "messages": msgs})
+    assert r.status_code == 404 and r.json()["type"] == "error"  # Anthropic's shape under /v1/messages
+    r = httpx.post(router.url + "/api/chat", json={"model": "nope", "messages": msgs})
+    assert r.status_code == 404 and "known models" in r.json()["error"]  # ollama's shape under /api/
+    assert ask(router, "alpha")
+
+
 def test_per_model_endpoints(router: Served) -> None:
     ask(router, "alpha")
     assert httpx.get(router.url + "/health").json() == {"status": "ok"}
@@ -273,6 +289,10 @@ def test_bad_preset_is_a_startup_error(
     preset.write_text("[alpha]\nport = 1\n")
     assert main(["serve", "--models-preset", str(preset), "--no-webui"]) == 1
     assert "whole server" in capsys.readouterr().err
+    assert main(["serve", "--models-dir", str(models_dir), "--keep-alive", "soon", "--no-webui"]) == 1
+    assert "--keep-alive must be a duration" in capsys.readouterr().err
+    assert main(["serve", "--models-dir", str(tmp_path / "none"), "--no-webui"]) == 1
+    assert "not a folder" in capsys.readouterr().err
 
 
 def test_pull_from_the_hub(models_dir: Path, hf_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
