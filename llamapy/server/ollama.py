@@ -724,9 +724,9 @@ def add_routes(app: FastAPI, state: Any) -> None:
         return vecs, sum(ev.n_prompt for ev in finals)
 
     if router is not None:
-        from .router import add_ollama_store_routes  # /api/pull, /api/delete, /api/copy over the router
+        from .ollama_store import add_routes as add_store_routes  # /api/pull, /api/delete, /api/copy
 
-        add_ollama_store_routes(app, state)
+        add_store_routes(app, state)
         return
 
     @app.post("/api/pull")

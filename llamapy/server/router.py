@@ -251,9 +251,9 @@ class Router:
             )
         if given in self._entries:
             return self._entries[given]
-        want = _norm(given)
+        want = norm_name(given)
         for name, m in self._entries.items():
-            if _norm(name) == want:
+            if norm_name(name) == want:
                 return m
         shown = given if len(given) <= 80 else given[:77] + "..."
         raise APIError(404, f"model {shown!r} not found; known models: {self.names()}", param=what)
@@ -469,7 +469,7 @@ class Router:
         return out
 
 
-def _norm(name: str) -> str:
+def norm_name(name: str) -> str:
     n = name.lower()
     if n.endswith(":latest"):
         n = n[: -len(":latest")]
@@ -572,111 +572,3 @@ def add_routes(app: FastAPI, state: Any) -> None:
         else:
             m.keep_alive = 0.0  # unloaded as soon as its requests are answered
         return {"success": True}
-
-
-def add_ollama_store_routes(app: FastAPI, state: Any) -> None:
-    """ollama's ``/api/pull`` (a Hub ref or a known name, through :mod:`llamapy.hub`), ``/api/delete``
-    and ``/api/copy`` over the router's models."""
-    from fastapi.responses import StreamingResponse
-
-    from .inputs import parsed_body
-    from .ollama import ndjson
-
-    router: Router = state.router
-
-    def field_of(body: Any, *keys: str) -> str:
-        if not isinstance(body, dict):
-            raise bad_request("the body must be a JSON object")
-        for k in keys:
-            v = body.get(k)
-            if isinstance(v, str) and v:
-                return v
-        raise bad_request(f"'{keys[0]}' is required", keys[0])
-
-    @app.post("/api/pull")
-    async def pull(request: Request) -> Any:
-        body = await parsed_body(request, lambda b: b)
-        name = field_of(body, "model", "name")
-        stream = body.get("stream", True)
-        if not isinstance(stream, bool):
-            raise bad_request("'stream' must be a boolean", "stream")
-        if router.pull_spec is None:
-            raise APIError(501, "this server cannot pull models")
-
-        def work() -> ModelSpec:
-            try:
-                return router.pull_spec(name)  # type: ignore[misc]
-            except APIError:
-                raise
-            except Exception as e:
-                raise APIError(400 if "not found" in str(e) else 502, f"pull {name}: {e}") from None
-
-        if not stream:
-            spec = await asyncio.to_thread(work)
-            router.add(spec)
-            return {"status": "success"}
-
-        async def events() -> Any:
-            yield ndjson({"status": "pulling manifest"})
-            task = asyncio.ensure_future(asyncio.to_thread(work))
-            while not task.done():
-                await asyncio.wait({task}, timeout=1.0)
-                if not task.done():
-                    yield ndjson({"status": f"pulling {name}"})
-            try:
-                spec = task.result()
-            except APIError as e:
-                yield ndjson({"error": e.message})
-                return
-            path = spec.path or spec.model
-            size = os.path.getsize(path) if os.path.exists(path) else 0
-            digest = "sha256:" + _digest(path)
-            yield ndjson(
-                {"status": f"pulling {digest[7:19]}", "digest": digest, "total": size, "completed": size}
-            )
-            yield ndjson({"status": "verifying sha256 digest"})
-            router.add(spec)
-            yield ndjson({"status": "writing manifest"})
-            yield ndjson({"status": "success"})
-
-        return StreamingResponse(events(), media_type="application/x-ndjson")
-
-    @app.delete("/api/delete")
-    async def delete(request: Request) -> Any:
-        from fastapi.responses import Response
-
-        body = await parsed_body(request, lambda b: b)
-        m = router.find(field_of(body, "model", "name"))
-        spec = router.specs[m.name]
-        router.remove(m.name)
-        if spec.source == "pull":  # a downloaded model leaves the store too (files given to the server stay)
-            from ..hub.store import remove
-
-            try:
-                await asyncio.to_thread(remove, spec.model)
-            except Exception as e:  # already gone, or not a store model
-                log.info("delete %s: %s", spec.model, e)
-        return Response(status_code=200)
-
-    @app.post("/api/copy")
-    async def copy(request: Request) -> Any:
-        from fastapi.responses import Response
-
-        body = await parsed_body(request, lambda b: b)
-        src = router.find(field_of(body, "source"), "source")
-        dest = field_of(body, "destination")
-        if _norm(dest) == _norm(src.name):
-            raise bad_request("'destination' must differ from 'source'", "destination")
-        s = router.specs[src.name]
-        router.add(ModelSpec(dest, s.model, s.mmproj, dict(s.args), "copy"))
-        return Response(status_code=200)
-
-
-def _digest(path: str) -> str:
-    import hashlib
-
-    try:
-        st = os.stat(path)
-        return hashlib.sha256(f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime}".encode()).hexdigest()
-    except OSError:
-        return hashlib.sha256(path.encode()).hexdigest()
