@@ -221,8 +221,9 @@ def vocab_base_pre(tok: Any) -> str:
     return PRE_HASHES[h]
 
 
-def set_vocab_gpt2(kv: Any, d: Path, vocab_size: int | None) -> int:
-    """``_set_vocab_gpt2`` / ``get_vocab_base`` with the tokenizers package instead of transformers."""
+def set_vocab_gpt2(kv: Any, d: Path, vocab_size: int | None, special: dict[str, str] | None = None) -> int:
+    """``_set_vocab_gpt2`` / ``get_vocab_base`` with the tokenizers package instead of transformers;
+    ``special``: special token types set to added tokens (by content) where the files set none (GLM-4's)."""
     tok = _load_bpe(d)
     vocab: dict[str, int] = tok.get_vocab(with_added_tokens=True)
     n = vocab_size if vocab_size is not None else len(vocab)
@@ -257,14 +258,27 @@ def set_vocab_gpt2(kv: Any, d: Path, vocab_size: int | None) -> int:
     kv.add_tokenizer_pre(pre)
     kv.add_token_list(tokens)
     kv.add_token_types(types)
-    SpecialVocab(d, load_merges=True).add_to_gguf(kv, quiet=True)
+    sv = SpecialVocab(d, load_merges=True, special_token_types=_special_types(special))
+    for typ, content in (special or {}).items():
+        added_vocab = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
+        if content not in added_vocab:
+            raise ConvertError(f"the tokenizer has no added token {content!r}, which this architecture needs")
+        sv._set_special_token(typ, added_vocab[content])
+    sv.add_to_gguf(kv, quiet=True)
     return n
 
 
-def set_vocab(kv: Any, d: Path, kind: str, vocab_size: int | None) -> None:
+def _special_types(special: dict[str, str] | None) -> Any:
+    base = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+    return None if not special else base + tuple(t for t in special if t not in base)
+
+
+def set_vocab(
+    kv: Any, d: Path, kind: str, vocab_size: int | None, special: dict[str, str] | None = None
+) -> None:
     """``kind``: "spm" (tokenizer.model), "gpt2" (tokenizer.json), "spm|gpt2" (the first present), "phi3"
     (Phi-3's SentencePiece variant)."""
     if kind in ("spm", "phi3") or (kind == "spm|gpt2" and (d / "tokenizer.model").is_file()):
         set_vocab_sentencepiece(kv, d, vocab_size, phi3=kind == "phi3")
     else:
-        set_vocab_gpt2(kv, d, vocab_size)
+        set_vocab_gpt2(kv, d, vocab_size, special)

@@ -45,6 +45,7 @@ RUNS: list[tuple[str, str, tuple[str, ...]]] = [
     ("command-r", "f16", ()),
     ("gpt2", "f16", ()),
     ("lfm2", "f16", ()),
+    ("glm4", "bf16", ()),
 ]
 
 

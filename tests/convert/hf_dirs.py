@@ -33,7 +33,7 @@ class Case:
     name: str
     config_cls: str
     config_kw: dict[str, Any] = field(default_factory=dict)
-    tokenizer: str = "bpe"  # "bpe" (tokenizer.json, GPT-2's) or "spm" (tokenizer.model, LLaMA's)
+    tokenizer: str = "bpe"  # "bpe" (tokenizer.json, GPT-2's), "bpe-glm" (+ GLM chat tokens), "spm" (LLaMA's)
     shards: int = 1
     dtype: str = "F32"  # "F32" or "BF16" (safetensors dtype)
     gemma_norms: bool = False  # norms stored as w (used as 1 + w)
@@ -141,6 +141,7 @@ CASES: dict[str, Case] = {
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
             ),
         ),
+        Case("glm4", "Glm4Config", _cfg(head_dim=16), tokenizer="bpe-glm"),
         Case(
             "qwen2moe",
             "Qwen2MoeConfig",
@@ -169,8 +170,9 @@ def _vocab_gguf(name: str) -> dict[str, Any]:
                 for k, v in md.items()}  # fmt: skip
 
 
-def write_bpe_tokenizer(d: Path) -> int:
-    """GPT-2's tokenizer.json (byte-level BPE), rebuilt from llama.cpp's vocab file; returns its size."""
+def write_bpe_tokenizer(d: Path, extra_special: tuple[str, ...] = ()) -> int:
+    """GPT-2's tokenizer.json (byte-level BPE), rebuilt from llama.cpp's vocab file, with ``extra_special``
+    added tokens after it; returns its size."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
     md = _vocab_gguf("gpt-2")
@@ -180,7 +182,9 @@ def write_bpe_tokenizer(d: Path) -> int:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in ("<|endoftext|>", *extra_special)]
+    )
     tok.save(str(d / "tokenizer.json"))
     cfg = {
         "tokenizer_class": "GPT2Tokenizer",
@@ -192,7 +196,7 @@ def write_bpe_tokenizer(d: Path) -> int:
         "model_max_length": 256,
     }
     (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
-    return len(tokens)
+    return len(tokens) + len(extra_special)
 
 
 def _pb_varint(n: int) -> bytes:
@@ -267,7 +271,7 @@ def hf_config(case: Case, n_vocab: int) -> Any:
     import transformers
 
     kw = dict(case.config_kw, vocab_size=n_vocab)
-    if case.tokenizer == "bpe":
+    if case.tokenizer.startswith("bpe"):
         kw.update(bos_token_id=50256, eos_token_id=50256, pad_token_id=None)
     else:
         kw.update(bos_token_id=1, eos_token_id=2, pad_token_id=None)
@@ -295,6 +299,7 @@ def random_state(case: Case, shapes: dict[str, tuple[int, ...]], tied: bool) -> 
 
 _TOKENIZER_FILES = {
     "bpe": ("tokenizer.json", "tokenizer_config.json"),
+    "bpe-glm": ("tokenizer.json", "tokenizer_config.json"),
     "spm": ("tokenizer.model", "tokenizer_config.json"),
 }
 
@@ -306,7 +311,10 @@ def _write_tokenizer(kind: str, d: Path, root: Path) -> int:
     cache = root / f".tokenizer-{kind}"
     if not (cache / "n_vocab").is_file():
         cache.mkdir(parents=True, exist_ok=True)
-        n = write_bpe_tokenizer(cache) if kind == "bpe" else write_spm_tokenizer(cache)
+        if kind == "spm":
+            n = write_spm_tokenizer(cache)
+        else:  # GLM-4's chat tokens added
+            n = write_bpe_tokenizer(cache, ("<|user|>", "<|assistant|>") if kind == "bpe-glm" else ())
         (cache / "n_vocab").write_text(str(n))
     for f in _TOKENIZER_FILES[kind]:
         shutil.copyfile(cache / f, d / f)

@@ -145,6 +145,7 @@ def _our_logits(path: Path) -> np.ndarray:
         "command-r",
         "gpt2",
         "lfm2",
+        "glm4",
     ],
 )
 def test_logits_match_transformers(hf_dir, tmp_path: Path, case: str) -> None:

@@ -5,6 +5,7 @@ q/k/v biases, a fused [gate | up] SwiGLU feed-forward; optional fused qkv."""
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hf import HFConvert
 from . import Architecture, register
 
 
@@ -47,3 +48,19 @@ class Glm4(Architecture):
             h = g.build_norm(h, blk["post_ffw_norm.weight"], name="post_mlp_norm", il=il)
             x = g.cb(x + h, "l_out", il)
         return g.output(x, self.w["output_norm.weight"], self.output_weight())
+
+
+def _glm4_vocab(ctx, kv) -> None:
+    """Glm4Model.set_vocab: BPE; eos, unk and bos <|endoftext|>, eot <|user|> (where the files set none)."""
+    eot = "<|endoftext|>"
+    ctx.set_vocab("gpt2", {"eos": eot, "eot": "<|user|>", "unk": eot, "bos": eot})
+
+
+def _glm4_params(ctx, kv) -> None:
+    """Glm4Model.set_gguf_parameters: rope over a part of the head (half by default)."""
+    hp = ctx.hparams
+    rope_dim = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
+    kv.add_rope_dimension_count(int(rope_dim * ctx.rope_parameters.get("partial_rotary_factor", 0.5)))
+
+
+HF_CONVERT = HFConvert("glm4", ("Glm4ForCausalLM",), vocab=_glm4_vocab, params=_glm4_params)
