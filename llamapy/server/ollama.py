@@ -318,6 +318,11 @@ def _arguments(text: str) -> dict[str, Any]:
     return v if isinstance(v, dict) else {"value": v}
 
 
+def load_ns(request: Request) -> int:
+    """Nanoseconds this request waited for its model to load (router mode; 0 when it was loaded)."""
+    return int(request.scope.get("llamapy.load_seconds", 0.0) * 1e9)
+
+
 class OllamaFormatter(BaseFormatter):
     """ollama's answer objects and NDJSON stream (for ``_generate``): ``kind`` "chat" or "generate"."""
 
@@ -326,6 +331,7 @@ class OllamaFormatter(BaseFormatter):
 
     def __init__(self, model: str, kind: str, t0: float, logprobs: bool = False) -> None:
         self.model, self.kind, self.t0, self.logprobs = model, kind, t0, logprobs
+        self.load_ns = 0
         self.calls: dict[int, list[str]] = {}  # streamed tool calls by index: [name, arguments]
 
     def _piece(self, content: str, thinking: str = "", calls: list[dict[str, Any]] | None = None) -> dict:
@@ -349,7 +355,7 @@ class OllamaFormatter(BaseFormatter):
             done=True,
             done_reason=_done_reason(ev),
             total_duration=int((time.perf_counter() - self.t0) * 1e9),
-            load_duration=0,  # the model is loaded before the server answers
+            load_duration=self.load_ns,  # (router mode: the wait for this request's model to load)
             prompt_eval_count=ev.n_prompt,
             prompt_eval_duration=int(ev.prompt_ms * 1e6),
             eval_count=ev.n_predicted,
@@ -620,6 +626,7 @@ def add_routes(app: FastAPI, state: Any) -> None:
         body, req, n_predict = await parsed_body(request, plan)
         keep(m, body.keep_alive)
         fmt = OllamaFormatter(body.model, "chat", t0, body.logprobs)
+        fmt.load_ns = load_ns(request)
         return await run_chat(request, m, req, n_predict, fmt)
 
     @app.post("/api/generate")
@@ -639,6 +646,7 @@ def add_routes(app: FastAPI, state: Any) -> None:
         if body.context:
             raise not_supported("'context' (send the conversation to /api/chat instead)", "context")
         fmt = OllamaFormatter(body.model, "generate", t0, body.logprobs)
+        fmt.load_ns = load_ns(request)
         if not body.prompt and not body.images and body.suffix is None:  # ollama: load the model, say so
             return {"model": body.model, "created_at": _now(), "response": "", "done": True,
                     "done_reason": "unload" if unloads(body.keep_alive) else "load"}  # fmt: skip

@@ -286,7 +286,10 @@ class Router:
                     503,
                     f'model {m.name!r} is not loaded ({why}): POST /models/load {{"model": "{m.name}"}} first',
                 )
+            t0 = time.perf_counter()
             await self.ensure_loaded(m)
+            if request is not None:
+                request.scope["llamapy.load_seconds"] = time.perf_counter() - t0
         m.last_used = time.monotonic()
         m.ready()
         return m

@@ -235,6 +235,9 @@ def test_ollama_routes_pick_the_model(router: Served, capsys: pytest.CaptureFixt
 def test_ollama_keep_alive_zero_unloads_after_the_answer(router: Served) -> None:
     router.ollama.generate(model="beta", prompt="Hello", options={"num_predict": 3}, keep_alive=0)
     wait_for(lambda: router.states()["beta"] == "unloaded", timeout=10)
+    r = router.ollama.generate(model="beta", prompt="Hello", options={"num_predict": 3}, keep_alive=0)
+    assert 0 < r.load_duration < r.total_duration  # it waited for beta to load
+    wait_for(lambda: router.states()["beta"] == "unloaded", timeout=10)
     r = router.ollama.generate(model="beta", prompt="", keep_alive="5m")  # ollama's "load this model"
     assert r.done_reason == "load" and router.states()["beta"] == "loaded"
 
