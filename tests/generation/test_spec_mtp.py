@@ -110,7 +110,7 @@ def _run(model: Model, draft: Any, sample: Any = None, n: int = 32) -> list[int]
     return [s.token for s in steps if s.token is not None]
 
 
-@pytest.mark.parametrize("name", ["glm4moe", "deepseek2", "qwen35"])
+@pytest.mark.parametrize("name", ["glm4moe"])  # (deepseek2, qwen35: identity checked with their -copy files)
 def test_greedy_identical_with_mtp_drafts(files: dict[str, Path], name: str) -> None:
     model = Model.load(files[name])
     assert model.hparams.n_layer_nextn == 1
