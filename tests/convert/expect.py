@@ -46,6 +46,7 @@ RUNS: list[tuple[str, str, tuple[str, ...]]] = [
     ("gpt2", "f16", ()),
     ("lfm2", "f16", ()),
     ("glm4", "bf16", ()),
+    ("mistral3", "f16", ()),
 ]
 
 

@@ -143,6 +143,24 @@ CASES: dict[str, Case] = {
         ),
         Case("glm4", "Glm4Config", _cfg(head_dim=16), tokenizer="bpe-glm"),
         Case(
+            "mistral3",
+            "Ministral3Config",
+            _cfg(
+                head_dim=16,
+                rope_parameters={
+                    "rope_type": "yarn",
+                    "rope_theta": 10000.0,
+                    "factor": 16.0,
+                    "original_max_position_embeddings": 16,
+                    "beta_fast": 32.0,
+                    "beta_slow": 1.0,
+                    "mscale": 1.0,
+                    "mscale_all_dim": 1.0,
+                    "llama_4_scaling_beta": 0.5,
+                },
+            ),
+        ),
+        Case(
             "qwen2moe",
             "Qwen2MoeConfig",
             _cfg(

@@ -146,6 +146,7 @@ def _our_logits(path: Path) -> np.ndarray:
         "gpt2",
         "lfm2",
         "glm4",
+        "mistral3",
     ],
 )
 def test_logits_match_transformers(hf_dir, tmp_path: Path, case: str) -> None:

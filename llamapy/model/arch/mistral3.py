@@ -9,8 +9,10 @@ import dataclasses
 import math
 
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
+from ..hf import HFConvert
 from ..hparams import HParams, MetaReader, ModelLoadError
 from . import Architecture, register
+from .llama import HF_CONVERT as LLAMA_HF
 from .llama import build_dense, load_dense_tensors
 
 
@@ -44,3 +46,19 @@ class Mistral3(Architecture):
         if hp.f_attn_temp_scale:
             temp = g.inp_attn_temp(hp.f_attn_temp_scale, hp.n_attn_temp_floor_scale, hp.f_attn_temp_offset)
         return build_dense(self, g, moe_norm_w=True, attn_temp=temp)
+
+
+def _ministral3_params(ctx, kv) -> None:
+    """Mistral3Model.Ministral3Model.set_gguf_parameters: yarn's log multiplier, the attention temperature."""
+    rp = ctx.rope_parameters
+    if ctx.hparams.get("model_type") == "ministral3":
+        if not rp or rp.get("rope_type") != "yarn":
+            raise ValueError("ministral3's rope_parameters must be yarn")
+        kv.add_rope_scaling_yarn_log_mul(rp["mscale_all_dim"])
+        kv.add_attn_temperature_scale(rp["llama_4_scaling_beta"])
+
+
+# Ministral 3 (text): LlamaModel with its own arch name and yarn keys
+HF_CONVERT: HFConvert = dataclasses.replace(
+    LLAMA_HF, arch="mistral3", hf_archs=("Ministral3ForCausalLM",), params=_ministral3_params
+)
