@@ -6,7 +6,8 @@ tokens (not timed; filled once per test, then restored from a saved state before
 the test reads ``pp512 @ d4096``. Each test runs once as warm-up and then ``-r`` times; tokens/s per
 sample, their mean and standard deviation are reported as a Markdown table or JSON records with
 llama-bench's field names.
-``--profile`` adds where the time of generated tokens goes (cProfile of one tg run, by function).
+``--profile`` adds where the time of generated tokens goes (cProfile of one tg run, by function), after the
+mat-vec kernels' read rate (GB/s) per weight type.
 """
 
 from __future__ import annotations
@@ -173,7 +174,8 @@ def markdown(records: list[dict[str, Any]]) -> str:
 
 
 def profile_tg(model_path: str, n_gen: int, n_threads: int | None, top: int = 25, n_depth: int = 0) -> str:
-    """cProfile of ``n_gen`` generated tokens (after ``n_depth`` tokens of context), sorted by own time."""
+    """cProfile of ``n_gen`` generated tokens (after ``n_depth`` tokens of context), sorted by own time, after
+    a table of the mat-vec kernels' read rate per weight type (``kernel_rates``)."""
     import cProfile
     import io
     import pstats
@@ -191,8 +193,53 @@ def profile_tg(model_path: str, n_gen: int, n_threads: int | None, top: int = 25
     out = io.StringIO()
     at = f" @ d{n_depth}" if n_depth else ""
     out.write(f"tg{n_gen}{at}: {n_gen / secs[0]:.2f} t/s ({1e3 * secs[0] / n_gen:.2f} ms/token)\n")
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    stats = pstats.Stats(prof, stream=out)
+    out.write(kernel_rates(model_path, stats, n_gen + 1) + "\n")  # run_test's warm-up token too
+    stats.sort_stats("tottime").print_stats(top)
     return out.getvalue()
+
+
+def weight_bytes_by_type(model_path: str) -> dict[str, float]:
+    """Bytes of weight matrices one generated token reads, by GGML type (the token embedding only when it is
+    also the output; MoE expert tensors by ``n_expert_used / n_expert``)."""
+    from ..gguf.reader import GGUFReader
+
+    r = GGUFReader(model_path)
+    arch = r.get("general.architecture")
+    n_exp, n_used = r.get(f"{arch}.expert_count"), r.get(f"{arch}.expert_used_count")
+    frac = int(n_used) / int(n_exp) if n_exp and n_used else 1.0
+    names = {t.name for t in r.tensors}
+    out: dict[str, float] = {}
+    for t in r.tensors:
+        if len(t.ne) < 2 or (t.name == "token_embd.weight" and "output.weight" in names):
+            continue
+        out[t.ggml_type.name] = out.get(t.ggml_type.name, 0.0) + t.nbytes * (
+            frac if "_exps" in t.name else 1.0
+        )
+    return out
+
+
+def kernel_rates(model_path: str, stats: Any, n_tokens: int) -> str:
+    """Per weight type: bytes read per token, the time of the CPU mat-vec kernels named for the type
+    (``mm*_<type>`` in ``llamapy/ggml/cpu``) and the GB/s that makes."""
+    import re
+
+    by_type = weight_bytes_by_type(model_path)
+    rows = ["type        MB/token   kernels (calls)                          ms/token    GB/s"]
+    for tname, nbytes in sorted(by_type.items(), key=lambda kv: -kv[1]):
+        tn = tname.lower()
+        secs, used = 0.0, []
+        for (fname, _, func), (_, ncalls, tottime, *_rest) in stats.stats.items():
+            cpu_dir = "ggml/cpu" in fname.replace(os.sep, "/")
+            if cpu_dir and func.startswith("mm") and re.search(rf"_{tn}(?![0-9a-z])", func):
+                secs += tottime
+                used.append(f"{func} ({ncalls})")
+        rate = f"{nbytes * n_tokens / secs / 1e9:7.2f}" if secs else "      -"
+        ms = f"{1e3 * secs / n_tokens:8.3f}" if secs else "       -"
+        rows.append(
+            f"{tname:10} {nbytes / 1e6:9.2f}   {', '.join(used) or '(none named for it)':40} {ms}  {rate}"
+        )
+    return "\n".join(rows) + "\n"
 
 
 def _int_list(s: str) -> list[int]:
@@ -247,6 +294,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-o", "--output", choices=("md", "json", "jsonl"), default="md")
     p.add_argument("--profile", action="store_true", help="also profile a tg run (time by function)")
+    p.add_argument("--profile-top", type=int, default=25, help="rows of the --profile table (default 25)")
     p.set_defaults(func=run)
 
 
@@ -271,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
         print(markdown(recs))
     if args.profile:
         n = max(args.n_gen or [32])
-        print(profile_tg(path, n, args.threads, n_depth=max(args.n_depth or [0])), file=sys.stderr)
+        print(profile_tg(path, n, args.threads, args.profile_top, max(args.n_depth or [0])), file=sys.stderr)
     if any(not math.isfinite(r["avg_ts"]) for r in recs):
         return 1
     return 0

@@ -1,0 +1,365 @@
+"""What every benchmark shares: the machine line, llama.cpp's binaries, starting either server, interleaved
+rounds with medians, timed child processes (wall time, peak RSS), the measured read bandwidth, the bytes a
+generated token reads, and result files (Markdown + JSON under ``benchmarks/results/``).
+
+- ``machine_line()``: ``AMD EPYC 9B14; 2 cores; flags: avx avx2 fma f16c avx512f ...`` (``load=True`` appends
+  the load average; ``python=True`` the Python version).
+- ``llamacpp_bin(arch)``: the one place that says where llama.cpp's tools are. ``LLAMACPP_BIN`` (a directory)
+  wins; else ``~/.cache/llamapy/llamacpp/<LLAMACPP_VERSION>/build[-avx2]/bin`` (``arch="avx2"`` or
+  ``LLAMACPP_ARCH=avx2``), as ``benchmarks/build_llamacpp.sh`` builds it. ``llamacpp_tool(name)`` /
+  ``require_tool(name)``: one tool, or ``None`` / a clear exit.
+- ``start_server(tool, model, args)``: ``llama-server`` or ``llamapy serve`` on a free port, waited for until
+  ``/health`` answers 200; a context manager (``.base``, ``.proc``, ``.seconds`` to healthy, ``.stderr_tail()``).
+- ``interleave(rounds, tools)``: (round, tool) with the order alternating round to round; ``median``.
+- ``run_timed(cmd)``: wall seconds and peak RSS (MiB) of one child process (``os.wait4``'s rusage).
+- ``read_bandwidth(threads)``: GB/s of a parallel sum over a large array (the bandwidth limit's denominator).
+- ``bytes_per_token(path)``: weight bytes one generated token reads (MoE experts by ``n_used / n_expert``).
+- ``write_results(name, markdown, data)``: ``benchmarks/results/<name>.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import deque
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+CACHE = Path(
+    os.environ.get(
+        "LLAMAPY_CACHE", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llamapy"
+    )
+)
+MODELS_DIR = CACHE / "models"
+BENCH_CACHE = CACHE / "bench"
+LLAMACPP_VERSION = os.environ.get("LLAMACPP_VERSION", "0.3.36")
+SIMD_FLAGS = re.compile(r"avx|avx2|fma|f16c|avx_vnni|avx512\w*|amx\w*")
+
+# -- the machine ------------------------------------------------------------------------------------
+
+
+def _cpuinfo() -> tuple[str, list[str]]:
+    cpu, flags = "", []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and not cpu:
+                cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = line.split(":", 1)[1].split()
+            if cpu and flags:
+                break
+    except OSError:
+        pass
+    return cpu or platform.processor() or platform.machine(), flags
+
+
+def cpu_model() -> str:
+    return _cpuinfo()[0]
+
+
+def cpu_flags() -> list[str]:
+    """The vector extensions of the CPU (AVX, AVX2, FMA, F16C, AVX-VNNI, AVX-512*, AMX*), in cpuinfo's order."""
+    return [f for f in _cpuinfo()[1] if SIMD_FLAGS.fullmatch(f)]
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def machine_line(load_avg: bool = False, python: bool = False) -> str:
+    """``<CPU model>; <n> cores; flags: <SIMD flags>`` (+ ``; load average ...``, ``; Python x.y.z``)."""
+    line = f"{cpu_model()}; {os.cpu_count()} cores; flags: {' '.join(cpu_flags()) or 'none'}"
+    numba_cpu = os.environ.get("NUMBA_CPU_NAME")
+    if numba_cpu:
+        line += f"; Numba target {numba_cpu}"
+    if load_avg:
+        line += f"; load average {load()}"
+    if python:
+        line += f"; Python {platform.python_version()}"
+    return line
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+# -- llama.cpp's binaries ------------------------------------------------------------------------------
+
+
+def llamacpp_bin(arch: str | None = None) -> Path:
+    """The directory of llama.cpp's tools: ``$LLAMACPP_BIN``, else the cache build for ``arch`` (``native`` or
+    ``avx2``; default ``$LLAMACPP_ARCH`` or native)."""
+    env = os.environ.get("LLAMACPP_BIN")
+    if env:
+        return Path(env)
+    arch = arch or os.environ.get("LLAMACPP_ARCH", "native")
+    build = "build-avx2" if arch == "avx2" else "build"
+    return CACHE / "llamacpp" / LLAMACPP_VERSION / build / "bin"
+
+
+def llamacpp_tool(name: str, arch: str | None = None) -> Path | None:
+    p = llamacpp_bin(arch) / name
+    return p if p.is_file() and os.access(p, os.X_OK) else None
+
+
+def require_tool(name: str, arch: str | None = None) -> Path:
+    p = llamacpp_tool(name, arch)
+    if p is None:
+        a = "LLAMACPP_ARCH=avx2 " if (arch or os.environ.get("LLAMACPP_ARCH")) == "avx2" else ""
+        raise SystemExit(
+            f"error: {name} not found in {llamacpp_bin(arch)} "
+            f"(build it: {a}LLAMACPP_TOOLS={name} benchmarks/build_llamacpp.sh {LLAMACPP_VERSION})"
+        )
+    return p
+
+
+def llamapy_cmd(*args: str) -> list[str]:
+    """``python -m llamapy ...`` with this interpreter."""
+    return [sys.executable, "-m", "llamapy", *args]
+
+
+# -- servers ------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A running ``llama-server`` or ``llamapy serve``; stop() (or leaving the ``with``) ends it."""
+
+    def __init__(self, cmd: list[str], port: int, env: dict[str, str] | None = None, timeout: float = 300,
+                 log: Path | None = None) -> None:  # fmt: skip
+        self.cmd, self.base = cmd, f"http://127.0.0.1:{port}"
+        self._tail: deque[str] = deque(maxlen=50)
+        self._log = open(log, "w") if log else None  # noqa: SIM115 (open for the server's lifetime)
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True, errors="replace")  # fmt: skip
+        threading.Thread(target=self._read, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"{cmd[0]} exited ({self.proc.returncode}): {self.stderr_tail()[-800:]}")
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the server did not become healthy in {timeout:.0f} s: {' '.join(cmd)}")
+            time.sleep(0.05)
+        self.seconds = time.perf_counter() - t0  # start until /health said ok
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self._tail.append(line)
+            if self._log:
+                self._log.write(line)
+                self._log.flush()
+
+    def stderr_tail(self) -> str:
+        return "".join(self._tail)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def server_cmd(
+    tool: str, model: str | Path, args: Sequence[str] = (), port: int = 0, arch: str | None = None
+) -> list[str]:
+    """The command line of ``tool`` (``llama.cpp`` or ``llamapy``) serving ``model`` on 127.0.0.1:``port``."""
+    common = ["-m", str(model), "--host", "127.0.0.1", "--port", str(port), *args]
+    if tool == "llama.cpp":
+        return [str(require_tool("llama-server", arch)), *common]
+    if tool == "llamapy":
+        return llamapy_cmd("serve", *common)
+    raise ValueError(f"unknown server {tool!r} (llama.cpp or llamapy)")
+
+
+def start_server(tool: str, model: str | Path, args: Sequence[str] = (), *, env: dict[str, str] | None = None,
+                 timeout: float = 300, log: Path | None = None, arch: str | None = None) -> Server:  # fmt: skip
+    """Start ``llama-server`` (``tool="llama.cpp"``) or ``llamapy serve`` (``"llamapy"``) on a free port with
+    ``args`` (e.g. ``["-c", "1024", "-t", "2", "-np", "1"]``); returns once ``/health`` is 200."""
+    port = free_port()
+    return Server(server_cmd(tool, model, args, port, arch), port, env=env, timeout=timeout, log=log)
+
+
+# -- rounds, medians, timed processes -----------------------------------------------------------------
+
+
+def interleave(rounds: int, tools: Sequence[str]) -> Iterator[tuple[int, str]]:
+    """(round, tool) for ``rounds`` rounds, the tools' order reversed every other round (A B, B A, ...)."""
+    for r in range(rounds):
+        for tool in tools if r % 2 == 0 else tuple(reversed(tools)):
+            yield r, tool
+
+
+def median(xs: Sequence[float]) -> float:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def run_timed(
+    cmd: Sequence[str], env: dict[str, str] | None = None, timeout: float | None = None
+) -> dict[str, Any]:
+    """Run ``cmd`` (stdin closed, output discarded); ``{"seconds", "rss_mb", "rc"}``: its wall time and peak
+    resident memory (of the process itself, from ``wait4``'s rusage)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            proc.kill()
+            pid, status, ru = os.wait4(proc.pid, 0)
+            break
+        time.sleep(0.005)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return {"seconds": time.perf_counter() - t0, "rss_mb": ru.ru_maxrss / 1024, "rc": proc.returncode}
+
+
+def run_json(cmd: Sequence[str], env: dict[str, str] | None = None, timeout: float | None = None) -> Any:
+    """Run ``cmd`` and parse its stdout as JSON (llama-bench / ``llamapy bench -o json``); None on failure."""
+    try:
+        r = subprocess.run(list(cmd), env=env, capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return None
+    if r.returncode != 0:
+        sys.stderr.write(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-600:]}\n")
+        return None
+    try:
+        return json.loads(r.stdout)
+    except json.JSONDecodeError:
+        return None
+
+
+# -- bandwidth and bytes per token ----------------------------------------------------------------------
+
+
+def read_bandwidth(threads: int = 2, mib: int = 1024, reps: int = 5) -> float:
+    """GB/s (1e9 bytes/s) of a ``threads``-thread sum over ``mib`` MiB of float32, best of ``reps``."""
+    import numba
+    import numpy as np
+
+    from llamapy._numba import set_num_threads
+
+    @numba.njit(parallel=True, fastmath=True, cache=False)
+    def _sum(a: Any) -> float:  # pragma: no cover - compiled
+        n = a.shape[0]
+        chunks = 64
+        acc = np.zeros(chunks)
+        step = (n + chunks - 1) // chunks
+        for c in numba.prange(chunks):
+            s = 0.0
+            for i in range(c * step, min(n, (c + 1) * step)):
+                s += a[i]
+            acc[c] = s
+        return acc.sum()
+
+    set_num_threads(threads)
+    a = np.ones(mib * 2**20 // 4, dtype=np.float32)
+    _sum(a[:1024])
+    best = min(_timed(_sum, a) for _ in range(reps))
+    return a.nbytes / best / 1e9
+
+
+def _timed(f: Any, a: Any) -> float:
+    t0 = time.perf_counter()
+    f(a)
+    return time.perf_counter() - t0
+
+
+def bytes_per_token(path: str | Path) -> int:
+    """Weight bytes one generated token reads: every matrix once (the token embedding only if it is also the
+    output), MoE expert tensors (``*_exps``) by ``n_expert_used / n_expert``; the KV cache not counted."""
+    from llamapy.gguf.reader import GGUFReader
+
+    r = GGUFReader(path)
+    arch = r.get("general.architecture")
+    n_exp, n_used = r.get(f"{arch}.expert_count"), r.get(f"{arch}.expert_used_count")
+    frac = (int(n_used) / int(n_exp)) if n_exp and n_used else 1.0
+    names = {t.name for t in r.tensors}
+    total = 0.0
+    for t in r.tensors:
+        if t.name == "token_embd.weight" and "output.weight" in names:
+            continue  # a row lookup, not a matrix read
+        if len(t.shape) < 2 and not t.name.endswith("_exps.weight"):
+            continue  # norms and biases: negligible, and read from cache
+        total += t.n_bytes * (frac if "_exps" in t.name else 1.0)
+    return int(total)
+
+
+# -- result files --------------------------------------------------------------------------------------
+
+
+def write_results(
+    name: str, markdown: str, data: Any = None, out_dir: Path = RESULTS
+) -> tuple[Path, Path | None]:
+    """``<out_dir>/<name>.md`` (and ``<name>.json`` when ``data`` is given); returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = out_dir / f"{name}.md"
+    md.write_text(markdown if markdown.endswith("\n") else markdown + "\n")
+    js = None
+    if data is not None:
+        js = out_dir / f"{name}.json"
+        js.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    return md, js
+
+
+@contextlib.contextmanager
+def env_vars(**kv: str | None) -> Iterator[None]:
+    """Set (or with None, unset) environment variables for the block."""
+    old = {k: os.environ.get(k) for k in kv}
+    try:
+        for k, v in kv.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
