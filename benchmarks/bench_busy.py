@@ -22,20 +22,10 @@ import os  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks.harness import llamacpp_bin, machine_line  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def machine() -> str:
-    cpu, flags = "", []
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not cpu:
-                cpu = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and not flags:
-                flags = [f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "fma", "amx"))]
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores, {cpu}; flags: {' '.join(flags)}"
 
 
 def hog() -> subprocess.Popen:
@@ -73,7 +63,7 @@ def llamapy(model: str, n: int, reps: int, threads: int | None) -> tuple[float, 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", default="smollm2-135m-instruct")
-    ap.add_argument("--bin", default=str(Path.home() / ".cache/llamapy/llamacpp/0.3.36/build/bin"))
+    ap.add_argument("--bin", default=str(llamacpp_bin()))
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("-r", type=int, default=5)
     args = ap.parse_args()
@@ -85,7 +75,7 @@ def main() -> int:
     tools = [("llama.cpp", lambda t: llama_cpp(args.bin, model, args.n, args.r, t))]
     tools.append(("llamapy", lambda t: llamapy(model, args.n, args.r, t)))
     print(f"# tg{args.n} on a busy machine: {Path(model).name}\n")
-    print(f"- machine: {machine()}; load average at start {os.getloadavg()}\n")
+    print(f"- machine: {machine_line()}; load average at start {os.getloadavg()}\n")
     print("| tool | threads | no hog t/s | one-core hog t/s | kept |")
     print("| --- | --- | ---: | ---: | ---: |")
     for name, fn in tools:

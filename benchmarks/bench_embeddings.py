@@ -18,7 +18,6 @@ import argparse
 import glob
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -26,6 +25,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks.harness import machine_line  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -128,7 +130,7 @@ def main() -> None:
         print(f"llama.cpp: prompt eval {ref['prompt_eval_s']:.2f} s -> {ref['emb_per_s']:.1f} embeddings/s "
               f"(whole process {ref['process_s']:.2f} s); llamapy/llama.cpp speed "
               f"{mine['emb_per_s'] / ref['emb_per_s']:.2f}x; cosine min {np.nanmin(cos):.5f}")  # fmt: skip
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+    print(f"machine: {machine_line()}; "
           f"load average {os.getloadavg()[0]:.1f}; threads {args.threads}, best of {args.runs}")  # fmt: skip
 
 

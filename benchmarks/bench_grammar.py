@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks.harness import machine_line  # noqa: E402
 
 MODELS = {"smollm2": "smollm2-135m-instruct", "gemma3": "gemma3-270m"}
 
@@ -99,10 +103,7 @@ def main() -> None:
     for m in args.model or list(MODELS):
         path = str(hub.pull(MODELS[m], quiet=True)) if m in MODELS else m
         bench(m, path, args.steps)
-    print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"load average {os.getloadavg()[0]:.1f}"
-    )
+    print(f"machine: {machine_line()}; load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -35,26 +36,11 @@ from llamapy.ggml.cpu.backend import CPUBackend
 from llamapy.ggml.quants import quantize
 from llamapy.ggml.types import TRAITS, row_size
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks.harness import machine_line  # noqa: E402
+
 TYPES = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k"]
 SHAPES = ["4864x896", "896x4864", "262144x640"]
-
-
-def machine_line() -> str:
-    """CPU model and vector extensions from /proc/cpuinfo (else the platform's name)."""
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                if flags and model:
-                    break
-    except OSError:
-        pass
-    ext = [e for e in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni") if e in flags]
-    return f"{model} ({', '.join(ext) or 'no AVX2'}), {os.cpu_count()} cpus"
 
 
 def bandwidth(nbytes: int = 500_000_000, reps: int = 5) -> float:
@@ -112,9 +98,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     sched = Scheduler([CPUBackend(args.threads)])
     bw = bandwidth()
-    print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, threads={args.threads}"
-    )
+    print(f"machine: {machine_line()}, threads={args.threads}")
     print(f"load average: {os.getloadavg()}")
     print(f"numpy sum over 500 MB: {bw:.2f} GB/s")
     print(f"{'type':6} {'shape':>12} {'us/call':>10} {'GB/s':>7} {'% of sum':>9} {'GMAC/s':>7}")

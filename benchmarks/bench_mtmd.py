@@ -34,6 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks.harness import machine_line  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 CACHE = Path(os.environ.get("LLAMAPY_CACHE", Path.home() / ".cache" / "llamapy"))
@@ -139,21 +142,6 @@ def time_llamacpp(
     return best
 
 
-def machine_line() -> str:
-    cpu, flags = "?", []
-    try:
-        for ln in Path("/proc/cpuinfo").read_text().splitlines():
-            if ln.startswith("model name") and cpu == "?":
-                cpu = ln.split(":", 1)[1].strip()
-            if ln.startswith("flags") and not flags:
-                flags = [
-                    f for f in ln.split(":", 1)[1].split() if re.fullmatch(r"avx|avx2|fma|f16c|avx512\w*", f)
-                ]
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores, {cpu}; flags: {' '.join(flags)}; load {os.getloadavg()[0]:.2f}"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="224,384,896")
@@ -167,7 +155,7 @@ def main() -> int:
     args = ap.parse_args()
     cli = find_mtmd_cli(args.llama_cpp)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    machine = machine_line()  # the load before this run's own work
+    machine = machine_line(load_avg=True)  # the load before this run's own work
     head = (
         "| size px | patch | patches | tokens | llamapy ms | llama.cpp ms | time ratio llamapy / llama.cpp |"
     )

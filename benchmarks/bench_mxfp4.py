@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -27,7 +28,10 @@ from llamapy.gguf import GGUFValueType
 from llamapy.gguf.writer import GGUFWriter
 
 ARCH = "gpt-oss"
-LLAMA_BENCH = Path.home() / ".cache/llamapy/llamacpp/0.3.36/build/bin/llama-bench"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks.harness import llamacpp_bin  # noqa: E402
+
+LLAMA_BENCH = llamacpp_bin() / "llama-bench"
 
 
 def _q(rng: np.random.Generator, shape: tuple[int, ...], t: GGMLType, scale: float) -> np.ndarray:

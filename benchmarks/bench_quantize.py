@@ -30,7 +30,9 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-BIN = Path.home() / ".cache/llamapy/llamacpp/0.3.36/build-avx2/bin"
+from benchmarks.harness import llamacpp_bin  # noqa: E402
+
+BIN = llamacpp_bin("avx2")
 EXPECT = ROOT / "tests/data/quantize"
 # every mix of the issue (aliases Q3_K, Q4_K, Q5_K are the _M mixes)
 MIXES = (

@@ -50,9 +50,12 @@ from llamapy.gguf import GGUFValueType
 from llamapy.gguf.reader import GGUFReader
 from llamapy.gguf.writer import GGUFWriter
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks.harness import llamacpp_bin, machine_line  # noqa: E402
+
 ARCH = "qwen35"
 ROOT = Path(__file__).resolve().parents[1]
-LLAMA_BENCH = Path.home() / ".cache/llamapy/llamacpp/0.3.36/build/bin/llama-bench"
+LLAMA_BENCH = llamacpp_bin() / "llama-bench"
 BENCH_DIR = Path.home() / ".cache/llamapy/bench"
 VOCAB = ROOT.parent / "shared" / "vocab" / "ggml-vocab-qwen35.gguf"
 RESULTS = ROOT / "benchmarks" / "results" / "qwen35.md"
@@ -262,22 +265,6 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _machine() -> str:
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        for line in lscpu.splitlines():
-            k, _, v = line.partition(":")
-            if k.strip() == "Model name":
-                model = v.strip()
-            elif k.strip() == "Flags":
-                flags = set(v.split())
-    except OSError:
-        pass
-    simd = ", ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags)
-    return f"{model}; {os.cpu_count()} CPUs; {simd or 'no AVX2'}"
-
-
 def run_all(
     types: list[GGMLType],
     plans: list[Plan],
@@ -343,7 +330,7 @@ def report(
         f"Written by `python -m benchmarks.bench_qwen35{flags}` on {when}."
         + (" **QUICK CHECK of the script: not a measurement.**" if args.quick else ""),
         "",
-        f"- machine: {_machine()}",
+        f"- machine: {machine_line()}",
         f"- load average (1/5/15 min) before each round and at the end: {' | '.join(run['loads'])}",
         f"- llama.cpp: `{LLAMA_BENCH}` (build {lc.get('build_commit', '?')} / {lc.get('build_number', '?')}, "
         f"{lc.get('backends', '?')}, {lc.get('cpu_info', '?')})",

@@ -24,29 +24,19 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import socket  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 import httpx  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks.harness import machine_line  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results" / "ray.md"
 TOPICS = ["the sea", "a mountain", "a city at night", "an old library", "a desert", "a forest", "rain",
           "a train", "the moon", "a market", "winter", "a garden", "a bridge", "a lighthouse", "a river",
           "a festival"]  # fmt: skip
-
-
-def machine() -> str:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu or platform.processor()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
 
 
 def load() -> str:
@@ -162,7 +152,7 @@ def main() -> int:
         port = s.getsockname()[1]
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     base = f"http://127.0.0.1:{port}"
-    lines = [f"# llamapy on Ray Serve ({machine()})", "",
+    lines = [f"# llamapy on Ray Serve ({machine_line(python=True)})", "",
              f"SmolLM2-135M-Instruct Q4_1, replicas of `-t 1 -np 2`, local cluster `num_cpus=2`; "
              f"max_tokens {args.max_tokens}; load average at start {load()} (other work shares these CPUs).", ""]  # fmt: skip
     tput: dict[tuple[int, int], tuple[float, int, float]] = {}

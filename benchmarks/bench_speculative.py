@@ -28,6 +28,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks.harness import machine_line  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -39,15 +42,6 @@ PROMPT = (
     )
     + "def get_address(self):\n"
 )
-
-
-def machine_line() -> str:
-    cpu = next(
-        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?"
-    )
-    flags = next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), [])
-    keep = [f for f in flags if re.fullmatch(r"avx|avx2|fma|f16c|avx_vnni|avx512\w*", f)]
-    return f"{os.cpu_count()} cores, {cpu}; flags: {' '.join(keep)}; load {os.getloadavg()[0]:.2f}"
 
 
 def llamapy_run(target: str, draft: object, n: int, threads: int) -> tuple[float, str, dict]:
@@ -129,7 +123,7 @@ def mtp_section(a: argparse.Namespace) -> list[str]:
     lines = [
         "## MTP drafts (`--spec-type mtp`) on synthetic models",
         "",
-        f"- machine at the start: {machine_line()}",
+        f"- machine at the start: {machine_line(load_avg=True)}",
         f"- glm4moe and qwen35 (hybrid) with {a.mtp_layers} trunk layers, hidden {a.mtp_hidden}, vocabulary "
         f"256, F32, one MTP layer; {a.n} greedy tokens after a 64-token prompt, {a.threads} threads; "
         "scale 0: the MTP layer predicts the model exactly, 0.35: the context changes some choices",
@@ -249,7 +243,7 @@ def main() -> int:
     lines = [
         "# Speculative decoding, llamapy and llama.cpp side by side",
         "",
-        f"- machine: {machine_line()}",
+        f"- machine: {machine_line(load_avg=True)}",
         f"- command: `python benchmarks/bench_speculative.py --target {a.target} "
         f"{'--draft ' + a.draft if a.draft else ''} -n {a.n} -r {a.rounds} -t {a.threads}`",
         f"- target {Path(target).name}, draft {Path(draft).name}; greedy; tokens/s of generation "

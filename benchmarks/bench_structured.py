@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
 from llamapy import Llama, LlamaGrammar, hub
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks.harness import machine_line  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -43,9 +47,7 @@ def main() -> None:
     ap.add_argument("-r", type=int, default=3)
     ap.add_argument("-t", type=int, default=2)
     args = ap.parse_args()
-    print(
-        f"# {platform.machine()} {platform.processor() or ''} python {platform.python_version()}, -t {args.t}"
-    )
+    print(f"# {machine_line(python=True)}, -t {args.t}")
     grammar = LlamaGrammar.from_json_schema(json.dumps(SCHEMA))
     for name in ("smollm2-135m-instruct", "gemma3-270m"):
         llm = Llama(str(hub.pull(name, quiet=True)), n_ctx=512, n_threads=args.t, verbose=False)

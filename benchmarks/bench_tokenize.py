@@ -17,11 +17,13 @@ sys.path[:] = [p for p in sys.path if p not in ("", __file__.rsplit("/", 1)[0])]
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import resource  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks.harness import machine_line  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -75,7 +77,7 @@ def main() -> None:
         print(f"{m}: {r['bytes']} bytes -> {r['tokens']} tokens; process wall {wall:.2f} s, cpu {cpu:.2f} s "
               f"(import {r['import_s']:.2f}, load {r['load_s']:.2f}, tokenize {r['tokenize_s']:.2f})"
               + (f"; llama.cpp {ref:.2f} s -> {wall / ref:.2f}x" if ref else ""))  # fmt: skip
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+    print(f"machine: {machine_line()}; "
           f"load average {os.getloadavg()[0]:.1f}; best of {args.runs} fresh processes")  # fmt: skip
 
 

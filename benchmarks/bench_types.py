@@ -49,14 +49,15 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.bench_qwen35 import _kept_notes, _load, _machine, _q, _run
+from benchmarks.bench_qwen35 import _kept_notes, _load, _q, _run
+from benchmarks.harness import llamacpp_bin, machine_line
 from llamapy.ggml.types import GGMLType
 from llamapy.gguf import GGUFValueType
 from llamapy.gguf.reader import GGUFReader
 from llamapy.gguf.writer import GGUFWriter
 
 ROOT = Path(__file__).resolve().parents[1]
-LLAMA_BENCH = Path.home() / ".cache/llamapy/llamacpp/0.3.36/build/bin/llama-bench"
+LLAMA_BENCH = llamacpp_bin() / "llama-bench"
 BENCH_DIR = Path.home() / ".cache/llamapy/bench/types"
 RESULTS = ROOT / "benchmarks" / "results" / "types.md"
 SMOLLM2_FILE = Path.home() / ".cache/llamapy/models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -352,7 +353,7 @@ def report(
         f"Written by `python -m benchmarks.bench_types {shlex.join(args.argv)}` on {when}."
         + (" **QUICK CHECK of the script: not a measurement.**" if args.quick else ""),
         "",
-        f"- machine: {_machine()}",
+        f"- machine: {machine_line()}",
         f"- llama.cpp: `{LLAMA_BENCH}` (build {lc.get('build_commit', '?')} / {lc.get('build_number', '?')}, "
         f"{lc.get('backends', '?')})",
         f"- per file, one process per tool (order alternating file to file): "

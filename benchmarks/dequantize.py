@@ -18,6 +18,9 @@ from pathlib import Path
 
 # run as a script, this folder comes first on sys.path, where a script named like a stdlib module would shadow the
 # standard library's tokenize (which numpy.ma -> inspect imports): put the repository root there instead
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks.harness import machine_line  # noqa: E402
+
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
@@ -35,17 +38,9 @@ from llamapy.ggml.types import TRAITS, GGMLType, type_from_name  # noqa: E402
 
 
 def machine() -> str:
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return (
-        f"{cpu}; {os.cpu_count()} logical CPUs; Python {platform.python_version()}, "
-        f"NumPy {np.__version__}, Numba {numba.__version__}; {platform.system()} {platform.release()}"
+        f"{machine_line(python=True)}; NumPy {np.__version__}, Numba {numba.__version__}; "
+        f"{platform.system()} {platform.release()}"
     )
 
 

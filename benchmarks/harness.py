@@ -312,21 +312,9 @@ def _timed(f: Any, a: Any) -> float:
 def bytes_per_token(path: str | Path) -> int:
     """Weight bytes one generated token reads: every matrix once (the token embedding only if it is also the
     output), MoE expert tensors (``*_exps``) by ``n_expert_used / n_expert``; the KV cache not counted."""
-    from llamapy.gguf.reader import GGUFReader
+    from llamapy.cli.bench import weight_bytes_by_type
 
-    r = GGUFReader(path)
-    arch = r.get("general.architecture")
-    n_exp, n_used = r.get(f"{arch}.expert_count"), r.get(f"{arch}.expert_used_count")
-    frac = (int(n_used) / int(n_exp)) if n_exp and n_used else 1.0
-    names = {t.name for t in r.tensors}
-    total = 0.0
-    for t in r.tensors:
-        if t.name == "token_embd.weight" and "output.weight" in names:
-            continue  # a row lookup, not a matrix read
-        if len(t.shape) < 2 and not t.name.endswith("_exps.weight"):
-            continue  # norms and biases: negligible, and read from cache
-        total += t.n_bytes * (frac if "_exps" in t.name else 1.0)
-    return int(total)
+    return int(sum(weight_bytes_by_type(str(path)).values()))
 
 
 # -- result files --------------------------------------------------------------------------------------

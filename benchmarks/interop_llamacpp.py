@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import re
 import subprocess
 import sys
@@ -47,7 +46,9 @@ from llamapy.gguf.reader import GGUFReader  # noqa: E402
 from llamapy.gguf.writer import GGUFWriter  # noqa: E402
 
 VOCAB_DIR = ROOT.parent / "shared" / "vocab"
-LLAMACPP_BIN = Path(os.environ.get("LLAMACPP_BIN", Path.home() / ".cache/llamapy/llamacpp/0.3.36/build/bin"))
+from benchmarks.harness import llamacpp_bin  # noqa: E402
+
+LLAMACPP_BIN = llamacpp_bin()
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 N_PREDICT = 16
 N_CTX = 256

@@ -21,7 +21,9 @@ import ctypes as C  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-LIB = Path.home() / ".cache/llamapy/llamacpp/0.3.36/build-avx2/bin"
+from benchmarks.harness import llamacpp_bin  # noqa: E402
+
+LIB = llamacpp_bin("avx2")
 
 
 class Tensor(C.Structure):

@@ -17,7 +17,9 @@ sys.path.insert(0, str(ROOT))
 import argparse  # noqa: E402
 import ctypes as C  # noqa: E402
 
-LIB = Path.home() / ".cache/llamapy/llamacpp/0.3.36/build-avx2/bin"
+from benchmarks.harness import llamacpp_bin  # noqa: E402
+
+LIB = llamacpp_bin("avx2")
 GGML_TYPE_COUNT = 42  # not a type: "unset" for the output / token embedding types (any value >= the count)
 
 

@@ -36,6 +36,9 @@ import time  # noqa: E402
 
 import httpx  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks.harness import machine_line  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [
     "The capital of France is",
@@ -207,18 +210,10 @@ async def run(base: str, clients: int, max_tokens: int, timeout: float, warmup: 
 
 
 def machine() -> str:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     return (
-        f"{cpu or platform.processor()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"{platform.system()}; load average at the end {load} (other work shares these CPUs)"
+        f"{machine_line(python=True)}, {platform.system()}; load average at the end {load} "
+        "(other work shares these CPUs)"
     )
 
 

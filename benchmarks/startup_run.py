@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks.harness import llamacpp_bin, machine_line  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = Path.home() / ".cache" / "llamapy" / "models"
-LLAMACPP = Path.home() / ".cache" / "llamapy" / "llamacpp" / "0.3.36" / "build" / "bin" / "llama-completion"
+LLAMACPP = llamacpp_bin() / "llama-completion"
 ARGS = ["-p", "Hello", "-n", "16", "-c", "4096", "--temp", "0"]
 
 
@@ -40,15 +42,6 @@ def run(cmd: list[str], cwd: Path) -> tuple[float, float, int]:
     return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss // 1024
 
 
-def machine_line() -> str:
-    cpu = next(
-        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?"
-    )
-    flags = next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), [])
-    simd = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni") if f in flags]
-    return f"{cpu}, {os.cpu_count()} cores ({', '.join(simd)}), {platform.python_version()}, load average {os.getloadavg()}"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
@@ -63,7 +56,9 @@ def main() -> None:
         str(MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"),
         str(MODELS / "gemma-3-270m-q4_k_m.gguf"),
     ]
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {machine_line()}")
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {machine_line(load_avg=True, python=True)}"
+    )
     cmds: list[tuple[str, list[str], Path]] = []
     for m in models:
         for t in trees:
