@@ -86,6 +86,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-slots", action="store_true", help="do not expose /slots")
     p.add_argument("--no-webui", action="store_true", help="do not serve the chat page at /")
     p.add_argument("--webui-dir", metavar="DIR", help="serve the chat page from DIR (its index.html) instead")
+    p.add_argument(
+        "--mcp-config",
+        metavar="FILE",
+        help='MCP servers (the "mcpServers" JSON of Claude Desktop) whose tools chat requests with '
+        '"mcp": true may use, run by the server (needs llamapy[mcp])',
+    )
+    p.add_argument(
+        "--mcp-max-steps",
+        type=_positive,
+        default=8,
+        metavar="N",
+        help="model steps of one MCP agent answer (default 8)",
+    )
+    p.add_argument(
+        "--mcp-confirm",
+        action="store_true",
+        help="each MCP tool call waits for the client's POST /mcp/confirm (streamed requests only)",
+    )
     p.add_argument("--slots-verbose", action="store_true", help="include prompt and cached text in /slots")
     p.add_argument(
         "--slot-save-path",
@@ -189,6 +207,11 @@ def run(args: argparse.Namespace) -> int:
     from .common import resolve_model_args
 
     api_keys = _api_keys(args)  # before anything else: keys asked for and not given fail at once
+    if args.mcp_config:  # a bad MCP config (or no SDK) is an error: line now, not a failed startup
+        from ..server.mcp_host import check_sdk, load_config
+
+        check_sdk()
+        load_config(args.mcp_config)
     router_mode = bool(args.models_dir or args.models_preset)
     if router_mode and (args.model or args.hf_repo):
         print(
@@ -284,6 +307,9 @@ def server_settings(args: argparse.Namespace, model_path: str, api_keys: list[st
         warmup=not args.no_warmup,
         defaults=defaults,
         allow_image_urls=args.allow_image_urls,
+        mcp_config=args.mcp_config,
+        mcp_max_steps=args.mcp_max_steps,
+        mcp_confirm=args.mcp_confirm,
     )
 
 

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
-from . import anthropic, audio, embeddings, llamacpp_api, lora, ollama, openai_api, responses
+from . import anthropic, audio, embeddings, llamacpp_api, lora, mcp_http, ollama, openai_api, responses
 from .backend import Backend
 from .errors import APIError
 from .guard import ANTHROPIC_PREFIX, GuardMiddleware
@@ -41,6 +41,7 @@ ROUTES: list[Callable[[FastAPI, ServerState], None]] = [
     embeddings.add_routes,  # /v1/embeddings, /embedding(s), /rerank, /v1/rerank...
     audio.add_routes,  # /v1/audio/transcriptions
     ollama.add_routes,  # /api/chat, /api/generate, /api/tags... (ollama's API)
+    mcp_http.add_routes,  # /mcp/tools, /mcp/confirm (the MCP host, --mcp-config)
 ]
 
 
@@ -62,7 +63,9 @@ def create_app(
             threading.Thread(target=state.default.load, name="llamapy-load", daemon=True).start()
         if state.router is not None:
             await state.router.start()
+        await mcp_http.start(app, settings)  # the MCP servers of --mcp-config start in the background
         yield
+        await mcp_http.stop(app)
         if state.router is not None:
             await state.router.stop()
         for m in state.entries:

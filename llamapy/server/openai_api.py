@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 
+from . import mcp_http
 from . import params as P
 from .choices import choice_params, generate_n
 from .formats import ChatFormatter, CompletionFormatter
@@ -45,6 +46,8 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         engine, backend = m.ready()
         no_completions(backend)
         req: ChatCompletionRequest = await read_body(request, ChatCompletionRequest)
+        if mcp_http.requested(req):  # "mcp": the agent loop over the MCP servers' tools
+            return await mcp_http.chat(request, m, req)
         n_predict, name = req.max_tokens, "max_tokens"
         if req.max_completion_tokens is not None:
             n_predict, name = req.max_completion_tokens, "max_completion_tokens"

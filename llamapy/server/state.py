@@ -49,6 +49,9 @@ class ServerSettings:
     warmup: bool = True  # run the kernels once before /health is ok (a backend with warmup()); --no-warmup
     defaults: P.Defaults = field(default_factory=P.Defaults)
     allow_image_urls: bool = False  # --allow-image-urls: fetch http(s) image URLs (public hosts only)
+    mcp_config: str | None = None  # --mcp-config FILE: MCP servers whose tools chat requests may use
+    mcp_max_steps: int = 8  # --mcp-max-steps: model steps of one MCP agent answer
+    mcp_confirm: bool = False  # --mcp-confirm: each MCP tool call waits for POST /mcp/confirm
 
     @property
     def model_id(self) -> str:

@@ -264,3 +264,37 @@ def test_a_server_that_crashes_mid_call_is_restarted(srv, client):
         assert time.monotonic() < deadline, st
         time.sleep(0.1)
     assert ask(client, "add 2 3").choices[0].message.content == "The sum is 5."
+
+
+def test_without_mcp_config(live):
+    """A server started without --mcp-config: no tools, and "mcp" is a clear 400."""
+    body = httpx.get(live.base_url + "/mcp/tools").json()
+    assert body == {"servers": [], "tools": [], "confirm": False, "max_steps": 8}
+    chat = {"messages": [{"role": "user", "content": "hi"}], "mcp": True}
+    r = httpx.post(live.base_url + "/v1/chat/completions", json=chat)
+    assert r.status_code == 400 and "runs no MCP servers" in r.json()["error"]["message"], r.text
+    r = httpx.post(live.base_url + "/mcp/confirm", json={"id": "x", "allow": True})
+    assert r.status_code == 404
+    chat["mcp"] = False
+    assert httpx.post(live.base_url + "/v1/chat/completions", json=chat).status_code == 200
+
+
+def test_serve_refuses_a_bad_mcp_config(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "mcp.json"
+    bad.write_text('{"mcpServers": {"web": {"url": "ftp://example.com"}}}')
+    cmd = [
+        sys.executable,
+        "-m",
+        "llamapy",
+        "serve",
+        "-m",
+        str(tmp_path / "none.gguf"),
+        "--mcp-config",
+        str(bad),
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip() == f"error: {bad}: mcpServers.web.url must be an http:// or https:// URL"
