@@ -39,6 +39,7 @@ MEDIA_MARKER = "<__media__>"  # mtmd_default_marker()
 _IMAGE_WRAP = {
     "gemma3": ("<start_of_image>", "<end_of_image>"),
     "idefics3": ("<fake_token_around_image><global-img>", "<fake_token_around_image>"),  # one global image
+    "pixtral": ("", "[IMG_END]"),  # [IMG_BREAK] rows are inside the embeddings (pixtral.py)
 }
 _MROPE_WRAP = ("<|vision_start|>", "<|vision_end|>")  # Qwen-VL style projectors (Projector.mrope)
 
