@@ -17,104 +17,29 @@ One newline after ``<parameter=...>`` and one before ``</parameter>`` are not pa
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-import regex
-
-from .common import (
-    NOT_A_CALL,
-    CallParse,
-    ChatFormat,
-    ChatParser,
-    ChatSyntax,
-    GrammarRequest,
-    StreamParser,
-    ToolCall,
-    ToolGrammar,
-    assemble,
-    call_triggers,
-    expect_tag,
-    is_string_schema,
-    json_rule,
-    lark_str,
-    parameter_schemas,
-    parameter_tables,
-    reasoning_prefix,
-    regex_escape,
-    skip_ws,
-)
+from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar
 from .reasoning import THINK
+from .syntax import Text, accept, convert_value, end_tag, function, lit, seq, tagged_params, tool_syntax, ws
 
-_START = regex.compile(r"(?:<tool_call>\s*)?<function=")
-_HEAD = regex.compile(r"(<tool_call>\s*)?<function=([^>\n]+)>")
-_PARAM = regex.compile(r"<parameter=([^>\n]+)>")
+__all__ = ["Qwen3CoderFormat", "convert_value"]
 
-
-def _types(schema: Any) -> set[str]:
-    t = schema.get("type") if isinstance(schema, dict) else None
-    if isinstance(t, str):
-        return {t}
-    if isinstance(t, list):
-        return {x for x in t if isinstance(x, str)}
-    return set()
-
-
-def convert_value(raw: str, schema: Any) -> Any:
-    """A parameter's text as a JSON value: kept a string when the schema says string (or the text is
-    not JSON), else parsed."""
-    if is_string_schema(schema):
-        return raw
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
-
-
-class Qwen3CoderParser(StreamParser):
-    """Parser of Qwen3-Coder XML calls."""
-
-    call_start = _START
-
-    def __init__(self, syntax: ChatSyntax) -> None:
-        super().__init__(syntax)
-        self._schemas = parameter_tables(syntax.tools)
-
-    def parse_call(self, buf: str, final: bool) -> CallParse | None:
-        m = _HEAD.match(buf, partial=not final)
-        if m is None:
-            return NOT_A_CALL
-        if m.partial:
-            return None
-        name = m.group(2).strip()
-        props = self._schemas.get(name, {})
-        args: dict[str, Any] = {}
-        i = m.end()
-        while True:
-            i = skip_ws(buf, i)
-            rest = buf[i:]
-            if rest.startswith("</function>"):
-                i += len("</function>")
-                break
-            p = _PARAM.match(buf, i, partial=not final)
-            if p is None or p.partial:
-                if not final and (p is not None or "</function>".startswith(rest)):
-                    return None
-                return NOT_A_CALL
-            end = buf.find("</parameter>", p.end())
-            if end < 0:
-                return NOT_A_CALL if final else None
-            raw = buf[p.end() : end]
-            raw = raw[1:] if raw.startswith("\n") else raw
-            raw = raw[:-1] if raw.endswith("\n") else raw
-            key = p.group(1).strip()
-            args[key] = convert_value(raw, props.get(key))
-            i = end + len("</parameter>")
-        if m.group(1):
-            i = expect_tag(buf, i, "</tool_call>", final)
-            if i is None or i < 0:
-                return None if i is None else NOT_A_CALL
-        return CallParse([ToolCall(name, json.dumps(args, ensure_ascii=False))], i)
+NL = '"\\n"'  # where the grammar writes one newline (the parser takes any whitespace)
+FUNCTION = function(
+    "<function={name}>",
+    ws(NL),
+    tagged_params(
+        "<parameter={key}>",
+        "</parameter>",
+        lit("</function>"),
+        value=Text(newlines=True, special=False),
+        declared=True,
+        sep=NL,
+    ),
+)
+SYNTAX = tool_syntax(
+    seq(lit("<tool_call>", True), ws(NL), FUNCTION, end_tag("</tool_call>", True, sep=NL))
+    | accept(FUNCTION)  # the model may leave the block out
+)
 
 
 class Qwen3CoderFormat(ChatFormat):
@@ -130,32 +55,7 @@ class Qwen3CoderFormat(ChatFormat):
         self.think = THINK if "<think>" in self.source else None
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        rules: list[str] = []
-        alts = []
-        for k, f in enumerate(req.functions):
-            params = f["parameters"]
-            required = set(params.get("required") or ())
-            parts = []
-            for j, (key, schema) in enumerate(parameter_schemas(params)):
-                value = f"f{k}_v{j}"
-                if is_string_schema(schema):
-                    rules.append(rf"{value}[lazy]: /(?s:.*){regex_escape('</parameter>')}/")
-                    body = value
-                else:
-                    rules.append(f"{value}: {json_rule(schema)}")
-                    body = f'"\\n" {value} "\\n</parameter>"'
-                item = f'{lark_str(f"<parameter={key}>")} {body} "\\n"'
-                parts.append(item if key in required else f"({item})?")
-            head = lark_str(f"<function={f['name']}>\n")
-            rules.append(f'f{k}: {head} {" ".join(parts)} "</function>"')
-            alts.append(f"f{k}")
-        rules.insert(
-            0, f'call: {req.lit("<tool_call>")} "\\n" ({" | ".join(alts)}) "\\n" {req.lit("</tool_call>")}'
-        )
-        prefix, extra = reasoning_prefix(req, self.think)
-        rules.insert(0, f"start: {prefix} {req.calls('call')}")
-        rules.extend(extra)
-        return ToolGrammar(assemble(rules), call_triggers(req, self.think, "<tool_call>"), self.preserved)
+        return SYNTAX.grammar(req, self.think, self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return Qwen3CoderParser(syntax)
+        return SYNTAX.parser(syntax, THINK)  # (reasoning is read whatever the template)

@@ -1,0 +1,510 @@
+"""Tool-call syntax as combinators: a family states its call syntax once, and both its Lark grammar and
+its streaming parser are built from that statement (llama.cpp's ``common/chat-peg-parser``, in small).
+
+A syntax is a tree of :class:`Node`\\ s. Each node can
+
+- ``parse(s, i)``: read the model's text ``s.buf`` from ``i``: the index after it, ``NEED`` (the text
+  so far may still become this; more is needed) or ``FAIL``; what it reads (the function's name, its
+  arguments) goes into the :class:`Scan` ``s``;
+- ``lark(g)``: the Lark element that generates it (rules it needs go into the :class:`Lark` builder
+  ``g``); None for a node that is only accepted, never generated (:func:`accept`);
+- ``start()``: a ``regex`` for its first text (the parser's call marker), and ``trigger()``: the literal
+  text a lazy grammar starts at.
+
+The parser is deliberately more lenient than the grammar (any whitespace where the grammar writes one
+newline, variants small models write): ``ws(grammar)`` and ``accept`` say where.
+
+:func:`tool_syntax` wraps one call's syntax into a family's grammar (an optional reasoning block, then one
+or more calls, ``TAIL``, end of generation) and parser (:class:`SyntaxParser`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import regex
+
+from .common import (
+    NOT_A_CALL,
+    WS,
+    CallParse,
+    ChatSyntax,
+    GrammarRequest,
+    StreamParser,
+    ToolCall,
+    ToolGrammar,
+    assemble,
+    call_triggers,
+    is_string_schema,
+    json_rule,
+    lark_str,
+    parameter_schemas,
+    parameter_tables,
+    reasoning_prefix,
+    regex_escape,
+    skip_ws,
+)
+from .reasoning import ThinkTags
+
+NEED: None = None  # parse: the text so far is a prefix; more is needed
+FAIL = -1  # parse: not this
+
+
+@dataclass
+class Scan:
+    """One parse of a call: the text, whether it is all there, and what was read."""
+
+    buf: str
+    final: bool
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)  # function -> {parameter: schema}
+    name: str = ""
+    args: dict[str, Any] = field(default_factory=dict)
+    calls: list[ToolCall] = field(default_factory=list)
+
+    def schema(self, key: str) -> Any:
+        return self.tables.get(self.name, {}).get(key)
+
+
+@dataclass
+class Lark:
+    """Grammar being built: the request, extra rules, and the function whose body is being written."""
+
+    req: GrammarRequest
+    rules: list[str] = field(default_factory=list)
+    function: dict | None = None
+    k: int = 0  # the function's index
+
+    def rule(self, name: str, body: str) -> str:
+        """Add ``name: body`` once; returns ``name`` (without its ``[lazy]`` mark)."""
+        text = f"{name}: {body}"
+        if text not in self.rules:
+            self.rules.append(text)
+        return name.split("[")[0]
+
+
+class Node:
+    """One piece of syntax."""
+
+    def parse(self, s: Scan, i: int) -> int | None:
+        raise NotImplementedError
+
+    def lark(self, g: Lark) -> str | None:
+        raise NotImplementedError
+
+    def start(self) -> tuple[str, bool]:
+        """A regex for this node's first text, and whether it is the whole node (a later node's start
+        may follow)."""
+        raise NotImplementedError
+
+    def trigger(self) -> str:
+        """The literal text a generated call starts with."""
+        return ""
+
+    def __or__(self, other: Node) -> Alt:
+        return Alt((self, other))
+
+
+def match_text(s: Scan, i: int, text: str) -> int | None:
+    """``text`` at ``i``: the index after it, ``NEED`` or ``FAIL``."""
+    if s.buf.startswith(text, i):
+        return i + len(text)
+    if not s.final and text.startswith(s.buf[i:]):
+        return NEED
+    return FAIL
+
+
+@dataclass
+class Lit(Node):
+    """Literal text; ``special``: the grammar uses the special token where the vocabulary has one."""
+
+    text: str
+    special: bool = False
+
+    def parse(self, s: Scan, i: int) -> int | None:
+        return match_text(s, i, self.text)
+
+    def lark(self, g: Lark) -> str:
+        return g.req.lit(self.text) if self.special else lark_str(self.text)
+
+    def start(self) -> tuple[str, bool]:
+        return regex.escape(self.text), True
+
+    def trigger(self) -> str:
+        return self.text
+
+
+@dataclass
+class EndTag(Lit):
+    """A closing tag, after optional whitespace, that the end of generation may cut off: at the end, a
+    missing tag with nothing else left is accepted."""
+
+    sep: str = WS  # the whitespace the grammar writes before it
+
+    def parse(self, s: Scan, i: int) -> int | None:
+        j = skip_ws(s.buf, i)
+        if s.final and j == len(s.buf):
+            return j
+        return match_text(s, j, self.text)
+
+    def lark(self, g: Lark) -> str:
+        return f"{self.sep} {super().lark(g)}".strip()
+
+
+@dataclass
+class Ws(Node):
+    """Whitespace: any amount when parsing; the grammar writes ``grammar`` (bounded ``WS`` by default)."""
+
+    grammar: str = WS
+
+    def parse(self, s: Scan, i: int) -> int:
+        return skip_ws(s.buf, i)
+
+    def lark(self, g: Lark) -> str:
+        return self.grammar
+
+    def start(self) -> tuple[str, bool]:
+        return r"\s*", True
+
+
+@dataclass
+class Seq(Node):
+    nodes: tuple[Node, ...]
+
+    def parse(self, s: Scan, i: int) -> int | None:
+        for node in self.nodes:
+            got = node.parse(s, i)
+            if got is NEED or got == FAIL:
+                return got
+            i = got
+        return i
+
+    def lark(self, g: Lark) -> str:
+        return " ".join(x for x in (n.lark(g) for n in self.nodes) if x)
+
+    def start(self) -> tuple[str, bool]:
+        out = ""
+        for node in self.nodes:
+            pattern, whole = node.start()
+            out += pattern
+            if not whole:
+                return out, False
+        return out, True
+
+    def trigger(self) -> str:
+        return self.nodes[0].trigger()
+
+
+@dataclass
+class Alt(Node):
+    """The first alternative that does not fail (PEG order); one that needs more text waits."""
+
+    nodes: tuple[Node, ...]
+
+    def parse(self, s: Scan, i: int) -> int | None:
+        n = len(s.calls)
+        for node in self.nodes:
+            got = node.parse(s, i)
+            if got != FAIL:
+                return got
+            del s.calls[n:]
+        return FAIL
+
+    def lark(self, g: Lark) -> str:
+        alts = [x for x in (n.lark(g) for n in self.nodes) if x]
+        return alts[0] if len(alts) == 1 else f"({' | '.join(alts)})"
+
+    def start(self) -> tuple[str, bool]:
+        return f"(?:{'|'.join(n.start()[0] for n in self.nodes)})", False
+
+    def trigger(self) -> str:
+        return self.nodes[0].trigger()
+
+
+@dataclass
+class Accept(Node):
+    """Parsed, never generated: a variant the model may write but the grammar does not offer."""
+
+    node: Node
+
+    def parse(self, s: Scan, i: int) -> int | None:
+        return self.node.parse(s, i)
+
+    def lark(self, g: Lark) -> None:
+        return None
+
+    def start(self) -> tuple[str, bool]:
+        return self.node.start()
+
+
+@dataclass
+class Function(Node):
+    """A call's head ``template`` (with ``{name}``) and its body: the grammar has one alternative per
+    allowed function (rule ``f{k}``), the body written for that function's parameters; the parser reads
+    the name (``name_pattern``) and the body, which records the arguments."""
+
+    template: str
+    body: Node
+    name_pattern: str = r"[^>\n]+"
+
+    def __post_init__(self) -> None:
+        before, _, after = self.template.partition("{name}")
+        self._before, self._after = before, after
+        head = regex.escape(before) + f"({self.name_pattern})" + regex.escape(after)
+        self._head = regex.compile(head)
+
+    def parse(self, s: Scan, i: int) -> int | None:
+        m = self._head.match(s.buf, i, partial=not s.final)
+        if m is None:
+            return FAIL
+        if m.partial:
+            return NEED
+        s.name, s.args = m.group(1).strip(), {}
+        end = self.body.parse(s, m.end())
+        if end is not NEED and end != FAIL:
+            s.calls.append(ToolCall(s.name, json.dumps(s.args, ensure_ascii=False)))
+        return end
+
+    def lark(self, g: Lark) -> str:
+        alts = []
+        for k, f in enumerate(g.req.functions):
+            g.function, g.k = f, k
+            head = lark_str(self.template.replace("{name}", f["name"]))
+            g.rule(f"f{k}", f"{head} {self.body.lark(g)}")
+            alts.append(f"f{k}")
+        g.function = None
+        return f"({' | '.join(alts)})"
+
+    def start(self) -> tuple[str, bool]:
+        return regex.escape(self._before), False
+
+    def trigger(self) -> str:
+        return self._before
+
+
+# --- parameter values ---
+
+
+def convert_value(raw: str, schema: Any) -> Any:
+    """A parameter's text as a JSON value: kept a string when the schema says string (or the text is
+    not JSON), else parsed (as llama.cpp's XML-style formats)."""
+    if is_string_schema(schema):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+@dataclass
+class Text:
+    """A parameter value written as text up to the parameter's closing tag ``close``. ``newlines``: one
+    newline after the opening tag and one before the closing tag are not part of it (the grammar writes
+    them around JSON values). ``special``: the grammar may end a string at ``close`` as a special token."""
+
+    newlines: bool = False
+    special: bool = True
+
+    def read(self, s: Scan, v: int, close: str) -> tuple[str, int] | int | None:
+        """``(raw text, index after close)``, ``NEED`` or ``FAIL``."""
+        e = s.buf.find(close, v)
+        if e < 0:
+            return FAIL if s.final else NEED
+        raw = s.buf[v:e]
+        if self.newlines:
+            raw = raw[1:] if raw.startswith("\n") else raw
+            raw = raw[:-1] if raw.endswith("\n") else raw
+        return raw, e + len(close)
+
+    def lark_string(self, g: Lark, close: str) -> str:
+        """A string value with its closing tag."""
+        if self.special:
+            body, rules = g.req.until("str_value", close)
+            g.rules.extend(r for r in rules if r not in g.rules)
+            return body
+        return g.rule("str_value[lazy]", rf"/(?s:.*){regex_escape(close)}/")
+
+    def lark_json(self, rule: str, close: str) -> str:
+        """A JSON value (rule ``rule``) with its closing tag."""
+        if self.newlines:
+            return f'"\\n" {rule} {lark_str(chr(10) + close)}'
+        return f"{rule} {lark_str(close)}"
+
+
+@dataclass
+class Cdata(Text):
+    """Text that may be wrapped in ``<![CDATA[...]]>`` (for ``<``, ``&`` or newlines in it)."""
+
+    OPEN, CLOSE = "<![CDATA[", "]]>"
+
+    def read(self, s: Scan, v: int, close: str) -> tuple[str, int] | int | None:
+        buf = s.buf
+        if buf.startswith(self.OPEN, v):
+            e = buf.find(self.CLOSE, v)
+            if e < 0:
+                return FAIL if s.final else NEED
+            after = match_text(s, e + len(self.CLOSE), close)
+            if after is NEED or after == FAIL:
+                return after
+            return buf[v + len(self.OPEN) : e], after
+        if not s.final and self.OPEN.startswith(buf[v:]) and len(buf) - v < len(self.OPEN):
+            return NEED
+        return super().read(s, v, close)
+
+    def lark_string(self, g: Lark, close: str) -> str:
+        g.rule("cdata_body[lazy]", rf"/(?s:.*){regex_escape(self.CLOSE)}/")
+        g.rule("plain_body[lazy]", rf"/(?s:.*){regex_escape(close)}/")
+        return g.rule("str_value", f"({lark_str(self.OPEN)} cdata_body {lark_str(close)}) | plain_body")
+
+
+@dataclass
+class TaggedParams(Node):
+    """Parameters written as tags, then ``end``: ``open`` (with ``{key}``) value ``close`` for each, in any
+    order (``declared``: in the schema's order, required ones required, each followed by ``sep``), with
+    whitespace between. A value is text (``value``), converted by the parameter's schema
+    (:func:`convert_value`); the grammar writes a string parameter as text, another as JSON of its
+    schema."""
+
+    open: str
+    close: str
+    end: Node
+    value: Text = field(default_factory=Text)
+    declared: bool = False
+    sep: str = WS
+    key_pattern: str = r"[^>\n]+"
+
+    def __post_init__(self) -> None:
+        before, _, after = self.open.partition("{key}")
+        self._open = regex.compile(regex.escape(before) + f"({self.key_pattern})" + regex.escape(after))
+
+    def parse(self, s: Scan, i: int) -> int | None:
+        buf, final = s.buf, s.final
+        while True:
+            j = skip_ws(buf, i)
+            done = self.end.parse(s, j)
+            if done is not NEED and done != FAIL:
+                return done
+            p = self._open.match(buf, j, partial=not final)
+            if p is None or p.partial:
+                return NEED if not final and (p is not None or done is NEED) else FAIL
+            got = self.value.read(s, p.end(), self.close)
+            if got is NEED or got == FAIL:
+                return got
+            key = p.group(1).strip()
+            s.args[key] = convert_value(got[0], s.schema(key))
+            i = got[1]
+
+    def lark(self, g: Lark) -> str:
+        assert g.function is not None
+        params = g.function["parameters"]
+        required = set(params.get("required") or ())
+        items = []
+        for j, (key, schema) in enumerate(parameter_schemas(params)):
+            if is_string_schema(schema):
+                value = self.value.lark_string(g, self.close)
+            else:
+                value = self.value.lark_json(g.rule(f"f{g.k}_v{j}", json_rule(schema)), self.close)
+            item = f"{lark_str(self.open.replace('{key}', key))} {value}"
+            if self.declared:
+                item = f"{item} {self.sep}"
+                items.append(item if key in required else f"({item})?")
+            else:
+                items.append(item)
+        end = self.end.lark(g)
+        if self.declared:
+            return " ".join([*items, end])
+        body = f"((({') | ('.join(items)})) {self.sep})*" if items else ""
+        return f"{body} {end}".strip()
+
+    def start(self) -> tuple[str, bool]:
+        return "", False
+
+
+# --- constructors ---
+
+
+def lit(text: str, special: bool = False) -> Lit:
+    """Literal text (a special token in the grammar where ``special`` and the vocabulary has it)."""
+    return Lit(text, special)
+
+
+def end_tag(text: str, special: bool = False, sep: str = WS) -> EndTag:
+    """A closing tag after whitespace (``sep`` in the grammar), which the end of generation may cut off."""
+    return EndTag(text, special, sep)
+
+
+def ws(grammar: str = WS) -> Ws:
+    """Any whitespace when parsing; ``grammar`` (bounded by default) when generating."""
+    return Ws(grammar)
+
+
+def seq(*nodes: Node) -> Seq:
+    return Seq(nodes)
+
+
+def alt(*nodes: Node) -> Alt:
+    return Alt(nodes)
+
+
+def accept(node: Node) -> Accept:
+    """A variant the parser reads and the grammar never writes."""
+    return Accept(node)
+
+
+def function(template: str, *body: Node, name_pattern: str = r"[^>\n]+") -> Function:
+    """One call of a function named in ``template`` (``"<function={name}>"``), then ``body``."""
+    return Function(template, body[0] if len(body) == 1 else Seq(body), name_pattern)
+
+
+def tagged_params(open: str, close: str, end: Node, **kw: Any) -> TaggedParams:
+    """Tagged parameters (see :class:`TaggedParams`) up to ``end``."""
+    return TaggedParams(open, close, end, **kw)
+
+
+# --- a family's syntax ---
+
+
+@dataclass
+class ToolSyntax:
+    """A family's tool calls: ``call`` (one call's syntax), optionally in a reasoning block first, one or
+    more calls (several when parallel calls are allowed, whitespace between)."""
+
+    call: Node
+
+    def grammar(
+        self, req: GrammarRequest, think: ThinkTags | None, preserved: tuple[str, ...]
+    ) -> ToolGrammar:
+        g = Lark(req)
+        call = self.call.lark(g)
+        prefix, extra = reasoning_prefix(req, think)
+        rules = [f"start: {prefix} {req.calls('call')}", f"call: {call}", *g.rules, *extra]
+        return ToolGrammar(assemble(rules), call_triggers(req, think, self.call.trigger()), preserved)
+
+    def parser(self, syntax: ChatSyntax, think: ThinkTags | None) -> SyntaxParser:
+        return SyntaxParser(syntax, self, think)
+
+
+def tool_syntax(call: Node) -> ToolSyntax:
+    return ToolSyntax(call)
+
+
+class SyntaxParser(StreamParser):
+    """The streaming parser of a :class:`ToolSyntax`: content and reasoning as :class:`StreamParser`, a
+    call wherever the syntax's first text appears."""
+
+    def __init__(self, syntax: ChatSyntax, tool: ToolSyntax, think: ThinkTags | None) -> None:
+        self.think = think
+        self.call_start = regex.compile(tool.call.start()[0])
+        super().__init__(syntax)
+        self.tool = tool
+        self.tables = parameter_tables(syntax.tools)
+
+    def parse_call(self, buf: str, final: bool) -> CallParse | None:
+        s = Scan(buf, final, self.tables)
+        end = self.tool.call.parse(s, 0)
+        if end is NEED:
+            return None
+        if end == FAIL:
+            return NOT_A_CALL
+        return CallParse(s.calls, end)
