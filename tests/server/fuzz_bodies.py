@@ -373,6 +373,7 @@ SEEDS: dict[str, list[Seed]] = {
     "/api/push": [Seed({"model": "fake"}, expect=(501,))],
     "/api/create": [Seed({"model": "x", "from": "fake"}, expect=(501,))],
     "/api/copy": [Seed({"source": "fake", "destination": "x"}, expect=(501,))],
+    "/mcp/confirm": [Seed({"id": "mcpc-none", "allow": True}, expect=(404,))],  # (no call waits)
     "/slots/{id_slot}": [
         Seed({"filename": "fuzz.bin"}, "/slots/0?action=save"),
         Seed({"filename": "fuzz.bin"}, "/slots/1?action=restore", expect=(200, 404)),
