@@ -494,8 +494,15 @@ def _convert(
         if outtype == "auto":
             outtype = _guess_outtype(tensors)
         file_type, qtype = OUTTYPES[outtype]
-        ctx = _make_context(d, hp, decl, file_type)
-        plan = [] if vocab_only else _plan(ctx, tensors, qtype)
+        try:
+            ctx = _make_context(d, hp, decl, file_type)
+            plan = [] if vocab_only else _plan(ctx, tensors, qtype)
+        except ConvertError:
+            raise
+        except (KeyError, ValueError, TypeError, ZeroDivisionError) as e:
+            raise ConvertError(
+                f"config.json: a hyper-parameter of {decl.arch} is missing or malformed ({e!r})"
+            ) from None
         kv = gguf.GGUFWriter(path=None, arch=decl.arch)
         _metadata(ctx, kv, plan, d, model_name, metadata_file, vocab_only)
         md = {k: v.value for k, v in kv.kv_data[0].items()}
@@ -539,14 +546,26 @@ def _iter_converted(ctx: Context, tensors: dict[str, SafeTensor]) -> Iterator[tu
     mapper = _Mapper(ctx)
     decl = ctx.decl
     if decl.extra_tensors is not None:
-        yield from decl.extra_tensors(ctx)
+        try:
+            yield from decl.extra_tensors(ctx)
+        except (KeyError, ValueError, TypeError) as e:
+            raise ConvertError(
+                f"config.json: cannot derive the extra tensors of {decl.arch} ({e!r})"
+            ) from None
     for name, st in tensors.items():
         if name.endswith(_SKIP_SUFFIXES) or name in decl.skip:
             continue
         data = st.numpy()
         if data.dtype.kind == "f" and data.dtype != np.float32:
             data = data.astype(np.float32)
-        yield from mapper(name, data)
+        try:
+            yield from mapper(name, data)
+        except ConvertError:
+            raise
+        except (ValueError, IndexError, TypeError, KeyError) as e:  # a shape the config does not explain
+            raise ConvertError(
+                f"tensor {name!r} {list(data.shape)}: does not match config.json ({e})"
+            ) from None
     left = [n for layer in mapper.experts.values() for n in layer]
     if left:
         raise ConvertError(f"incomplete experts: {left[0]!r} and {len(left) - 1} more have no full set")
@@ -608,8 +627,10 @@ def _metadata(
         raise ConvertError(f"{mf}: no such metadata file")
     try:
         meta = gguf.Metadata.load(mf, d, model_name, total)
-    except (OSError, ValueError) as e:
-        raise ConvertError(f"cannot read the model's metadata: {e}") from None
+    except Exception as e:  # its model-card heuristics parse README.md (YAML) and file names
+        raise ConvertError(
+            f"cannot read the model's metadata (README.md model card, --metadata): {e}"
+        ) from None
     if meta.name is None:
         meta.name = d.resolve().name
     if meta.size_label is None and total > 0:
@@ -618,17 +639,25 @@ def _metadata(
         getattr(kv, method)(value)
     kv.add_type(gguf.GGUFType.MODEL)
     meta.set_gguf_meta_model(kv)
-    if ctx.decl.generic_params:
-        generic_params(ctx, kv)
-    if ctx.decl.vocab_size_key:
-        kv.add_vocab_size(ctx.hparams["vocab_size"])
-    if ctx.decl.rope_dim_key:
-        rope_dim = (
-            ctx.hparams.get("head_dim") or ctx.hparams["hidden_size"] // ctx.hparams["num_attention_heads"]
-        )
-        kv.add_rope_dimension_count(rope_dim)
-    if ctx.decl.params is not None:
-        ctx.decl.params(ctx, kv)
+    try:
+        if ctx.decl.generic_params:
+            generic_params(ctx, kv)
+        if ctx.decl.vocab_size_key:
+            kv.add_vocab_size(ctx.hparams["vocab_size"])
+        if ctx.decl.rope_dim_key:
+            rope_dim = (
+                ctx.hparams.get("head_dim")
+                or ctx.hparams["hidden_size"] // ctx.hparams["num_attention_heads"]
+            )
+            kv.add_rope_dimension_count(rope_dim)
+        if ctx.decl.params is not None:
+            ctx.decl.params(ctx, kv)
+    except ConvertError:
+        raise
+    except (KeyError, ValueError, TypeError) as e:
+        raise ConvertError(
+            f"config.json: a hyper-parameter of {ctx.decl.arch} is missing or malformed ({e!r})"
+        ) from None
     kv.add_quantization_version(gguf.GGML_QUANT_VERSION)
     try:
         ctx.kv = kv

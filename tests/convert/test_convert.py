@@ -280,6 +280,16 @@ def test_errors(hf_dir, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     (d / "config.json").write_text(json.dumps({**cfg, "hidden_size": 96}))
     assert "shape" in _fails([str(d), "-o", o], out, capsys)
 
+    d = _copy(src, tmp_path / "heads")
+    (d / "config.json").write_text(json.dumps({**cfg, "num_attention_heads": "four"}))
+    assert "config.json" in _fails([str(d), "-o", o], out, capsys)
+
+    d = _copy(hf_dir("gemma"), tmp_path / "gemma")
+    gcfg = json.loads((d / "config.json").read_text())
+    del gcfg["head_dim"]
+    (d / "config.json").write_text(json.dumps(gcfg))
+    assert "head_dim" in _fails([str(d), "-o", o], out, capsys)
+
     d = _copy(src, tmp_path / "tok")
     (d / "tokenizer.model").write_bytes(b"\xff\xff\xff not a protobuf")
     assert "tokenizer.model" in _fails([str(d), "-o", o], out, capsys)
