@@ -201,23 +201,32 @@ class Server:
 
 
 def server_cmd(
-    tool: str, model: str | Path, args: Sequence[str] = (), port: int = 0, arch: str | None = None
+    tool: str,
+    model: str | Path,
+    args: Sequence[str] = (),
+    port: int = 0,
+    arch: str | None = None,
+    bin_dir: Path | None = None,
 ) -> list[str]:
     """The command line of ``tool`` (``llama.cpp`` or ``llamapy``) serving ``model`` on 127.0.0.1:``port``."""
     common = ["-m", str(model), "--host", "127.0.0.1", "--port", str(port), *args]
     if tool == "llama.cpp":
-        return [str(require_tool("llama-server", arch)), *common]
+        exe = bin_dir / "llama-server" if bin_dir else require_tool("llama-server", arch)
+        return [str(exe), *common]
     if tool == "llamapy":
         return llamapy_cmd("serve", *common)
     raise ValueError(f"unknown server {tool!r} (llama.cpp or llamapy)")
 
 
 def start_server(tool: str, model: str | Path, args: Sequence[str] = (), *, env: dict[str, str] | None = None,
-                 timeout: float = 300, log: Path | None = None, arch: str | None = None) -> Server:  # fmt: skip
-    """Start ``llama-server`` (``tool="llama.cpp"``) or ``llamapy serve`` (``"llamapy"``) on a free port with
-    ``args`` (e.g. ``["-c", "1024", "-t", "2", "-np", "1"]``); returns once ``/health`` is 200."""
+                 timeout: float = 300, log: Path | None = None, arch: str | None = None,
+                 bin_dir: Path | None = None) -> Server:  # fmt: skip
+    """Start ``llama-server`` (``tool="llama.cpp"``; from ``bin_dir``, else ``llamacpp_bin(arch)``) or ``llamapy
+    serve`` (``"llamapy"``) on a free port with ``args`` (e.g. ``["-c", "1024", "-t", "2", "-np", "1"]``);
+    returns once ``/health`` is 200 (RuntimeError with the server's last stderr lines otherwise)."""
     port = free_port()
-    return Server(server_cmd(tool, model, args, port, arch), port, env=env, timeout=timeout, log=log)
+    cmd = server_cmd(tool, model, args, port, arch, bin_dir)
+    return Server(cmd, port, env=env, timeout=timeout, log=log)
 
 
 # -- rounds, medians, timed processes -----------------------------------------------------------------

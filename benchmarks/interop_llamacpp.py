@@ -46,7 +46,7 @@ from llamapy.gguf.reader import GGUFReader  # noqa: E402
 from llamapy.gguf.writer import GGUFWriter  # noqa: E402
 
 VOCAB_DIR = ROOT.parent / "shared" / "vocab"
-from benchmarks.harness import llamacpp_bin  # noqa: E402
+from benchmarks.harness import llamacpp_bin, start_server  # noqa: E402
 
 LLAMACPP_BIN = llamacpp_bin()
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
@@ -279,22 +279,13 @@ def llamacpp_server_ids(path: Path, prompt: str = PROMPT, n: int = N_PREDICT, po
     and llama.cpp's own top-2 log-probabilities per step (``llama-completion`` prints only text)."""
     import urllib.request
 
-    cmd = [str(LLAMACPP_BIN / "llama-server"), "-m", str(path), "--port", str(port), "-c", str(N_CTX),
-           "-t", "2", "-np", "1", "--no-warmup"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:  # (port: unused, a free one is taken)
+        srv = start_server("llama.cpp", path, ["-c", str(N_CTX), "-t", "2", "-np", "1", "--no-warmup"],
+                           timeout=60, bin_dir=LLAMACPP_BIN)  # fmt: skip
+    except RuntimeError as e:
+        return Run(False, error=_error_line(str(e)))
     try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            if proc.poll() is not None:
-                return Run(False, error=_error_line(proc.stderr.read().decode(errors="replace")))
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=1) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            return Run(False, error="llama-server did not start")
+        url = srv.base
         body = dict(prompt=prompt, n_predict=n, temperature=0, ignore_eos=True, return_tokens=True,
                     n_probs=N_PROBS, cache_prompt=False)  # fmt: skip
         req = urllib.request.Request(
@@ -314,14 +305,7 @@ def llamacpp_server_ids(path: Path, prompt: str = PROMPT, n: int = N_PREDICT, po
     except OSError as e:
         return Run(False, error=f"llama-server: {e}"[:200])
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        srv.stop()
 
 
 def llamapy_run(path: Path, prompt: str = PROMPT, n: int = N_PREDICT, timeout: float = 300) -> Run:

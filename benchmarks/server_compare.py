@@ -24,13 +24,14 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import json  # noqa: E402
-import socket  # noqa: E402
-import subprocess  # noqa: E402
 import time  # noqa: E402
 
 import httpx  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.harness import Server, start_server  # noqa: E402
+
 PROMPTS = [
     "Tell me a story about a lighthouse keeper.",
     "Explain how a bicycle works.",
@@ -43,36 +44,16 @@ HEADER = (
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(args: argparse.Namespace) -> tuple[subprocess.Popen, str, float]:
-    """Start the server; return it, its URL and the seconds until /health said ok."""
-    port = free_port()
-    common = ["-m", args.model, "--host", "127.0.0.1", "--port", str(port), "-np", str(args.parallel)]
-    common += ["-c", str(args.ctx * args.parallel), "-t", str(args.threads)]
-    if args.server == "llama.cpp":
-        cmd = [str(Path(args.bin) / "llama-server"), *common]
-    else:
-        cmd = [sys.executable, "-m", "llamapy", "serve", *common, "--log-level", "warning"]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + args.start_timeout
-    while True:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit(f"{args.server}: the server did not become healthy ({' '.join(cmd)})")
-        try:
-            if httpx.get(base + "/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    return proc, base, time.perf_counter() - t0
+def start(args: argparse.Namespace) -> Server:
+    """Start the server (``.base``; ``.seconds`` until /health said ok)."""
+    extra = ["-np", str(args.parallel), "-c", str(args.ctx * args.parallel), "-t", str(args.threads)]
+    if args.server == "llamapy":
+        extra += ["--log-level", "warning"]
+    try:
+        return start_server(args.server, args.model, extra, timeout=args.start_timeout,
+                            bin_dir=Path(args.bin) if args.bin else None)  # fmt: skip
+    except RuntimeError as e:
+        raise SystemExit(f"{args.server}: the server did not become healthy: {e}") from None
 
 
 async def chat(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> dict:
@@ -149,17 +130,14 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     clients = [int(x) for x in args.clients.split(",") if x]
-    proc, base, t_ready = start(args)
+    srv = start(args)
+    base, t_ready = srv.base, srv.seconds
     try:
         cold = asyncio.run(load(base, 1, 8, args.timeout))
         warm = asyncio.run(load(base, 1, 8, args.timeout, first=1))  # another prompt: no reused graph
         runs = [asyncio.run(load(base, n, args.max_tokens, args.timeout)) for n in clients]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        srv.stop()
     if args.json:
         print(
             json.dumps({"server": args.server, "ready_s": t_ready, "cold": cold, "warm": warm, "runs": runs})
