@@ -333,10 +333,11 @@ class McpHost:
 
     def _failed(self, srv: _Server, e: BaseException) -> None:
         what = "failed to start" if srv.state != "ready" else "stopped answering"
-        srv.error = f"{what}: {_describe(e)}{self._stderr_tail(srv)}"
-        srv.state, srv.session, srv.tools = "failed", None, []
+        error = f"{what}: {_describe(e)}{self._stderr_tail(srv)}"
+        repeated = error == srv.error  # (a server that keeps failing the same way is logged once)
+        srv.error, srv.state, srv.session, srv.tools = error, "failed", None, []
         srv.started.set()
-        log.warning("MCP server %r %s", srv.cfg.name, srv.error)
+        log.log(logging.DEBUG if repeated else logging.WARNING, "MCP server %r %s", srv.cfg.name, error)
 
     def _errlog_path(self, srv: _Server) -> Path:
         assert self._tmp is not None
