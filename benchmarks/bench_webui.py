@@ -19,11 +19,12 @@ import os  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks import harness  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / "llamapy" / "server" / "webui_dist"
@@ -63,42 +64,12 @@ def bundle_table() -> str:
 
 @contextmanager
 def serve(model: str, extra: list[str]) -> Iterator[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "llamapy",
-        "serve",
-        "-m",
-        model,
-        "--port",
-        "0",
-        "--log-level",
-        "warning",
-        *extra,
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    port: list[int] = []
-
-    def read() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                port.append(int(m.group(1)))
-
-    threading.Thread(target=read, daemon=True).start()
     try:
-        import httpx
-
-        deadline = time.monotonic() + 600
-        while not port or httpx.get(f"http://127.0.0.1:{port[0]}/health").status_code != 200:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("llamapy serve did not start")
-            time.sleep(0.2)
-        yield f"http://127.0.0.1:{port[0]}"
-    finally:
-        proc.terminate()
-        proc.wait(15)
+        srv = harness.start_server("llamapy", model, ["--log-level", "warning", *extra], timeout=600)
+    except RuntimeError:
+        raise SystemExit("llamapy serve did not start") from None
+    with srv:
+        yield srv.base
 
 
 def med(xs: list[float]) -> str:

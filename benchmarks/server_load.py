@@ -28,16 +28,17 @@ import asyncio  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
-import re  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
 
 import httpx  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
 from benchmarks.harness import machine_line  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks import harness  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [
@@ -49,39 +50,14 @@ PROMPTS = [
 
 
 def start_server(model: str, parallel: int, ctx: int, threads: int | None) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "llamapy", "serve", "-m", model, "--host", "127.0.0.1", "--port", "0"]
-    cmd += ["-np", str(parallel), "-c", str(ctx), "--metrics", "--log-level", "warning"]
+    args = ["-np", str(parallel), "-c", str(ctx), "--metrics", "--log-level", "warning"]
     if threads:
-        cmd += ["-t", str(threads)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    port: list[int] = []
-    log: list[str] = []
-
-    def reader() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            log.append(line)
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                port.append(int(m.group(1)))
-
-    threading.Thread(target=reader, daemon=True).start()
+        args += ["-t", str(threads)]
     try:
-        deadline = time.monotonic() + 300
-        while not port:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("server did not start:\n" + "".join(log[-30:]))
-            time.sleep(0.05)
-        base = f"http://127.0.0.1:{port[0]}"
-        while httpx.get(base + "/health").status_code != 200:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("model did not load:\n" + "".join(log[-30:]))
-            time.sleep(0.1)
-    except BaseException:
-        proc.kill()
-        proc.wait(10)
-        raise
-    return proc, base
+        srv = harness.start_server("llamapy", model, args, timeout=300)
+    except RuntimeError as e:
+        raise SystemExit(f"server did not start: {e}") from None
+    return srv.proc, srv.base
 
 
 async def stream_one(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> dict:

@@ -24,6 +24,9 @@ import sys
 from pathlib import Path
 
 # benchmarks/tokenize.py-like names would shadow the standard library; the repository root has tests/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
+from benchmarks import harness  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(ROOT))
@@ -35,7 +38,6 @@ import re  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
 
 import httpx  # noqa: E402
@@ -47,39 +49,13 @@ API_KEY = "soak"
 
 
 def start_server(model: str, ctx: int, slot_dir: str, log_path: Path) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "llamapy", "serve", "-m", model, "--host", "127.0.0.1", "--port", "0"]
-    cmd += ["-np", "2", "-c", str(ctx), "--metrics", "--log-level", "warning", "--api-key", API_KEY]
-    cmd += ["--slot-save-path", slot_dir]
-    log = open(log_path, "w")  # noqa: SIM115 (kept open for the server's lifetime)
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    port: list[int] = []
-
-    def reader() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            log.write(line)
-            log.flush()
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                port.append(int(m.group(1)))
-
-    threading.Thread(target=reader, daemon=True).start()
-    deadline = time.monotonic() + 600
+    args = ["-np", "2", "-c", str(ctx), "--metrics", "--log-level", "warning", "--api-key", API_KEY]
+    args += ["--slot-save-path", slot_dir]
     try:
-        while not port:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the server did not start (see {log_path})")
-            time.sleep(0.05)
-        base = f"http://127.0.0.1:{port[0]}"
-        while httpx.get(base + "/health", timeout=10).status_code != 200:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the model did not load (see {log_path})")
-            time.sleep(0.2)
-    except BaseException:
-        proc.kill()
-        proc.wait(10)
-        raise
-    return proc, base
+        srv = harness.start_server("llamapy", model, args, timeout=600, log=log_path)
+    except RuntimeError:
+        raise SystemExit(f"the server did not start (see {log_path})") from None
+    return srv.proc, srv.base
 
 
 class Soak:
