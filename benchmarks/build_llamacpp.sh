@@ -13,9 +13,13 @@ mkdir -p "$CACHE"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 spec="llama-cpp-python${VERSION:+==$VERSION}"
-python3 -m pip download -q --no-deps --no-binary :all: "$spec" -d "$work" >&2
-sdist=$(ls "$work"/llama_cpp_python-*.tar.gz)
-ver=$(basename "$sdist" .tar.gz | sed 's/llama_cpp_python-//')
+if [ -n "$VERSION" ] && [ -f "$CACHE/$VERSION/CMakeLists.txt" ]; then
+    ver="$VERSION"  # the sources are already here: no download (works offline)
+else
+    python3 -m pip download -q --no-deps --no-binary :all: "$spec" -d "$work" >&2
+    sdist=$(ls "$work"/llama_cpp_python-*.tar.gz)
+    ver=$(basename "$sdist" .tar.gz | sed 's/llama_cpp_python-//')
+fi
 dest="$CACHE/$ver"
 # native build (AVX2/FMA/AVX-512 as the machine has them), no network, no CUDA; no AMX: its tile
 # registers need a kernel permission some VMs do not grant (llama-bench died in ggml_backend_amx_mul_mat)

@@ -181,7 +181,7 @@ def run(items: list[Item], args: argparse.Namespace, bin_: Path, env: dict[str, 
                 cmd = hello_cmd(tool, paths[it.label], args.threads, bin_)
                 if cmd is None:
                     rec["hello_note"] = (
-                        "llama-completion / llama-cli not built: LLAMACPP_TOOLS=llama-completion benchmarks/build_llamacpp.sh"
+                        "llama-completion / llama-cli not built (--make-only builds llama-completion)"
                     )
                     continue
                 if rnd < 2:  # a warm-up each (page cache, .pyc, kernels)
@@ -280,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     if a.avx2:
         os.environ.update(AVX2_ENV)  # the machine line says so
+    if a.make_only and any(i.run_hello for i in items) and hello_cmd("llama.cpp", Path("m"), 1, bin_) is None:
+        log("building llama-completion (for `run -p Hello`) ...")
+        benv = dict(os.environ, LLAMACPP_TOOLS="llama-completion", LLAMACPP_ARCH=arch or "native")
+        subprocess.run(["bash", str(H.ROOT / "benchmarks/build_llamacpp.sh"), H.LLAMACPP_VERSION], env=benv)
     data = run(items, a, bin_, env)
     if a.make_only:
         log("files made and kernels compiled: " + ", ".join(f["path"] or "-" for f in data["files"].values()))
