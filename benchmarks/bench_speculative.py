@@ -179,6 +179,7 @@ def main() -> int:
     ap.add_argument("--draft-max", type=int, default=16)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/speculative.md"))
     ap.add_argument("--only", choices=("all", "ngram", "mtp"), default="all")
+    ap.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp (no build: a busy machine)")
     ap.add_argument("--mtp-layers", type=int, default=8, help="trunk layers of the synthetic MTP models")
     ap.add_argument("--mtp-hidden", type=int, default=256)
     ap.add_argument("--mtp-scale", type=float, nargs="+", default=[0.0, 0.35])
@@ -190,8 +191,10 @@ def main() -> int:
         return 0
     target = str(hub.resolve_model(a.target))
     draft = str(hub.resolve_model(a.draft)) if a.draft else target
-    bin_dir = Path(subprocess.run(["bash", str(ROOT / "benchmarks/build_llamacpp.sh")], capture_output=True,
-                                  text=True).stdout.strip().splitlines()[-1])  # fmt: skip
+    bin_dir = Path("/nonexistent")  # (llamacpp_run then says "not built")
+    if not a.no_llamacpp:
+        bin_dir = Path(subprocess.run(["bash", str(ROOT / "benchmarks/build_llamacpp.sh")], capture_output=True,
+                                      text=True).stdout.strip().splitlines()[-1])  # fmt: skip
     prompt_file = Path("/tmp/llamapy_spec_prompt.txt")
     prompt_file.write_text(PROMPT)
     common = [
