@@ -152,22 +152,32 @@ class Server:
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, errors="replace")  # fmt: skip
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"{cmd[0]} exited ({self.proc.returncode}): {self.stderr_tail()[-800:]}")
-            try:
-                with urllib.request.urlopen(self.base + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the server did not become healthy in {timeout:.0f} s: {' '.join(cmd)}")
-            time.sleep(0.05)
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    self._reader.join(5)  # its last words
+                    self.stop()
+                    raise RuntimeError(
+                        f"{cmd[0]} exited ({self.proc.returncode}): {self.stderr_tail()[-800:]}"
+                    )
+                try:
+                    with urllib.request.urlopen(self.base + "/health", timeout=2) as resp:
+                        if resp.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(
+                        f"the server did not become healthy in {timeout:.0f} s: {' '.join(cmd)}"
+                    )
+                time.sleep(0.05)
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM): no orphaned server
+            self.stop()
+            raise
         self.seconds = time.perf_counter() - t0  # start until /health said ok
 
     def _read(self) -> None:
@@ -232,6 +242,13 @@ def start_server(tool: str, model: str | Path, args: Sequence[str] = (), *, env:
 # -- rounds, medians, timed processes -----------------------------------------------------------------
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM raises SystemExit, so that the children a benchmark started (servers, subprocess.run) are ended."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def interleave(rounds: int, tools: Sequence[str]) -> Iterator[tuple[int, str]]:
     """(round, tool) for ``rounds`` rounds, the tools' order reversed every other round (A B, B A, ...)."""
     for r in range(rounds):
@@ -253,15 +270,19 @@ def run_timed(
     proc = subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        if deadline is not None and time.monotonic() > deadline:
-            proc.kill()
-            pid, status, ru = os.wait4(proc.pid, 0)
-            break
-        time.sleep(0.005)
+    try:
+        while True:
+            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                proc.kill()
+                pid, status, ru = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.005)
+    except BaseException:
+        proc.kill()
+        raise
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {"seconds": time.perf_counter() - t0, "rss_mb": ru.ru_maxrss / 1024, "rc": proc.returncode}
 

@@ -269,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--out", default=None, help="result name under benchmarks/results/ (no suffix)")
     a = ap.parse_args(argv)
+    H.exit_on_sigterm()
     items = QUICK if a.quick else FULL
     if a.only:
         keys = [k.strip().lower() for k in a.only.split(",") if k.strip()]
