@@ -14,32 +14,9 @@ the template has it (Apriel's own "reasoning steps" prefix is not split from the
 
 from __future__ import annotations
 
-import regex
-
-from .common import (
-    NOT_A_CALL,
-    PARTIAL,
-    WS,
-    WS1,
-    CallParse,
-    ChatFormat,
-    ChatParser,
-    ChatSyntax,
-    GrammarRequest,
-    StreamParser,
-    ToolCall,
-    ToolGrammar,
-    assemble,
-    call_from_object,
-    call_triggers,
-    expect_tag,
-    json_rule,
-    one_of,
-    read_json,
-    reasoning_prefix,
-    skip_ws,
-)
-from .reasoning import THINK, ThinkTags
+from .common import WS1, ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar
+from .reasoning import THINK
+from .syntax import ToolSyntax, end_tag, json_calls, lit, repeat, seq, tool_syntax, ws
 
 # template marker -> (name, open tag, close tag, the grammar's form: "array" or "lines")
 FAMILIES = {
@@ -58,39 +35,11 @@ def family_of(source: str) -> str | None:
     return None
 
 
-class JsonTagsParser(StreamParser):
-    """Parser of JSON calls between ``open_tag`` and ``close_tag``."""
-
-    def __init__(self, syntax: ChatSyntax, think: ThinkTags | None, open_tag: str, close_tag: str) -> None:
-        self.think = think
-        self.open_tag, self.close_tag = open_tag, close_tag
-        self.call_start = regex.compile(regex.escape(open_tag))
-        super().__init__(syntax)
-
-    def parse_call(self, buf: str, final: bool) -> CallParse | None:
-        calls: list[ToolCall] = []
-        i = len(self.open_tag)
-        while True:
-            j = skip_ws(buf, i)
-            if buf.startswith(self.close_tag, j) or (final and j == len(buf)):
-                end = expect_tag(buf, j, self.close_tag, final)
-                return CallParse(calls, end) if calls and end is not None and end >= 0 else NOT_A_CALL
-            if not final and self.close_tag.startswith(buf[j:]):
-                return None
-            got = read_json(buf, j, self.json_cache)
-            if got is PARTIAL:
-                return NOT_A_CALL if final else None
-            if got is None:
-                return NOT_A_CALL
-            value, i = got  # type: ignore[misc]
-            items = value if isinstance(value, list) else [value]
-            found = [call_from_object(v, args_keys=("arguments", "parameters")) for v in items]
-            if not found or any(c is None for c in found):
-                return NOT_A_CALL
-            calls.extend(found)  # type: ignore[arg-type]
-            j = skip_ws(buf, i)
-            if j < len(buf) and buf[j] == ",":  # objects separated by commas
-                i = j + 1
+def json_tags_syntax(open_tag: str, close_tag: str, form: str) -> ToolSyntax:
+    """JSON calls between ``open_tag`` and ``close_tag``: an array (``form`` "array") or objects one a
+    line ("lines") in the grammar; the parser takes either, objects also separated by commas."""
+    calls = repeat(json_calls(array=form == "array"), end_tag(close_tag, True), sep=WS1, once=form == "array")
+    return tool_syntax(seq(lit(open_tag, True), ws(), calls), repeat=False)
 
 
 class JsonTagsFormat(ChatFormat):
@@ -104,32 +53,10 @@ class JsonTagsFormat(ChatFormat):
         self.name, self.open_tag, self.close_tag, self.form = FAMILIES[family]
         self.think = THINK if "<think>" in self.source or "</think>" in self.source else None
         self.preserved = ("<think>", "</think>", self.open_tag, self.close_tag)
+        self.syntax = json_tags_syntax(self.open_tag, self.close_tag, self.form)
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        schemas = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for f in req.functions
-        ]
-        if self.form == "array":
-            array = {"type": "array", "items": one_of(schemas), "minItems": 1}
-            if not req.parallel:
-                array["maxItems"] = 1
-            body, rules = "calls", [f"calls: {json_rule(array)}"]
-        else:
-            body, rules = (
-                (f"call ({WS1} call)*" if req.parallel else "call"),
-                [f"call: {json_rule(one_of(schemas))}"],
-            )
-        prefix, extra = reasoning_prefix(req, self.think)
-        start = f"start: {prefix} {req.lit(self.open_tag)} {WS} {body} {WS} {req.lit(self.close_tag)}"
-        return ToolGrammar(
-            assemble([start, *rules, *extra]), call_triggers(req, self.think, self.open_tag), self.preserved
-        )
+        return self.syntax.grammar(req, self.think, self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return JsonTagsParser(syntax, self.think, self.open_tag, self.close_tag)
+        return self.syntax.parser(syntax, self.think)

@@ -28,6 +28,7 @@ import regex
 
 from .common import (
     NOT_A_CALL,
+    PARTIAL,
     WS,
     CallParse,
     ChatSyntax,
@@ -36,12 +37,15 @@ from .common import (
     ToolCall,
     ToolGrammar,
     assemble,
+    call_from_object,
     call_triggers,
     is_string_schema,
     json_rule,
     lark_str,
+    one_of,
     parameter_schemas,
     parameter_tables,
+    read_json,
     reasoning_prefix,
     regex_escape,
     skip_ws,
@@ -62,6 +66,7 @@ class Scan:
     name: str = ""
     args: dict[str, Any] = field(default_factory=dict)
     calls: list[ToolCall] = field(default_factory=list)
+    json_cache: dict = field(default_factory=dict)  # read_json's, kept while the text only grows
 
     def schema(self, key: str) -> Any:
         return self.tables.get(self.name, {}).get(key)
@@ -247,12 +252,13 @@ class Function(Node):
     template: str
     body: Node
     name_pattern: str = r"[^>\n]+"
+    pattern: str | None = None  # the head as the parser reads it (group 1: the name); default: template
 
     def __post_init__(self) -> None:
         before, _, after = self.template.partition("{name}")
-        self._before, self._after = before, after
+        self._before = before
         head = regex.escape(before) + f"({self.name_pattern})" + regex.escape(after)
-        self._head = regex.compile(head)
+        self._head = regex.compile(self.pattern or head)
 
     def parse(self, s: Scan, i: int) -> int | None:
         m = self._head.match(s.buf, i, partial=not s.final)
@@ -373,10 +379,12 @@ class TaggedParams(Node):
     declared: bool = False
     sep: str = WS
     key_pattern: str = r"[^>\n]+"
+    pattern: str | None = None  # the opening tag as the parser reads it (group 1: the key)
 
     def __post_init__(self) -> None:
         before, _, after = self.open.partition("{key}")
-        self._open = regex.compile(regex.escape(before) + f"({self.key_pattern})" + regex.escape(after))
+        head = regex.escape(before) + f"({self.key_pattern})" + regex.escape(after)
+        self._open = regex.compile(self.pattern or head)
 
     def parse(self, s: Scan, i: int) -> int | None:
         buf, final = s.buf, s.final
@@ -421,6 +429,92 @@ class TaggedParams(Node):
         return "", False
 
 
+@dataclass
+class Repeat(Node):
+    """One or more ``node`` (several in the grammar only when parallel calls are allowed), whitespace
+    between, then ``end``, which is only looked for after the first."""
+
+    node: Node
+    end: Node
+    sep: str = WS  # the whitespace the grammar writes between two
+    once: bool = False  # the grammar writes ``node`` once (it holds all the calls itself)
+
+    def parse(self, s: Scan, i: int) -> int | None:
+        n = len(s.calls)
+        while True:
+            j = skip_ws(s.buf, i)
+            done = self.end.parse(s, j)
+            if done is not NEED and done != FAIL:
+                return done if len(s.calls) > n else FAIL
+            got = self.node.parse(s, j)
+            if got == FAIL:
+                return NEED if done is NEED else FAIL
+            if got is NEED:
+                return NEED
+            i = got
+
+    def lark(self, g: Lark) -> str:
+        node, end = self.node.lark(g), self.end.lark(g)
+        many = not self.once and g.req.parallel
+        return f"{node} ({self.sep} {node})* {end}" if many else f"{node} {end}"
+
+    def start(self) -> tuple[str, bool]:
+        return self.node.start()[0], False
+
+    def trigger(self) -> str:
+        return self.node.trigger()
+
+
+def call_schemas(functions: list[dict]) -> list[dict]:
+    """The schema of a call ``{"name": ..., "arguments": {...}}`` of each function."""
+    return [
+        {
+            "type": "object",
+            "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for f in functions
+    ]
+
+
+@dataclass
+class JsonCalls(Node):
+    """Calls as JSON: the parser reads one object ``{"name", "arguments"}`` (or ``"parameters"``, or
+    OpenAI's ``{"function": ...}``) or an array of them, and a comma after it; the grammar writes one
+    object of an allowed function's schema (``array``: an array of one, or more when parallel calls are
+    allowed)."""
+
+    array: bool = False
+
+    def parse(self, s: Scan, i: int) -> int | None:
+        got = read_json(s.buf, i, s.json_cache)
+        if got is PARTIAL:
+            return FAIL if s.final else NEED
+        if got is None:
+            return FAIL
+        value, i = got  # type: ignore[misc]
+        items = value if isinstance(value, list) else [value]
+        found = [call_from_object(v, args_keys=("arguments", "parameters")) for v in items]
+        if not found or any(c is None for c in found):
+            return FAIL
+        s.calls.extend(found)  # type: ignore[arg-type]
+        j = skip_ws(s.buf, i)
+        return j + 1 if j < len(s.buf) and s.buf[j] == "," else i  # (objects separated by commas)
+
+    def lark(self, g: Lark) -> str:
+        schema = one_of(call_schemas(g.req.functions))
+        if not self.array:
+            return g.rule("call_json", json_rule(schema))
+        array = {"type": "array", "items": schema, "minItems": 1}
+        if not g.req.parallel:
+            array["maxItems"] = 1
+        return g.rule("calls_json", json_rule(array))
+
+    def start(self) -> tuple[str, bool]:
+        return r"[\[{]", False
+
+
 # --- constructors ---
 
 
@@ -452,9 +546,22 @@ def accept(node: Node) -> Accept:
     return Accept(node)
 
 
-def function(template: str, *body: Node, name_pattern: str = r"[^>\n]+") -> Function:
-    """One call of a function named in ``template`` (``"<function={name}>"``), then ``body``."""
-    return Function(template, body[0] if len(body) == 1 else Seq(body), name_pattern)
+def function(
+    template: str, *body: Node, name_pattern: str = r"[^>\n]+", pattern: str | None = None
+) -> Function:
+    """One call of a function named in ``template`` (``"<function={name}>"``), then ``body``;
+    ``pattern``: the head as the parser reads it, where it is more lenient than ``template``."""
+    return Function(template, body[0] if len(body) == 1 else Seq(body), name_pattern, pattern)
+
+
+def repeat(node: Node, end: Node, sep: str = WS, once: bool = False) -> Repeat:
+    """One or more ``node`` then ``end`` (calls in one block); see :class:`Repeat`."""
+    return Repeat(node, end, sep, once)
+
+
+def json_calls(array: bool = False) -> JsonCalls:
+    """Calls as JSON ``{"name", "arguments"}`` objects; ``array``: the grammar writes them in an array."""
+    return JsonCalls(array)
 
 
 def tagged_params(open: str, close: str, end: Node, **kw: Any) -> TaggedParams:
@@ -471,6 +578,7 @@ class ToolSyntax:
     more calls (several when parallel calls are allowed, whitespace between)."""
 
     call: Node
+    repeat: bool = True  # False: one call (a block that holds several: :func:`repeat`)
 
     def grammar(
         self, req: GrammarRequest, think: ThinkTags | None, preserved: tuple[str, ...]
@@ -478,15 +586,17 @@ class ToolSyntax:
         g = Lark(req)
         call = self.call.lark(g)
         prefix, extra = reasoning_prefix(req, think)
-        rules = [f"start: {prefix} {req.calls('call')}", f"call: {call}", *g.rules, *extra]
+        calls = req.calls("call") if self.repeat else "call"
+        rules = [f"start: {prefix} {calls}", f"call: {call}", *g.rules, *extra]
         return ToolGrammar(assemble(rules), call_triggers(req, think, self.call.trigger()), preserved)
 
     def parser(self, syntax: ChatSyntax, think: ThinkTags | None) -> SyntaxParser:
         return SyntaxParser(syntax, self, think)
 
 
-def tool_syntax(call: Node) -> ToolSyntax:
-    return ToolSyntax(call)
+def tool_syntax(call: Node, repeat: bool = True) -> ToolSyntax:
+    """A family's calls: ``call`` (one or more, ``repeat``), optionally after a reasoning block."""
+    return ToolSyntax(call, repeat)
 
 
 class SyntaxParser(StreamParser):
@@ -501,7 +611,7 @@ class SyntaxParser(StreamParser):
         self.tables = parameter_tables(syntax.tools)
 
     def parse_call(self, buf: str, final: bool) -> CallParse | None:
-        s = Scan(buf, final, self.tables)
+        s = Scan(buf, final, self.tables, json_cache=self.json_cache)
         end = self.tool.call.parse(s, 0)
         if end is NEED:
             return None

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from llamapy.chat.common import ChatFormat, ChatSyntax, GrammarRequest
+from llamapy.chat.common import ChatSyntax, GrammarRequest, functions_of
 from llamapy.chat.reasoning import THINK
 from llamapy.chat.syntax import (
     FAIL,
@@ -20,6 +20,7 @@ from llamapy.chat.syntax import (
     end_tag,
     function,
     lit,
+    repeat,
     seq,
     tagged_params,
     tool_syntax,
@@ -103,14 +104,12 @@ def test_marker_and_trigger():
     assert SYNTAX.call.trigger() == "<call>"
 
 
-class Toy(ChatFormat):
+class Toy:  # (not a ChatFormat: test_grammar_whitespace wants every ChatFormat in its table)
     name = "toy"
-    supports_tools = True
-    think = THINK
-    preserved = ("<think>", "</think>")
 
-    def build_grammar(self, req: GrammarRequest):
-        return SYNTAX.grammar(req, self.think, self.preserved)
+    def grammar(self, tools, tool_choice, parallel, is_special):
+        req = GrammarRequest(functions_of(tools), tool_choice != "auto", parallel, is_special)
+        return SYNTAX.grammar(req, THINK, ("<think>", "</think>"))
 
     def parser(self, syntax: ChatSyntax):
         return SYNTAX.parser(syntax, THINK)
@@ -141,3 +140,22 @@ def test_parser_lenient_and_content():
     assert msg.content == "Hi <fx" and json.loads(msg.tool_calls[0].arguments) == {"timezone": "UTC"}
     msg = run_pieces(fmt, ["<call><f=get_time>oops</call>"], tools=TOOLS)
     assert msg.content == "<call><f=get_time>oops</call>" and not msg.tool_calls
+
+
+BLOCK = seq(lit("<b>"), ws(), repeat(CALL, end_tag("</b>")))
+
+
+@pytest.mark.parametrize(
+    ("text", "final", "want", "names"),
+    [
+        ("<b><f=f></f> <f=g></f></b>", False, 26, ["f", "g"]),
+        ("<b><f=f></f> </", False, NEED, ["f"]),
+        ("<b><f=f></f>", True, 12, ["f"]),  # the block's end cut off by the end of generation
+        ("<b></b>", False, FAIL, []),  # at least one call
+        ("<b><f=f></f>x", False, FAIL, ["f"]),
+    ],
+)
+def test_repeat(text, final, want, names):
+    s = scan(text, final)
+    assert BLOCK.parse(s, 0) == want
+    assert [c.name for c in s.calls] == names
