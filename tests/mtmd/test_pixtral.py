@@ -251,3 +251,51 @@ def test_bad_mmproj_is_a_typed_error(mistral3: TinyPixtral, tmp_path: Path) -> N
     del t["v.blk.1.ffn_gate.weight"]
     with pytest.raises(MtmdError, match="ffn_gate"):
         ClipModel(mistral3.write_mmproj(tmp_path / "nogate.gguf", tensors=t))
+
+
+def test_wrong_text_model_and_odd_images(mistral3: TinyPixtral, idefics3_vlm: convert.TinyVLM) -> None:
+    other = Model.load(idefics3_vlm.text_gguf())  # 64 wide too, but no [IMG_END] in its vocabulary
+    with pytest.raises(MtmdError, match=r"\[IMG_END\]"):
+        MtmdContext(mistral3.mmproj_path, other)
+    mt = MtmdContext(mistral3.mmproj_path, Model.load(mistral3.text_path))
+    thin = Bitmap(np.zeros((4, 20000, 3), np.uint8))  # too elongated for 8..1024 tokens of 16 px
+    with pytest.raises(MtmdError, match="elongated"):
+        mt.tokenize("<__media__>", [thin])
+    one = mt.tokenize("<__media__>", [Bitmap(np.full((1, 1, 3), 200, np.uint8))])  # scaled up to the minimum
+    img = next(c for c in one if isinstance(c, ImageChunk))
+    assert img.n_tokens >= 8 and mt.encode(img).shape == (img.n_tokens, 64)
+
+
+def test_chat_completion_with_an_image_follows_hf_greedy(mistral3: TinyPixtral) -> None:
+    """``Llama(mmproj=...)``: an image as an OpenAI content part, 3 greedy tokens = HF's argmax on the same ids."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from llamapy.api import Llama
+    from llamapy.mtmd import load_image
+    from llamapy.mtmd.qwen2vl import preprocess_dynamic
+
+    arr = RNG.integers(0, 256, (40, 70, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    llm = Llama(str(mistral3.text_path), mmproj=str(mistral3.mmproj_path), n_ctx=256, n_batch=64, n_ubatch=64,
+                type_k="f32", type_v="f32", verbose=False)  # fmt: skip
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "what is"},
+                                         {"type": "image_url", "image_url": {"url": url}}]}]  # fmt: skip
+    out = llm.create_chat_completion(msgs, temperature=0.0, max_tokens=3)
+    assert out["usage"]["completion_tokens"] == 3
+    px = preprocess_dynamic(load_image(buf.getvalue()), llm.mtmd.clip.hparams, True, 8, 1024)
+    nx, ny = px.shape[2] // 16, px.shape[1] // 16
+    toks = list(llm.eval_tokens)
+    i = next(k for k, t in enumerate(toks) if t < 0)
+    n_img = nx * ny + ny - 1
+    assert all(t < 0 for t in toks[i : i + n_img]) and toks[i + n_img] == END
+    ids = toks[:i] + ([IMG] * nx + [BRK]) * (ny - 1) + [IMG] * nx + toks[i + n_img :]
+    with torch.no_grad():
+        ref = mistral3.hf(input_ids=torch.tensor([ids]), pixel_values=torch.from_numpy(px[None]),
+                          image_sizes=torch.tensor([list(px.shape[1:])]))  # fmt: skip
+    n_prompt = out["usage"]["prompt_tokens"]
+    assert toks[n_prompt:] == list(ref.logits[0].argmax(-1).numpy()[n_prompt - 1 : -1])
