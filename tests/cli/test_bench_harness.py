@@ -97,3 +97,31 @@ def test_weight_bytes_and_kernel_rates(tmp_path):
     table = kernel_rates(str(path), stats, 10)
     row = next(r for r in table.splitlines() if r.startswith("Q8_0"))
     assert "mm_q8_0 (10)" in row and f"{by['Q8_0'] * 10 / 0.5 / 1e9:7.2f}" in row
+
+
+def test_vs_llamacpp_commands_and_report():
+    from benchmarks import vs_llamacpp as V
+
+    tests = [(0, 16, 0), (64, 0, 0), (0, 16, 4096)]
+    cmd = V.bench_cmd("llama.cpp", Path("m.gguf"), tests, 2, 3, Path("/b"), 0)
+    assert (
+        cmd[0] == "/b/llama-bench" and cmd[cmd.index("-p") + 1] == "64" and cmd[cmd.index("-n") + 1] == "16"
+    )
+    cmd = V.bench_cmd("llamapy", Path("m.gguf"), tests, 2, 3, Path("/b"), 4096)
+    assert cmd[1:4] == ["-m", "llamapy", "bench"] and cmd[cmd.index("-p") + 1] == "0" and "4096" in cmd
+    assert {i.label for i in V.QUICK} <= {i.label for i in V.FULL}
+    data = {
+        "machine": "cpu; 2 cores; flags: avx2", "when": "now", "threads": 2, "rounds": 2, "llamacpp_bin": "/b",
+        "bandwidth_gbs": 10.0, "load_start": "1", "load_end": "1",
+        "files": {
+            "A": {"path": "a", "note": "", "bytes_per_token": 1e9, "hello": {},
+                  "tests": {"tg16": {"llama.cpp": [2.0, 4.0, 3.0], "llamapy": [3.0, 3.3, 3.6]}}},
+            "B": {"path": None, "note": "skipped: no disk", "tests": {}, "hello": {}},
+            "C": {"path": "c", "note": "", "bytes_per_token": 1e8, "tests": {},
+                  "hello": {"llama.cpp": [{"seconds": 1.0, "rss_mb": 100.0}],
+                            "llamapy": [{"seconds": 2.0, "rss_mb": 110.0}]}},
+        },
+    }  # fmt: skip
+    md = V.report(data, "cmd")
+    assert "| A | tg16 | 3.00 | 3.30 | 1.10x | 3.3 | 33% |" in md
+    assert "| C | 1.00 | 2.00 | 2.00x | 100 | 110 | 1.10x |" in md and "- B: skipped: no disk" in md
