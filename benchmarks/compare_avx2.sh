@@ -15,17 +15,17 @@ R="${2:-2}"
 shift $(( $# > 2 ? 2 : $# )) || true
 MODELS=("$@")
 [ ${#MODELS[@]} -gt 0 ] || MODELS=(smollm2-135m-instruct gemma3-270m)
-BIN=$(LLAMACPP_ARCH=avx2 LLAMACPP_TOOLS=llama-bench bash benchmarks/build_llamacpp.sh | tail -1)
+BIN=$(LLAMACPP_ARCH=avx2 LLAMACPP_TOOLS=llama-bench bash benchmarks/build_llamacpp.sh "$(python3 -c 'from benchmarks.harness import LLAMACPP_VERSION as v; print(v)')" | tail -1)
 PY=$(python3 -c 'import sys; print(sys.executable)')
 unset PYTHONDONTWRITEBYTECODE
 export NUMBA_CPU_NAME=haswell
 export NUMBA_CPU_FEATURES=+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+lzcnt,+movbe,+sse4.2,+sse4.1,+ssse3,-avx512f
 OUT="${OUT:-benchmarks/results/vs_llamacpp_avx2.md}"
-cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
+machine=$("$PY" -c 'from benchmarks.harness import machine_line; print(machine_line())')
 {
     echo "# llamapy vs llama.cpp, both limited to AVX2 + FMA (no AVX-512)"
     echo
-    echo "- when: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $(nproc) cores, $cpu (the host has AVX-512; neither tool uses it here)"
+    echo "- when: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $machine (the host has AVX-512; neither tool uses it here)"
     echo "- llama.cpp: $(cat "$BIN/../flags")"
     echo "- llamapy: NUMBA_CPU_NAME=$NUMBA_CPU_NAME NUMBA_CPU_FEATURES=$NUMBA_CPU_FEATURES"
     echo "- load average at start: $(cut -d' ' -f1-3 /proc/loadavg); threads: -t $T; rounds: $R"

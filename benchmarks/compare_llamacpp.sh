@@ -35,7 +35,7 @@ CLIENTS="${CLIENTS:-1,4,16,32}"
 SERVER="${SERVER:-1}"
 BUSY="${BUSY:-1}"
 START_RUNS="${START_RUNS:-3}"
-BIN=$(bash benchmarks/build_llamacpp.sh | tail -1)
+BIN=$(bash benchmarks/build_llamacpp.sh "$(python3 -c 'from benchmarks.harness import LLAMACPP_VERSION as v; print(v)')" | tail -1)
 # the interpreter itself, not a wrapper in front of it (a pyenv shim is a bash script: +0.05-0.15 s a
 # process), and .pyc files written as on any normal install (some shells set PYTHONDONTWRITEBYTECODE)
 PY=$(python3 -c 'import sys; print(sys.executable)')
@@ -44,12 +44,11 @@ OUT="${OUT:-benchmarks/results/vs_llamacpp.md}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
-flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx|avx2|fma|f16c|avx_vnni|avx512.*|amx.*' | tr '\n' ' ')
+machine=$("$PY" -c 'from benchmarks.harness import machine_line; print(machine_line())')
 {
     echo "# llamapy vs llama.cpp, side by side"
     echo
-    echo "- when: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $(nproc) cores, $cpu; flags: $flags"
+    echo "- when: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $machine"
     echo "- load average at start: $(cut -d' ' -f1-3 /proc/loadavg); threads: -t $T; rounds: $R"
     echo "- llama.cpp: $(basename "$(dirname "$(dirname "$BIN")")") (llama-cpp-python sdist), native build"
     echo "- command: \`benchmarks/compare_llamacpp.sh $T $R ${MODELS[*]}\`; llamapy runs as \`$PY -m llamapy\`"
