@@ -1,7 +1,7 @@
 """llamapy vs llama.cpp on the files people run (issue 25), both tools interleaved in one run, medians.
 
-    python benchmarks/vs_llamacpp.py --quick | --full [--avx2] [-t 2] [--rounds R] [--only LABEL,...]
-                                     [--make-only] [--no-profile] [--out NAME]
+    python benchmarks/vs_llamacpp.py --quick | --full [--avx2] [-t 2] [--rounds R] [--reps N] [--only LABEL,...]
+                                     [--depth-rounds N] [--hello-runs N] [--make-only] [--no-profile] [--out NAME]
 
 (``benchmarks/compare_llamacpp.sh --quick|--full`` and ``benchmarks/compare_avx2.sh --quick|--full`` call this.)
 
@@ -13,8 +13,9 @@ an MoE shape (Qwen3-30B-A3B's dims, 6 layers, Q4_K_M); see ``benchmarks/shaped.p
 
 Per file and round, each tool (the order alternating): ``llama-bench`` / ``llamapy bench -o json`` with the
 file's tests (tg, pp64, pp512; tg at depth 4096/16384 where listed), then ``run -p Hello -n 16`` (wall time and
-peak RSS; llama.cpp's ``llama-completion`` or ``llama-cli -no-cnv``) where listed. Medians over rounds. Before:
-the 2-thread read bandwidth (``harness.read_bandwidth``); per file the weight bytes a token reads, so tg t/s
+peak RSS; llama.cpp's ``llama-completion`` or ``llama-cli -no-cnv``) where listed. Medians over rounds; the
+depth tests (``-r 1``) only in the first ``--depth-rounds`` rounds (default 1: a 16k fill of the 7B takes most of
+an hour on 2 cores). Before: the 2-thread read bandwidth (``harness.read_bandwidth``); per file the weight bytes a token reads, so tg t/s
 gives GB/s and the fraction of the bandwidth limit. After: ``llamapy bench --profile`` on the listed files
 (per-kernel GB/s). ``--avx2``: llama.cpp's AVX2-only build and llamapy's Numba target Haswell (no AVX-512).
 
@@ -171,8 +172,11 @@ def run(items: list[Item], args: argparse.Namespace, bin_: Path, env: dict[str, 
                 continue
             rec = data["files"][it.label]
             for d in sorted({d for _, _, d in it.tests}):
+                if d and rnd >= args.depth_rounds:
+                    continue  # filling 16k tokens of a 7B model takes most of an hour on 2 cores
                 log(f"round {rnd + 1}, {tool}: {it.label} @ d{d}")
-                cmd = bench_cmd(tool, paths[it.label], it.tests, args.threads, args.reps, bin_, d)
+                reps = 1 if d else args.reps  # (llama-bench fills the depth again for each repetition)
+                cmd = bench_cmd(tool, paths[it.label], it.tests, args.threads, reps, bin_, d)
                 out = H.run_json(cmd, env=env if tool == "llamapy" else None, timeout=3600) or []
                 for r in out:
                     key = test_name(r["n_prompt"], r["n_gen"], r.get("n_depth", 0))
@@ -261,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=2, help="-r of each bench process (default 2)")
+    ap.add_argument(
+        "--depth-rounds", type=int, default=1, help="rounds that include the depth tests (default 1)"
+    )
     ap.add_argument("--hello-runs", type=int, default=2, help="timed `run -p Hello` per tool and round")
     ap.add_argument("--only", default="", help="comma list of substrings of the file labels to keep")
     ap.add_argument(
