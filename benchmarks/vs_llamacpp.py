@@ -21,7 +21,7 @@ gives GB/s and the fraction of the bandwidth limit. After: ``llamapy bench --pro
 
 ``--quick`` (~10 min on 2 cores once the files exist; ``--make-only`` makes them and compiles llamapy's kernels
 beforehand): Qwen2.5-0.5B (real or shaped) tg32; 1.5B-shaped Q4_K_M tg16 + pp64 (+ profile); SmolLM2 tg64 and
-``run -p Hello -n 16``; 3 rounds. ``--full``: everything above (hours on 2 cores; the 7B/8B files need ~16 GB of
+``run -p Hello -n 16``; 3 rounds. ``--smoke``: tg2 / pp8, one round: that every step works, not a measurement. ``--full``: everything above (hours on 2 cores; the 7B/8B files need ~16 GB of
 free disk each while made, skipped with a message otherwise).
 Writes ``benchmarks/results/<NAME>.md`` and ``.json`` (default ``vs_llamacpp_{quick,full}[_avx2]``).
 """
@@ -198,9 +198,10 @@ def run(items: list[Item], args: argparse.Namespace, bin_: Path, env: dict[str, 
         for it in items:
             if it.profile and it.label in paths:
                 log(f"profile: {it.label}")
-                r = subprocess.run(H.llamapy_cmd("bench", "-m", str(paths[it.label]), "-p", "0", "-n", "16", "-r", "1",
-                                                 "-t", str(args.threads), "--profile", "--profile-top", "12"),
-                                   env=env, capture_output=True, text=True)  # fmt: skip
+                n = "2" if args.smoke else "16"
+                cmd = H.llamapy_cmd("bench", "-m", str(paths[it.label]), "-p", "0", "-n", n, "-r", "1",
+                                    "-t", str(args.threads), "--profile", "--profile-top", "12")  # fmt: skip
+                r = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 data["files"][it.label]["profile"] = r.stderr[-6000:]
     return data
 
@@ -274,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         "--make-only", action="store_true", help="make the files and compile the kernels, no timing"
     )
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument(
+        "--smoke", action="store_true", help="tg2/pp8, one round: does every step work (not a measurement)"
+    )
     ap.add_argument("--out", default=None, help="result name under benchmarks/results/ (no suffix)")
     a = ap.parse_args(argv)
     H.exit_on_sigterm()
@@ -281,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.only:
         keys = [k.strip().lower() for k in a.only.split(",") if k.strip()]
         items = [i for i in items if any(k in i.label.lower() for k in keys)]
+    if a.smoke:
+        items = [Item(i.label, i.source, sorted({(8 if p else 0, 0 if p else 2, 0) for p, _, _ in i.tests}),
+                      i.run_hello, i.profile) for i in items]  # fmt: skip
+        a.rounds, a.reps, a.hello_runs = 1, 1, 1
     arch = "avx2" if a.avx2 else None
     bin_ = H.require_tool("llama-bench", arch).parent
     H.require_tool("llama-quantize", arch)
