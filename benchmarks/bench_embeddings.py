@@ -15,7 +15,6 @@ PATH``); without it only llamapy runs. The two outputs are compared (cosine) as 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import re
@@ -27,11 +26,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
-from benchmarks.harness import machine_line  # noqa: E402
+from benchmarks.harness import CACHE, llamacpp_tool, machine_line  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-CACHE = Path(os.environ.get("LLAMAPY_CACHE", Path.home() / ".cache" / "llamapy"))
 BERT_BASE = dict(n_layer=12, n_embd=768, n_head=12, n_ff=3072, n_ctx=512)
 
 
@@ -51,8 +49,8 @@ def make_texts(vocab, n: int, n_tokens: int, seed: int = 0) -> list[str]:
 def find_llama_embedding(given: str | None) -> str | None:
     if given:
         return given if os.access(given, os.X_OK) else None
-    found = sorted(glob.glob(str(CACHE / "llamacpp" / "*" / "build" / "bin" / "llama-embedding")))
-    return found[-1] if found else None
+    tool = llamacpp_tool("llama-embedding")
+    return str(tool) if tool else None
 
 
 def run_llamapy(path: Path, texts: list[str], args: argparse.Namespace) -> tuple[dict, np.ndarray]:

@@ -22,7 +22,6 @@ assumes a 24x24 patch grid (336 px), so those types would not run at these sizes
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import re
 import shlex
@@ -35,11 +34,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
-from benchmarks.harness import machine_line  # noqa: E402
+from benchmarks.harness import CACHE, llamacpp_tool, machine_line  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-CACHE = Path(os.environ.get("LLAMAPY_CACHE", Path.home() / ".cache" / "llamapy"))
 
 
 def patch_for(size: int) -> int:
@@ -76,8 +74,8 @@ def make_pair(size: int, layers: int, width: int, ftype: str, out: Path) -> tupl
 def find_mtmd_cli(given: str | None) -> str | None:
     if given:
         return given
-    found = sorted(glob.glob(str(CACHE / "llamacpp" / "*" / "build" / "bin" / "llama-mtmd-cli")))
-    return found[-1] if found else None
+    tool = llamacpp_tool("llama-mtmd-cli")
+    return str(tool) if tool else None
 
 
 def image_file(size: int, out: Path) -> Path:
