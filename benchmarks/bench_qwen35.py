@@ -52,6 +52,7 @@ from llamapy.gguf.writer import GGUFWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
 from benchmarks.harness import llamacpp_bin, machine_line  # noqa: E402
+from benchmarks.harness import load as _load
 
 ARCH = "qwen35"
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,10 +260,6 @@ def _run(cmd: list[str]) -> tuple[list[dict[str, Any]], float]:
 def _test_name(r: dict[str, Any]) -> str:
     name = (f"pp{r['n_prompt']}" if r["n_prompt"] else "") + (f"tg{r['n_gen']}" if r["n_gen"] else "")
     return name + (f" @ d{r['n_depth']}" if r.get("n_depth") else "")
-
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def run_all(

@@ -23,7 +23,6 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
-import os  # noqa: E402
 import socket  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
@@ -31,16 +30,12 @@ from typing import Any  # noqa: E402
 import httpx  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root (benchmarks.harness)
-from benchmarks.harness import machine_line  # noqa: E402
+from benchmarks.harness import load, machine_line  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ray.md"
 TOPICS = ["the sea", "a mountain", "a city at night", "an old library", "a desert", "a forest", "rain",
           "a train", "the moon", "a market", "winter", "a garden", "a bridge", "a lighthouse", "a river",
           "a festival"]  # fmt: skip
-
-
-def load() -> str:
-    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 async def chat(c: httpx.AsyncClient, msgs: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
