@@ -11,7 +11,7 @@ from llamapy.ggml import GGMLType as T
 from llamapy.ggml import Graph, NumpyBackend, Scheduler, ops
 from llamapy.ggml.backend import ComputeError
 from llamapy.ggml.cpu.backend import MATVEC_MAX_TOKENS, CPUBackend
-from llamapy.ggml.cpu.matmul_kernels import VEC_DOT_TYPE
+from llamapy.ggml.cpu.matmul_kernels import Q16_TYPES, VEC_DOT_TYPE
 from llamapy.ggml.quants import dequantize, quantize
 from tests.util import as_kernel_sees
 
@@ -81,7 +81,10 @@ def test_mul_mat_all_types_few_and_many_tokens(t):
     got, ref = run_both(outs, feeds)
     for m, a, b in zip((1, 3, MATVEC_MAX_TOKENS + 9), got, ref, strict=True):
         tight = t.name not in VEC_DOT_TYPE or m > MATVEC_MAX_TOKENS  # many tokens: float tiles
-        assert nmse(a, b) <= (1e-9 if tight else MUL_MAT_Q8_NMSE), (m, nmse(a, b))
+        bound = 1e-9 if tight else MUL_MAT_Q8_NMSE
+        if m == 1 and t.name in Q16_TYPES:  # the one-row kernel's 16-bit activations (~5e-10)
+            bound = 1e-8
+        assert nmse(a, b) <= bound, (m, nmse(a, b))
 
 
 @pytest.mark.parametrize("t", MATVEC_TYPES, ids=lambda t: t.name)
@@ -94,7 +97,7 @@ def test_matvec_kernels_match_gguf_py(t):
     x = f32(2, 512)
     out = np.zeros((2, 5), np.float32)
     mk.MATVEC[t.name](raw, x, out, mk.F16_TABLE)
-    assert nmse(out, as_kernel_sees(t.name, x) @ ref.T) < 1e-10
+    assert nmse(out, as_kernel_sees(t.name, x, matvec=True) @ ref.T) < 1e-10
 
 
 def test_mul_mat_views_and_batches():
@@ -326,7 +329,7 @@ def test_matvec_kernels_on_random_bits(t, m):
     x = f32(m, k)
     out = np.zeros((m, n), np.float32)
     mk.MATVEC[t.name](raw, x, out, mk.F16_TABLE)
-    ref = as_kernel_sees(t.name, x) @ dequantize(raw, t).astype(np.float64).T
+    ref = as_kernel_sees(t.name, x, matvec=True) @ dequantize(raw, t).astype(np.float64).T
     assert nmse(out, ref) < 1e-10
 
 

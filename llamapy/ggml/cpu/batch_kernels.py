@@ -61,7 +61,8 @@ from .simd import (
 
 _F8 = np.float32(8.0)
 _F16 = np.float32(16.0)
-#: the fifth bits of 8 elements as 16.0 / 0.0 (``matmul_kernels.BITS16``, the same table)
+#: BITS16[8 * v + j] = 16.0 if bit j of the byte v is set: the fifth bits of 8 Q5_0/Q5_1 elements
+#: as one vector load (8 KiB, stays in L1)
 BITS16 = np.array([16.0 * ((v >> j) & 1) for v in range(256) for j in range(8)], np.float32)
 
 
@@ -99,7 +100,7 @@ def _dot(q0, q1, q2, q3, xm, i):
 
 @njit(inline="always")
 def _dot5(q0, q1, q2, q3, h0, h1, h2, h3, xm, i):
-    """As ``_dot`` plus the fifth bits' products, in ``matmul_kernels._nib5``'s order."""
+    """As ``_dot`` plus the fifth bits' products, the fifth bits as floats."""
     t = _dot(q0, q1, q2, q3, xm, i)
     t = vfma_strict(t, h0, vload(xm, i))
     t = vfma_strict(t, h1, vload(xm, i + 8))

@@ -12,18 +12,19 @@ once for up to four rows, and from ``BATCH8_MIN_ROWS`` rows ``MATVEC_BATCH8`` (`
 32-element types; ``lo_batch8_kernels``, IQ4_NL and IQ4_XS) once for up to eight. ``matvec_kernel(name,
 M)`` picks one.
 
-This file holds the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), which multiply the float
-activations as they are. The k-quants (``kquant_kernels``; Q2_K and Q3_K in ``kquant_lo_kernels``)
-multiply activations quantized to 8 bits, as llama.cpp does; IQ4_NL and IQ4_XS (``iq4_kernels``) the
-floats, through a table lookup. ``MATVEC`` holds all; a type without a batch kernel runs its ``MATVEC``
-kernel for any number of rows (each weight block decoded again per row).
+The one-row kernels of the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) quantize the activations
+to 16 bits per block and multiply in integers (``q16_kernels``: as close to the float product as float
+activations, with half the vector operations); their batch kernels multiply the float activations. The
+k-quants (``kquant_kernels``; Q2_K and Q3_K in ``kquant_lo_kernels``) multiply activations quantized to
+8 bits, as llama.cpp does; IQ4_NL and IQ4_XS (``iq4_kernels``) the floats, through a table lookup.
+``MATVEC`` holds all; a type without a batch kernel runs its ``MATVEC`` kernel for any number of rows
+(each weight block decoded again per row). This file holds the tables and ``matvec_kernel``.
 
-How these are built (numbers: AVX2 VM, ``benchmarks/bench_matvec.py``):
+How the kernels are built (numbers: AVX2 VM, ``benchmarks/bench_matvec.py``):
 - values are ``simd.F32x8`` vectors: each row keeps eight partial sums in a register across all its
   blocks, each block's scale multiplies the whole vector, and the row is summed horizontally once at
   the end (scalar loops end every 32-element block in a horizontal sum: 1.35x slower on Q4_0);
-- four rows per pass share the loaded activations; the offsets and mins of the formats fold into
-  per-block sums of ``x``, also kept as vectors;
+- four rows per pass share the loaded activations;
 - software prefetch of the rows ``rowgroups.PREFETCH_ROWS`` ahead: 2.2x on a 178 MB Q8_0 matrix;
 - ``prange`` over groups of four rows (``rowgroups``).
 """
@@ -34,235 +35,8 @@ import importlib
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
-import numpy as np
-
-from ..._numba import njit, prange
 from ..quants.fast import F16_TABLE  # noqa: F401  (re-exported: the kernels' ``f16`` argument)
-from ..quants.layouts import (
-    Q4_0_BYTES,
-    Q4_0_QS,
-    Q4_1_BYTES,
-    Q4_1_M,
-    Q4_1_QS,
-    Q5_0_BYTES,
-    Q5_0_QH,
-    Q5_0_QS,
-    Q5_1_BYTES,
-    Q5_1_M,
-    Q5_1_QH,
-    Q5_1_QS,
-    Q8_0_BYTES,
-    Q8_0_QS,
-)
 from ..types import GGMLType
-from .layouts import ROWS_PER_PASS
-from .rowgroups import PREFETCH_ROWS, f16at, prefetch_bytes, rows4, store4
-from .simd import vadd, vfma, vi8, vload, vmul, vq4, vsplat, vsub, vzero
-
-_F8 = np.float32(8.0)
-_F16 = np.float32(16.0)
-
-
-# -- 32-element blocks: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 ------------------------------------------------
-@njit(inline="always")
-def _nib(wr, q, x0, x1, x2, x3):
-    """sum of nibble * x over a 16-byte run of quants at ``q`` (low nibbles: elements 0-15)."""
-    t = vmul(vq4(wr, q, False), x0)
-    t = vfma(t, vq4(wr, q + 8, False), x1)
-    t = vfma(t, vq4(wr, q, True), x2)
-    return vfma(t, vq4(wr, q + 8, True), x3)
-
-
-#: BITS16[8 * v + j] = 16.0 if bit j of the byte v is set: the fifth bits of 8 Q5_0/Q5_1 elements
-#: as one vector load (8 KiB, stays in L1), instead of four integer operations per 8 elements
-BITS16 = np.array([16.0 * ((v >> j) & 1) for v in range(256) for j in range(8)], np.float32)
-
-
-@njit(inline="always")
-def _nib5(wr, q, qh, x0, x1, x2, x3, bits):
-    """As ``_nib`` with the 32 fifth bits in the 4 bytes at ``qh`` (bit j belongs to element j)."""
-    t = _nib(wr, q, x0, x1, x2, x3)
-    t = vfma(t, vload(bits, np.int64(wr[qh]) * 8), x0)
-    t = vfma(t, vload(bits, np.int64(wr[qh + 1]) * 8), x1)
-    t = vfma(t, vload(bits, np.int64(wr[qh + 2]) * 8), x2)
-    return vfma(t, vload(bits, np.int64(wr[qh + 3]) * 8), x3)
-
-
-@njit(parallel=True, cache=True, fastmath=True)
-def mm_q4_0(w, x, out, f16):
-    N, rb = w.shape
-    nb = rb // Q4_0_BYTES
-    wf = w.reshape(-1)
-    for g in prange((N + 3) // 4):
-        w0, w1, w2, w3 = rows4(w, g, N)
-        pf = (g * 4 + PREFETCH_ROWS) * rb
-        for m in range(x.shape[0]):
-            xm = x[m]
-            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            for b in range(nb):
-                if m == 0:
-                    prefetch_bytes(
-                        wf, pf + b * ROWS_PER_PASS * Q4_0_BYTES, ROWS_PER_PASS * Q4_0_BYTES, N * rb
-                    )
-                o = b * Q4_0_BYTES
-                x0, x1, x2, x3 = (
-                    vload(xm, b * 32),
-                    vload(xm, b * 32 + 8),
-                    vload(xm, b * 32 + 16),
-                    vload(xm, b * 32 + 24),
-                )
-                c = vmul(vadd(vadd(x0, x1), vadd(x2, x3)), vsplat(_F8))  # the -8 offset
-                a0 = vfma(a0, vsplat(f16at(w0, o, f16)), vsub(_nib(w0, o + Q4_0_QS, x0, x1, x2, x3), c))
-                a1 = vfma(a1, vsplat(f16at(w1, o, f16)), vsub(_nib(w1, o + Q4_0_QS, x0, x1, x2, x3), c))
-                a2 = vfma(a2, vsplat(f16at(w2, o, f16)), vsub(_nib(w2, o + Q4_0_QS, x0, x1, x2, x3), c))
-                a3 = vfma(a3, vsplat(f16at(w3, o, f16)), vsub(_nib(w3, o + Q4_0_QS, x0, x1, x2, x3), c))
-            store4(out, m, g, N, a0, a1, a2, a3)
-
-
-@njit(inline="always")
-def _q41(acc, wr, o, x0, x1, x2, x3, xsum, f16):
-    acc = vfma(acc, vsplat(f16at(wr, o, f16)), _nib(wr, o + Q4_1_QS, x0, x1, x2, x3))
-    return vfma(acc, vsplat(f16at(wr, o + Q4_1_M, f16)), xsum)
-
-
-@njit(parallel=True, cache=True, fastmath=True)
-def mm_q4_1(w, x, out, f16):
-    N, rb = w.shape
-    nb = rb // Q4_1_BYTES
-    wf = w.reshape(-1)
-    for g in prange((N + 3) // 4):
-        w0, w1, w2, w3 = rows4(w, g, N)
-        pf = (g * 4 + PREFETCH_ROWS) * rb
-        for m in range(x.shape[0]):
-            xm = x[m]
-            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            for b in range(nb):
-                if m == 0:
-                    prefetch_bytes(
-                        wf, pf + b * ROWS_PER_PASS * Q4_1_BYTES, ROWS_PER_PASS * Q4_1_BYTES, N * rb
-                    )
-                o = b * Q4_1_BYTES
-                x0, x1, x2, x3 = (
-                    vload(xm, b * 32),
-                    vload(xm, b * 32 + 8),
-                    vload(xm, b * 32 + 16),
-                    vload(xm, b * 32 + 24),
-                )
-                s = vadd(vadd(x0, x1), vadd(x2, x3))  # times the min
-                a0 = _q41(a0, w0, o, x0, x1, x2, x3, s, f16)
-                a1 = _q41(a1, w1, o, x0, x1, x2, x3, s, f16)
-                a2 = _q41(a2, w2, o, x0, x1, x2, x3, s, f16)
-                a3 = _q41(a3, w3, o, x0, x1, x2, x3, s, f16)
-            store4(out, m, g, N, a0, a1, a2, a3)
-
-
-@njit(parallel=True, cache=True, fastmath=True)
-def mm_q5_0(w, x, out, f16):
-    N, rb = w.shape
-    nb = rb // Q5_0_BYTES
-    wf = w.reshape(-1)
-    for g in prange((N + 3) // 4):
-        w0, w1, w2, w3 = rows4(w, g, N)
-        pf = (g * 4 + PREFETCH_ROWS) * rb
-        for m in range(x.shape[0]):
-            xm = x[m]
-            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            for b in range(nb):
-                if m == 0:
-                    prefetch_bytes(
-                        wf, pf + b * ROWS_PER_PASS * Q5_0_BYTES, ROWS_PER_PASS * Q5_0_BYTES, N * rb
-                    )
-                o, qs, qh = b * Q5_0_BYTES, b * Q5_0_BYTES + Q5_0_QS, b * Q5_0_BYTES + Q5_0_QH
-                x0, x1, x2, x3 = (
-                    vload(xm, b * 32),
-                    vload(xm, b * 32 + 8),
-                    vload(xm, b * 32 + 16),
-                    vload(xm, b * 32 + 24),
-                )
-                c = vmul(vadd(vadd(x0, x1), vadd(x2, x3)), vsplat(_F16))  # the -16 offset
-                a0 = vfma(a0, vsplat(f16at(w0, o, f16)), vsub(_nib5(w0, qs, qh, x0, x1, x2, x3, BITS16), c))
-                a1 = vfma(a1, vsplat(f16at(w1, o, f16)), vsub(_nib5(w1, qs, qh, x0, x1, x2, x3, BITS16), c))
-                a2 = vfma(a2, vsplat(f16at(w2, o, f16)), vsub(_nib5(w2, qs, qh, x0, x1, x2, x3, BITS16), c))
-                a3 = vfma(a3, vsplat(f16at(w3, o, f16)), vsub(_nib5(w3, qs, qh, x0, x1, x2, x3, BITS16), c))
-            store4(out, m, g, N, a0, a1, a2, a3)
-
-
-@njit(inline="always")
-def _q51(acc, wr, o, x0, x1, x2, x3, xsum, f16):
-    acc = vfma(acc, vsplat(f16at(wr, o, f16)), _nib5(wr, o + Q5_1_QS, o + Q5_1_QH, x0, x1, x2, x3, BITS16))
-    return vfma(acc, vsplat(f16at(wr, o + Q5_1_M, f16)), xsum)
-
-
-@njit(parallel=True, cache=True, fastmath=True)
-def mm_q5_1(w, x, out, f16):
-    N, rb = w.shape
-    nb = rb // Q5_1_BYTES
-    wf = w.reshape(-1)
-    for g in prange((N + 3) // 4):
-        w0, w1, w2, w3 = rows4(w, g, N)
-        pf = (g * 4 + PREFETCH_ROWS) * rb
-        for m in range(x.shape[0]):
-            xm = x[m]
-            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            for b in range(nb):
-                if m == 0:
-                    prefetch_bytes(
-                        wf, pf + b * ROWS_PER_PASS * Q5_1_BYTES, ROWS_PER_PASS * Q5_1_BYTES, N * rb
-                    )
-                o = b * Q5_1_BYTES
-                x0, x1, x2, x3 = (
-                    vload(xm, b * 32),
-                    vload(xm, b * 32 + 8),
-                    vload(xm, b * 32 + 16),
-                    vload(xm, b * 32 + 24),
-                )
-                s = vadd(vadd(x0, x1), vadd(x2, x3))
-                a0 = _q51(a0, w0, o, x0, x1, x2, x3, s, f16)
-                a1 = _q51(a1, w1, o, x0, x1, x2, x3, s, f16)
-                a2 = _q51(a2, w2, o, x0, x1, x2, x3, s, f16)
-                a3 = _q51(a3, w3, o, x0, x1, x2, x3, s, f16)
-            store4(out, m, g, N, a0, a1, a2, a3)
-
-
-@njit(inline="always")
-def _q80(acc, wr, o, x0, x1, x2, x3, f16):
-    q = o + Q8_0_QS
-    t = vmul(vi8(wr, q), x0)
-    t = vfma(t, vi8(wr, q + 8), x1)
-    t = vfma(t, vi8(wr, q + 16), x2)
-    t = vfma(t, vi8(wr, q + 24), x3)
-    return vfma(acc, vsplat(f16at(wr, o, f16)), t)
-
-
-@njit(parallel=True, cache=True, fastmath=True)
-def mm_q8_0(w, x, out, f16):
-    N, rb = w.shape
-    nb = rb // Q8_0_BYTES
-    wf = w.reshape(-1)
-    for g in prange((N + 3) // 4):
-        w0, w1, w2, w3 = rows4(w, g, N)
-        pf = (g * 4 + PREFETCH_ROWS) * rb
-        for m in range(x.shape[0]):
-            xm = x[m]
-            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            for b in range(nb):
-                if m == 0:
-                    prefetch_bytes(
-                        wf, pf + b * ROWS_PER_PASS * Q8_0_BYTES, ROWS_PER_PASS * Q8_0_BYTES, N * rb
-                    )
-                o = b * Q8_0_BYTES
-                x0, x1, x2, x3 = (
-                    vload(xm, b * 32),
-                    vload(xm, b * 32 + 8),
-                    vload(xm, b * 32 + 16),
-                    vload(xm, b * 32 + 24),
-                )
-                a0 = _q80(a0, w0, o, x0, x1, x2, x3, f16)
-                a1 = _q80(a1, w1, o, x0, x1, x2, x3, f16)
-                a2 = _q80(a2, w2, o, x0, x1, x2, x3, f16)
-                a3 = _q80(a3, w3, o, x0, x1, x2, x3, f16)
-            store4(out, m, g, N, a0, a1, a2, a3)
-
 
 #: the type each kernel quantizes the activations to first (llama.cpp's ``vec_dot_type``); the others
 #: multiply float activations
@@ -303,8 +77,13 @@ class KernelTable(MutableMapping):
         return len(self._entries)
 
 
+#: the types whose ``MATVEC`` kernel quantizes the activations to 16 bits per 32 elements first
+#: (``q16_kernels``; their batch kernels multiply the float activations)
+Q16_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"})
+
 MATVEC = KernelTable({
-    "Q4_0": mm_q4_0, "Q4_1": mm_q4_1, "Q5_0": mm_q5_0, "Q5_1": mm_q5_1, "Q8_0": mm_q8_0,
+    "Q4_0": "q16_kernels:mm16_q4_0", "Q4_1": "q16_kernels:mm16_q4_1", "Q5_0": "q16_kernels:mm16_q5_0",
+    "Q5_1": "q16_kernels:mm16_q5_1", "Q8_0": "q16_kernels:mm16_q8_0",
     "Q2_K": "kquant_lo_kernels:mm_q2_k", "Q3_K": "kquant_lo_kernels:mm_q3_k",
     "Q4_K": "kquant_kernels:mm_q4_k", "Q5_K": "kquant_kernels:mm_q5_k", "Q6_K": "kquant_kernels:mm_q6_k",
     "IQ4_NL": "iq4_kernels:mm_iq4_nl", "IQ4_XS": "iq4_kernels:mm_iq4_xs",
