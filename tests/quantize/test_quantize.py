@@ -72,21 +72,20 @@ def test_types_of_every_mix_match_llama_quantize(files, model):
         diff = [(n, t, got[n]) for n, t in zip(names, run["types"], strict=True) if got[n] != t]
         assert not diff, f"{model} {key}: {len(diff)} tensors differ, first {diff[:3]}"
         checked += 1
-    assert checked >= 2 * 30  # every mix, without and with an imatrix (less the refusals)
+    assert checked >= 50  # every mix, without and with an imatrix (less the refusals without one)
 
 
 # ---------------------------------------------------------------------------------------------
-# the bytes equal llama-quantize's (a sample of mixes: the K-quant search in NumPy is slow)
+# the bytes equal llama-quantize's (a sample of the runs; benchmarks/bench_quantize.py runs them all)
 
 BYTE_RUNS = [
     ("tied8", "Q4_K_M"),
-    ("tied8", "IQ4_XS+imatrix"),
-    ("moe8", "MXFP4_MOE"),
-    ("moe8", "IQ2_XS+imatrix"),
-    ("dense16", "Q8_0"),
-    ("dense16", "Q4_0+imatrix"),
-    ("tied8", "TQ2_0"),
+    ("tied8", "IQ3_XS+imatrix"),  # IQ3_XXS / IQ3_S / IQ2_S rows
+    ("tied8", "TQ1_0"),
     ("tied8", "BF16"),
+    ("dense16", "Q4_0+imatrix"),
+    ("dense16", "Q6_K"),
+    ("moe8", "MXFP4_MOE"),
 ]
 
 
