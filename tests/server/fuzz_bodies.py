@@ -374,6 +374,10 @@ SEEDS: dict[str, list[Seed]] = {
     "/api/create": [Seed({"model": "x", "from": "fake"}, expect=(501,))],
     "/api/copy": [Seed({"source": "fake", "destination": "x"}, expect=(501,))],
     "/mcp/confirm": [Seed({"id": "mcpc-none", "allow": True}, expect=(404,))],  # (no call waits)
+    # a multipart route: the fuzzer's JSON bodies are refused as not being its form (a 400, at once)
+    "/v1/audio/transcriptions": [
+        Seed({"model": "fake", "file": "x.wav", "response_format": "json"}, expect=(400,))
+    ],
     "/slots/{id_slot}": [
         Seed({"filename": "fuzz.bin"}, "/slots/0?action=save"),
         Seed({"filename": "fuzz.bin"}, "/slots/1?action=restore", expect=(200, 404)),
