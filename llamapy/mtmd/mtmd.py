@@ -40,6 +40,7 @@ _IMAGE_WRAP = {
     "gemma3": ("<start_of_image>", "<end_of_image>"),
     "idefics3": ("<fake_token_around_image><global-img>", "<fake_token_around_image>"),  # one global image
     "pixtral": ("", "[IMG_END]"),  # [IMG_BREAK] rows are inside the embeddings (pixtral.py)
+    "internvl": ("<img>", "</img>"),  # the tiles, then the overview, back to back (internvl.frames)
 }
 _MROPE_WRAP = ("<|vision_start|>", "<|vision_end|>")  # Qwen-VL style projectors (Projector.mrope)
 
@@ -218,6 +219,14 @@ class MtmdContext:
         hp = self.clip.hparams
         beg, end = self.image_wrap
         longest = int(self.clip.metadata.get("clip.vision.preproc_image_size") or 0)
+        if hp.projector_type == "internvl":  # the tiles, then the overview (internvl.frames)
+            from .internvl import frames
+
+            fr = frames(bmp, hp)
+            n = self.clip.n_output_tokens(hp.image_size, hp.image_size)
+            keys = [hashlib.sha256(f"{bmp.id}:{k}".encode()).hexdigest() for k in range(len(fr) - 1)]
+            nc = self.decode_use_non_causal
+            return [beg, *(ImageChunk(i, n, f, nc) for i, f in zip([*keys, bmp.id], fr, strict=True)), end]
         if hp.projector_type != "idefics3" or longest <= 0:
             return [beg, self._image_chunk(bmp), end]
         # SmolVLM's image splitting (HF Idefics3Processor): row-major tiles, then the global image
