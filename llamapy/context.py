@@ -43,6 +43,7 @@ from .graph_inputs import (
 from .memory import ContextFullError, StateError, create_memory, kv_type
 from .memory.fit import fit_n_ctx
 from .model.blocks import GraphBuilder, Inputs
+from .model.hparams import PoolingType
 from .model.lora import LoraAdapter, lora_map
 from .model.model import Model
 
@@ -56,7 +57,6 @@ __all__ = ["BatchError", "Context", "ContextFullError", "ContextParams", "EvalCa
 # (``ctx.sched.get(node.src[1])``: llama-imatrix reads the activations going into each weight).
 EvalCallback = Callable[[Tensor, bool, "np.ndarray | None"], bool]
 
-_POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 _STATE_MAGIC = b"LPYS"
 
 
@@ -135,27 +135,21 @@ class Context:
             )
         pool = p.pooling_type
         if pool is None or (isinstance(pool, (int, np.integer)) and pool < 0):  # unspecified: the model's
-            pool = hp.pooling_type if self.embeddings else 0
-        if isinstance(pool, str):
-            if pool not in _POOLING:
-                raise LlamapyError(f"pooling type {pool!r} is not one of {', '.join(_POOLING)}")
-            pool = _POOLING[pool]
-        self.pooling_type = int(pool)
-        if not 0 <= self.pooling_type <= 4:
-            raise LlamapyError(f"pooling type {self.pooling_type} is not one of 0..4 ({', '.join(_POOLING)})")
-        if self.pooling_type == 4 and not any(n in model.impl.w for n in ("cls.weight", "cls.output.weight")):
+            pool = hp.pooling_type if self.embeddings else PoolingType.NONE
+        self.pooling_type = PoolingType.parse(pool)
+        if self.pooling_type == PoolingType.RANK and not any(
+            n in model.impl.w for n in ("cls.weight", "cls.output.weight")
+        ):
             raise LlamapyError(
                 f"{model.path}: pooling type rank needs a classification head (cls.weight / cls.output.weight), "
                 f"which this {hp.arch} model does not have"
             )
-        # cls/last row of each sequence (qwen3's rank head reads the last token, as llama.cpp)
-        self._pool_last = self.pooling_type == 3 or (
-            self.pooling_type == 4 and hp.arch in ("qwen3", "qwen3vl")
-        )
+        # the rows pooling reads: mean, cls or last (rank: the family's, e.g. qwen3's last token, as llama.cpp)
+        self._pool_rows = model.impl.pooled_rows(self.pooling_type)
         dense = [model.impl.w.get(n) for n in ("dense_3.weight", "dense_2.weight")]
         dense = [d for d in dense if d is not None]
         # per-token embeddings: through the dense projections when not pooled (EmbeddingGemma)
-        self.n_embd_out = dense[0].shape[0] if dense and self.pooling_type == 0 else hp.n_embd
+        self.n_embd_out = dense[0].shape[0] if dense and self.pooling_type == PoolingType.NONE else hp.n_embd
         self.memory = create_memory(
             hp, self.n_ctx, self.n_ubatch, self.n_seq_max, p.type_k, p.type_v, p.swa_full
         )
@@ -209,7 +203,7 @@ class Context:
             self._thread_policy.apply()
         else:
             cap_threads(0)  # -t given: exactly that many (another context may have capped this thread)
-        pooled = self.embeddings and self.pooling_type != 0
+        pooled = self.embeddings and self.pooling_type != PoolingType.NONE
         ab = allocate(
             batch,
             self.n_vocab,
@@ -316,15 +310,16 @@ class Context:
                                  hp.f_max_alibi_bias > 0)  # fmt: skip
             inp.kq_mask, inp.kq_mask_swa = enc.kq_mask, enc.kq_mask_swa
             gis.append(enc)
-        mean = self.pooling_type == 1 or (self.pooling_type == 4 and hp.arch == "modern-bert")
-        if n_seqs and (mean or self.pooling_type in (2, 3, 4)):  # (modern-bert's rank head reads the mean)
-            pool = InpPooling(n_tokens, n_seqs, mean, self._pool_last)
+        if n_seqs and self._pool_rows != PoolingType.NONE:
+            pool = InpPooling(
+                n_tokens, n_seqs, self._pool_rows == PoolingType.MEAN, self._pool_rows == PoolingType.LAST
+            )
             inp.pool_mean, inp.pool_rows = pool.mean, pool.rows
             gis.append(pool)
         g = GraphBuilder(self.model.impl, inp)
         res = self.model.impl.build(g)
         if self.embeddings:  # pooling and heads: llama.cpp's build_pooling + build_dense_out
-            res = g.build_pooling(res, self.pooling_type if n_seqs else 0)
+            res = g.build_pooling(res, self.pooling_type if n_seqs else PoolingType.NONE)
         embd = res.embd if self.embeddings else None
         outs = [t for t in (res.logits, embd, res.embd_pooled) if t is not None]
         writes = [w for gi in gis for w in gi.writes]  # memory writes no output reads (recurrent states)

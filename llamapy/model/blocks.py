@@ -21,7 +21,7 @@ import numpy as np
 from ..ggml import ops
 from ..ggml.tensor import Tensor
 from ..ggml.types import GGMLType
-from .hparams import ROPE_NEOX, HParams, ModelLoadError
+from .hparams import ROPE_NEOX, HParams, ModelLoadError, PoolingType
 
 if TYPE_CHECKING:
     from .arch import Architecture
@@ -566,41 +566,44 @@ class GraphBuilder:
     # -- pooling (embeddings) ---------------------------------------------------------------------
     def build_pooling(self, res: Outputs, pooling_type: int) -> Outputs:
         """llama.cpp's ``build_pooling`` + ``build_dense_out``: the per-sequence embedding of the
-        ubatch's sequences from ``res.embd`` (all tokens are outputs): 1 mean (``inp.pool_mean``),
-        2 cls / 3 last (``inp.pool_rows``), 4 rank (the cls or last row, or the mean for modern-bert,
-        through the classification head: ``cls`` dense + tanh (gelu and ``cls.norm`` for modern-bert),
-        then ``cls.output``; a softmax for qwen3's yes/no head). Then the dense projections
-        (``dense_2`` + bias, ``dense_3``: EmbeddingGemma), on the pooled rows or, without pooling,
-        on every token. Names: ``result_embd_pooled``."""
+        ubatch's sequences from ``res.embd`` (all tokens are outputs): MEAN (``inp.pool_mean``),
+        CLS / LAST (``inp.pool_rows``), RANK (the rows the family names, ``Architecture.rank_rows``,
+        through the classification head: ``cls`` dense + the family's ``rank_act`` and ``cls.norm``
+        where present, then ``cls.output``; a softmax where ``rank_softmax``: qwen3's yes/no head).
+        Then the dense projections (``dense_2`` + bias, ``dense_3``: EmbeddingGemma), on the pooled
+        rows or, without pooling, on every token. Names: ``result_embd_pooled``."""
         w, arch, inp = self.arch.w, self.hp.arch, self.inp
         x = res.embd
         if x is None:
             raise ModelLoadError(f"{arch}: the graph has no embeddings output to pool")
-        if pooling_type == 0:
-            cur = x
-        elif pooling_type == 1 or (pooling_type == 4 and arch == "modern-bert"):
-            cur = ops.mul_mat(ops.cont(ops.transpose(x)), inp.pool_mean)  # [S, T] x [T, E] -> [S, E]
-        elif pooling_type in (2, 3, 4):
-            cur = ops.get_rows(x, inp.pool_rows)
-        else:
+        try:
+            pooling_type = PoolingType(pooling_type)
+        except ValueError:
             raise ModelLoadError(
                 f"pooling type {pooling_type} is not 0 none, 1 mean, 2 cls, 3 last or 4 rank"
-            )
-        if pooling_type == 4:
+            ) from None
+        rows = self.arch.pooled_rows(pooling_type)
+        if rows == PoolingType.NONE:
+            cur = x
+        elif rows == PoolingType.MEAN:
+            cur = ops.mul_mat(ops.cont(ops.transpose(x)), inp.pool_mean)  # [S, T] x [T, E] -> [S, E]
+        else:  # CLS, LAST
+            cur = ops.get_rows(x, inp.pool_rows)
+        if pooling_type == PoolingType.RANK:
             if "cls.output.weight" not in w and "cls.weight" not in w:
                 raise ModelLoadError(
                     f"{arch}: pooling type rank needs a classification head (cls.weight or cls.output.weight)"
                 )
             if "cls.weight" in w:
                 cur = self.mm(w["cls.weight"], cur, w.get("cls.bias"))
-                cur = ops.gelu(cur) if arch == "modern-bert" else ops.tanh(cur)
+                cur = ops.gelu(cur) if self.arch.rank_act == "gelu" else ops.tanh(cur)
                 if "cls.norm.weight" in w:
                     cur = self.build_norm(cur, w["cls.norm.weight"], w.get("cls.norm.bias"), kind="layer")
             if "cls.output.weight" in w:
                 cur = self.mm(w["cls.output.weight"], cur, w.get("cls.output.bias"))
-            if arch in ("qwen3", "qwen3vl"):
+            if self.arch.rank_softmax:
                 cur = ops.soft_max(cur)
-        if pooling_type != 0:
+        if pooling_type != PoolingType.NONE:
             cur = self.cb(cur, "result_embd_pooled")
         if "dense_2.weight" in w or "dense_3.weight" in w:
             if "dense_2.weight" in w:
@@ -608,9 +611,26 @@ class GraphBuilder:
             if "dense_3.weight" in w:
                 cur = self.mm(w["dense_3.weight"], cur)
             cur = self.cb(cur, "result_embd_pooled")
-        if pooling_type == 0:  # per token (through the dense projections where the model has them)
+        if pooling_type == PoolingType.NONE:  # per token (through the dense projections, if any)
             return Outputs(res.logits, cur)
         return Outputs(res.logits, res.embd, cur)
+
+
+@dataclass
+class SectionRope(Rope):
+    """Rope over sections of the rotary dims (ggml's ``rope_multi``; text: one position for all)."""
+
+    sections: tuple[int, ...] = ()
+    section_mode: int = ops.ROPE_IMROPE
+
+    def apply(self, x: Tensor, pos: Tensor) -> Tensor:
+        if not self.sections:
+            return super().apply(x, pos)
+        return ops.rope(
+            x, pos, self.n_dims, mode=self.section_mode, freq_base=self.freq_base, freq_scale=self.freq_scale,
+            n_ctx_orig=self.n_ctx_orig, ext_factor=self.ext_factor, attn_factor=self.attn_factor,
+            beta_fast=self.beta_fast, beta_slow=self.beta_slow, sections=self.sections,
+        )  # fmt: skip
 
 
 def neox(hp: HParams) -> HParams:
@@ -625,6 +645,7 @@ __all__ = [
     "KVInputs",
     "Outputs",
     "Rope",
+    "SectionRope",
     "TensorLoader",
     "Weights",
     "load_head_tensors",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -18,6 +19,32 @@ from ..errors import LlamapyError
 
 class ModelLoadError(LlamapyError):
     """A model file cannot be loaded: unknown architecture, missing/mis-shaped tensor, bad metadata."""
+
+
+class PoolingType(IntEnum):
+    """llama.cpp's ``llama_pooling_type`` (GGUF ``{arch}.pooling_type``): how an embedding context turns
+    the tokens of a sequence into one vector. RANK reads the rows its family names
+    (``Architecture.rank_rows``) through the classification head."""
+
+    NONE = 0
+    MEAN = 1
+    CLS = 2
+    LAST = 3
+    RANK = 4
+
+    @classmethod
+    def parse(cls, value: str | int) -> PoolingType:
+        """A name (``"mean"``) or a number (``1``); anything else raises ``LlamapyError``."""
+        names = ", ".join(k.name.lower() for k in cls)
+        if isinstance(value, str):
+            by_name = {k.name.lower(): k for k in cls}
+            if value not in by_name:
+                raise LlamapyError(f"pooling type {value!r} is not one of {names}")
+            return by_name[value]
+        try:
+            return cls(int(value))
+        except ValueError:
+            raise LlamapyError(f"pooling type {value} is not one of 0..{len(cls) - 1} ({names})") from None
 
 
 _MISSING = object()
@@ -179,7 +206,7 @@ class HParams:
     n_ff_shexp: int = 0  # the shared expert's feed-forward size (0: n_ff)
     expert_weights_norm: bool = False
     causal_attn: bool = True
-    pooling_type: int = 0
+    pooling_type: int = PoolingType.NONE
     n_cls_out: int = 1  # outputs of a rank head (classifier.output_labels)
     f_max_alibi_bias: float = 0.0  # ALiBi (jina-bert-v2): the encoder mask holds -|i - j|
     swa_type: str = "standard"  # "symmetric": |i - j| <= n_swa / 2 (modern-bert, EmbeddingGemma)

@@ -1,25 +1,34 @@
 """Building blocks of the recurrent layers (graph nodes only), shared by the hybrid families: the causal
 conv over the conv state (llama.cpp's ``build_conv_state`` + ``ggml_ssm_conv``), the gated delta rule
-layer of Qwen3.5 / Qwen3-Next (``build_gated_delta_net``), the gated RMSNorm, and hparams reading of
-the ``ssm.*`` keys. The memory's ``RSInputs`` (``Inputs.rs``) say which state rows a ubatch reads and
-writes; tokens are sequence-major: ``n_seqs`` streams of ``n_seq_tokens`` tokens.
+layer of Qwen3.5 / Qwen3-Next (``build_gated_delta_net``), the gated RMSNorm, hparams reading of the
+``ssm.*`` keys, Qwen3.5 / Qwen3-Next's hparams and gated attention, and the Mamba2 mixer's hparams and tensors (mamba2, falcon-h1, granitehybrid,
+nemotron-h). The memory's ``RSInputs`` (``Inputs.rs``) say which state rows a ubatch reads and writes;
+tokens are sequence-major: ``n_seqs`` streams of ``n_seq_tokens`` tokens.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from ..ggml import ops
 from ..ggml.tensor import Tensor
-from .blocks import GraphBuilder, Weights
-from .hparams import HParams, MetaReader, ModelLoadError
+from .blocks import GraphBuilder, TensorLoader, Weights
+from .hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError
+
+if TYPE_CHECKING:
+    from .arch import Architecture
 
 __all__ = [
     "build_conv",
+    "build_gated_attention",
     "build_gated_delta_net",
     "build_mamba2",
     "build_shortconv",
     "build_norm_gated",
+    "load_mamba2_hparams",
+    "load_mamba2_tensors",
+    "load_qwen35_hparams",
     "read_ssm_hparams",
     "recurrent_every",
 ]
@@ -239,3 +248,74 @@ def build_mamba1(g: GraphBuilder, h: Tensor, blk: Weights, il: int) -> Tensor:
     y = ops.add(ops.view(out, (T, di), None, 0), ops.mul(x, blk["ssm_d"]))
     y = ops.mul(y, ops.silu(z))
     return g.cb(g.mm(blk["ssm_out.weight"], y), "ssm_out", il)
+
+
+def load_mamba2_hparams(hp: HParams, md: MetaReader, recurrent: list[bool]) -> None:
+    read_ssm_hparams(hp, md)
+    if hp.ssm_d_inner % hp.ssm_n_group:
+        raise md._err(
+            f"ssm.inner_size {hp.ssm_d_inner} is not a multiple of ssm.group_count {hp.ssm_n_group}"
+        )
+    hp.recurrent_layers = recurrent
+    hp.n_embd_r = (hp.ssm_d_conv - 1) * (hp.ssm_d_inner + 2 * hp.ssm_n_group * hp.ssm_d_state)
+    hp.n_embd_s = hp.ssm_d_state * hp.ssm_d_inner
+
+
+def load_mamba2_tensors(arch: Architecture, t: TensorLoader, il: int) -> None:
+    hp = arch.hp
+    di, ds, nh, ng = hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank, hp.ssm_n_group
+    ch = di + 2 * ng * ds
+    t.layer(il, "ssm_in.weight", (2 * di + 2 * ng * ds + nh, hp.n_embd))
+    t.layer(il, "ssm_conv1d.weight", (ch, hp.ssm_d_conv))
+    t.layer(il, "ssm_conv1d.bias", (ch,), required=False)
+    t.layer(il, "ssm_dt.bias", (nh,))
+    t.layer(il, "ssm_a", (nh, 1))
+    t.layer(il, "ssm_d", (nh, 1))
+    t.layer(il, "ssm_norm.weight", (ng, di // ng), required=False)
+    t.layer(il, "ssm_out.weight", (hp.n_embd, di))
+
+
+def load_qwen35_hparams(hp: HParams, md: MetaReader) -> None:
+    hp.rope_type = ROPE_NEOX
+    hp.n_layer_nextn = md.u32("nextn_predict_layers", 0)  # MTP blocks after the trunk: not run
+    if hp.n_layer_nextn:
+        if hp.n_layer_nextn >= hp.n_layer:
+            raise md._err(f"nextn_predict_layers {hp.n_layer_nextn} must be < block_count {hp.n_layer}")
+        n = hp.n_layer = hp.n_layer - hp.n_layer_nextn
+        hp.n_head, hp.n_head_kv, hp.n_ff, hp.swa_layers = (
+            hp.n_head[:n],
+            hp.n_head_kv[:n],
+            hp.n_ff[:n],
+            hp.swa_layers[:n],
+        )
+    read_ssm_hparams(hp, md)
+    if hp.ssm_d_inner // hp.ssm_dt_rank != hp.ssm_d_state:
+        raise ModelLoadError(
+            f"{md.where}: {md.arch} needs value heads of ssm.state_size ({hp.ssm_d_state}) values, got "
+            f"ssm.inner_size / ssm.time_step_rank = {hp.ssm_d_inner // hp.ssm_dt_rank}"
+        )
+    hp.recurrent_layers = recurrent_every(md, hp.n_layer, hp.n_layer_nextn)
+    secs = md.raw("rope.dimension_sections")
+    hp.rope_sections = tuple(int(s) for s in secs) if secs is not None else ()
+    conv_ch = hp.ssm_d_inner + 2 * hp.ssm_n_group * hp.ssm_d_state
+    hp.n_embd_r = (hp.ssm_d_conv - 1) * conv_ch
+    hp.n_embd_s = hp.ssm_d_state * hp.ssm_d_inner
+    hp.expert_weights_norm = True
+
+
+def build_gated_attention(g: GraphBuilder, h: Tensor, blk: Weights, il: int) -> Tensor:
+    """Full attention whose q projection also gives a per-head output gate: ``[q_h | gate_h]`` per head."""
+    T = g.inp.n_tokens
+    nh, nkv, d, _ = g.hp.heads(il)
+    qg = ops.reshape(g.cb(g.mm(blk["attn_q.weight"], h), "Qcur_full", il), (T, nh, 2 * d))
+    q = ops.cont(ops.view(qg, (T, nh, d), qg.strides, 0))
+    gate = ops.reshape(ops.cont(ops.view(qg, (T, nh, d), qg.strides, 4 * d)), (T, nh * d))
+    q = g.build_norm(q, blk["attn_q_norm.weight"], name="Qcur_normed", il=il)
+    k = ops.reshape(g.mm(blk["attn_k.weight"], h), (T, nkv, d))
+    k = g.build_norm(k, blk["attn_k_norm.weight"], name="Kcur_normed", il=il)
+    v = ops.reshape(g.mm(blk["attn_v.weight"], h), (T, nkv, d))
+    rope = g.arch.layer_rope(il, g.inp.n_ctx)
+    q, k = g.cb(rope.apply(q, g.inp.pos), "Qcur", il), g.cb(rope.apply(k, g.inp.pos), "Kcur", il)
+    out = g.build_attn(q, k, g.cb(v, "Vcur", il), il, 1.0 / math.sqrt(d))
+    out = g.cb(ops.mul(out, g.cb(ops.sigmoid(gate), "gate_sigmoid", il)), "attn_gated", il)
+    return g.cb(g.mm(blk["attn_output.weight"], out), "attn_output", il)

@@ -18,7 +18,7 @@ import importlib
 
 from ...ggml.tensor import Tensor
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, Weights, load_head_tensors, rope_for_layer
-from ..hparams import HParams, MetaReader, ModelLoadError, read_common
+from ..hparams import HParams, MetaReader, ModelLoadError, PoolingType, read_common
 
 REGISTRY: dict[str, type[Architecture]] = {}
 
@@ -112,6 +112,11 @@ class Architecture:
     """Base class of a family: hparams, tensors, graph."""
 
     names: tuple[str, ...] = ()
+    # rank pooling (llama.cpp's build_pooling, LLAMA_POOLING_TYPE_RANK): the rows its classification head
+    # reads, the activation after ``cls``, and a softmax over the head's outputs (qwen3's yes/no head)
+    rank_rows: PoolingType = PoolingType.CLS
+    rank_act: str = "tanh"
+    rank_softmax: bool = False
 
     def __init__(self, hp: HParams) -> None:
         self.hp = hp
@@ -149,6 +154,11 @@ class Architecture:
         """Rope of layer ``il`` for a context of ``n_ctx`` cells per sequence, None for no rope (NoPE).
         The one source for the forward graph (``GraphBuilder.attention``) and the K-shift."""
         return rope_for_layer(self.hp, il, freq_factors=self.w.get("rope_freqs.weight"))
+
+    def pooled_rows(self, pooling: int) -> PoolingType:
+        """The rows ``pooling`` reads: NONE, MEAN, CLS or LAST (RANK: the family's ``rank_rows``)."""
+        kind = PoolingType(pooling)
+        return self.rank_rows if kind == PoolingType.RANK else kind
 
     def layer_moe(self, il: int) -> bool:
         """Whether layer ``il``'s feed-forward is a mixture of experts (else dense)."""

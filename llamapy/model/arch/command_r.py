@@ -6,10 +6,10 @@ global) and ropes only the sliding-window layers: the global ones are NoPE."""
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
+from ..dense_blocks import build_dense, load_dense_tensors
 from ..hf import HFConvert
 from ..hparams import HParams, MetaReader, swa_pattern
 from . import Architecture, register
-from .llama import build_dense, load_dense_tensors
 
 
 @register("command-r", "cohere2")

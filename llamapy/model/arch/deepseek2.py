@@ -27,8 +27,8 @@ from ...ggml.tensor import Tensor
 from ...ggml.types import GGMLType
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, Weights
 from ..hparams import ROPE_NORM, HParams, MetaReader, ModelLoadError
+from ..moe_blocks import GATING_SOFTMAX, build_moe_layer, load_moe_layer, read_moe_routing, skip_nextn_tensors
 from . import Architecture, register
-from .glm4moe import GATING_SOFTMAX, build_moe_layer, load_moe_layer, read_moe_routing, skip_nextn_tensors
 
 
 @register("deepseek2")

@@ -6,9 +6,9 @@ the probabilities plus ``exp_probs_b``, weights renormalized) with an optional s
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..dense_blocks import build_dense, load_dense_tensors
 from ..hparams import HParams, MetaReader, ModelLoadError
 from . import Architecture, register
-from .llama import build_dense, load_dense_tensors
 
 
 @register("ernie4_5", "ernie4_5-moe")

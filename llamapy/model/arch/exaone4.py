@@ -6,9 +6,9 @@ by default) the window layers use rope and the global ones none (NoPE)."""
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
+from ..dense_blocks import load_dense_tensors
 from ..hparams import ROPE_NEOX, HParams, MetaReader, swa_pattern
 from . import Architecture, register
-from .llama import load_dense_tensors
 
 
 @register("exaone4")

@@ -7,9 +7,8 @@ from __future__ import annotations
 from ...ggml import ops
 from ..blocks import GraphBuilder, Outputs, TensorLoader
 from ..hparams import ROPE_NEOX, HParams, MetaReader
-from ..rs_blocks import build_mamba2
+from ..rs_blocks import build_mamba2, load_mamba2_hparams, load_mamba2_tensors
 from . import Architecture, register
-from .mamba2 import load_mamba2_hparams, load_mamba2_tensors
 
 
 @register("falcon-h1")

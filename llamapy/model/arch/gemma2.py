@@ -4,10 +4,11 @@ on every other layer."""
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..gemma_blocks import build_gemma, gemma_attention_scale, load_gemma_tensors
 from ..hf import HFConvert
+from ..hf_shared import gemma_params
 from ..hparams import ROPE_NEOX, HParams, MetaReader, swa_pattern
 from . import Architecture, register
-from .gemma import build_gemma, gemma_attention_scale, gemma_params, load_gemma_tensors
 
 
 @register("gemma2")

@@ -4,10 +4,10 @@ layers, then 1 global), two rope bases (local 10000, global from the file) and n
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..gemma_blocks import build_gemma, gemma_attention_scale, load_gemma_tensors
 from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader, swa_pattern
 from . import Architecture, register
-from .gemma import build_gemma, gemma_attention_scale, load_gemma_tensors
 
 
 @register("gemma3")

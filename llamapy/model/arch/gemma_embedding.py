@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..gemma_blocks import build_gemma, load_gemma_tensors
 from ..hparams import ROPE_NEOX, HParams, MetaReader, swa_pattern
 from . import Architecture, register
-from .gemma import build_gemma, load_gemma_tensors
 
 
 @register("gemma-embedding")

@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..dense_blocks import build_dense, load_dense_tensors
+from ..hf_shared import LLAMA_HF
 from ..hparams import HParams, MetaReader
 from . import Architecture, register
-from .llama import HF_CONVERT as LLAMA_HF
-from .llama import build_dense, load_dense_tensors
 
 
 @register("granite", "granitemoe")

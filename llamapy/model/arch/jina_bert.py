@@ -7,9 +7,9 @@ with the gate either ``ffn_gate`` or the first half of a fused ``ffn_up`` (the c
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
+from ..encoder_blocks import build_bert, load_bert_tensors, read_encoder_hparams
 from ..hparams import HParams, MetaReader
 from . import Architecture, register
-from .bert import build_bert, load_bert_tensors, read_encoder_hparams
 
 
 @register("jina-bert-v2")

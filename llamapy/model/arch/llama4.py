@@ -11,9 +11,9 @@ from __future__ import annotations
 from ...ggml import ops
 from ...ggml.tensor import Tensor
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, Weights
+from ..dense_blocks import load_dense_tensors
 from ..hparams import HParams, MetaReader, ModelLoadError
 from . import Architecture, register
-from .llama import load_dense_tensors
 
 N_NO_ROPE_LAYER_STEP = 4
 

@@ -7,33 +7,8 @@ from __future__ import annotations
 from ...ggml import ops
 from ..blocks import GraphBuilder, Outputs, TensorLoader
 from ..hparams import HParams, MetaReader
-from ..rs_blocks import build_mamba2, read_ssm_hparams
+from ..rs_blocks import build_mamba2, load_mamba2_hparams, load_mamba2_tensors
 from . import Architecture, register
-
-
-def load_mamba2_hparams(hp: HParams, md: MetaReader, recurrent: list[bool]) -> None:
-    read_ssm_hparams(hp, md)
-    if hp.ssm_d_inner % hp.ssm_n_group:
-        raise md._err(
-            f"ssm.inner_size {hp.ssm_d_inner} is not a multiple of ssm.group_count {hp.ssm_n_group}"
-        )
-    hp.recurrent_layers = recurrent
-    hp.n_embd_r = (hp.ssm_d_conv - 1) * (hp.ssm_d_inner + 2 * hp.ssm_n_group * hp.ssm_d_state)
-    hp.n_embd_s = hp.ssm_d_state * hp.ssm_d_inner
-
-
-def load_mamba2_tensors(arch: Architecture, t: TensorLoader, il: int) -> None:
-    hp = arch.hp
-    di, ds, nh, ng = hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank, hp.ssm_n_group
-    ch = di + 2 * ng * ds
-    t.layer(il, "ssm_in.weight", (2 * di + 2 * ng * ds + nh, hp.n_embd))
-    t.layer(il, "ssm_conv1d.weight", (ch, hp.ssm_d_conv))
-    t.layer(il, "ssm_conv1d.bias", (ch,), required=False)
-    t.layer(il, "ssm_dt.bias", (nh,))
-    t.layer(il, "ssm_a", (nh, 1))
-    t.layer(il, "ssm_d", (nh, 1))
-    t.layer(il, "ssm_norm.weight", (ng, di // ng), required=False)
-    t.layer(il, "ssm_out.weight", (hp.n_embd, di))
 
 
 @register("mamba2")

@@ -9,11 +9,11 @@ import dataclasses
 import math
 
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
+from ..dense_blocks import build_dense, load_dense_tensors
 from ..hf import HFConvert
+from ..hf_shared import LLAMA_HF
 from ..hparams import HParams, MetaReader, ModelLoadError
 from . import Architecture, register
-from .llama import HF_CONVERT as LLAMA_HF
-from .llama import build_dense, load_dense_tensors
 
 
 @register("mistral3")

@@ -13,13 +13,16 @@ import numpy as np
 
 from ...ggml import ops
 from ..blocks import GraphBuilder, Outputs, TensorLoader
-from ..hparams import ROPE_NEOX, HParams, MetaReader
+from ..encoder_blocks import bert_attention, read_encoder_hparams
+from ..hparams import ROPE_NEOX, HParams, MetaReader, PoolingType
 from . import Architecture, register
-from .bert import bert_attention, read_encoder_hparams
 
 
 @register("modern-bert")
 class ModernBert(Architecture):
+    rank_rows = PoolingType.MEAN  # its rank head reads the mean, through cls + GELU + cls.norm
+    rank_act = "gelu"
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         read_encoder_hparams(hp, md)

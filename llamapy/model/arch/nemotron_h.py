@@ -9,9 +9,8 @@ from ...ggml import ops
 from ...ggml.tensor import Tensor
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, Weights
 from ..hparams import HParams, MetaReader
-from ..rs_blocks import build_mamba2
+from ..rs_blocks import build_mamba2, load_mamba2_hparams, load_mamba2_tensors
 from . import Architecture, register
-from .mamba2 import load_mamba2_hparams, load_mamba2_tensors
 
 
 def relu_sqr_ffn(g: GraphBuilder, h: Tensor, blk: Weights, il: int, suffix: str = "") -> Tensor:

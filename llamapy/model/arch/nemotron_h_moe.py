@@ -31,8 +31,8 @@ from __future__ import annotations
 from ...ggml.tensor import Tensor
 from ..blocks import GraphBuilder, TensorLoader, Weights
 from ..hparams import HParams, MetaReader, ModelLoadError
+from ..moe_blocks import GATING_SIGMOID, read_moe_routing, skip_nextn_tensors
 from . import register
-from .glm4moe import GATING_SIGMOID, read_moe_routing, skip_nextn_tensors
 from .nemotron_h import NemotronH, relu_sqr_ffn
 
 

@@ -13,9 +13,9 @@ from ...ggml import ops
 from ...ggml.tensor import Tensor
 from ...ggml.types import GGMLType
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..encoder_blocks import build_bert, load_bert_tensors, read_encoder_hparams
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import Architecture, register
-from .bert import build_bert, load_bert_tensors, read_encoder_hparams
 
 
 @register("nomic-bert", "nomic-bert-moe")

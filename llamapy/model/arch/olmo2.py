@@ -4,10 +4,10 @@ inputs are not), q/k RMS-normed over the whole projection (not per head), neox r
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..dense_blocks import load_dense_tensors
 from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import Architecture, register
-from .llama import load_dense_tensors
 
 
 @register("olmo2")

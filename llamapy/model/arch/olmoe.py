@@ -4,9 +4,9 @@ mixture of SwiGLU experts (softmax routing, top-k weights not renormalized)."""
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..dense_blocks import build_dense, load_dense_tensors
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import Architecture, register
-from .llama import build_dense, load_dense_tensors
 
 
 @register("olmoe")

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..dense_blocks import load_dense_tensors
 from ..hparams import HParams, MetaReader, ModelLoadError
 from . import register
-from .llama import load_dense_tensors
 from .phi3 import Phi3
 
 NORM_KIND = "layer"  # "rms": as llama.cpp's phi3 graph (LLM_NORM_RMS with the bias)

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..dense_blocks import build_dense, load_dense_tensors
 from ..hf import HFConvert
+from ..hf_shared import qwen_moe_params
 from ..hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError
 from . import Architecture, register
-from .llama import build_dense, load_dense_tensors
-from .qwen3 import qwen_moe_params
 
 
 @register("qwen2moe")

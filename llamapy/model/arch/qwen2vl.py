@@ -8,11 +8,10 @@ positions (``llamapy.mtmd``)."""
 from __future__ import annotations
 
 from ...ggml import ops
-from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, rope_for_layer
+from ..blocks import GraphBuilder, Outputs, Rope, SectionRope, TensorLoader, rope_for_layer
+from ..dense_blocks import build_dense, load_dense_tensors
 from ..hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError
 from . import Architecture, register
-from .llama import build_dense, load_dense_tensors
-from .qwen35 import SectionRope
 
 
 @register("qwen2vl")

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..dense_blocks import build_dense, load_dense_tensors
 from ..hf import HFConvert
-from ..hparams import ROPE_NEOX, HParams, MetaReader
+from ..hf_shared import qwen_moe_params
+from ..hparams import ROPE_NEOX, HParams, MetaReader, PoolingType
 from . import Architecture, register
-from .llama import build_dense, load_dense_tensors
 
 
 @register("qwen3", "qwen3moe")
 class Qwen3(Architecture):
+    def __init__(self, hp: HParams) -> None:
+        super().__init__(hp)
+        if hp.arch == "qwen3":  # a reranker's rank head reads the last token, softmax'd (as llama.cpp)
+            self.rank_rows, self.rank_softmax = PoolingType.LAST, True
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX
@@ -22,14 +28,6 @@ class Qwen3(Architecture):
 
     def build(self, g: GraphBuilder) -> Outputs:
         return build_dense(self, g, qk_norm=True, moe_norm_w=self.hp.expert_weights_norm)
-
-
-def qwen_moe_params(ctx, kv) -> None:
-    """Qwen2MoeModel.set_gguf_parameters: the expert FFN sizes."""
-    if (n := ctx.hparams.get("moe_intermediate_size")) is not None:
-        kv.add_expert_feed_forward_length(n)
-    if (n := ctx.hparams.get("shared_expert_intermediate_size")) is not None:
-        kv.add_expert_shared_feed_forward_length(n)
 
 
 HF_CONVERT = (

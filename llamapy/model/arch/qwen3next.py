@@ -8,9 +8,9 @@ from __future__ import annotations
 from ...ggml import ops
 from ..blocks import GraphBuilder, Outputs, TensorLoader
 from ..hparams import HParams, MetaReader, ModelLoadError
-from ..rs_blocks import build_gated_delta_net
+from ..moe_blocks import load_ffn_tensors
+from ..rs_blocks import build_gated_attention, build_gated_delta_net, load_qwen35_hparams
 from . import Architecture, register
-from .qwen35 import build_gated_attention, load_ffn_tensors, load_qwen35_hparams
 
 
 @register("qwen3next")

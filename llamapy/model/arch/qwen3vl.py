@@ -9,15 +9,19 @@ from __future__ import annotations
 
 from ...ggml import ops
 from ...ggml.tensor import Tensor
-from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, rope_for_layer
-from ..hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError
+from ..blocks import GraphBuilder, Outputs, Rope, SectionRope, TensorLoader, rope_for_layer
+from ..dense_blocks import load_dense_tensors
+from ..hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError, PoolingType
 from . import Architecture, register
-from .llama import load_dense_tensors
-from .qwen35 import SectionRope
 
 
 @register("qwen3vl", "qwen3vlmoe")
 class Qwen3VL(Architecture):
+    def __init__(self, hp: HParams) -> None:
+        super().__init__(hp)
+        if hp.arch == "qwen3vl":  # a reranker's rank head reads the last token, softmax'd (as llama.cpp)
+            self.rank_rows, self.rank_softmax = PoolingType.LAST, True
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX  # the sections' mode is SectionRope's (imrope)

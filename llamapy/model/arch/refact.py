@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
+from ..dense_blocks import load_dense_tensors
 from ..hparams import HParams, MetaReader
 from . import Architecture, register
-from .llama import load_dense_tensors
 
 MAX_ALIBI_BIAS = 8.0  # llama.cpp: "TODO: become GGUF KV parameter"
 

@@ -4,9 +4,9 @@ files name the FFN's pre-norm ``post_attention_norm``."""
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..dense_blocks import load_dense_tensors
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import Architecture, register
-from .llama import load_dense_tensors
 
 
 @register("seed_oss")

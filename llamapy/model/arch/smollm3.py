@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..blocks import Rope
+from ..hf_shared import LLAMA_HF
 from . import register
-from .llama import HF_CONVERT as LLAMA_HF
 from .llama import Llama
 
 

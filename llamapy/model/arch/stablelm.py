@@ -5,9 +5,9 @@ optional q/k/v biases and per-head q/k LayerNorms (one weight per head), SwiGLU;
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..dense_blocks import build_dense, load_dense_tensors
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import Architecture, register
-from .llama import build_dense, load_dense_tensors
 
 
 @register("stablelm")

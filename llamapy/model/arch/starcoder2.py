@@ -4,10 +4,10 @@ biases (c_fc, c_proj), output tied to the embeddings unless the file has ``outpu
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..dense_blocks import build_dense, load_dense_tensors
 from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import Architecture, register
-from .llama import build_dense, load_dense_tensors
 
 
 @register("starcoder2")
