@@ -699,36 +699,6 @@ def is_string_schema(schema: Any) -> bool:
     return "string" in types and types <= {"string", "null"}
 
 
-def tagged_call_rules(
-    req: GrammarRequest,
-    rules: list[str],
-    function_tags: Callable[[str], tuple[str, str]],
-    parameter_tags: Callable[[str], tuple[str, str]],
-    str_value: str,
-) -> str:
-    """The rules of calls written as tags around each parameter (``<function name="f">`` ...
-    ``<param name="k">value</param>`` ... ``</function>``, MiniMax's ``<invoke>``, Seed-OSS's
-    ``<function=f>``): one rule ``f{k}`` per function appended to ``rules``, parameters in any order,
-    string values raw (``str_value``, which ends with the parameter's closing tag), others JSON of
-    their schema; returns the alternation of the functions. ``function_tags(name)`` and
-    ``parameter_tags(key)`` give the (open, close) tags."""
-    alts = []
-    for k, f in enumerate(req.functions):
-        kvs = []
-        for j, (key, schema) in enumerate(parameter_schemas(f["parameters"])):
-            p_open, p_close = parameter_tags(key)
-            if is_string_schema(schema):
-                kvs.append(f"{lark_str(p_open)} {str_value}")
-            else:
-                rules.append(f"f{k}_v{j}: {json_rule(schema)}")
-                kvs.append(f"{lark_str(p_open)} f{k}_v{j} {lark_str(p_close)}")
-        body = f"((({') | ('.join(kvs)})) {WS})*" if kvs else ""
-        f_open, f_close = function_tags(f["name"])
-        rules.append(f"f{k}: {lark_str(f_open)} {WS} {body} {lark_str(f_close)}")
-        alts.append(f"f{k}")
-    return f"({' | '.join(alts)})"
-
-
 @dataclass
 class GrammarRequest:
     """What a grammar is built from: the allowed functions and the request's choices.

@@ -7,70 +7,46 @@ wrapped in ``<function_call>``, ``<tools>``, ``<response>``, ``<json>``... or a 
 
 from __future__ import annotations
 
-import regex
-
-from .common import (
-    NOT_A_CALL,
-    PARTIAL,
-    WS,
-    CallParse,
-    ChatFormat,
-    ChatParser,
-    ChatSyntax,
-    GrammarRequest,
-    StreamParser,
-    ToolCall,
-    ToolGrammar,
-    assemble,
-    call_from_object,
-    call_triggers,
-    dump_arguments,
-    expect_tag,
-    json_rule,
-    one_of,
-    read_json,
-    reasoning_prefix,
-)
+from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar
 from .reasoning import THINK, ThinkTags
-
-_OPEN = regex.compile(
-    r"(?:(```(?:xml|json)?\n\s*)?(<tool_call>|<function_call>|<tools>|<tool>|<response>|<json>|<xml>|<JSON>)?"
-    r'(\s*\{\s*"name"))'
-    r'|<function=([^>]+)>|<function name="([^"]+)">'
+from .syntax import (
+    Node,
+    accept,
+    alt,
+    end_tag,
+    function,
+    json_args,
+    json_calls,
+    lit,
+    pattern,
+    seq,
+    tool_syntax,
+    ws,
 )
 
+CALL_JSON = json_calls(one=True, first=r'\{\s*"name"')
+WRAPPERS = ("<function_call>", "<tools>", "<tool>", "<response>", "<json>", "<xml>", "<JSON>")
 
-class HermesParser(StreamParser):
-    """Parser of Hermes-style output."""
 
-    call_start = _OPEN
+def _wrapped(tag: str, special: bool = False) -> Node:
+    return seq(lit(tag, special), ws(), CALL_JSON, end_tag("</" + tag[1:], special))
 
-    def parse_call(self, buf: str, final: bool) -> CallParse | None:
-        m = _OPEN.match(buf)
-        if m is None:
-            return NOT_A_CALL
-        got = read_json(buf, m.start(3) if m.group(3) is not None else m.end(), self.json_cache)
-        if got is PARTIAL:
-            return None
-        if got is None:
-            return NOT_A_CALL
-        value, i = got
-        if m.group(3) is not None:
-            call = call_from_object(value, args_keys=("arguments", "parameters"))
-            closers = [f"</{m.group(2)[1:]}" if m.group(2) else "", "```" if m.group(1) else ""]
-        elif isinstance(value, dict):
-            call = ToolCall((m.group(4) or m.group(5)).strip(), dump_arguments(value))
-            closers = ["</function>", "```" if m.group(1) else ""]
-        else:
-            call = None
-        if call is None:
-            return NOT_A_CALL
-        for tag in closers:
-            if tag:
-                i = expect_tag(buf, i, tag, final)
-                if i is None or i < 0:
-                    return None if i is None else NOT_A_CALL
-        return CallParse([call], i)
+
+ARGS = seq(json_args(), end_tag("</function>"))
+WRAPPED = alt(
+    _wrapped("<tool_call>", True),  # the one the grammar writes
+    *(accept(_wrapped(tag)) for tag in WRAPPERS),
+    accept(seq(ws(), CALL_JSON)),  # a bare object
+)
+SYNTAX = tool_syntax(
+    alt(
+        WRAPPED,
+        accept(seq(pattern(r"```(?:xml|json)?\n"), ws(), WRAPPED, end_tag("```"))),
+        # <function=name>{args}</function>, <function name="name">{args}</function>
+        accept(function("<function={name}>", ARGS, pattern="<function=([^>]+)>")),
+        accept(function('<function name="{name}">', ARGS, pattern='<function name="([^"]+)">')),
+    )
+)
 
 
 class HermesFormat(ChatFormat):
@@ -87,25 +63,7 @@ class HermesFormat(ChatFormat):
         return THINK if "<think>" in self.source else None
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        schemas = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for f in req.functions
-        ]
-        prefix, extra = reasoning_prefix(req, self._grammar_think)
-        rules = [
-            f"start: {prefix} {req.calls('call')}",
-            f"call: {req.lit('<tool_call>')} {WS} call_json {WS} {req.lit('</tool_call>')}",
-            f"call_json: {json_rule(one_of(schemas))}",
-            *extra,
-        ]
-        return ToolGrammar(
-            assemble(rules), call_triggers(req, self._grammar_think, "<tool_call>"), self.preserved
-        )
+        return SYNTAX.grammar(req, self._grammar_think, self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return HermesParser(syntax)
+        return SYNTAX.parser(syntax, THINK)

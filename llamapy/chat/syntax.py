@@ -224,7 +224,7 @@ class Alt(Node):
         return f"(?:{'|'.join(n.start()[0] for n in self.nodes)})", False
 
     def trigger(self) -> str:
-        return self.nodes[0].trigger()
+        return next((t for t in (n.trigger() for n in self.nodes) if t), "")
 
 
 @dataclass
@@ -283,7 +283,7 @@ class Function(Node):
         return f"({' | '.join(alts)})"
 
     def start(self) -> tuple[str, bool]:
-        return regex.escape(self._before), False
+        return (self.pattern or regex.escape(self._before)), False
 
     def trigger(self) -> str:
         return self._before
@@ -481,11 +481,13 @@ def call_schemas(functions: list[dict]) -> list[dict]:
 @dataclass
 class JsonCalls(Node):
     """Calls as JSON: the parser reads one object ``{"name", "arguments"}`` (or ``"parameters"``, or
-    OpenAI's ``{"function": ...}``) or an array of them, and a comma after it; the grammar writes one
-    object of an allowed function's schema (``array``: an array of one, or more when parallel calls are
-    allowed)."""
+    OpenAI's ``{"function": ...}``) or an array of them, and a comma after it (``one``: exactly one
+    object, no comma); the grammar writes one object of an allowed function's schema (``array``: an array
+    of one, or more when parallel calls are allowed). ``first``: a regex for its start (the call marker)."""
 
     array: bool = False
+    one: bool = False
+    first: str = r"[\[{]"
 
     def parse(self, s: Scan, i: int) -> int | None:
         got = read_json(s.buf, i, s.json_cache)
@@ -494,11 +496,13 @@ class JsonCalls(Node):
         if got is None:
             return FAIL
         value, i = got  # type: ignore[misc]
-        items = value if isinstance(value, list) else [value]
+        items = [value] if self.one or not isinstance(value, list) else value
         found = [call_from_object(v, args_keys=("arguments", "parameters")) for v in items]
         if not found or any(c is None for c in found):
             return FAIL
         s.calls.extend(found)  # type: ignore[arg-type]
+        if self.one:
+            return i
         j = skip_ws(s.buf, i)
         return j + 1 if j < len(s.buf) and s.buf[j] == "," else i  # (objects separated by commas)
 
@@ -512,7 +516,49 @@ class JsonCalls(Node):
         return g.rule("calls_json", json_rule(array))
 
     def start(self) -> tuple[str, bool]:
-        return r"[\[{]", False
+        return self.first, False
+
+
+@dataclass
+class JsonArgs(Node):
+    """A call's arguments as one JSON object (parse only)."""
+
+    def parse(self, s: Scan, i: int) -> int | None:
+        got = read_json(s.buf, i, s.json_cache)
+        if got is PARTIAL:
+            return FAIL if s.final else NEED
+        if got is None or not isinstance(got[0], dict):  # type: ignore[index]
+            return FAIL
+        s.args, end = got  # type: ignore[misc]
+        return end
+
+    def lark(self, g: Lark) -> None:
+        return None
+
+    def start(self) -> tuple[str, bool]:
+        return r"\s*\{", False
+
+
+@dataclass
+class Pattern(Node):
+    """Text matching a ``regex`` pattern (parse only: a variant the grammar never writes)."""
+
+    pattern: str
+
+    def __post_init__(self) -> None:
+        self._re = regex.compile(self.pattern)
+
+    def parse(self, s: Scan, i: int) -> int | None:
+        m = self._re.match(s.buf, i, partial=not s.final)
+        if m is None:
+            return FAIL
+        return NEED if m.partial else m.end()
+
+    def lark(self, g: Lark) -> None:
+        return None
+
+    def start(self) -> tuple[str, bool]:
+        return f"(?:{self.pattern})", True
 
 
 # --- constructors ---
@@ -559,9 +605,19 @@ def repeat(node: Node, end: Node, sep: str = WS, once: bool = False) -> Repeat:
     return Repeat(node, end, sep, once)
 
 
-def json_calls(array: bool = False) -> JsonCalls:
-    """Calls as JSON ``{"name", "arguments"}`` objects; ``array``: the grammar writes them in an array."""
-    return JsonCalls(array)
+def json_calls(array: bool = False, one: bool = False, first: str = r"[\[{]") -> JsonCalls:
+    """Calls as JSON ``{"name", "arguments"}`` objects; see :class:`JsonCalls`."""
+    return JsonCalls(array, one, first)
+
+
+def json_args() -> JsonArgs:
+    """A call's arguments as a JSON object (parse only)."""
+    return JsonArgs()
+
+
+def pattern(text: str) -> Pattern:
+    """Text matching the regex ``text`` (parse only)."""
+    return Pattern(text)
 
 
 def tagged_params(open: str, close: str, end: Node, **kw: Any) -> TaggedParams:

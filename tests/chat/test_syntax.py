@@ -19,7 +19,10 @@ from llamapy.chat.syntax import (
     accept,
     end_tag,
     function,
+    json_args,
+    json_calls,
     lit,
+    pattern,
     repeat,
     seq,
     tagged_params,
@@ -159,3 +162,25 @@ def test_repeat(text, final, want, names):
     s = scan(text, final)
     assert BLOCK.parse(s, 0) == want
     assert [c.name for c in s.calls] == names
+
+
+@pytest.mark.parametrize(
+    ("node", "text", "final", "want", "calls"),
+    [
+        (json_calls(), '[{"name": "f", "arguments": {}}, {"name": "g"}] x', False, 47, ["f", "g"]),
+        (json_calls(), '{"name": "f", "arguments": {"a": 1}}, {', False, 37, ["f"]),  # (the comma taken)
+        (json_calls(one=True), '{"name": "f", "arguments": {"a": 1}}, {', False, 36, ["f"]),
+        (json_calls(one=True), '[{"name": "f"}]', False, FAIL, []),
+        (json_calls(), '{"name": "f", "argu', False, NEED, []),
+        (json_calls(), '{"name": "f", "argu', True, FAIL, []),
+        (json_calls(), '{"nome": "f"}', False, FAIL, []),
+        (function("<f={name}>", json_args()), '<f=g>{"a": 1}', False, 13, ["g"]),
+        (function("<f={name}>", json_args()), "<f=g>[1]", False, FAIL, []),
+        (seq(pattern(r"```(?:json)?\n"), lit("x")), "```json\nx", False, 9, []),
+        (seq(pattern(r"```(?:json)?\n"), lit("x")), "``", False, NEED, []),
+    ],
+)
+def test_json_nodes(node, text, final, want, calls):
+    s = scan(text, final)
+    assert node.parse(s, 0) == want
+    assert [c.name for c in s.calls] == calls
