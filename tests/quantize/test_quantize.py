@@ -4,7 +4,10 @@ The oracle is llama.cpp's ``llama-quantize``: tests/data/quantize/<model>.json h
 (without and with the synthetic imatrix of tests/quantize/models.py), the type and the sha256 (first
 16 hex digits) of every tensor of its output, made once by ``benchmarks/bench_quantize.py
 --write-expectations``. CI compares with these stored tables (no llama.cpp needed); the benchmark
-compares live when llama.cpp is built.
+compares live when llama.cpp is built. Measured there (all 3 models x 34 mixes x with/without imatrix):
+the same type for every tensor everywhere, the same bytes everywhere except IQ2_XXS tensors, where
+0.3-2 % of the blocks differ (llamapy's IQ2_XXS search, llamapy/ggml/quants/_iq2.py, not yet located;
+IQ2_XS, IQ2_S, IQ3_*, IQ1_* are identical); the sample below leaves IQ2_XXS out.
 """
 
 from __future__ import annotations
