@@ -28,10 +28,10 @@ from numba import types
 from numba.extending import intrinsic, models, register_model
 
 from ..._numba import njit
-from .isimd import I32x8, _maddwd
+from .isimd import B32, I32x8, _maddubs, _maddwd
 from .simd import _is_bytes, _ptr
 
-__all__ = ["H16", "hwiden", "hload", "hnib", "hq5", "hmadd", "quantize_rows_q16"]
+__all__ = ["H16", "hwiden", "hload", "hnib", "hq5", "hmadd", "imadd_pair", "quantize_rows_q16"]
 
 _I8 = ir.IntType(8)
 _I16 = ir.IntType(16)
@@ -163,6 +163,27 @@ def hmadd(typingctx, acc, a, b):  # type: ignore[no-untyped-def]
         return builder.add(args[0], _maddwd(builder, args[1], args[2]))
 
     return I32x8(acc, a, b), cg
+
+
+@intrinsic
+def imadd_pair(typingctx, acc, u, s, sc, k):  # type: ignore[no-untyped-def]
+    """acc + the 32 products u * s (``isimd.imadd``'s ``pmaddubsw``) times the scales ``sc[2k]`` for the
+    first 16 and ``sc[2k + 1]`` for the last 16 (``k`` a constant, ``sc`` an ``H16`` of 16 scales, e.g.
+    ``hwiden`` of Q6_K's signed scale bytes): one shuffle of a vector loaded once per block, where
+    ``isimd.imadd2`` builds the pair from two scalars on every call."""
+    if acc != I32x8 or u != B32 or s != B32 or sc != H16 or not isinstance(k, types.IntegerLiteral):
+        return None
+    j = 2 * k.literal_value
+    if not 0 <= j < 16:
+        return None
+
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        pair = builder.shuffle_vector(
+            args[3], args[3], ir.Constant(ir.VectorType(_I32, 16), [j] * 8 + [j + 1] * 8)
+        )
+        return builder.add(args[0], _maddwd(builder, _maddubs(builder, args[1], args[2]), pair))
+
+    return I32x8(acc, u, s, sc, k), cg
 
 
 #: largest magnitude of a 16-bit activation (one less than int16's, so that -x never overflows)

@@ -36,7 +36,8 @@ from ..quants.layouts import (
     Q6_K_QH,
     Q6_K_SCALES,
 )
-from .isimd import bload, bnib, bq5, bq6, iadd, ib8, ikscales, ilane, iload, imadd, imadd2, imul, itof, izero
+from .hsimd import hwiden, imadd_pair
+from .isimd import bload, bnib, bq5, bq6, iadd, ib8, ikscales, ilane, iload, imadd, imul, itof, izero
 from .layouts import ROWS_PER_PASS
 from .rowgroups import PREFETCH_ROWS, f16at, prefetch_bytes, rows4, store4
 from .simd import vfma, vsplat, vzero
@@ -141,16 +142,18 @@ def _q6k_row(acc, wr, o, xq, x0, d8, bs16, f16):
     32-byte runs of ``ql`` with bits 0-1, 2-3, 4-5, 6-7 of ``qh``), a signed scale per 16. The quants go
     in as 0..63; the -32 offset is 32 times the scales against the per-16 byte sums ``bs16``."""
     si = wr.view(np.int8)
+    scv = hwiden(si, o + Q6_K_SCALES)  # the 16 signed scales, once
+    ql, qh = o, o + Q6_K_QH
     s = izero()
-    for n in range(2):
-        ql = o + 64 * n
-        qh = o + Q6_K_QH + 32 * n
-        sc = o + Q6_K_SCALES + 8 * n
-        xb = x0 + 128 * n
-        s = imadd2(s, bq6(wr, ql, False, qh, 0), bload(xq, xb), si[sc], si[sc + 1])
-        s = imadd2(s, bq6(wr, ql + 32, False, qh, 2), bload(xq, xb + 32), si[sc + 2], si[sc + 3])
-        s = imadd2(s, bq6(wr, ql, True, qh, 4), bload(xq, xb + 64), si[sc + 4], si[sc + 5])
-        s = imadd2(s, bq6(wr, ql + 32, True, qh, 6), bload(xq, xb + 96), si[sc + 6], si[sc + 7])
+    s = imadd_pair(s, bq6(wr, ql, False, qh, 0), bload(xq, x0), scv, 0)
+    s = imadd_pair(s, bq6(wr, ql + 32, False, qh, 2), bload(xq, x0 + 32), scv, 1)
+    s = imadd_pair(s, bq6(wr, ql, True, qh, 4), bload(xq, x0 + 64), scv, 2)
+    s = imadd_pair(s, bq6(wr, ql + 32, True, qh, 6), bload(xq, x0 + 96), scv, 3)
+    ql, qh = o + 64, o + Q6_K_QH + 32
+    s = imadd_pair(s, bq6(wr, ql, False, qh, 0), bload(xq, x0 + 128), scv, 4)
+    s = imadd_pair(s, bq6(wr, ql + 32, False, qh, 2), bload(xq, x0 + 160), scv, 5)
+    s = imadd_pair(s, bq6(wr, ql, True, qh, 4), bload(xq, x0 + 192), scv, 6)
+    s = imadd_pair(s, bq6(wr, ql + 32, True, qh, 6), bload(xq, x0 + 224), scv, 7)
     b16 = x0 // 16
     sc = o + Q6_K_SCALES
     off = iadd(imul(ib8(si, sc), iload(bs16, b16)), imul(ib8(si, sc + 8), iload(bs16, b16 + 8)))
