@@ -5,7 +5,9 @@
 (token ids) and image chunks (the preprocessed image, its token count and the hash of its pixels), the
 model's image marker tokens around each image (gemma3: ``<start_of_image>`` ... ``<end_of_image>``;
 idefics3: ``<fake_token_around_image><global-img>`` ..., and with ``clip.vision.preproc_image_size`` SmolVLM's
-tiles, each ``<fake_token_around_image><row_R_col_C>`` + a tile, then the global image; mlp: none).
+tiles, each ``<fake_token_around_image><row_R_col_C>`` + a tile, then the global image; pixtral: the image
+(its ``[IMG_BREAK]`` rows inside the embeddings) then ``[IMG_END]``; internvl: ``<img>`` the tiles and the
+overview back to back ``</img>``; mlp: none).
 ``eval_chunks(ctx, chunks, n_past)`` decodes them in order into a ``Context``: text in ``n_batch``
 pieces, images as embeddings (``Batch.from_embd``), with non-causal attention inside the image for the
 projectors that need it (gemma3: the whole image then goes in one ubatch). Qwen-VL style projectors
