@@ -265,26 +265,38 @@ def run_timed(
     cmd: Sequence[str], env: dict[str, str] | None = None, timeout: float | None = None
 ) -> dict[str, Any]:
     """Run ``cmd`` (stdin closed, output discarded); ``{"seconds", "rss_mb", "rc"}``: its wall time and peak
-    resident memory (of the process itself, from ``wait4``'s rusage)."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = None if timeout is None else time.monotonic() + timeout
-    try:
-        while True:
-            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                proc.kill()
-                pid, status, ru = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.005)
-    except BaseException:
-        proc.kill()
-        raise
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return {"seconds": time.perf_counter() - t0, "rss_mb": ru.ru_maxrss / 1024, "rc": proc.returncode}
+    resident memory. The peak comes from GNU time (``/usr/bin/time -f %M``) where present: a child forked from
+    this process would otherwise carry this process's own peak in its ``ru_maxrss`` (Linux counts the memory
+    image it had before exec); without GNU time, ``wait4``'s rusage, an upper bound."""
+    import tempfile
+
+    gnu_time = Path("/usr/bin/time")
+    with tempfile.NamedTemporaryFile("r", suffix=".rss") as f:
+        full = [str(gnu_time), "-f", "%M", "-o", f.name, *cmd] if gnu_time.exists() else list(cmd)
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(full, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    proc.kill()
+                    pid, status, ru = os.wait4(proc.pid, 0)
+                    break
+                time.sleep(0.005)
+        except BaseException:
+            proc.kill()
+            raise
+        seconds = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        rss_mb = ru.ru_maxrss / 1024
+        if gnu_time.exists():
+            lines = [x for x in f.read().split() if x.isdigit()]
+            rss_mb = int(lines[-1]) / 1024 if lines else float("nan")
+    return {"seconds": seconds, "rss_mb": rss_mb, "rc": proc.returncode}
 
 
 def run_json(cmd: Sequence[str], env: dict[str, str] | None = None, timeout: float | None = None) -> Any:

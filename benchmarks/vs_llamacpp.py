@@ -131,14 +131,15 @@ def bench_cmd(tool: str, path: Path, tests: list[tuple[int, int, int]], threads:
 
 
 def hello_cmd(tool: str, path: Path, threads: int, bin_: Path) -> list[str] | None:
+    """``run -p Hello -n 16``: ``llamapy run``; llama.cpp's ``llama-completion`` (its one-shot tool), else
+    ``llama-cli -st`` (one chat turn: the prompt in the chat template, a few tokens more)."""
+    common = ["-m", str(path), "-p", "Hello", "-n", "16", "-c", "4096", "-t", str(threads)]
     if tool == "llamapy":
-        return H.llamapy_cmd(
-            "run", "-m", str(path), "-p", "Hello", "-n", "16", "-c", "4096", "-t", str(threads)
-        )
-    for name in ("llama-completion", "llama-cli"):
-        if (bin_ / name).exists():
-            return [str(bin_ / name), "-m", str(path), "-p", "Hello", "-n", "16", "-c", "4096", "-t", str(threads),
-                    "-no-cnv", "--no-warmup"]  # fmt: skip
+        return H.llamapy_cmd("run", *common)
+    if (bin_ / "llama-completion").exists():
+        return [str(bin_ / "llama-completion"), *common, "-no-cnv", "--no-warmup"]
+    if (bin_ / "llama-cli").exists():
+        return [str(bin_ / "llama-cli"), *common, "-st", "--no-warmup"]
     return None
 
 
@@ -190,8 +191,15 @@ def run(items: list[Item], args: argparse.Namespace, bin_: Path, env: dict[str, 
                     continue
                 if rnd < 2:  # a warm-up each (page cache, .pyc, kernels)
                     H.run_timed(cmd, env=env if tool == "llamapy" else None, timeout=600)
+                if tool == "llama.cpp" and Path(cmd[0]).name == "llama-cli":
+                    rec["hello_note"] = (
+                        "llama.cpp: `llama-cli -st` (no llama-completion built: --make-only builds it)"
+                    )
                 for _ in range(args.hello_runs):
                     m = H.run_timed(cmd, env=env if tool == "llamapy" else None, timeout=600)
+                    if m["rc"] != 0:
+                        rec["hello_note"] = f"{tool}: exit {m['rc']}: `{' '.join(cmd)}`"
+                        continue
                     rec["hello"].setdefault(tool, []).append(m)
     data["load_end"] = H.load()
     if not args.no_profile:
@@ -296,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     if a.avx2:
         os.environ.update(AVX2_ENV)  # the machine line says so
-    if a.make_only and any(i.run_hello for i in items) and hello_cmd("llama.cpp", Path("m"), 1, bin_) is None:
+    if a.make_only and any(i.run_hello for i in items) and not (bin_ / "llama-completion").exists():
         log("building llama-completion (for `run -p Hello`) ...")
         benv = dict(os.environ, LLAMACPP_TOOLS="llama-completion", LLAMACPP_ARCH=arch or "native")
         subprocess.run(["bash", str(H.ROOT / "benchmarks/build_llamacpp.sh"), H.LLAMACPP_VERSION], env=benv)
