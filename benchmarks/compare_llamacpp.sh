@@ -97,7 +97,7 @@ for m in "${MODELS[@]}"; do
     if [ -x "$BIN/llama-completion" ]; then
         lc=("$BIN/llama-completion" -m "$path" -p Hello -n 16 -c 4096 -t "$T" -no-cnv --no-warmup)
     else
-        lc=("$BIN/llama-cli" -m "$path" -p Hello -n 16 -c 4096 -t "$T" -no-cnv --no-warmup)
+        lc=("$BIN/llama-cli" -m "$path" -p Hello -n 16 -c 4096 -t "$T" -st --no-warmup)  # this llama-cli has no -no-cnv
     fi
     lp=("$PY" -m llamapy run -m "$path" -p Hello -n 16 -c 4096 -t "$T")
     "${lc[@]}" > /dev/null 2>&1 < /dev/null || true
