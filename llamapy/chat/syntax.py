@@ -21,6 +21,7 @@ or more calls, ``TAIL``, end of generation) and parser (:class:`SyntaxParser`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -253,6 +254,7 @@ class Function(Node):
     body: Node
     name_pattern: str = r"[^>\n]+"
     pattern: str | None = None  # the head as the parser reads it (group 1: the name); default: template
+    known: bool = False  # the name must be one of the request's tools (when it has any)
 
     def __post_init__(self) -> None:
         before, _, after = self.template.partition("{name}")
@@ -264,9 +266,11 @@ class Function(Node):
         m = self._head.match(s.buf, i, partial=not s.final)
         if m is None:
             return FAIL
-        if m.partial:
+        if m.partial or (m.end() == len(s.buf) and not s.final):  # (a bare name may go on)
             return NEED
         s.name, s.args = m.group(1).strip(), {}
+        if self.known and s.tables and s.name not in s.tables:
+            return FAIL
         end = self.body.parse(s, m.end())
         if end is not NEED and end != FAIL:
             s.calls.append(ToolCall(s.name, json.dumps(s.args, ensure_ascii=False)))
@@ -311,6 +315,7 @@ class Text:
 
     newlines: bool = False
     special: bool = True
+    special_close: bool = False  # the grammar writes ``close`` after a JSON value as a special token
 
     def read(self, s: Scan, v: int, close: str) -> tuple[str, int] | int | None:
         """``(raw text, index after close)``, ``NEED`` or ``FAIL``."""
@@ -331,11 +336,11 @@ class Text:
             return body
         return g.rule("str_value[lazy]", rf"/(?s:.*){regex_escape(close)}/")
 
-    def lark_json(self, rule: str, close: str) -> str:
+    def lark_json(self, g: Lark, rule: str, close: str) -> str:
         """A JSON value (rule ``rule``) with its closing tag."""
         if self.newlines:
             return f'"\\n" {rule} {lark_str(chr(10) + close)}'
-        return f"{rule} {lark_str(close)}"
+        return f"{rule} {g.req.lit(close) if self.special_close else lark_str(close)}"
 
 
 @dataclass
@@ -380,6 +385,7 @@ class TaggedParams(Node):
     sep: str = WS
     key_pattern: str = r"[^>\n]+"
     pattern: str | None = None  # the opening tag as the parser reads it (group 1: the key)
+    open_lark: Callable[[GrammarRequest, str], str] | None = None  # the opening tag in the grammar
 
     def __post_init__(self) -> None:
         before, _, after = self.open.partition("{key}")
@@ -412,8 +418,9 @@ class TaggedParams(Node):
             if is_string_schema(schema):
                 value = self.value.lark_string(g, self.close)
             else:
-                value = self.value.lark_json(g.rule(f"f{g.k}_v{j}", json_rule(schema)), self.close)
-            item = f"{lark_str(self.open.replace('{key}', key))} {value}"
+                value = self.value.lark_json(g, g.rule(f"f{g.k}_v{j}", json_rule(schema)), self.close)
+            head = self.open_lark(g.req, key) if self.open_lark else lark_str(self.open.replace("{key}", key))
+            item = f"{head} {value}"
             if self.declared:
                 item = f"{item} {self.sep}"
                 items.append(item if key in required else f"({item})?")
@@ -593,11 +600,16 @@ def accept(node: Node) -> Accept:
 
 
 def function(
-    template: str, *body: Node, name_pattern: str = r"[^>\n]+", pattern: str | None = None
+    template: str,
+    *body: Node,
+    name_pattern: str = r"[^>\n]+",
+    pattern: str | None = None,
+    known: bool = False,
 ) -> Function:
     """One call of a function named in ``template`` (``"<function={name}>"``), then ``body``;
-    ``pattern``: the head as the parser reads it, where it is more lenient than ``template``."""
-    return Function(template, body[0] if len(body) == 1 else Seq(body), name_pattern, pattern)
+    ``pattern``: the head as the parser reads it, where it is more lenient than ``template``; ``known``:
+    the name must be one of the request's tools."""
+    return Function(template, body[0] if len(body) == 1 else Seq(body), name_pattern, pattern, known)
 
 
 def repeat(node: Node, end: Node, sep: str = WS, once: bool = False) -> Repeat:
