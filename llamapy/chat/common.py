@@ -651,36 +651,6 @@ WS1 = f"/{WS_PATTERN}/"
 TAIL = r"/\n?/"
 
 
-def read_tagged_params(
-    buf: str,
-    i: int,
-    final: bool,
-    param_open: Any,
-    param_end: str,
-    invoke_end: str,
-    value: Callable[[Any, str], Any],
-) -> tuple[dict[str, Any], int] | object | None:
-    """The parameters of one call written as tags (``<parameter name="k">...</parameter>`` ... then
-    ``invoke_end``) from ``buf[i:]``: ``(arguments, index after invoke_end)``; None: the text so far may
-    still become one (need more); ``NOT_A_CALL``. ``param_open`` is a compiled ``regex`` pattern whose
-    group 1 is the name; ``value(match, raw_text)`` converts a value."""
-    args: dict[str, Any] = {}
-    while True:
-        j = skip_ws(buf, i)
-        if buf.startswith(invoke_end, j):
-            return args, j + len(invoke_end)
-        p = param_open.match(buf, j, partial=not final)
-        if p is None or p.partial:
-            if not final and (p is not None or invoke_end.startswith(buf[j:])):
-                return None
-            return NOT_A_CALL
-        e = buf.find(param_end, p.end())
-        if e < 0:
-            return NOT_A_CALL if final else None
-        args[p.group(1)] = value(p, buf[p.end() : e])
-        i = e + len(param_end)
-
-
 def is_string_schema(schema: Any) -> bool:
     """A parameter whose value is written raw, not as JSON (type string, or string-or-null; also through a
     ``$ref`` to the definitions :func:`self_contained` gave the parameter)."""

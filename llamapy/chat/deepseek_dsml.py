@@ -21,41 +21,34 @@ from typing import Any
 
 import regex
 
-from .common import (
-    NOT_A_CALL,
-    WS,
-    CallParse,
-    ChatFormat,
-    ChatParser,
-    ChatSyntax,
-    GrammarRequest,
-    StreamParser,
-    ToolCall,
-    ToolGrammar,
-    assemble,
-    call_triggers,
-    expect_tag,
-    is_string_schema,
-    json_rule,
-    lark_str,
-    parameter_schemas,
-    read_tagged_params,
-    reasoning_prefix,
-    regex_escape,
-    skip_ws,
-)
+from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar, regex_escape
 from .reasoning import THINK, partial_suffix
+from .syntax import (
+    Lark,
+    Node,
+    SyntaxParser,
+    Text,
+    ToolSyntax,
+    accept,
+    end_tag,
+    function,
+    lit,
+    repeat,
+    seq,
+    tagged_params,
+    tool_syntax,
+    ws,
+)
 
 DSML = "｜DSML｜"
 _BLOCK = regex.compile(r"<｜DSML｜(function_calls|tool_calls)>")
-_INVOKE = regex.compile(r'<｜DSML｜invoke\s+name="([^"]+)"\s*>')
-_PARAM = regex.compile(r'<｜DSML｜parameter\s+name="([^"]+)"(?:\s+string="(true|false)")?\s*>')
 _BLOCK_TAGS = (f"<{DSML}function_calls>", f"<{DSML}tool_calls>")
 INVOKE_END, PARAM_END = "</｜DSML｜invoke>", "</｜DSML｜parameter>"
 
 
-def _value(raw: str, is_string: bool) -> Any:
-    if is_string:
+def _value(match: Any, raw: str, schema: Any) -> Any:
+    """A value typed by its ``string="true|false"`` attribute (true when it is missing)."""
+    if match.group(2) != "false":
         return raw
     try:
         return json.loads(raw)
@@ -63,10 +56,48 @@ def _value(raw: str, is_string: bool) -> Any:
         return raw
 
 
-class DeepSeekDsmlParser(StreamParser):
-    """Parser of DSML call blocks."""
+class DsmlText(Text):
+    """A string value ends at ``</｜DSML｜parameter>``, the DSML token in it as a token when it is one."""
 
-    call_start = _BLOCK
+    def lark_string(self, g: Lark, close: str) -> str:
+        ref = g.req.special(DSML)
+        if ref is None:
+            return g.rule("str_value[lazy]", rf"/(?s:.*){regex_escape(PARAM_END)}/")
+        g.rule("str_body[lazy]", r"/(?s:.*)<\//")  # text up to the first "</", then the token
+        return g.rule("str_value", f'str_body {ref} "parameter>"')
+
+
+def _param_open(g: Lark, key: str, is_string: bool) -> str:
+    return g.text(f'<{DSML}parameter name="{key}" string="{"true" if is_string else "false"}">')
+
+
+INVOKE = function(
+    f'<{DSML}invoke name="{{name}}">\n',
+    tagged_params(
+        f'<{DSML}parameter name="{{key}}">',
+        PARAM_END,
+        lit(INVOKE_END),
+        value=DsmlText(),
+        pattern=r'<｜DSML｜parameter\s+name="([^"]+)"(?:\s+string="(true|false)")?\s*>',
+        open_lark=_param_open,
+        convert=_value,
+    ),
+    pattern=r'<｜DSML｜invoke\s+name="([^"]+)"\s*>',
+)
+
+
+def _block(name: str) -> Node:
+    return seq(lit(f"<{DSML}{name}>"), ws(), repeat(INVOKE, end_tag(f"</{DSML}{name}>")))
+
+
+def dsml_syntax(block: str) -> ToolSyntax:
+    """Calls in a ``block`` (``function_calls`` or ``tool_calls``) block; the parser takes either."""
+    other = "function_calls" if block == "tool_calls" else "tool_calls"
+    return tool_syntax(_block(block) | accept(_block(other)), repeat=False, tokens=(DSML,))
+
+
+class DeepSeekDsmlParser(SyntaxParser):
+    """Parser of DSML call blocks."""
 
     def _step(self, final: bool) -> bool:
         # as llama.cpp, a call block also ends an unclosed reasoning block
@@ -84,37 +115,6 @@ class DeepSeekDsmlParser(StreamParser):
                 self._buf = buf[len(buf) - keep :]
                 return False
         return super()._step(final)
-
-    def parse_call(self, buf: str, final: bool) -> CallParse | None:
-        block = _BLOCK.match(buf)
-        if block is None:
-            return NOT_A_CALL
-        close = f"</{DSML}{block.group(1)}>"
-        calls: list[ToolCall] = []
-        i = block.end()
-        while True:
-            j = skip_ws(buf, i)
-            if buf.startswith(close, j) or (final and j == len(buf) and calls):
-                end = expect_tag(buf, j, close, final)
-                return CallParse(calls, end) if calls and end is not None and end >= 0 else NOT_A_CALL
-            inv = _INVOKE.match(buf, j, partial=not final)
-            if inv is None or inv.partial:
-                if not final and (inv is not None or close.startswith(buf[j:])):
-                    return None
-                return NOT_A_CALL
-            got = read_tagged_params(
-                buf,
-                inv.end(),
-                final,
-                _PARAM,
-                PARAM_END,
-                INVOKE_END,
-                lambda p, raw: _value(raw, p.group(2) != "false"),
-            )
-            if got is None or got is NOT_A_CALL:
-                return got
-            args, i = got
-            calls.append(ToolCall(inv.group(1), json.dumps(args, ensure_ascii=False)))
 
 
 def sort_tool_results(messages: list[dict]) -> list[dict]:
@@ -158,41 +158,14 @@ class DeepSeekDsmlFormat(ChatFormat):
         self.v4 = "function_calls" not in self.source
         self.name = "deepseek-v4" if self.v4 else "deepseek-v3.2"
         self.block = "tool_calls" if self.v4 else "function_calls"
+        self.syntax = dsml_syntax(self.block)
 
     def prepare_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[dict]:
         out = super().prepare_messages(messages, tools)
         return sort_tool_results(out) if self.v4 else out
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        def tag(text: str) -> str:  # literal text, the DSML token in it as a token when it is one
-            return f" {req.lit(DSML)} ".join(lark_str(p) if p else "" for p in text.split(DSML)).strip()
-
-        ref = req.special(DSML)
-        if ref is not None:  # a string value: text up to the first "</", then the token
-            rules = [f'str_value: str_body {ref} "parameter>"', r"str_body[lazy]: /(?s:.*)<\//"]
-        else:
-            rules = [rf"str_value[lazy]: /(?s:.*){regex_escape(PARAM_END)}/"]
-        alts = []
-        param = tag(f"<{DSML}parameter name=")
-        for k, f in enumerate(req.functions):
-            kvs = []
-            for j, (key, schema) in enumerate(parameter_schemas(f["parameters"])):
-                if is_string_schema(schema):
-                    kvs.append(param + " " + lark_str('"' + key + '" string="true">') + " str_value")
-                else:
-                    rules.append(f"f{k}_v{j}: {json_rule(schema)}")
-                    head = param + " " + lark_str('"' + key + '" string="false">')
-                    kvs.append(f"{head} f{k}_v{j} {tag(PARAM_END)}")
-            body = f"((({') | ('.join(kvs)})) {WS})*" if kvs else ""
-            head = tag(f"<{DSML}invoke name=") + " " + lark_str('"' + f["name"] + '">\n')
-            rules.append(f"f{k}: {head} {body} {tag(INVOKE_END)}")
-            alts.append(f"f{k}")
-        invoke = f"({' | '.join(alts)})"
-        calls = f"{invoke} ({WS} {invoke})*" if req.parallel else invoke
-        prefix, extra = reasoning_prefix(req, self.think)
-        opening, closing = f"<{DSML}{self.block}>", f"</{DSML}{self.block}>"
-        rules = [f"start: {prefix} {tag(opening)} {WS} {calls} {WS} {tag(closing)}", *rules, *extra]
-        return ToolGrammar(assemble(rules), call_triggers(req, self.think, opening), self.preserved)
+        return self.syntax.grammar(req, self.think, self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return DeepSeekDsmlParser(syntax)
+        return self.syntax.parser(syntax, THINK, DeepSeekDsmlParser)

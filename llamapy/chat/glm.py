@@ -19,10 +19,17 @@ from __future__ import annotations
 
 from .common import WS, ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar, lark_str
 from .reasoning import THINK
-from .syntax import Text, end_tag, function, lit, seq, tagged_params, tool_syntax, ws
+from .syntax import Lark, Text, end_tag, function, lit, seq, tagged_params, tool_syntax, ws
 
 TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
+
+
+def _key_value(g: Lark, key: str, is_string: bool) -> str:
+    lit = g.req.lit
+    return f"{lit(KEY)} {lark_str(key)} {lit(KEY_END)} {WS} {lit(VALUE)}"
+
+
 SYNTAX = tool_syntax(
     seq(
         lit(TOOL_CALL, True),
@@ -35,9 +42,7 @@ SYNTAX = tool_syntax(
                 end_tag(TOOL_CALL_END, True, sep=""),  # (the stop may cut it off)
                 value=Text(special_close=True),
                 pattern=rf"{KEY}((?:(?!{KEY_END})[\s\S])*){KEY_END}\s*{VALUE}",
-                open_lark=lambda req, key: (
-                    f"{req.lit(KEY)} {lark_str(key)} {req.lit(KEY_END)} {WS} {req.lit(VALUE)}"
-                ),
+                open_lark=_key_value,
             ),
             name_pattern=r"[^\s<>]+",
             known=True,

@@ -81,6 +81,16 @@ class Lark:
     rules: list[str] = field(default_factory=list)
     function: dict | None = None
     k: int = 0  # the function's index
+    tokens: tuple[str, ...] = ()  # special tokens inside literal texts (DeepSeek's ``｜DSML｜``)
+
+    def text(self, text: str) -> str:
+        """Literal ``text`` as Lark, each of ``tokens`` in it as the token where the vocabulary has it."""
+        parts = [text]
+        for tok in self.tokens:
+            parts = [
+                q for p in parts for q in (regex.split(f"({regex.escape(tok)})", p) if p != tok else [p])
+            ]
+        return " ".join(self.req.lit(p) if p in self.tokens else lark_str(p) for p in parts if p)
 
     def rule(self, name: str, body: str) -> str:
         """Add ``name: body`` once; returns ``name`` (without its ``[lazy]`` mark)."""
@@ -132,7 +142,7 @@ class Lit(Node):
         return match_text(s, i, self.text)
 
     def lark(self, g: Lark) -> str:
-        return g.req.lit(self.text) if self.special else lark_str(self.text)
+        return g.req.lit(self.text) if self.special else g.text(self.text)
 
     def start(self) -> tuple[str, bool]:
         return regex.escape(self.text), True
@@ -280,7 +290,7 @@ class Function(Node):
         alts = []
         for k, f in enumerate(g.req.functions):
             g.function, g.k = f, k
-            head = lark_str(self.template.replace("{name}", f["name"]))
+            head = g.text(self.template.replace("{name}", f["name"]))
             g.rule(f"f{k}", f"{head} {self.body.lark(g)}")
             alts.append(f"f{k}")
         g.function = None
@@ -340,7 +350,7 @@ class Text:
         """A JSON value (rule ``rule``) with its closing tag."""
         if self.newlines:
             return f'"\\n" {rule} {lark_str(chr(10) + close)}'
-        return f"{rule} {g.req.lit(close) if self.special_close else lark_str(close)}"
+        return f"{rule} {g.req.lit(close) if self.special_close else g.text(close)}"
 
 
 @dataclass
@@ -385,7 +395,10 @@ class TaggedParams(Node):
     sep: str = WS
     key_pattern: str = r"[^>\n]+"
     pattern: str | None = None  # the opening tag as the parser reads it (group 1: the key)
-    open_lark: Callable[[GrammarRequest, str], str] | None = None  # the opening tag in the grammar
+    # the opening tag in the grammar, from (grammar, key, whether the value is a string)
+    open_lark: Callable[[Lark, str, bool], str] | None = None
+    # a value from (the opening tag's match, its text, the parameter's schema); default convert_value
+    convert: Callable[[Any, str, Any], Any] | None = None
 
     def __post_init__(self) -> None:
         before, _, after = self.open.partition("{key}")
@@ -406,7 +419,8 @@ class TaggedParams(Node):
             if got is NEED or got == FAIL:
                 return got
             key = p.group(1).strip()
-            s.args[key] = convert_value(got[0], s.schema(key))
+            convert = self.convert or (lambda _, raw, schema: convert_value(raw, schema))
+            s.args[key] = convert(p, got[0], s.schema(key))
             i = got[1]
 
     def lark(self, g: Lark) -> str:
@@ -419,7 +433,12 @@ class TaggedParams(Node):
                 value = self.value.lark_string(g, self.close)
             else:
                 value = self.value.lark_json(g, g.rule(f"f{g.k}_v{j}", json_rule(schema)), self.close)
-            head = self.open_lark(g.req, key) if self.open_lark else lark_str(self.open.replace("{key}", key))
+            is_string = is_string_schema(schema)
+            head = (
+                self.open_lark(g, key, is_string)
+                if self.open_lark
+                else g.text(self.open.replace("{key}", key))
+            )
             item = f"{head} {value}"
             if self.declared:
                 item = f"{item} {self.sep}"
@@ -647,24 +666,28 @@ class ToolSyntax:
 
     call: Node
     repeat: bool = True  # False: one call (a block that holds several: :func:`repeat`)
+    tokens: tuple[str, ...] = ()  # special tokens inside literal texts, written as tokens by the grammar
 
     def grammar(
         self, req: GrammarRequest, think: ThinkTags | None, preserved: tuple[str, ...]
     ) -> ToolGrammar:
-        g = Lark(req)
+        g = Lark(req, tokens=self.tokens)
         call = self.call.lark(g)
         prefix, extra = reasoning_prefix(req, think)
         calls = req.calls("call") if self.repeat else "call"
         rules = [f"start: {prefix} {calls}", f"call: {call}", *g.rules, *extra]
         return ToolGrammar(assemble(rules), call_triggers(req, think, self.call.trigger()), preserved)
 
-    def parser(self, syntax: ChatSyntax, think: ThinkTags | None) -> SyntaxParser:
-        return SyntaxParser(syntax, self, think)
+    def parser(
+        self, syntax: ChatSyntax, think: ThinkTags | None, cls: type[SyntaxParser] | None = None
+    ) -> SyntaxParser:
+        return (cls or SyntaxParser)(syntax, self, think)
 
 
-def tool_syntax(call: Node, repeat: bool = True) -> ToolSyntax:
-    """A family's calls: ``call`` (one or more, ``repeat``), optionally after a reasoning block."""
-    return ToolSyntax(call, repeat)
+def tool_syntax(call: Node, repeat: bool = True, tokens: tuple[str, ...] = ()) -> ToolSyntax:
+    """A family's calls: ``call`` (one or more, ``repeat``), optionally after a reasoning block;
+    ``tokens``: special tokens that literal texts hold (the grammar writes them as the tokens)."""
+    return ToolSyntax(call, repeat, tokens)
 
 
 class SyntaxParser(StreamParser):

@@ -184,3 +184,16 @@ def test_json_nodes(node, text, final, want, calls):
     s = scan(text, final)
     assert node.parse(s, 0) == want
     assert [c.name for c in s.calls] == calls
+
+
+def test_tokens_inside_literals():
+    """``tool_syntax(tokens=...)``: a special token inside a literal text is written as the token."""
+    from llamapy.chat.syntax import Lark
+
+    req = GrammarRequest([], True, False, lambda t: 300 if t == "|T|" else None)
+    g = Lark(req, tokens=("|T|",))
+    assert g.text("<|T|x>") == '"<" <[300]> "x>"'
+    assert g.text("|T|") == "<[300]>" and g.text("ab") == '"ab"'
+    assert Lark(GrammarRequest([], True, False, lambda t: None), tokens=("|T|",)).text("<|T|x>") == (
+        '"<" "|T|" "x>"'
+    )
