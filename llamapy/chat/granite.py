@@ -3,50 +3,22 @@ answer optionally wrapped in ``<response>...</response>`` (the tags are dropped)
 
 from __future__ import annotations
 
-import regex
-
-from .common import (
-    NOT_A_CALL,
-    PARTIAL,
-    CallParse,
-    ChatFormat,
-    ChatParser,
-    ChatSyntax,
-    GrammarRequest,
-    StreamParser,
-    ToolGrammar,
-    assemble,
-    call_from_object,
-    call_triggers,
-    json_rule,
-    read_json,
-    reasoning_prefix,
-)
-from .phi4 import call_array
+from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar
 from .reasoning import THINK
+from .syntax import accept, alt, json_calls, lit, pattern, seq, tool_syntax, ws
 
 TOOL_CALL = "<|tool_call|>"
-_START = regex.compile(r"<\|tool_call\|>|</?response>")
-
-
-class GraniteParser(StreamParser):
-    """Parser of Granite output."""
-
-    call_start = _START
-
-    def parse_call(self, buf: str, final: bool) -> CallParse | None:
-        if not buf.startswith(TOOL_CALL):
-            tag = _START.match(buf)
-            return CallParse([], tag.end()) if tag else NOT_A_CALL
-        got = read_json(buf, len(TOOL_CALL), self.json_cache)
-        if got is PARTIAL:
-            return None
-        if got is None or not isinstance(got[0], list):
-            return NOT_A_CALL
-        calls = [call_from_object(v) for v in got[0]]
-        if not calls or any(c is None for c in calls):
-            return NOT_A_CALL
-        return CallParse(calls, got[1])
+SYNTAX = tool_syntax(
+    alt(
+        seq(
+            lit(TOOL_CALL, True),
+            ws(""),
+            json_calls(array=True, only_array=True, comma=False, keys=("arguments",)),
+        ),
+        accept(pattern(r"</?response>")),  # the answer's wrapping tags: dropped
+    ),
+    repeat=False,
+)
 
 
 class GraniteFormat(ChatFormat):
@@ -59,13 +31,7 @@ class GraniteFormat(ChatFormat):
     preserved = ("<think>", "</think>", "<response>", "</response>", TOOL_CALL)
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        prefix, extra = reasoning_prefix(req, self.think)
-        rules = [
-            f"start: {prefix} call",
-            f"call: {req.lit(TOOL_CALL)} {json_rule(call_array(req.functions, req.parallel))}",
-            *extra,
-        ]
-        return ToolGrammar(assemble(rules), call_triggers(req, self.think, TOOL_CALL), self.preserved)
+        return SYNTAX.grammar(req, self.think, self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return GraniteParser(syntax)
+        return SYNTAX.parser(syntax, THINK)

@@ -9,76 +9,21 @@ from __future__ import annotations
 
 import json
 
-import regex
-
-from .common import (
-    NOT_A_CALL,
-    PARTIAL,
-    WS,
-    CallParse,
-    ChatFormat,
-    ChatParser,
-    ChatSyntax,
-    GrammarRequest,
-    StreamParser,
-    ToolGrammar,
-    assemble,
-    call_from_object,
-    call_triggers,
-    expect_tag,
-    functions_of,
-    json_rule,
-    one_of,
-    plain_calls,
-    read_json,
-)
+from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar, functions_of, plain_calls
 from .reasoning import THINK
+from .syntax import end_tag, json_calls, lit, seq, tool_syntax, ws
 
 OPEN, CLOSE = "<|tool_call|>", "<|/tool_call|>"
 DEFAULT_SYSTEM = "You are a helpful assistant with some tools."
 
 
-class Phi4Parser(StreamParser):
-    """Parser of Phi-4-mini calls: a JSON array (or one object) between the two tags."""
-
-    call_start = regex.compile(regex.escape(OPEN))
-
-    def parse_call(self, buf: str, final: bool) -> CallParse | None:
-        got = read_json(buf, len(OPEN), self.json_cache)
-        if got is PARTIAL:
-            return None
-        if got is None:
-            return NOT_A_CALL
-        value, i = got
-        calls = [call_from_object(v) for v in (value if isinstance(value, list) else [value])]
-        if not calls or any(c is None for c in calls):
-            return NOT_A_CALL
-        i = expect_tag(buf, i, CLOSE, final)
-        if i is None or i < 0:
-            return None if i is None else NOT_A_CALL
-        return CallParse(calls, i)
-
-
-def call_array(functions: list[dict], parallel: bool) -> dict:
-    """The JSON schema of an array of ``{"name", "arguments"}`` calls of ``functions``."""
-    schema = {
-        "type": "array",
-        "items": one_of(
-            [
-                {
-                    "type": "object",
-                    "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
-                    "required": ["name", "arguments"],
-                    "additionalProperties": False,
-                }
-                for f in functions
-            ]
-        ),
-        "minItems": 1,
-    }
-    if not parallel:
-        schema["maxItems"] = 1
-    return schema
+# a JSON array (or one object) between the two tags
+SYNTAX = tool_syntax(
+    seq(
+        lit(OPEN, True), ws(), json_calls(array=True, comma=False, keys=("arguments",)), end_tag(CLOSE, True)
+    ),
+    repeat=False,
+)
 
 
 class Phi4Format(ChatFormat):
@@ -111,12 +56,7 @@ class Phi4Format(ChatFormat):
         return out
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        rules = [
-            "start: call",
-            f"call: {req.lit(OPEN)} {WS} calls {WS} {req.lit(CLOSE)}",
-            f"calls: {json_rule(call_array(req.functions, req.parallel))}",
-        ]
-        return ToolGrammar(assemble(rules), call_triggers(req, None, OPEN), self.preserved)
+        return SYNTAX.grammar(req, None, self.preserved)  # (no reasoning in its grammars)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return Phi4Parser(syntax)
+        return SYNTAX.parser(syntax, THINK)

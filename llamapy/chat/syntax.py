@@ -509,11 +509,16 @@ class JsonCalls(Node):
     """Calls as JSON: the parser reads one object ``{"name", "arguments"}`` (or ``"parameters"``, or
     OpenAI's ``{"function": ...}``) or an array of them, and a comma after it (``one``: exactly one
     object, no comma); the grammar writes one object of an allowed function's schema (``array``: an array
-    of one, or more when parallel calls are allowed). ``first``: a regex for its start (the call marker)."""
+    of one, or more when parallel calls are allowed). ``first``: a regex for its start (the call marker);
+    ``only_array``: an object alone is not a call; ``comma``: take a comma after the value; ``keys``: where
+    the arguments may be."""
 
     array: bool = False
     one: bool = False
     first: str = r"[\[{]"
+    only_array: bool = False
+    comma: bool = True
+    keys: tuple[str, ...] = ("arguments", "parameters")
 
     def parse(self, s: Scan, i: int) -> int | None:
         got = read_json(s.buf, i, s.json_cache)
@@ -522,12 +527,14 @@ class JsonCalls(Node):
         if got is None:
             return FAIL
         value, i = got  # type: ignore[misc]
+        if self.only_array and not isinstance(value, list):
+            return FAIL
         items = [value] if self.one or not isinstance(value, list) else value
-        found = [call_from_object(v, args_keys=("arguments", "parameters")) for v in items]
+        found = [call_from_object(v, args_keys=self.keys) for v in items]
         if not found or any(c is None for c in found):
             return FAIL
         s.calls.extend(found)  # type: ignore[arg-type]
-        if self.one:
+        if self.one or not self.comma:
             return i
         j = skip_ws(s.buf, i)
         return j + 1 if j < len(s.buf) and s.buf[j] == "," else i  # (objects separated by commas)
@@ -636,9 +643,9 @@ def repeat(node: Node, end: Node, sep: str = WS, once: bool = False) -> Repeat:
     return Repeat(node, end, sep, once)
 
 
-def json_calls(array: bool = False, one: bool = False, first: str = r"[\[{]") -> JsonCalls:
+def json_calls(array: bool = False, one: bool = False, first: str = r"[\[{]", **kw: Any) -> JsonCalls:
     """Calls as JSON ``{"name", "arguments"}`` objects; see :class:`JsonCalls`."""
-    return JsonCalls(array, one, first)
+    return JsonCalls(array, one, first, **kw)
 
 
 def json_args() -> JsonArgs:
