@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from ..model.blocks import TensorLoader
     from .clip import ClipModel
 
-__all__ = ["INTERNVL", "frames", "grid_candidates", "select_best_resolution"]
+__all__ = ["INTERNVL", "frames", "grid_candidates", "pieces", "select_best_resolution"]
 
 INTERNVL = "internvl"
 PROJ = "mm.model.mlp.{}."
@@ -88,6 +88,11 @@ def frames(bmp: Bitmap, hp: ClipHParams) -> list[np.ndarray]:
         for x in range(0, rw, tile)
     ]
     return [*out, overview]
+
+
+def pieces(bmp: Bitmap, hp: ClipHParams) -> list[str | np.ndarray]:
+    """The frames back to back, no text between them (mtmd.cpp's InternVL layout)."""
+    return list(frames(bmp, hp))
 
 
 # -- tensors ----------------------------------------------------------------------------------------

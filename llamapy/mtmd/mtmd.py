@@ -7,7 +7,8 @@ model's image marker tokens around each image (gemma3: ``<start_of_image>`` ... 
 idefics3: ``<fake_token_around_image><global-img>`` ..., and with ``clip.vision.preproc_image_size`` SmolVLM's
 tiles, each ``<fake_token_around_image><row_R_col_C>`` + a tile, then the global image; pixtral: the image
 (its ``[IMG_BREAK]`` rows inside the embeddings) then ``[IMG_END]``; internvl: ``<img>`` the tiles and the
-overview back to back ``</img>``; mlp: none).
+overview back to back ``</img>``; lfm2: ``<|image_start|>``, for a big image
+``<|img_row_R_col_C|>`` + each 512 px tile and ``<|img_thumbnail|>`` + the thumbnail, ``<|image_end|>``; mlp: none).
 ``eval_chunks(ctx, chunks, n_past)`` decodes them in order into a ``Context``: text in ``n_batch``
 pieces, images as embeddings (``Batch.from_embd``), with non-causal attention inside the image for the
 projectors that need it (gemma3: the whole image then goes in one ubatch). Qwen-VL style projectors
@@ -42,7 +43,8 @@ _IMAGE_WRAP = {
     "gemma3": ("<start_of_image>", "<end_of_image>"),
     "idefics3": ("<fake_token_around_image><global-img>", "<fake_token_around_image>"),  # one global image
     "pixtral": ("", "[IMG_END]"),  # [IMG_BREAK] rows are inside the embeddings (pixtral.py)
-    "internvl": ("<img>", "</img>"),  # the tiles, then the overview, back to back (internvl.frames)
+    "internvl": ("<img>", "</img>"),  # the tiles, then the overview, back to back (internvl.pieces)
+    "lfm2": ("<|image_start|>", "<|image_end|>"),  # tiles + thumbnail when big (lfm2.pieces)
 }
 _MROPE_WRAP = ("<|vision_start|>", "<|vision_end|>")  # Qwen-VL style projectors (Projector.mrope)
 
@@ -221,14 +223,11 @@ class MtmdContext:
         hp = self.clip.hparams
         beg, end = self.image_wrap
         longest = int(self.clip.metadata.get("clip.vision.preproc_image_size") or 0)
-        if hp.projector_type == "internvl":  # the tiles, then the overview (internvl.frames)
-            from .internvl import frames
+        if hp.projector_type in ("internvl", "lfm2"):  # tiles (internvl.pieces, lfm2.pieces)
+            from . import internvl, lfm2
 
-            fr = frames(bmp, hp)
-            n = self.clip.n_output_tokens(hp.image_size, hp.image_size)
-            keys = [hashlib.sha256(f"{bmp.id}:{k}".encode()).hexdigest() for k in range(len(fr) - 1)]
-            nc = self.decode_use_non_causal
-            return [beg, *(ImageChunk(i, n, f, nc) for i, f in zip([*keys, bmp.id], fr, strict=True)), end]
+            mod = internvl if hp.projector_type == "internvl" else lfm2
+            return [beg, *self._frame_chunks(bmp, mod.pieces(bmp, hp)), end]
         if hp.projector_type != "idefics3" or longest <= 0:
             return [beg, self._image_chunk(bmp), end]
         # SmolVLM's image splitting (HF Idefics3Processor): row-major tiles, then the global image
@@ -247,6 +246,21 @@ class MtmdContext:
                 out += [f"<fake_token_around_image><row_{r + 1}_col_{c + 1}>", chunk(r * cols + c)]
             out.append("\n")
         return [*out, "\n" + beg, chunk(len(frames) - 1), end]
+
+    def _frame_chunks(self, bmp: Bitmap, pieces: list[str | np.ndarray]) -> list[str | ImageChunk]:
+        """Texts and preprocessed frames of one image -> chunks; the last frame keyed by the image's id, the
+        others by it and their index."""
+        n = sum(isinstance(p, np.ndarray) for p in pieces)
+        out: list[str | ImageChunk] = []
+        for p in pieces:
+            if isinstance(p, str):
+                out.append(p)
+                continue
+            k = sum(isinstance(c, ImageChunk) for c in out)
+            key = bmp.id if k == n - 1 else hashlib.sha256(f"{bmp.id}:{k}".encode()).hexdigest()
+            nt = self.clip.n_output_tokens(p.shape[2], p.shape[1])
+            out.append(ImageChunk(key, nt, p, self.decode_use_non_causal))
+        return out
 
     # -- chunks ---------------------------------------------------------------------------------------
     def tokenize(
