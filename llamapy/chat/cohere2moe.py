@@ -13,38 +13,19 @@ parser gives the calls fresh unique ids.
 
 from __future__ import annotations
 
-import regex
-
-from .command_r7b import END_ACTION, START_ACTION, CommandR7BParser
-from .common import (
-    WS,
-    CallParse,
-    ChatFormat,
-    ChatParser,
-    ChatSyntax,
-    GrammarRequest,
-    ToolGrammar,
-    assemble,
-    call_triggers,
-    json_rule,
-    one_of,
-    reasoning_prefix,
-)
+from .command_r7b import END_ACTION, START_ACTION, action
+from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar
 from .reasoning import COMMAND_R7B_THINK
+from .syntax import accept, alt, pattern, tool_syntax
 
 START_TEXT, END_TEXT = "<|START_TEXT|>", "<|END_TEXT|>"
-
-
-class Cohere2MoeParser(CommandR7BParser):
-    """Parser of Cohere2MoE output."""
-
-    call_start = regex.compile(r"<\|START_ACTION\|>|<\|START_TEXT\|>|<\|END_TEXT\|>")
-
-    def parse_call(self, buf: str, final: bool) -> CallParse | None:
-        for tag in (START_TEXT, END_TEXT):
-            if buf.startswith(tag):
-                return CallParse([], len(tag))
-        return super().parse_call(buf, final)
+SYNTAX = tool_syntax(
+    alt(
+        action({"type": "string"}),  # (any id: the template writes the history's)
+        accept(pattern(r"<\|START_TEXT\|>|<\|END_TEXT\|>")),  # the answer's tags: dropped
+    ),
+    repeat=False,
+)
 
 
 class Cohere2MoeFormat(ChatFormat):
@@ -64,30 +45,7 @@ class Cohere2MoeFormat(ChatFormat):
     )
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        item = one_of(
-            [
-                {
-                    "type": "object",
-                    "properties": {
-                        "tool_call_id": {"type": "string"},
-                        "tool_name": {"const": f["name"]},
-                        "parameters": f["parameters"],
-                    },
-                    "required": ["tool_call_id", "tool_name", "parameters"],
-                }
-                for f in req.functions
-            ]
-        )
-        schema: dict = {"type": "array", "items": item, "minItems": 1}
-        if not req.parallel:
-            schema["maxItems"] = 1
-        prefix, extra = reasoning_prefix(req, self.think)
-        rules = [
-            f"start: {prefix} {req.lit(START_ACTION)} {WS} calls {WS} {req.lit(END_ACTION)}",
-            f"calls: {json_rule(schema)}",
-            *extra,
-        ]
-        return ToolGrammar(assemble(rules), call_triggers(req, self.think, START_ACTION), self.preserved)
+        return SYNTAX.grammar(req, self.think, self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return Cohere2MoeParser(syntax)
+        return SYNTAX.parser(syntax, COMMAND_R7B_THINK)

@@ -8,56 +8,53 @@ so the parser gives the calls fresh unique ids.
 
 from __future__ import annotations
 
-import regex
+from typing import Any
 
 from .common import (
-    NOT_A_CALL,
-    PARTIAL,
-    WS,
-    CallParse,
     ChatFormat,
     ChatParser,
     ChatSyntax,
     GrammarRequest,
-    StreamParser,
     ToolCall,
     ToolGrammar,
-    assemble,
     call_from_object,
-    call_triggers,
-    expect_tag,
-    json_rule,
-    one_of,
-    read_json,
-    reasoning_prefix,
 )
 from .reasoning import COMMAND_R7B_THINK
+from .syntax import Node, accept, alt, end_tag, json_calls, lit, pattern, seq, tool_syntax, ws
 
 START_ACTION, END_ACTION = "<|START_ACTION|>", "<|END_ACTION|>"
-_START = regex.compile(r"<\|START_ACTION\|>|<\|START_RESPONSE\|>|<\|END_RESPONSE\|>")
 
 
-class CommandR7BParser(StreamParser):
-    """Parser of Command R7B output."""
+def action(id_schema: dict) -> Node:
+    """``<|START_ACTION|>[{"tool_call_id", "tool_name", "parameters"}, ...]<|END_ACTION|>``; the
+    grammar's ``tool_call_id`` has ``id_schema``, the parser gives the calls fresh ids."""
 
-    think = COMMAND_R7B_THINK
-    call_start = _START
+    def item(f: dict) -> dict:
+        return {
+            "type": "object",
+            "properties": {
+                "tool_call_id": id_schema,
+                "tool_name": {"const": f["name"]},
+                "parameters": f["parameters"],
+            },
+            "required": ["tool_call_id", "tool_name", "parameters"],
+        }
 
-    def parse_call(self, buf: str, final: bool) -> CallParse | None:
-        if not buf.startswith(START_ACTION):
-            return CallParse([], _START.match(buf).end())
-        got = read_json(buf, len(START_ACTION), self.json_cache)
-        if got is PARTIAL:
-            return None
-        if got is None or not isinstance(got[0], list):
-            return NOT_A_CALL
-        calls = [call_from_object(v, "tool_name", ("parameters",)) for v in got[0]]
-        if not calls or any(c is None for c in calls):
-            return NOT_A_CALL
-        i = expect_tag(buf, got[1], END_ACTION, final)
-        if i is None or i < 0:
-            return None if i is None else NOT_A_CALL
-        return CallParse([ToolCall(c.name, c.arguments) for c in calls], i)
+    def read(v: Any) -> ToolCall | None:
+        call = call_from_object(v, "tool_name", ("parameters",))
+        return ToolCall(call.name, call.arguments) if call else None  # (its ids are not the API's)
+
+    calls = json_calls(array=True, only_array=True, comma=False, item=item, read=read)
+    return seq(lit(START_ACTION, True), ws(), calls, end_tag(END_ACTION, True))
+
+
+SYNTAX = tool_syntax(
+    alt(
+        action({"type": "string", "pattern": "^[0-9]{1,10}$"}),
+        accept(pattern(r"<\|START_RESPONSE\|>|<\|END_RESPONSE\|>")),  # the answer's tags: dropped
+    ),
+    repeat=False,
+)
 
 
 class CommandR7BFormat(ChatFormat):
@@ -84,33 +81,7 @@ class CommandR7BFormat(ChatFormat):
         return out
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        schema = {
-            "type": "array",
-            "items": one_of(
-                [
-                    {
-                        "type": "object",
-                        "properties": {
-                            "tool_call_id": {"type": "string", "pattern": "^[0-9]{1,10}$"},
-                            "tool_name": {"const": f["name"]},
-                            "parameters": f["parameters"],
-                        },
-                        "required": ["tool_call_id", "tool_name", "parameters"],
-                    }
-                    for f in req.functions
-                ]
-            ),
-            "minItems": 1,
-        }
-        if not req.parallel:
-            schema["maxItems"] = 1
-        prefix, extra = reasoning_prefix(req, self.think)
-        rules = [
-            f"start: {prefix} {req.lit(START_ACTION)} {WS} calls {WS} {req.lit(END_ACTION)}",
-            f"calls: {json_rule(schema)}",
-            *extra,
-        ]
-        return ToolGrammar(assemble(rules), call_triggers(req, self.think, START_ACTION), self.preserved)
+        return SYNTAX.grammar(req, self.think, self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return CommandR7BParser(syntax)
+        return SYNTAX.parser(syntax, COMMAND_R7B_THINK)

@@ -519,6 +519,8 @@ class JsonCalls(Node):
     only_array: bool = False
     comma: bool = True
     keys: tuple[str, ...] = ("arguments", "parameters")
+    item: Callable[[dict], dict] | None = None  # a function's call schema (default: call_schemas')
+    read: Callable[[Any], ToolCall | None] | None = None  # a call from one JSON item
 
     def parse(self, s: Scan, i: int) -> int | None:
         got = read_json(s.buf, i, s.json_cache)
@@ -530,7 +532,8 @@ class JsonCalls(Node):
         if self.only_array and not isinstance(value, list):
             return FAIL
         items = [value] if self.one or not isinstance(value, list) else value
-        found = [call_from_object(v, args_keys=self.keys) for v in items]
+        read = self.read or (lambda v: call_from_object(v, args_keys=self.keys))
+        found = [read(v) for v in items]
         if not found or any(c is None for c in found):
             return FAIL
         s.calls.extend(found)  # type: ignore[arg-type]
@@ -540,7 +543,9 @@ class JsonCalls(Node):
         return j + 1 if j < len(s.buf) and s.buf[j] == "," else i  # (objects separated by commas)
 
     def lark(self, g: Lark) -> str:
-        schema = one_of(call_schemas(g.req.functions))
+        schema = one_of(
+            [self.item(f) for f in g.req.functions] if self.item else call_schemas(g.req.functions)
+        )
         if not self.array:
             return g.rule("call_json", json_rule(schema))
         array = {"type": "array", "items": schema, "minItems": 1}
