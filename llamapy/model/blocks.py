@@ -616,6 +616,17 @@ class GraphBuilder:
         return Outputs(res.logits, res.embd, cur)
 
 
+def longrope_for_layer(arch: Architecture, il: int, n_ctx: int = 0) -> Rope:
+    """Phi-3's LongRoPE (phi3, phimoe): the long factors (``rope_factors_long.weight``) for a context
+    of ``n_ctx`` cells (default the training one) above the original context, the short ones below."""
+    hp = arch.hp
+    n_ctx = n_ctx or hp.n_ctx_train
+    factors = arch.w.get(
+        "rope_factors_long.weight" if n_ctx > hp.n_ctx_orig_yarn else "rope_factors_short.weight"
+    )
+    return rope_for_layer(hp, il, freq_factors=factors)
+
+
 @dataclass
 class SectionRope(Rope):
     """Rope over sections of the rotary dims (ggml's ``rope_multi``; text: one position for all)."""
@@ -649,6 +660,7 @@ __all__ = [
     "TensorLoader",
     "Weights",
     "load_head_tensors",
+    "longrope_for_layer",
     "neox",
     "rope_for_layer",
 ]

@@ -5,25 +5,23 @@ global) and ropes only the sliding-window layers: the global ones are NoPE."""
 
 from __future__ import annotations
 
-from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
-from ..dense_blocks import build_dense, load_dense_tensors
+from ..blocks import GraphBuilder, Outputs, Rope
+from ..dense_blocks import DenseArchitecture, DenseLayout, build_dense
 from ..hf import HFConvert
 from ..hparams import HParams, MetaReader, swa_pattern
-from . import Architecture, register
+from . import register
 
 
 @register("command-r", "cohere2")
-class CommandR(Architecture):
+class CommandR(DenseArchitecture):
+    layout = DenseLayout(norm="layer", ffn_norm=False, parallel=True)
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.f_logit_scale = md.f32("logit_scale", 0.0, required=hp.arch == "cohere2") or 0.0
         if hp.arch == "cohere2":
             hp.n_swa = md.u32("attention.sliding_window", required=True)
             hp.swa_layers = swa_pattern(md, hp.n_layer, 4)
-
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_dense_tensors(self, t, ffn_norm=False)
-        self._finish_tensors(t)
 
     def layer_rope(self, il: int, n_ctx: int = 0) -> Rope | None:
         if self.hp.arch == "cohere2" and not self.hp.is_swa(il):
@@ -32,7 +30,7 @@ class CommandR(Architecture):
 
     def build(self, g: GraphBuilder) -> Outputs:
         scale = self.hp.f_logit_scale
-        return build_dense(self, g, norm="layer", parallel=True, logit_scale=1.0 / scale if scale else 0.0)
+        return build_dense(self, g, logit_scale=1.0 / scale if scale else 0.0)
 
 
 def _command_r_params(ctx, kv) -> None:

@@ -5,14 +5,18 @@ the probabilities plus ``exp_probs_b``, weights renormalized) with an optional s
 
 from __future__ import annotations
 
-from ..blocks import GraphBuilder, Outputs, TensorLoader
-from ..dense_blocks import build_dense, load_dense_tensors
+from dataclasses import replace
+
+from ..blocks import TensorLoader
+from ..dense_blocks import DenseArchitecture, DenseLayout, load_dense_tensors
 from ..hparams import HParams, MetaReader, ModelLoadError
-from . import Architecture, register
+from . import register
 
 
 @register("ernie4_5", "ernie4_5-moe")
-class Ernie45(Architecture):
+class Ernie45(DenseArchitecture):
+    layout = DenseLayout(moe_norm_w=True)  # shared_expert: where the file has one (load_tensors)
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         if hp.arch != "ernie4_5-moe":
@@ -34,12 +38,9 @@ class Ernie45(Architecture):
 
     def load_tensors(self, t: TensorLoader) -> None:
         hp = self.hp
-        self.shared_expert = hp.n_ff_shexp > 0
-        load_dense_tensors(self, t, shared_expert=self.shared_expert)
+        self.layout = replace(self.layout, shared_expert=hp.n_ff_shexp > 0)
+        load_dense_tensors(self, t)
         for il in range(hp.n_layer):
             if self.layer_moe(il):
                 t.layer(il, "exp_probs_b.bias", (hp.n_expert,), required=False)
         self._finish_tensors(t)
-
-    def build(self, g: GraphBuilder) -> Outputs:
-        return build_dense(self, g, moe_norm_w=True, shared_expert=self.shared_expert)

@@ -5,14 +5,16 @@ by default) the window layers use rope and the global ones none (NoPE)."""
 
 from __future__ import annotations
 
-from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
-from ..dense_blocks import load_dense_tensors
+from ..blocks import Rope
+from ..dense_blocks import DenseArchitecture, DenseLayout
 from ..hparams import ROPE_NEOX, HParams, MetaReader, swa_pattern
-from . import Architecture, register
+from . import register
 
 
 @register("exaone4")
-class Exaone4(Architecture):
+class Exaone4(DenseArchitecture):
+    layout = DenseLayout(qk_norm=True, post_norms=True)
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX
@@ -23,19 +25,3 @@ class Exaone4(Architecture):
         if self.hp.n_swa and not self.hp.is_swa(il):
             return None  # the global layers of a windowed model
         return super().layer_rope(il, n_ctx)
-
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_dense_tensors(self, t, qk_norm=True, post_norms=True)
-        self._finish_tensors(t)
-
-    def build(self, g: GraphBuilder) -> Outputs:
-        x = g.embed(self.w["token_embd.weight"])
-        for il, blk in enumerate(self.blocks):
-            h = g.attention(x, blk, il, qk_norm=True)
-            h, x = g.select_outputs(il, h, x)
-            h = g.build_norm(h, blk["post_attention_norm.weight"], name="attn_post_norm", il=il)
-            x = g.cb(x + h, "ffn_inp", il)
-            h = g.build_ffn(x, blk, il)
-            h = g.build_norm(h, blk["post_ffw_norm.weight"], name="ffn_post_norm", il=il)
-            x = g.cb(x + h, "l_out", il)
-        return g.output(x, self.w["output_norm.weight"], self.output_weight())

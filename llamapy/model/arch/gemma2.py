@@ -16,7 +16,7 @@ class Gemma2(Architecture):
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX
-        hp.f_attention_scale = gemma_attention_scale(hp)
+        hp.f_attention_scale = gemma_attention_scale(hp, width_scaled_27b=True)
         hp.n_swa = md.u32("attention.sliding_window", 4096) or 0
         hp.swa_layers = swa_pattern(md, hp.n_layer, 2)
         hp.f_attn_logit_softcapping = md.f32("attn_logit_softcapping", 50.0) or 0.0

@@ -15,7 +15,7 @@ class Gemma3(Architecture):
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX
-        hp.f_attention_scale = gemma_attention_scale(hp)
+        hp.f_attention_scale = gemma_attention_scale(hp, width_scaled_27b=True)
         hp.swa_layers = swa_pattern(md, hp.n_layer, 6)
         hp.rope_freq_base_swa = md.f32("rope.freq_base_swa", 10000.0)
         hp.rope_freq_scale_swa = 1.0

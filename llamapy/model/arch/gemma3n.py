@@ -18,9 +18,9 @@ from ...ggml import ops
 from ...ggml.tensor import Tensor
 from ...ggml.types import GGMLType
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, Weights, rope_for_layer
+from ..gemma_blocks import kv_shared_attention, per_layer_inputs, read_kv_sharing
 from ..hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError, swa_pattern
-from . import register
-from .gemma4 import Gemma4, per_layer_inputs, read_kv_sharing
+from . import Architecture, register
 
 # llama.cpp's default when the file has no activation_sparsity_scale: the first 10 layers keep the
 # activations above mean + 1.6449 std (the 95th percentile of a normal), as the released models
@@ -39,7 +39,7 @@ def read_sparsity(hp: HParams, md: MetaReader) -> list[float]:
 
 
 @register("gemma3n")
-class Gemma3n(Gemma4):
+class Gemma3n(Architecture):
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX
@@ -150,7 +150,7 @@ class Gemma3n(Gemma4):
         h = g.build_norm(active, blk["attn_norm.weight"], name="attn_norm", il=il)
         lo = g.mm(blk["laurel_r.weight"], g.mm(blk["laurel_l.weight"], h))
         lo = cb(ops.add(h, g.build_norm(lo, blk["laurel_post_norm.weight"])), "laurel_out", il)
-        a = self.attention(g, h, blk, il)
+        a = kv_shared_attention(self, g, h, blk, il)
         a = g.build_norm(a, blk["post_attention_norm.weight"], name="attn_post_norm", il=il)
         a = cb(ops.add(active, a), "attn_gated", il)
         a = cb(ops.scale(ops.add(a, lo), 1.0 / math.sqrt(2.0)), "attn_laurel", il)

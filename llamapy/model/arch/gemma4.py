@@ -17,20 +17,9 @@ from ...ggml import ops
 from ...ggml.tensor import Tensor
 from ...ggml.types import GGMLType
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, Weights, rope_for_layer
+from ..gemma_blocks import kv_shared_attention, per_layer_inputs, read_kv_sharing
 from ..hparams import ROPE_NEOX, HParams, MetaReader, swa_pattern
 from . import Architecture, register
-
-
-def read_kv_sharing(hp: HParams, md: MetaReader) -> None:
-    """``attention.shared_kv_layers``: the last n layers reuse earlier layers' K/V (``HParams.kv_layer``)."""
-    n_shared = md.u32("attention.shared_kv_layers", 0) or 0
-    if n_shared >= hp.n_layer:
-        raise md._err(f"attention.shared_kv_layers = {n_shared} must be below block_count ({hp.n_layer})")
-    hp.n_layer_kv_from_start = hp.n_layer - n_shared if n_shared else -1
-    for il in range(hp.n_layer):  # every sharing layer needs an earlier layer of its kind
-        src = hp.kv_layer(il)
-        if src != il and hp.heads(src)[1:] != hp.heads(il)[1:]:
-            raise md._err(f"layer {il} reuses the K/V of layer {src}, whose KV heads differ")
 
 
 @register("gemma4")
@@ -123,7 +112,7 @@ class Gemma4(Architecture):
         ple = per_layer_inputs(self, g, x) if hp.n_embd_per_layer else None
         for il, blk in enumerate(self.blocks):
             h = g.build_norm(x, blk["attn_norm.weight"], name="attn_norm", il=il)
-            h = self.attention(g, h, blk, il)
+            h = kv_shared_attention(self, g, h, blk, il)
             h, x = g.select_outputs(il, h, x)
             h = g.build_norm(h, blk["post_attention_norm.weight"], name="attn_post_norm", il=il)
             x = g.cb(ops.add(x, h), "attn_out", il)
@@ -149,45 +138,6 @@ class Gemma4(Architecture):
         return g.output(
             x, self.w["output_norm.weight"], self.output_weight(), softcap=hp.f_final_logit_softcapping
         )
-
-    def attention(self, g: GraphBuilder, h: Tensor, blk: Weights, il: int) -> Tensor:
-        """Q (normed, roped) always; K and V (K normed and roped, V RMS-normed without a weight) only on a
-        layer that stores its own: a sharing layer attends over its source layer's cache."""
-        hp, inp = self.hp, g.inp
-        T = inp.n_tokens
-        nh, nkv, dk, dv = hp.heads(il)
-        rope = self.layer_rope(il, inp.n_ctx)
-        q = ops.reshape(g.mm(blk["attn_q.weight"], h), (T, nh, dk))
-        q = g.build_norm(q, blk["attn_q_norm.weight"], name="Qcur_normed", il=il)
-        q = g.cb(rope.apply(q, inp.pos), "Qcur_pos", il)
-        k = v = None
-        if hp.kv_layer(il) == il:
-            k = g.cb(g.mm(blk["attn_k.weight"], h), "Kcur", il)
-            wv = blk.get("attn_v.weight")
-            v = g.cb(g.mm(wv, h), "Vcur", il) if wv is not None else k
-            k = g.build_norm(
-                ops.reshape(k, (T, nkv, dk)), blk["attn_k_norm.weight"], name="Kcur_normed", il=il
-            )
-            v = g.cb(ops.rms_norm(ops.reshape(v, (T, nkv, dv)), hp.norm_rms_eps), "Vcur_normed", il)
-            k = g.cb(rope.apply(k, inp.pos), "Kcur_pos", il)
-        out = g.build_attn(q, k, v, il, kq_scale=hp.f_attention_scale)
-        return g.mm(blk["attn_output.weight"], out)
-
-
-def per_layer_inputs(arch: Architecture, g: GraphBuilder, x: Tensor) -> Tensor:
-    """PLE inputs F32[T, n_layer, n_embd_per_layer]: the token's rows of ``per_layer_token_embd`` (x
-    sqrt(n_pl); row 0, the padding token, for raw embeddings) plus the normed projection of the scaled
-    embeddings (/ sqrt(n_embd)), times 1/sqrt(2)."""
-    hp, inp = arch.hp, g.inp
-    T, L, P = inp.n_tokens, hp.n_layer, hp.n_embd_per_layer
-    ids = inp.tokens
-    if ids is None:
-        ids = ops.weight("ple_pad_ids", GGMLType.I32, (T,), np.zeros(T, dtype=np.int32))
-    e = ops.get_rows(arch.w["per_layer_token_embd.weight"], ids)
-    e = g.cb(ops.reshape(ops.scale(e, math.sqrt(P)), (T, L, P)), "inp_per_layer_selected")
-    p = ops.scale(g.mm(arch.w["per_layer_model_proj.weight"], x), 1.0 / math.sqrt(hp.n_embd))
-    p = g.build_norm(ops.reshape(p, (T, L, P)), arch.w["per_layer_proj_norm.weight"], name="per_layer_proj")
-    return g.cb(ops.scale(ops.add(p, e), 1.0 / math.sqrt(2.0)), "inp_per_layer")
 
 
 def per_layer_slice(g: GraphBuilder, ple: Tensor, il: int) -> Tensor:

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..blocks import GraphBuilder, Outputs, TensorLoader
-from ..dense_blocks import build_dense, load_dense_tensors
+from ..blocks import GraphBuilder, Outputs
+from ..dense_blocks import DenseArchitecture, DenseLayout, build_dense
 from ..hf_shared import LLAMA_HF
 from ..hparams import HParams, MetaReader
-from . import Architecture, register
+from . import register
 
 
 @register("granite", "granitemoe")
-class Granite(Architecture):
+class Granite(DenseArchitecture):
+    layout = DenseLayout(moe_norm_w=True)  # expert_weights_norm (always set)
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.f_embedding_scale = md.f32("embedding_scale", 0.0)
@@ -23,16 +25,11 @@ class Granite(Architecture):
         hp.f_logit_scale = md.f32("logit_scale", required=True)
         hp.expert_weights_norm = True
 
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_dense_tensors(self, t)
-        self._finish_tensors(t)
-
     def build(self, g: GraphBuilder) -> Outputs:
         hp = self.hp
         return build_dense(
             self,
             g,
-            moe_norm_w=hp.expert_weights_norm,
             embd_scale=hp.f_embedding_scale or None,
             kq_scale=hp.f_attention_scale or None,
             residual_scale=hp.f_residual_scale or None,

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-from ..blocks import GraphBuilder, Outputs, TensorLoader
-from ..dense_blocks import build_dense, load_dense_tensors
+from ..dense_blocks import DenseArchitecture, DenseLayout
 from ..hf_shared import LLAMA_HF
-from . import Architecture, register
+from . import register
 
 
 @register("llama", "mistral")
-class Llama(Architecture):
+class Llama(DenseArchitecture):
     """RMSNorm, rotary attention (normal mode) with grouped KV heads, SwiGLU feed-forward."""
 
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_dense_tensors(self, t)
-        self._finish_tensors(t)
-
-    def build(self, g: GraphBuilder) -> Outputs:
-        return build_dense(self, g, moe_norm_w=True)  # Mixtral (llama with experts): top-k renormalized
+    layout = DenseLayout(moe_norm_w=True)  # Mixtral (llama with experts): top-k renormalized
 
 
 HF_CONVERT = LLAMA_HF

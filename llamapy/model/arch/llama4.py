@@ -10,16 +10,18 @@ from __future__ import annotations
 
 from ...ggml import ops
 from ...ggml.tensor import Tensor
-from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, Weights
-from ..dense_blocks import load_dense_tensors
+from ..blocks import GraphBuilder, Outputs, Rope, Weights
+from ..dense_blocks import DenseArchitecture, DenseLayout
 from ..hparams import HParams, MetaReader, ModelLoadError
-from . import Architecture, register
+from . import register
 
 N_NO_ROPE_LAYER_STEP = 4
 
 
 @register("llama4")
-class Llama4(Architecture):
+class Llama4(DenseArchitecture):
+    layout = DenseLayout(shared_expert=True)  # its graph is its own (build); the tensors are these
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         if not hp.n_expert or not hp.n_ff_exp:
@@ -48,10 +50,6 @@ class Llama4(Architecture):
 
     def layer_moe(self, il: int) -> bool:
         return (il + 1) % self.hp.n_moe_layer_step == 0
-
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_dense_tensors(self, t, shared_expert=True)
-        self._finish_tensors(t)
 
     def build(self, g: GraphBuilder) -> Outputs:
         hp = self.hp

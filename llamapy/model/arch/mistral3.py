@@ -8,16 +8,18 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
-from ..dense_blocks import build_dense, load_dense_tensors
+from ..blocks import GraphBuilder, Outputs, Rope
+from ..dense_blocks import DenseArchitecture, DenseLayout, build_dense
 from ..hf import HFConvert
 from ..hf_shared import LLAMA_HF
 from ..hparams import HParams, MetaReader, ModelLoadError
-from . import Architecture, register
+from . import register
 
 
 @register("mistral3")
-class Mistral3(Architecture):
+class Mistral3(DenseArchitecture):
+    layout = DenseLayout(moe_norm_w=True)
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.f_attn_temp_scale = md.f32("attention.temperature_scale", 0.0)
@@ -36,16 +38,12 @@ class Mistral3(Architecture):
         # llama.cpp's mistral3 graph: the YaRN magnitude (1 + 0.1 ln(1/s)) is cancelled
         return dataclasses.replace(rope, attn_factor=1.0 / (1.0 + 0.1 * math.log(1.0 / fs)))
 
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_dense_tensors(self, t)
-        self._finish_tensors(t)
-
     def build(self, g: GraphBuilder) -> Outputs:
         hp = self.hp
         temp = None
         if hp.f_attn_temp_scale:
             temp = g.inp_attn_temp(hp.f_attn_temp_scale, hp.n_attn_temp_floor_scale, hp.f_attn_temp_offset)
-        return build_dense(self, g, moe_norm_w=True, attn_temp=temp)
+        return build_dense(self, g, attn_temp=temp)
 
 
 def _ministral3_params(ctx, kv) -> None:

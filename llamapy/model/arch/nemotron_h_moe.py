@@ -32,12 +32,12 @@ from ...ggml.tensor import Tensor
 from ..blocks import GraphBuilder, TensorLoader, Weights
 from ..hparams import HParams, MetaReader, ModelLoadError
 from ..moe_blocks import GATING_SIGMOID, read_moe_routing, skip_nextn_tensors
+from ..nemotron_blocks import NemotronHLayers, relu_sqr_ffn
 from . import register
-from .nemotron_h import NemotronH, relu_sqr_ffn
 
 
 @register("nemotron_h_moe")
-class NemotronHMoE(NemotronH):
+class NemotronHMoE(NemotronHLayers):
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         read_moe_routing(hp, md, GATING_SIGMOID)  # (drops the MTP block from the per-layer lists)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, rope_for_layer
+from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, longrope_for_layer
 from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import Architecture, register
@@ -43,12 +43,7 @@ class Phi3(Architecture):
         self._finish_tensors(t)
 
     def layer_rope(self, il: int, n_ctx: int = 0) -> Rope | None:
-        hp = self.hp
-        n_ctx = n_ctx or hp.n_ctx_train
-        factors = self.w.get(
-            "rope_factors_long.weight" if n_ctx > hp.n_ctx_orig_yarn else "rope_factors_short.weight"
-        )
-        return rope_for_layer(hp, il, freq_factors=factors)
+        return longrope_for_layer(self, il, n_ctx)
 
     def build(self, g: GraphBuilder) -> Outputs:
         hp = self.hp

@@ -11,31 +11,37 @@ from __future__ import annotations
 
 import math
 
-from ..blocks import GraphBuilder, Outputs, TensorLoader
-from ..dense_blocks import load_dense_tensors
-from ..hparams import HParams, MetaReader, ModelLoadError
+from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, longrope_for_layer
+from ..dense_blocks import DenseArchitecture, DenseLayout, load_dense_tensors
+from ..hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError
 from . import register
-from .phi3 import Phi3
 
 NORM_KIND = "layer"  # "rms": as llama.cpp's phi3 graph (LLM_NORM_RMS with the bias)
 
 
 @register("phimoe")
-class PhiMoE(Phi3):
+class PhiMoE(DenseArchitecture):
+    layout = DenseLayout(norm_biases=True)  # the tensors; the graph (build) is Phi-3's with experts
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
-        super().adjust_hparams(hp, md)
+        hp.rope_type = ROPE_NEOX  # as phi3: neox rope, no sliding window
+        hp.n_swa = 0
+        hp.swa_layers = [False] * hp.n_layer
         if not hp.n_expert:
             raise ModelLoadError(f"{md.where}: phimoe needs expert_count and expert_used_count")
         hp.norm_eps = hp.norm_rms_eps  # the file has only layer_norm_rms_epsilon (the LayerNorms' eps)
 
     def load_tensors(self, t: TensorLoader) -> None:
         hp = self.hp
-        load_dense_tensors(self, t, norm_biases=True)
+        load_dense_tensors(self, t)
         t("output.bias", (hp.n_vocab,), required=False)
         t("rope_factors_long.weight", (hp.n_rot // 2,), required=False)
         t("rope_factors_short.weight", (hp.n_rot // 2,), required=False)
         self._finish_tensors(t)
+
+    def layer_rope(self, il: int, n_ctx: int = 0) -> Rope | None:
+        return longrope_for_layer(self, il, n_ctx)
 
     def build(self, g: GraphBuilder) -> Outputs:
         hp = self.hp

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-from ..blocks import GraphBuilder, Outputs, TensorLoader
-from ..dense_blocks import build_dense, load_dense_tensors
+from ..dense_blocks import DenseArchitecture, DenseLayout
 from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader
-from . import Architecture, register
+from . import register
 
 
 @register("qwen2")
-class Qwen2(Architecture):
+class Qwen2(DenseArchitecture):
+    layout = DenseLayout(biases=True)
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX
-
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_dense_tensors(self, t, biases=True)
-        self._finish_tensors(t)
-
-    def build(self, g: GraphBuilder) -> Outputs:
-        return build_dense(self, g)
 
 
 HF_CONVERT = HFConvert("qwen2", ("Qwen2ForCausalLM",), vocab="spm|gpt2")

@@ -3,16 +3,17 @@
 
 from __future__ import annotations
 
-from ..blocks import GraphBuilder, Outputs, TensorLoader
-from ..dense_blocks import build_dense, load_dense_tensors
+from ..dense_blocks import DenseArchitecture, DenseLayout
 from ..hf import HFConvert
 from ..hf_shared import qwen_moe_params
 from ..hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError
-from . import Architecture, register
+from . import register
 
 
 @register("qwen2moe")
-class Qwen2Moe(Architecture):
+class Qwen2Moe(DenseArchitecture):
+    layout = DenseLayout(biases=True, shared_expert=True)
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX
@@ -20,13 +21,6 @@ class Qwen2Moe(Architecture):
             raise ModelLoadError(f"{md.where}: qwen2moe needs expert_count > 0")
         # as llama.cpp: without expert_feed_forward_length each expert is n_ff / n_expert_used wide
         hp.n_ff_exp = hp.n_ff_exp or hp.n_ff[0] // hp.n_expert_used
-
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_dense_tensors(self, t, biases=True, shared_expert=True)
-        self._finish_tensors(t)
-
-    def build(self, g: GraphBuilder) -> Outputs:
-        return build_dense(self, g, shared_expert=True)
 
 
 HF_CONVERT = HFConvert("qwen2moe", ("Qwen2MoeForCausalLM",), params=qwen_moe_params)

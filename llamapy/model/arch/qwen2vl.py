@@ -8,14 +8,16 @@ positions (``llamapy.mtmd``)."""
 from __future__ import annotations
 
 from ...ggml import ops
-from ..blocks import GraphBuilder, Outputs, Rope, SectionRope, TensorLoader, rope_for_layer
-from ..dense_blocks import build_dense, load_dense_tensors
+from ..blocks import Rope, SectionRope, rope_for_layer
+from ..dense_blocks import DenseArchitecture, DenseLayout
 from ..hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError
-from . import Architecture, register
+from . import register
 
 
 @register("qwen2vl")
-class Qwen2VL(Architecture):
+class Qwen2VL(DenseArchitecture):
+    layout = DenseLayout(biases=True)
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX
@@ -37,10 +39,3 @@ class Qwen2VL(Architecture):
             sections=self.hp.rope_sections,
             section_mode=ops.ROPE_MROPE,
         )
-
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_dense_tensors(self, t, biases=True)
-        self._finish_tensors(t)
-
-    def build(self, g: GraphBuilder) -> Outputs:
-        return build_dense(self, g)

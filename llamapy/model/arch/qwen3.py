@@ -2,32 +2,29 @@
 
 from __future__ import annotations
 
-from ..blocks import GraphBuilder, Outputs, TensorLoader
-from ..dense_blocks import build_dense, load_dense_tensors
+from dataclasses import replace
+
+from ..dense_blocks import DenseArchitecture, DenseLayout
 from ..hf import HFConvert
 from ..hf_shared import qwen_moe_params
 from ..hparams import ROPE_NEOX, HParams, MetaReader, PoolingType
-from . import Architecture, register
+from . import register
 
 
 @register("qwen3", "qwen3moe")
-class Qwen3(Architecture):
+class Qwen3(DenseArchitecture):
+    layout = DenseLayout(qk_norm=True)
+
     def __init__(self, hp: HParams) -> None:
         super().__init__(hp)
         if hp.arch == "qwen3":  # a reranker's rank head reads the last token, softmax'd (as llama.cpp)
             self.rank_rows, self.rank_softmax = PoolingType.LAST, True
+        self.layout = replace(self.layout, moe_norm_w=hp.expert_weights_norm)
 
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX
         hp.expert_weights_norm = hp.arch == "qwen3moe"
-
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_dense_tensors(self, t, qk_norm=True)
-        self._finish_tensors(t)
-
-    def build(self, g: GraphBuilder) -> Outputs:
-        return build_dense(self, g, qk_norm=True, moe_norm_w=self.hp.expert_weights_norm)
 
 
 HF_CONVERT = (

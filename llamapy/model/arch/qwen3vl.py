@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from ...ggml import ops
 from ...ggml.tensor import Tensor
-from ..blocks import GraphBuilder, Outputs, Rope, SectionRope, TensorLoader, rope_for_layer
-from ..dense_blocks import load_dense_tensors
+from ..blocks import GraphBuilder, Outputs, Rope, SectionRope, rope_for_layer
+from ..dense_blocks import DenseArchitecture, DenseLayout
 from ..hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError, PoolingType
-from . import Architecture, register
+from . import register
 
 
 @register("qwen3vl", "qwen3vlmoe")
-class Qwen3VL(Architecture):
+class Qwen3VL(DenseArchitecture):
+    layout = DenseLayout(qk_norm=True)
+
     def __init__(self, hp: HParams) -> None:
         super().__init__(hp)
         if hp.arch == "qwen3vl":  # a reranker's rank head reads the last token, softmax'd (as llama.cpp)
@@ -52,10 +54,6 @@ class Qwen3VL(Architecture):
         return SectionRope(
             **{k: getattr(r, k) for k in r.__dataclass_fields__}, sections=self.hp.rope_sections
         )
-
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_dense_tensors(self, t, qk_norm=True)
-        self._finish_tensors(t)
 
     def _deepstack(self, g: GraphBuilder, j: int) -> Tensor | None:
         """Slice ``j`` of the deepstack embeddings ``[T, n_embd]`` (None: text tokens, or no slice j)."""

@@ -6,23 +6,21 @@ from __future__ import annotations
 
 import math
 
-from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
-from ..dense_blocks import load_dense_tensors
+from ..blocks import GraphBuilder, Outputs, Rope
+from ..dense_blocks import DenseArchitecture, DenseLayout
 from ..hparams import HParams, MetaReader
-from . import Architecture, register
+from . import register
 
 MAX_ALIBI_BIAS = 8.0  # llama.cpp: "TODO: become GGUF KV parameter"
 
 
 @register("refact")
-class Refact(Architecture):
+class Refact(DenseArchitecture):
+    layout = DenseLayout()  # its graph (ALiBi, no rope) is its own; the tensors are llama's
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.f_max_alibi_bias = MAX_ALIBI_BIAS
-
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_dense_tensors(self, t)
-        self._finish_tensors(t)
 
     def layer_rope(self, il: int, n_ctx: int = 0) -> Rope | None:
         return None  # ALiBi

@@ -4,20 +4,22 @@ files name the FFN's pre-norm ``post_attention_norm``."""
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
-from ..dense_blocks import load_dense_tensors
+from ..dense_blocks import DenseArchitecture, DenseLayout, load_dense_tensors
 from ..hparams import ROPE_NEOX, HParams, MetaReader
-from . import Architecture, register
+from . import register
 
 
 @register("seed_oss")
-class SeedOss(Architecture):
+class SeedOss(DenseArchitecture):
+    layout = DenseLayout(ffn_norm=False)  # post_attention_norm is its FFN's pre-norm
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX
         hp.n_expert = 0
 
     def load_tensors(self, t: TensorLoader) -> None:
-        load_dense_tensors(self, t, ffn_norm=False)
+        load_dense_tensors(self, t)
         for il in range(self.hp.n_layer):
             t.layer(il, "post_attention_norm.weight", (self.hp.n_embd,))
         self._finish_tensors(t)

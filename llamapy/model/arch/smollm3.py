@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..blocks import Rope
+from ..dense_blocks import DenseArchitecture, DenseLayout
 from ..hf_shared import LLAMA_HF
 from . import register
-from .llama import Llama
 
 
 @register("smollm3")
-class SmolLM3(Llama):
+class SmolLM3(DenseArchitecture):
+    layout = DenseLayout(moe_norm_w=True)  # llama's
     no_rope_layer_step = 4  # llama.cpp's n_no_rope_layer_step (the files carry no key for it)
 
     def layer_rope(self, il: int, n_ctx: int = 0) -> Rope | None:

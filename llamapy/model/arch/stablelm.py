@@ -4,24 +4,25 @@ optional q/k/v biases and per-head q/k LayerNorms (one weight per head), SwiGLU;
 
 from __future__ import annotations
 
-from ..blocks import GraphBuilder, Outputs, TensorLoader
-from ..dense_blocks import build_dense, load_dense_tensors
+from dataclasses import replace
+
+from ..blocks import TensorLoader
+from ..dense_blocks import DenseArchitecture, DenseLayout
 from ..hparams import ROPE_NEOX, HParams, MetaReader
-from . import Architecture, register
+from . import register
 
 
 @register("stablelm")
-class StableLM(Architecture):
+class StableLM(DenseArchitecture):
+    layout = DenseLayout(norm="layer", norm_biases=True, ffn_norm=False)
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX
 
     def load_tensors(self, t: TensorLoader) -> None:
-        self.qk_norm = "blk.0.attn_q_norm.weight" in t.loader.tensor_index
-        qk_norm = "heads" if self.qk_norm else False
-        load_dense_tensors(self, t, qk_norm=qk_norm, norm_biases=True, ffn_norm=False)
-        self._finish_tensors(t)
-
-    def build(self, g: GraphBuilder) -> Outputs:
-        parallel = "ffn_norm.weight" not in self.blocks[0]
-        return build_dense(self, g, qk_norm=self.qk_norm, norm="layer", parallel=parallel)
+        # what the file has: per-head q/k LayerNorms (StableLM 2 12B), and no ffn_norm: the parallel residual
+        names = t.loader.tensor_index
+        qk_norm = "heads" if "blk.0.attn_q_norm.weight" in names else False
+        self.layout = replace(self.layout, qk_norm=qk_norm, parallel="blk.0.ffn_norm.weight" not in names)
+        super().load_tensors(t)

@@ -3,25 +3,21 @@ biases (c_fc, c_proj), output tied to the embeddings unless the file has ``outpu
 
 from __future__ import annotations
 
-from ..blocks import GraphBuilder, Outputs, TensorLoader
-from ..dense_blocks import build_dense, load_dense_tensors
+from ..dense_blocks import DenseArchitecture, DenseLayout
 from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader
-from . import Architecture, register
+from . import register
 
 
 @register("starcoder2")
-class StarCoder2(Architecture):
+class StarCoder2(DenseArchitecture):
+    layout = DenseLayout(
+        biases=True, norm="layer", norm_biases=True, gated_ffn=False, ffn_act="gelu", ffn_biases=True
+    )
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX
-
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_dense_tensors(self, t, biases=True, norm_biases=True, gated_ffn=False, ffn_biases=True)
-        self._finish_tensors(t)
-
-    def build(self, g: GraphBuilder) -> Outputs:
-        return build_dense(self, g, norm="layer", ffn_act="gelu", gated_ffn=False)
 
 
 HF_CONVERT = HFConvert("starcoder2", ("Starcoder2ForCausalLM",))
