@@ -559,7 +559,7 @@ class JsonCalls(Node):
 
 @dataclass
 class JsonArgs(Node):
-    """A call's arguments as one JSON object (parse only)."""
+    """A call's arguments as one JSON object; the grammar writes JSON of the function's parameters."""
 
     def parse(self, s: Scan, i: int) -> int | None:
         got = read_json(s.buf, i, s.json_cache)
@@ -570,8 +570,9 @@ class JsonArgs(Node):
         s.args, end = got  # type: ignore[misc]
         return end
 
-    def lark(self, g: Lark) -> None:
-        return None
+    def lark(self, g: Lark) -> str:
+        assert g.function is not None
+        return g.rule(f"f{g.k}_args", json_rule(g.function["parameters"]))
 
     def start(self) -> tuple[str, bool]:
         return r"\s*\{", False
@@ -579,9 +580,10 @@ class JsonArgs(Node):
 
 @dataclass
 class Pattern(Node):
-    """Text matching a ``regex`` pattern (parse only: a variant the grammar never writes)."""
+    """Text matching a ``regex`` pattern; the grammar writes ``gen`` (nothing: a variant it never writes)."""
 
     pattern: str
+    gen: Node | None = None
 
     def __post_init__(self) -> None:
         self._re = regex.compile(self.pattern)
@@ -592,8 +594,11 @@ class Pattern(Node):
             return FAIL
         return NEED if m.partial else m.end()
 
-    def lark(self, g: Lark) -> None:
-        return None
+    def lark(self, g: Lark) -> str | None:
+        return self.gen.lark(g) if self.gen else None
+
+    def trigger(self) -> str:
+        return self.gen.trigger() if self.gen else ""
 
     def start(self) -> tuple[str, bool]:
         return f"(?:{self.pattern})", True
@@ -654,13 +659,13 @@ def json_calls(array: bool = False, one: bool = False, first: str = r"[\[{]", **
 
 
 def json_args() -> JsonArgs:
-    """A call's arguments as a JSON object (parse only)."""
+    """A call's arguments as a JSON object of the function's parameters."""
     return JsonArgs()
 
 
-def pattern(text: str) -> Pattern:
-    """Text matching the regex ``text`` (parse only)."""
-    return Pattern(text)
+def pattern(text: str, gen: Node | None = None) -> Pattern:
+    """Text matching the regex ``text``; the grammar writes ``gen`` (None: parse only)."""
+    return Pattern(text, gen)
 
 
 def tagged_params(open: str, close: str, end: Node, **kw: Any) -> TaggedParams:
