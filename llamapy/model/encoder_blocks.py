@@ -4,20 +4,49 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..ggml import ops
 from ..ggml.tensor import Tensor
 from ..ggml.types import GGMLType
+from .arch import Architecture
 from .blocks import GraphBuilder, Outputs, TensorLoader
 from .hparams import HParams, MetaReader
 
-if TYPE_CHECKING:
-    from .arch import Architecture
+__all__ = [
+    "BertArchitecture",
+    "BertLayout",
+    "bert_attention",
+    "build_bert",
+    "load_bert_tensors",
+    "read_encoder_hparams",
+]
 
-__all__ = ["bert_attention", "build_bert", "load_bert_tensors", "read_encoder_hparams"]
+
+@dataclass(frozen=True)
+class BertLayout:
+    """A BERT-shaped encoder's layout, read by both ``load_bert_tensors`` and ``build_bert``."""
+
+    positions: bool = True  # learned absolute positions (position_embd)
+    ffn: str = (
+        "seq"  # "seq" up -> GELU -> down, "swiglu" gate/up/down, "geglu" gelu(gate) * up (gate fused in up)
+    )
+    ffn_biases: bool = True  # ffn_up.bias / ffn_down.bias required
+
+
+class BertArchitecture(Architecture):
+    """An encoder loaded and built from its ``layout`` (MoE layers: the family's ``moe_ffn``)."""
+
+    layout: BertLayout = BertLayout()
+
+    def load_tensors(self, t: TensorLoader) -> None:
+        load_bert_tensors(self, t)
+        self._finish_tensors(t)
+
+    def build(self, g: GraphBuilder) -> Outputs:
+        return build_bert(self, g)
 
 
 def read_encoder_hparams(hp: HParams, md: MetaReader) -> None:
@@ -30,14 +59,13 @@ def read_encoder_hparams(hp: HParams, md: MetaReader) -> None:
     hp.n_token_types = int(n_types)
 
 
-def load_bert_tensors(
-    arch: Architecture, t: TensorLoader, *, positions: bool, ffn: str, ffn_biases: bool
-) -> None:
+def load_bert_tensors(arch: BertArchitecture, t: TensorLoader) -> None:
     """Embeddings (+ token types, + absolute positions), their LayerNorm, and per layer: fused or
     separate q/k/v (biases optional), output projection, post-attention and post-FFN LayerNorms, and
     the FFN: ``"seq"`` (up -> GELU -> down), ``"swiglu"`` (gate, up, down), ``"moe"`` handled by the
     caller (layers where ``arch.layer_moe`` is true)."""
     hp = arch.hp
+    positions, ffn, ffn_biases = arch.layout.positions, arch.layout.ffn, arch.layout.ffn_biases
     n_embd = hp.n_embd
     t("token_embd.weight", (hp.n_vocab, n_embd))
     t("token_types.weight", (hp.n_token_types, n_embd) if hp.n_token_types else None, required=False)
@@ -80,11 +108,11 @@ def type_row0(arch: Architecture) -> Tensor | None:
     return ops.get_rows(w, ids)
 
 
-def build_bert(
-    arch: Architecture, g: GraphBuilder, *, ffn: str, positions: bool, max_bias: float = 0.0
-) -> Outputs:
+def build_bert(arch: BertArchitecture, g: GraphBuilder, *, max_bias: float = 0.0) -> Outputs:
     """Token (+ type 0, + position) embeddings -> LayerNorm; per layer: x = norm(x + attn(x)),
-    x = norm(x + ffn(x)); the last layer's output is the embedding (``result_embd``)."""
+    x = norm(x + ffn(x)); the last layer's output is the embedding (``result_embd``). ``max_bias``:
+    ALiBi (jina-bert-v2)."""
+    positions, ffn = arch.layout.positions, arch.layout.ffn
     x = g.embed(arch.w["token_embd.weight"])
     row0 = type_row0(arch)
     if row0 is not None:

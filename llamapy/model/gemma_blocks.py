@@ -6,20 +6,20 @@ scale (``gemma_attention_scale``); and what Gemma 4 and Gemma 3n share: K/V shar
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..ggml import ops
 from ..ggml.tensor import Tensor
 from ..ggml.types import GGMLType
+from .arch import Architecture
 from .blocks import GraphBuilder, Outputs, TensorLoader, Weights
 from .hparams import HParams, MetaReader
 
-if TYPE_CHECKING:
-    from .arch import Architecture
-
 __all__ = [
+    "GemmaArchitecture",
+    "GemmaLayout",
     "build_gemma",
     "gemma_attention_scale",
     "kv_shared_attention",
@@ -29,8 +29,32 @@ __all__ = [
 ]
 
 
-def load_gemma_tensors(arch: Architecture, t: TensorLoader, post_norms: bool, qk_norm: bool = False) -> None:
+@dataclass(frozen=True)
+class GemmaLayout:
+    """A Gemma family's layout, read by both ``load_gemma_tensors`` and ``build_gemma``."""
+
+    post_norms: bool = False  # post_attention_norm / post_ffw_norm after attention and FFN (Gemma 2 on)
+    qk_norm: bool = False  # per-head q/k RMS norms (Gemma 3)
+    scale_raw_embd: bool = True  # False: embeddings given as input (images) are not scaled (Gemma 3)
+
+
+class GemmaArchitecture(Architecture):
+    """A family loaded and built from its ``layout``."""
+
+    layout: GemmaLayout = GemmaLayout()
+
+    def load_tensors(self, t: TensorLoader) -> None:
+        load_gemma_tensors(self, t)
+        self._finish_tensors(t)
+
+    def build(self, g: GraphBuilder) -> Outputs:
+        return build_gemma(self, g)
+
+
+def load_gemma_tensors(arch: GemmaArchitecture, t: TensorLoader) -> None:
+    """Embeddings, output, per layer attention (+ q/k norms), GeGLU FFN, their norms (+ post-norms)."""
     hp = arch.hp
+    qk_norm, post_norms = arch.layout.qk_norm, arch.layout.post_norms
     n_embd = hp.n_embd
     t("token_embd.weight", (hp.n_vocab, n_embd))
     t("output_norm.weight", (n_embd,))
@@ -54,13 +78,12 @@ def load_gemma_tensors(arch: Architecture, t: TensorLoader, post_norms: bool, qk
             t.layer(il, "post_ffw_norm.weight", (n_embd,))
 
 
-def build_gemma(
-    arch: Architecture, g: GraphBuilder, post_norms: bool, qk_norm: bool = False, scale_raw_embd: bool = True
-) -> Outputs:
+def build_gemma(arch: GemmaArchitecture, g: GraphBuilder) -> Outputs:
     """x = embd * sqrt(n_embd); per layer: [post-normed] attention and GeGLU FFN residuals.
     ``scale_raw_embd=False``: embeddings given as input (image embeddings) are not scaled, only
     token embeddings (Gemma 3's ``if (ubatch.token)``)."""
-    hp = arch.hp
+    hp, lay = arch.hp, arch.layout
+    qk_norm, post_norms, scale_raw_embd = lay.qk_norm, lay.post_norms, lay.scale_raw_embd
     q_scale, softcap = hp.f_attention_scale, hp.f_attn_logit_softcapping
     scale = math.sqrt(hp.n_embd) if scale_raw_embd or g.inp.tokens is not None else None
     x = g.embed(arch.w["token_embd.weight"], scale=scale)

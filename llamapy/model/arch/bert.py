@@ -10,15 +10,17 @@ The shared pieces (``llamapy/model/encoder_blocks.py``) also serve nomic-bert, j
 
 from __future__ import annotations
 
-from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
-from ..encoder_blocks import build_bert, load_bert_tensors, read_encoder_hparams
+from ..blocks import Rope
+from ..encoder_blocks import BertArchitecture, BertLayout, read_encoder_hparams
 from ..hparams import HParams, MetaReader
-from . import Architecture, register
+from . import register
 
 
 @register("bert")
-class Bert(Architecture):
+class Bert(BertArchitecture):
     """BERT / RoBERTa / XLM-R: absolute positions, token types, post-norm, GELU."""
+
+    layout = BertLayout(positions=True, ffn="seq", ffn_biases=True)
 
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
@@ -31,10 +33,3 @@ class Bert(Architecture):
 
     def layer_moe(self, il: int) -> bool:
         return False
-
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_bert_tensors(self, t, positions=True, ffn="seq", ffn_biases=True)
-        self._finish_tensors(t)
-
-    def build(self, g: GraphBuilder) -> Outputs:
-        return build_bert(self, g, ffn="seq", positions=True)

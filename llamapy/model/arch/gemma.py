@@ -3,27 +3,21 @@ live in ``llamapy/model/gemma_blocks.py``; Gemma 2 and 3 build on them in their 
 
 from __future__ import annotations
 
-from ..blocks import GraphBuilder, Outputs, TensorLoader
-from ..gemma_blocks import build_gemma, gemma_attention_scale, load_gemma_tensors
+from ..gemma_blocks import GemmaArchitecture, GemmaLayout, gemma_attention_scale
 from ..hf import HFConvert
 from ..hf_shared import gemma_params
 from ..hparams import ROPE_NEOX, HParams, MetaReader
-from . import Architecture, register
+from . import register
 
 
 @register("gemma")
-class Gemma(Architecture):
+class Gemma(GemmaArchitecture):
+    layout = GemmaLayout()
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX
         hp.f_attention_scale = gemma_attention_scale(hp)
-
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_gemma_tensors(self, t, post_norms=False)
-        self._finish_tensors(t)
-
-    def build(self, g: GraphBuilder) -> Outputs:
-        return build_gemma(self, g, post_norms=False)
 
 
 def _gemma_vocab(ctx, kv) -> None:

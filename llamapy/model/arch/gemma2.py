@@ -3,16 +3,17 @@ on every other layer."""
 
 from __future__ import annotations
 
-from ..blocks import GraphBuilder, Outputs, TensorLoader
-from ..gemma_blocks import build_gemma, gemma_attention_scale, load_gemma_tensors
+from ..gemma_blocks import GemmaArchitecture, GemmaLayout, gemma_attention_scale
 from ..hf import HFConvert
 from ..hf_shared import gemma_params
 from ..hparams import ROPE_NEOX, HParams, MetaReader, swa_pattern
-from . import Architecture, register
+from . import register
 
 
 @register("gemma2")
-class Gemma2(Architecture):
+class Gemma2(GemmaArchitecture):
+    layout = GemmaLayout(post_norms=True)
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX
@@ -21,13 +22,6 @@ class Gemma2(Architecture):
         hp.swa_layers = swa_pattern(md, hp.n_layer, 2)
         hp.f_attn_logit_softcapping = md.f32("attn_logit_softcapping", 50.0) or 0.0
         hp.f_final_logit_softcapping = md.f32("final_logit_softcapping", 30.0) or 0.0
-
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_gemma_tensors(self, t, post_norms=True)
-        self._finish_tensors(t)
-
-    def build(self, g: GraphBuilder) -> Outputs:
-        return build_gemma(self, g, post_norms=True)
 
 
 def _gemma2_params(ctx, kv) -> None:

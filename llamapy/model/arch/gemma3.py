@@ -3,15 +3,16 @@ layers, then 1 global), two rope bases (local 10000, global from the file) and n
 
 from __future__ import annotations
 
-from ..blocks import GraphBuilder, Outputs, TensorLoader
-from ..gemma_blocks import build_gemma, gemma_attention_scale, load_gemma_tensors
+from ..gemma_blocks import GemmaArchitecture, GemmaLayout, gemma_attention_scale
 from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader, swa_pattern
-from . import Architecture, register
+from . import register
 
 
 @register("gemma3")
-class Gemma3(Architecture):
+class Gemma3(GemmaArchitecture):
+    layout = GemmaLayout(post_norms=True, qk_norm=True, scale_raw_embd=False)
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX
@@ -21,13 +22,6 @@ class Gemma3(Architecture):
         hp.rope_freq_scale_swa = 1.0
         hp.f_attn_logit_softcapping = 0.0
         hp.f_final_logit_softcapping = md.f32("final_logit_softcapping", 0.0) or 0.0
-
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_gemma_tensors(self, t, post_norms=True, qk_norm=True)
-        self._finish_tensors(t)
-
-    def build(self, g: GraphBuilder) -> Outputs:
-        return build_gemma(self, g, post_norms=True, qk_norm=True, scale_raw_embd=False)
 
 
 def _gemma3_params(ctx, kv) -> None:

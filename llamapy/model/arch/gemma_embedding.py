@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import math
 
-from ..blocks import GraphBuilder, Outputs, TensorLoader
-from ..gemma_blocks import build_gemma, load_gemma_tensors
+from ..blocks import GraphBuilder, Outputs
+from ..gemma_blocks import GemmaArchitecture, GemmaLayout, build_gemma
 from ..hparams import ROPE_NEOX, HParams, MetaReader, swa_pattern
-from . import Architecture, register
+from . import register
 
 
 @register("gemma-embedding")
-class GemmaEmbedding(Architecture):
+class GemmaEmbedding(GemmaArchitecture):
+    layout = GemmaLayout(post_norms=True, qk_norm=True)
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         hp.rope_type = ROPE_NEOX
@@ -30,10 +32,6 @@ class GemmaEmbedding(Architecture):
         hp.f_attn_logit_softcapping = 0.0
         hp.f_final_logit_softcapping = 0.0
 
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_gemma_tensors(self, t, post_norms=True, qk_norm=True)
-        self._finish_tensors(t)
-
     def build(self, g: GraphBuilder) -> Outputs:
-        res = build_gemma(self, g, post_norms=True, qk_norm=True)
+        res = build_gemma(self, g)
         return Outputs(None, embd=res.embd)  # an encoder: no logits (they are never computed)

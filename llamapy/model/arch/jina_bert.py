@@ -6,14 +6,16 @@ with the gate either ``ffn_gate`` or the first half of a fused ``ffn_up`` (the c
 
 from __future__ import annotations
 
-from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader
-from ..encoder_blocks import build_bert, load_bert_tensors, read_encoder_hparams
+from ..blocks import GraphBuilder, Outputs, Rope
+from ..encoder_blocks import BertArchitecture, BertLayout, build_bert, read_encoder_hparams
 from ..hparams import HParams, MetaReader
-from . import Architecture, register
+from . import register
 
 
 @register("jina-bert-v2")
-class JinaBertV2(Architecture):
+class JinaBertV2(BertArchitecture):
+    layout = BertLayout(positions=False, ffn="geglu", ffn_biases=False)
+
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         read_encoder_hparams(hp, md)
@@ -25,9 +27,5 @@ class JinaBertV2(Architecture):
     def layer_moe(self, il: int) -> bool:
         return False
 
-    def load_tensors(self, t: TensorLoader) -> None:
-        load_bert_tensors(self, t, positions=False, ffn="geglu", ffn_biases=False)
-        self._finish_tensors(t)
-
     def build(self, g: GraphBuilder) -> Outputs:
-        return build_bert(self, g, ffn="geglu", positions=False, max_bias=self.hp.f_max_alibi_bias)
+        return build_bert(self, g, max_bias=self.hp.f_max_alibi_bias)

@@ -13,13 +13,13 @@ from ...ggml import ops
 from ...ggml.tensor import Tensor
 from ...ggml.types import GGMLType
 from ..blocks import GraphBuilder, Outputs, TensorLoader
-from ..encoder_blocks import build_bert, load_bert_tensors, read_encoder_hparams
+from ..encoder_blocks import BertArchitecture, BertLayout, build_bert, load_bert_tensors, read_encoder_hparams
 from ..hparams import ROPE_NEOX, HParams, MetaReader
-from . import Architecture, register
+from . import register
 
 
 @register("nomic-bert", "nomic-bert-moe")
-class NomicBert(Architecture):
+class NomicBert(BertArchitecture):
     @classmethod
     def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
         read_encoder_hparams(hp, md)
@@ -37,13 +37,15 @@ class NomicBert(Architecture):
         n = self.hp.moe_every_n_layers
         return n > 0 and il % n == 1
 
-    @property
-    def _ffn(self) -> str:
-        return "seq" if self.hp.arch == "nomic-bert-moe" else "swiglu"
+    def __init__(self, hp: HParams) -> None:
+        super().__init__(hp)  # nomic-bert-moe's dense layers: a GELU MLP; nomic-bert's: SwiGLU
+        self.layout = BertLayout(
+            positions=False, ffn="seq" if hp.arch == "nomic-bert-moe" else "swiglu", ffn_biases=False
+        )
 
     def load_tensors(self, t: TensorLoader) -> None:
         hp = self.hp
-        load_bert_tensors(self, t, positions=False, ffn=self._ffn, ffn_biases=False)
+        load_bert_tensors(self, t)
         for il in range(hp.n_layer):
             if self.layer_moe(il):
                 t.layer(il, "ffn_gate_inp.weight", (hp.n_expert, hp.n_embd))
@@ -72,4 +74,4 @@ class NomicBert(Architecture):
         return g.cb(ops.reshape(out, (T, hp.n_embd)), "ffn_moe_out", il)
 
     def build(self, g: GraphBuilder) -> Outputs:
-        return build_bert(self, g, ffn=self._ffn, positions=False)
+        return build_bert(self, g)
