@@ -63,6 +63,9 @@ def _in(p: int, p0: int, p1: int) -> bool:
 
 
 class FakeBackend:
+    #: a batch holding this token makes ``decode`` raise (None: never; the route fuzzer's servers)
+    fail_byte: int | None = FAIL_BYTE
+
     def __init__(
         self,
         n_ctx: int = 256,
@@ -118,7 +121,7 @@ class FakeBackend:
     ):
         self.thread_ids.add(threading.get_ident())
         assert len(tokens) == len(pos) == len(seq_ids) == len(outputs) and 0 < len(tokens) <= self.n_batch
-        if FAIL_BYTE in tokens:
+        if self.fail_byte is not None and self.fail_byte in tokens:
             raise RuntimeError("fake decode failure")
         if self.delay:
             time.sleep(self.delay)

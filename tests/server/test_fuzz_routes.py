@@ -68,7 +68,10 @@ ROUTES = app_routes()
 
 
 class FuzzBackend(FakeBackend):
-    """The fake model with one LoRA adapter (the engine applies scales through ``set_lora``)."""
+    """The fake model with one LoRA adapter (the engine applies scales through ``set_lora``), without
+    the fake's deliberate decode failure (a fuzzed string may hold its byte)."""
+
+    fail_byte = None
 
     def lora_info(self) -> list[dict[str, Any]]:
         return [{"id": 0, "path": "/models/fake-lora.gguf", "scale": 1.0}]
@@ -87,7 +90,7 @@ class FakeVocab:
 
 def _embedder(pooling: int) -> FakeBackend:
     b = FakeBackend(n_ctx=512, n_seq_max=4, n_batch=128)
-    b.embeddings, b.pooling_type, b.vocab = True, pooling, FakeVocab()
+    b.embeddings, b.pooling_type, b.vocab, b.fail_byte = True, pooling, FakeVocab(), None
     return b
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from playwright.sync_api import expect
 
 from tests.webui.conftest import TEST_SETTINGS, send, settle, shot, storage
 
@@ -155,13 +156,14 @@ def test_sidebar_import_switch_search_rename_delete_export(app, tmp_path):
     assert page.locator(".conv").count() == 2
 
     page.locator(".conv-name", has_text="Alpha chat").click()
+    expect(last(page, "user")).to_contain_text("alpha question")  # (waits for the switch to render)
     assert last(page, "user").inner_text().startswith("alpha question")
     page.wait_for_selector(".msg.assistant .katex")  # KaTeX loaded on the first formula
     assert page.locator(".msg.assistant strong").inner_text() == "answer"
     page.click(".code .copy")
     page.wait_for_selector(".code .copy:text('Copied')")
     page.locator(".conv-name", has_text="Beta chat").click()
-    assert last(page, "assistant").locator(".content").inner_text() == "beta answer"
+    expect(last(page, "assistant").locator(".content")).to_have_text("beta answer")  # (waits for the switch)
 
     page.fill("#search", "ALPHA QUEST")  # names and messages, any case
     assert page.locator(".conv").count() == 1

@@ -13,6 +13,9 @@ from llamapy.model import Model
 from tests.model.tiny import tiny_llama
 
 TOKS = [1, 5, 9, 2, 33, 7]
+#: the CPU's one-token decode quantizes Q8_0 activations to 16 bits (``q16_kernels``) where the device
+#: multiplies floats: ~2.5e-4 of the largest logit apart on this random model (1e-4 before)
+TOL = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +56,14 @@ def test_split_graph_matches_cpu(tiny, cpu_ref, ngl, capsys):
     names = {sp.backend.name for g in c._graphs.values() for sp in c.sched.splits(g.graph)}
     assert names == {"cpu", "cuda"}
     rel = np.abs(got - cpu_ref).max() / np.abs(cpu_ref).max()
-    assert rel < 1e-4, rel
+    assert rel < TOL, rel
     assert "offloaded" in capsys.readouterr().err
 
 
 def test_no_kv_offload_and_state_roundtrip(tiny, cpu_ref):
     c, got = logits(tiny, -1, offload_kqv=False)
     assert c.offload.buffers == []
-    assert np.abs(got - cpu_ref).max() / np.abs(cpu_ref).max() < 1e-4
+    assert np.abs(got - cpu_ref).max() / np.abs(cpu_ref).max() < TOL
     c2, _ = logits(tiny, -1)  # KV on the device: saving the state reads it back from the device
     state = c2.memory.state_write()
     ref, _ = logits(tiny, 0)
@@ -70,7 +73,7 @@ def test_no_kv_offload_and_state_roundtrip(tiny, cpu_ref):
         c3.memory.state_read(state)
         c3.decode(Batch.from_tokens([11], pos0=len(TOKS)))
         want = ref.get_logits()
-        assert np.abs(c3.get_logits() - want).max() / np.abs(want).max() < 1e-4, ngl
+        assert np.abs(c3.get_logits() - want).max() / np.abs(want).max() < TOL, ngl
 
 
 def test_plan_offload_places_last_layers(tiny):
