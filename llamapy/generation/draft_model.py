@@ -26,6 +26,16 @@ VOCAB_CHECK_START = 5
 TOP_K = 10  # the draft's sampler: top-k 10, probabilities among those
 
 
+def confident_top(logits: Any, p_min: float) -> int | None:
+    """The draft's next token from one row of logits: the best of the top ``TOP_K``, or None when its
+    probability among those is below ``p_min`` (the draft stops there)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    top = np.argpartition(-logits, min(TOP_K, len(logits) - 1))[:TOP_K]
+    best = int(top[np.argmax(logits[top])])
+    p = np.exp(logits[top] - logits[best])
+    return None if p.max() / p.sum() < p_min else best
+
+
 class DraftModelError(LlamapyError):
     """A draft model that cannot draft for this target (another vocabulary, bad parameters)."""
 
@@ -87,11 +97,8 @@ class LlamaModelDraft(LlamaDraftModel):
         self.tokens.extend(rest)
         out: list[int] = []
         while True:
-            logits = np.asarray(self.ctx.get_logits()[-1], dtype=np.float64)
-            top = np.argpartition(-logits, min(TOP_K, len(logits) - 1))[:TOP_K]
-            best = int(top[np.argmax(logits[top])])
-            p = np.exp(logits[top] - logits[best])
-            if p.max() / p.sum() < self.p_min:
+            best = confident_top(self.ctx.get_logits()[-1], self.p_min)
+            if best is None:
                 break
             out.append(best)
             if len(out) >= self.n_draft:

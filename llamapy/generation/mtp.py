@@ -35,10 +35,10 @@ import numpy as np
 from ..errors import LlamapyError
 from ..ggml import ops
 from ..ggml.quants import dequantize
+from .draft_model import confident_top
 from .speculative import LlamaDraftModel
 
 MTP_ARCHS = ("glm4moe", "deepseek2", "qwen35", "qwen35moe")
-TOP_K = 10
 
 
 class MtpError(LlamapyError):
@@ -76,7 +76,7 @@ def build_mtp(arch: Any, g: Any) -> Any:
         a = arch.build_mla(g, a, blk, 0)
         norm2 = "ffn_norm.weight"
     elif hp.arch in ("qwen35", "qwen35moe"):
-        from ..model.arch.qwen35 import build_gated_attention
+        from ..model.rs_blocks import build_gated_attention
 
         a = build_gated_attention(g, a, blk, 0)
         norm2 = "post_attention_norm.weight"
@@ -90,7 +90,7 @@ def build_mtp(arch: Any, g: Any) -> Any:
         if hp.arch in ("qwen35", "qwen35moe"):
             f = ops.add(g.build_moe_ffn(f, blk, 0, True), g.build_shared_expert(f, blk, 0))
         else:
-            from ..model.arch.glm4moe import build_moe_layer
+            from ..model.moe_blocks import build_moe_layer
 
             f = build_moe_layer(g, f, blk, 0)
     else:
@@ -296,11 +296,8 @@ class MtpDraft(LlamaDraftModel):
         pos0 = P - len(todo_t)
         while True:
             self._decode(rows, pos0)
-            logits = np.asarray(self.ctx.get_logits()[-1], dtype=np.float64)
-            top = np.argpartition(-logits, min(TOP_K, len(logits) - 1))[:TOP_K]
-            best = int(top[np.argmax(logits[top])])
-            p = np.exp(logits[top] - logits[best])
-            if p.max() / p.sum() < self.p_min:
+            best = confident_top(self.ctx.get_logits()[-1], self.p_min)
+            if best is None:
                 break
             out.append(best)
             if len(out) >= self.n_draft:
