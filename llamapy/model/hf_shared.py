@@ -1,12 +1,13 @@
 """``llamapy convert`` declarations several families share (see ``llamapy/model/hf.py``): LLaMA's
 (``LLAMA_HF``: granite, mistral3 and smollm3 derive theirs from it), Gemma's ``gemma_params`` (Gemma 2
-extends them) and the Qwen MoE expert sizes (``qwen_moe_params``: qwen2moe, qwen3moe)."""
+extends them) and the Qwen MoE expert sizes (``qwen_moe_params``: qwen2moe, qwen3moe), Granite's scales and fused expert FFNs (granite, granitemoe,
+granitehybrid)."""
 
 from __future__ import annotations
 
 from .hf import HFConvert
 
-__all__ = ["LLAMA_HF", "gemma_params", "qwen_moe_params"]
+__all__ = ["LLAMA_HF", "gemma_params", "granite_moe_tensor", "granite_params", "qwen_moe_params"]
 
 
 def _llama_vocab(ctx, kv) -> None:
@@ -79,3 +80,45 @@ def qwen_moe_params(ctx, kv) -> None:
         kv.add_expert_feed_forward_length(n)
     if (n := ctx.hparams.get("shared_expert_intermediate_size")) is not None:
         kv.add_expert_shared_feed_forward_length(n)
+
+
+def granite_params(ctx, kv) -> None:
+    """GraniteModel.set_gguf_parameters: the *_multiplier hparams as *_scale keys (GraniteMoeModel adds the
+    shared expert's size)."""
+    hp = ctx.hparams
+    if v := hp.get("attention_multiplier"):
+        kv.add_attention_scale(v)
+    if v := hp.get("embedding_multiplier"):
+        kv.add_embedding_scale(v)
+    if v := hp.get("residual_multiplier"):
+        kv.add_residual_scale(v)
+    if v := hp.get("logits_scaling"):
+        kv.add_logit_scale(v)
+    if ctx.decl.arch != "granite" and (v := hp.get("shared_intermediate_size")):
+        kv.add_expert_shared_feed_forward_length(v)
+
+
+def granite_moe_tensor(ctx, name, data, bid):
+    """GraniteMoeModel.modify_tensors: JetMoE's fused ``input_linear`` (gate rows, then up rows) split into
+    the experts' (or, without experts, the shared MLP's dense) gate and up."""
+    if name.endswith("block_sparse_moe.input_linear.weight"):
+        n_ff = ctx.hparams["intermediate_size"]
+        if data.shape[-2] != 2 * n_ff:
+            raise ValueError(f"fused expert FFN of {data.shape[-2]} rows, not 2 x intermediate_size {n_ff}")
+        return [(f"blk.{bid}.ffn_gate_exps.weight", data[..., :n_ff, :]),
+                (f"blk.{bid}.ffn_up_exps.weight", data[..., n_ff:, :])]  # fmt: skip
+    has_experts = bool(ctx.hparams.get("num_local_experts"))
+    if name.endswith("shared_mlp.input_linear.weight"):
+        n_ff = ctx.hparams["shared_intermediate_size"]
+        if data.shape[-2] != 2 * n_ff:
+            raise ValueError(
+                f"fused shared FFN of {data.shape[-2]} rows, not 2 x shared_intermediate_size {n_ff}"
+            )
+        sfx = "_shexp" if has_experts else ""
+        return [
+            (f"blk.{bid}.ffn_gate{sfx}.weight", data[:n_ff]),
+            (f"blk.{bid}.ffn_up{sfx}.weight", data[n_ff:]),
+        ]
+    if not has_experts and name.endswith("shared_mlp.output_linear.weight"):
+        return [(f"blk.{bid}.ffn_down.weight", data)]
+    return [(name, data)]

@@ -40,6 +40,7 @@ RUNS: list[tuple[str, str, tuple[str, ...]]] = [
     ("smollm3", "f16", ()),
     ("olmo2", "f16", ()),
     ("granite", "f16", ()),
+    ("granitemoe", "f16", ()),
     ("qwen2moe", "f16", ()),
     ("starcoder2", "f16", ()),
     ("command-r", "f16", ()),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,9 @@ class Case:
     shards: int = 1
     dtype: str = "F32"  # "F32" or "BF16" (safetensors dtype)
     gemma_norms: bool = False  # norms stored as w (used as 1 + w)
+    # (regex, replacement) on the state dict's names: the Hub's (legacy) names that transformers renames on
+    # load (its conversion_mapping), e.g. Granite MoE's block_sparse_moe.input_linear
+    rename: tuple[tuple[str, str], ...] = ()
 
 
 def _cfg(**kw: Any) -> dict[str, Any]:
@@ -53,6 +57,12 @@ def _cfg(**kw: Any) -> dict[str, Any]:
     d.update(kw)
     return d
 
+
+GRANITE_MOE_LEGACY = (
+    (r"block_sparse_moe\.experts\.gate_up_proj$", "block_sparse_moe.input_linear.weight"),
+    (r"block_sparse_moe\.experts\.down_proj$", "block_sparse_moe.output_linear.weight"),
+    (r"block_sparse_moe\.router\.weight$", "block_sparse_moe.router.layer.weight"),
+)
 
 CASES: dict[str, Case] = {
     c.name: c
@@ -159,6 +169,20 @@ CASES: dict[str, Case] = {
                     "llama_4_scaling_beta": 0.5,
                 },
             ),
+        ),
+        Case(
+            "granitemoe",
+            "GraniteMoeConfig",
+            _cfg(
+                embedding_multiplier=3.0,
+                attention_multiplier=0.5,
+                residual_multiplier=0.6,
+                logits_scaling=4.0,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                intermediate_size=32,
+            ),
+            rename=GRANITE_MOE_LEGACY,
         ),
         Case(
             "qwen2moe",
@@ -358,6 +382,8 @@ def make_hf_dir(case: Case, root: Path) -> Path:
     if tied:
         shapes.pop("lm_head.weight", None)
     state = random_state(case, shapes, tied)
+    for pat, rep in case.rename:
+        state = {re.sub(pat, rep, k): v for k, v in state.items()}
     dt = torch.bfloat16 if case.dtype == "BF16" else torch.float32
     tensors = {k: torch.from_numpy(v).to(dt).contiguous() for k, v in state.items()}
     names = sorted(tensors)

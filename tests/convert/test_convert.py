@@ -141,6 +141,7 @@ def _our_logits(path: Path) -> np.ndarray:
         "smollm3",
         "olmo2",
         "granite",
+        "granitemoe",
         "starcoder2",
         "command-r",
         "gpt2",

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from ..blocks import GraphBuilder, Outputs
 from ..dense_blocks import DenseArchitecture, DenseLayout, build_dense
-from ..hf_shared import LLAMA_HF
+from ..hf_shared import LLAMA_HF, granite_moe_tensor, granite_params
 from ..hparams import HParams, MetaReader
 from . import register
 
@@ -37,24 +37,22 @@ class Granite(DenseArchitecture):
         )
 
 
-def _granite_params(ctx, kv) -> None:
-    """GraniteModel.set_gguf_parameters: the *_multiplier hparams as *_scale keys."""
-    hp = ctx.hparams
-    if v := hp.get("attention_multiplier"):
-        kv.add_attention_scale(v)
-    if v := hp.get("embedding_multiplier"):
-        kv.add_embedding_scale(v)
-    if v := hp.get("residual_multiplier"):
-        kv.add_residual_scale(v)
-    if v := hp.get("logits_scaling"):
-        kv.add_logit_scale(v)
-
-
-# GraniteModel is LlamaModel without head_dim (ignored) and with its scales
-HF_CONVERT = replace(
-    LLAMA_HF,
-    arch="granite",
-    hf_archs=("GraniteForCausalLM",),
-    params=_granite_params,
-    drop_hparams=("head_dim",),
+# GraniteModel is LlamaModel without head_dim (ignored) and with its scales; GraniteMoeModel splits the
+# fused expert FFNs
+HF_CONVERT = (
+    replace(
+        LLAMA_HF,
+        arch="granite",
+        hf_archs=("GraniteForCausalLM",),
+        params=granite_params,
+        drop_hparams=("head_dim",),
+    ),
+    replace(
+        LLAMA_HF,
+        arch="granitemoe",
+        hf_archs=("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM"),
+        params=granite_params,
+        tensor=granite_moe_tensor,
+        drop_hparams=("head_dim",),
+    ),
 )
