@@ -5,9 +5,8 @@ The oracle is llama.cpp's ``llama-quantize``: tests/data/quantize/<model>.json h
 16 hex digits) of every tensor of its output, made once by ``benchmarks/bench_quantize.py
 --write-expectations``. CI compares with these stored tables (no llama.cpp needed); the benchmark
 compares live when llama.cpp is built. Measured there (all 3 models x 34 mixes x with/without imatrix):
-the same type for every tensor everywhere, the same bytes everywhere except IQ2_XXS tensors, where
-0.3-2 % of the blocks differ (llamapy's IQ2_XXS search, llamapy/ggml/quants/_iq2.py, not yet located;
-IQ2_XS, IQ2_S, IQ3_*, IQ1_* are identical); the sample below leaves IQ2_XXS out.
+the same type and the same bytes for every tensor everywhere (IQ2_XXS differed in 0.3-2 % of its blocks
+until make_qp_quants kept C's uint8 wrap of a negative level; the sample below includes it).
 """
 
 from __future__ import annotations
@@ -84,6 +83,8 @@ def test_types_of_every_mix_match_llama_quantize(files, model):
 BYTE_RUNS = [
     ("tied8", "Q4_K_M"),
     ("tied8", "IQ3_XS+imatrix"),  # IQ3_XXS / IQ3_S / IQ2_S rows
+    ("tied8", "IQ2_XXS+imatrix"),  # make_qp_quants' uint8 L (a parity-flipped xval < 0 kept as 255)
+    ("dense16", "IQ1_M+imatrix"),  # IQ1_M, IQ2_XXS (attn_v, ...) and Q2_K rows
     ("tied8", "TQ1_0"),
     ("tied8", "BF16"),
     ("dense16", "Q4_0+imatrix"),

@@ -136,7 +136,7 @@ def _make_qp_quants(n, nmax, x, L, qw):
                     slx += w * x[i] * F32(new_l)
                     sl2 += w * F32(new_l) * F32(new_l)
                     if slx * slx * suml2 > sumlx * sumlx * sl2:
-                        L[i] = new_l
+                        L[i] = new_l & 255  # C's L is uint8_t: -1 is kept as 255 (xval can be < 0)
                         sumlx = slx
                         suml2 = sl2
                         n_changed += 1
