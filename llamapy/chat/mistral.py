@@ -12,38 +12,64 @@ from __future__ import annotations
 import hashlib
 import re
 
-import regex
-
-from .common import (
-    NOT_A_CALL,
-    PARTIAL,
-    CallParse,
-    ChatFormat,
-    ChatParser,
-    ChatSyntax,
-    GrammarRequest,
-    StreamParser,
-    ToolCall,
-    ToolGrammar,
-    assemble,
-    call_from_object,
-    call_triggers,
-    dump_arguments,
-    json_rule,
-    lark_str,
-    one_of,
-    random_id,
-    read_json,
-    reasoning_prefix,
-    skip_ws,
+from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar, lark_str, random_id
+from .reasoning import MISTRAL_THINK
+from .syntax import (
+    Lark,
+    Node,
+    ToolSyntax,
+    accept,
+    alt,
+    call_schemas,
+    function,
+    json_args,
+    json_calls,
+    lit,
+    seq,
+    tool_syntax,
+    ws,
 )
-from .reasoning import MISTRAL_THINK, ThinkTags
 
 TOOL_CALLS = "[TOOL_CALLS]"
-_START = regex.compile(regex.escape(TOOL_CALLS))
-_NAMED = regex.compile(r"\s*([^\[\]\s{}]+)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9]+)\s*)?\[ARGS\]")
 _ID = re.compile(r"[A-Za-z0-9]{9}")
 _ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
+def _nemo_call(f: dict) -> dict:
+    """A Nemo call object: ``call_schemas``' with Mistral's 9-character id."""
+    (schema,) = call_schemas([f])
+    schema["properties"]["id"] = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
+    schema["required"].append("id")
+    return schema
+
+
+# [{"name": ..., "arguments": {...}, "id": "abcDEF123"}]
+NEMO = json_calls(array=True, first=r"\[", only_array=True, comma=False, keys=("arguments",), item=_nemo_call)
+
+
+def _named(with_ids: bool) -> Node:
+    """``name[CALL_ID]id[ARGS]{...}`` (``[CALL_ID]`` in the grammar where ``with_ids``)."""
+
+    def head(g: Lark, name: str) -> str:
+        call_id = f" {g.req.lit('[CALL_ID]')} /[a-zA-Z0-9]{{9}}/" if with_ids else ""
+        return f"{lark_str(name)}{call_id} {g.req.lit('[ARGS]')}"
+
+    return function(
+        "{name}[ARGS]",
+        json_args(),
+        pattern=r"\s*([^\[\]\s{}]+)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9]+)\s*)?\[ARGS\]",
+        call_id=lambda m: m.group(2) or "",
+        head=head,
+    )
+
+
+def _syntax(named: bool, with_ids: bool) -> ToolSyntax:
+    """``[TOOL_CALLS]`` then the calls the template renders; the parser takes both syntaxes."""
+    calls = alt(_named(with_ids), accept(NEMO)) if named else alt(NEMO, accept(_named(False)))
+    return tool_syntax(seq(lit(TOOL_CALLS, True), ws(""), calls), repeat=named)
+
+
+SYNTAXES = {(n, i): _syntax(n, i) for n, i in ((False, True), (True, False), (True, True))}
 
 
 def mistral_id(call_id: str | None, salt: str = "") -> str:
@@ -57,45 +83,6 @@ def mistral_id(call_id: str | None, salt: str = "") -> str:
         n, r = divmod(n, len(_ALNUM))
         out += _ALNUM[r]
     return out
-
-
-class MistralParser(StreamParser):
-    """Parser of both Mistral syntaxes."""
-
-    call_start = _START
-
-    def __init__(self, syntax: ChatSyntax, think: ThinkTags | None = None) -> None:
-        self.think = think
-        super().__init__(syntax)
-        self.new_id = lambda: random_id(9, prefix="")
-
-    def parse_call(self, buf: str, final: bool) -> CallParse | None:
-        i = skip_ws(buf, len(TOOL_CALLS))
-        if i >= len(buf):
-            return None if not final else NOT_A_CALL
-        if buf[i] == "[":
-            got = read_json(buf, i, self.json_cache)
-            if got is PARTIAL:
-                return None
-            if got is None:
-                return NOT_A_CALL
-            value, end = got
-            calls = [call_from_object(v) for v in value] if isinstance(value, list) else [None]
-            if not calls or any(c is None for c in calls):
-                return NOT_A_CALL
-            return CallParse(calls, end)
-        m = _NAMED.match(buf, len(TOOL_CALLS), partial=not final)
-        if m is None:
-            return NOT_A_CALL
-        if m.partial:
-            return None
-        got = read_json(buf, m.end(), self.json_cache)
-        if got is PARTIAL:
-            return None
-        if got is None or not isinstance(got[0], dict):
-            return NOT_A_CALL
-        value, end = got
-        return CallParse([ToolCall(m.group(1), dump_arguments(value), m.group(2) or "")], end)
 
 
 class MistralFormat(ChatFormat):
@@ -130,41 +117,9 @@ class MistralFormat(ChatFormat):
         return call
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        tag = req.lit(TOOL_CALLS)
-        if self.named:
-            alts, rules = [], []
-            for k, f in enumerate(req.functions):
-                call_id = f" {req.lit('[CALL_ID]')} /[a-zA-Z0-9]{{9}}/" if self.with_ids else ""
-                rules.append(f"f{k}_args: {json_rule(f['parameters'])}")
-                alts.append(f"{lark_str(f['name'])}{call_id} {req.lit('[ARGS]')} f{k}_args")
-            rules.insert(0, f"call: {tag} ({' | '.join(alts)})")
-        else:
-            schema = {
-                "type": "array",
-                "items": one_of(
-                    [
-                        {
-                            "type": "object",
-                            "properties": {
-                                "name": {"const": f["name"]},
-                                "arguments": f["parameters"],
-                                "id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"},
-                            },
-                            "required": ["name", "arguments", "id"],
-                            "additionalProperties": False,
-                        }
-                        for f in req.functions
-                    ]
-                ),
-                "minItems": 1,
-            }
-            if not req.parallel:
-                schema["maxItems"] = 1
-            rules = [f"call: {tag} {json_rule(schema)}"]
-        calls = req.calls("call") if self.named else "call"
-        prefix, extra = reasoning_prefix(req, self.think)
-        rules = [f"start: {prefix} {calls}", *rules, *extra]
-        return ToolGrammar(assemble(rules), call_triggers(req, self.think, TOOL_CALLS), self.preserved)
+        return SYNTAXES[self.named, self.with_ids].grammar(req, self.think, self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return MistralParser(syntax, self.think)
+        parser = SYNTAXES[self.named, self.with_ids].parser(syntax, self.think)
+        parser.new_id = lambda: random_id(9, prefix="")
+        return parser

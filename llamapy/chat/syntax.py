@@ -39,6 +39,7 @@ from .common import (
     ToolGrammar,
     assemble,
     call_from_object,
+    call_trigger,
     call_triggers,
     is_string_schema,
     json_rule,
@@ -118,6 +119,16 @@ class Node:
         """The literal text a generated call starts with."""
         return ""
 
+    def generates(self, req: GrammarRequest) -> bool:
+        """Whether the grammar for ``req`` writes this node (an accepted variant, a function syntax no
+        allowed function has: not)."""
+        return True
+
+    def triggers(self, req: GrammarRequest) -> list[str]:
+        """The literal texts a call the grammar for ``req`` writes may start with."""
+        t = self.trigger()
+        return [t] if t and self.generates(req) else []
+
     def __or__(self, other: Node) -> Alt:
         return Alt((self, other))
 
@@ -173,9 +184,11 @@ class Ws(Node):
     """Whitespace: any amount when parsing; the grammar writes ``grammar`` (bounded ``WS`` by default)."""
 
     grammar: str = WS
+    more: bool = False  # at the end of unfinished text, wait for what follows the whitespace
 
-    def parse(self, s: Scan, i: int) -> int:
-        return skip_ws(s.buf, i)
+    def parse(self, s: Scan, i: int) -> int | None:
+        j = skip_ws(s.buf, i)
+        return NEED if self.more and j == len(s.buf) and not s.final else j
 
     def lark(self, g: Lark) -> str:
         return self.grammar
@@ -211,6 +224,12 @@ class Seq(Node):
     def trigger(self) -> str:
         return self.nodes[0].trigger()
 
+    def generates(self, req: GrammarRequest) -> bool:
+        return all(n.generates(req) for n in self.nodes)
+
+    def triggers(self, req: GrammarRequest) -> list[str]:
+        return self.nodes[0].triggers(req) if self.generates(req) else []
+
 
 @dataclass
 class Alt(Node):
@@ -237,6 +256,12 @@ class Alt(Node):
     def trigger(self) -> str:
         return next((t for t in (n.trigger() for n in self.nodes) if t), "")
 
+    def generates(self, req: GrammarRequest) -> bool:
+        return any(n.generates(req) for n in self.nodes)
+
+    def triggers(self, req: GrammarRequest) -> list[str]:
+        return list(dict.fromkeys(t for n in self.nodes for t in n.triggers(req)))
+
 
 @dataclass
 class Accept(Node):
@@ -253,6 +278,9 @@ class Accept(Node):
     def start(self) -> tuple[str, bool]:
         return self.node.start()
 
+    def generates(self, req: GrammarRequest) -> bool:
+        return False
+
 
 @dataclass
 class Function(Node):
@@ -263,8 +291,12 @@ class Function(Node):
     template: str
     body: Node
     name_pattern: str = r"[^>\n]+"
-    pattern: str | None = None  # the head as the parser reads it (group 1: the name); default: template
+    pattern: str | None = None  # the head as the parser reads it (group ``name_group``: the name)
     known: bool = False  # the name must be one of the request's tools (when it has any)
+    name_group: int = 1
+    call_id: Callable[[Any], str] | None = None  # the call's id from the head's match (default: none)
+    head: Callable[[Lark, str], str] | None = None  # the head in the grammar, from (grammar, function name)
+    only: Callable[[dict], bool] | None = None  # the functions written in this syntax (default: all)
 
     def __post_init__(self) -> None:
         before, _, after = self.template.partition("{name}")
@@ -278,29 +310,38 @@ class Function(Node):
             return FAIL
         if m.partial or (m.end() == len(s.buf) and not s.final):  # (a bare name may go on)
             return NEED
-        s.name, s.args = m.group(1).strip(), {}
+        s.name, s.args = m.group(self.name_group).strip(), {}
         if self.known and s.tables and s.name not in s.tables:
             return FAIL
         end = self.body.parse(s, m.end())
         if end is not NEED and end != FAIL:
-            s.calls.append(ToolCall(s.name, json.dumps(s.args, ensure_ascii=False)))
+            call_id = self.call_id(m) if self.call_id else ""
+            s.calls.append(ToolCall(s.name, json.dumps(s.args, ensure_ascii=False), call_id))
         return end
 
-    def lark(self, g: Lark) -> str:
+    def _functions(self, req: GrammarRequest) -> list[tuple[int, dict]]:
+        return [(k, f) for k, f in enumerate(req.functions) if self.only is None or self.only(f)]
+
+    def lark(self, g: Lark) -> str | None:
         alts = []
-        for k, f in enumerate(g.req.functions):
+        for k, f in self._functions(g.req):
             g.function, g.k = f, k
-            head = g.text(self.template.replace("{name}", f["name"]))
-            g.rule(f"f{k}", f"{head} {self.body.lark(g)}")
+            head = (
+                self.head(g, f["name"]) if self.head else g.text(self.template.replace("{name}", f["name"]))
+            )
+            g.rule(f"f{k}", f"{head} {self.body.lark(g)}".strip())
             alts.append(f"f{k}")
         g.function = None
-        return f"({' | '.join(alts)})"
+        return f"({' | '.join(alts)})" if alts else None
 
     def start(self) -> tuple[str, bool]:
         return (self.pattern or regex.escape(self._before)), False
 
     def trigger(self) -> str:
         return self._before
+
+    def generates(self, req: GrammarRequest) -> bool:
+        return bool(self._functions(req))
 
 
 # --- parameter values ---
@@ -617,9 +658,10 @@ def end_tag(text: str, special: bool = False, sep: str = WS) -> EndTag:
     return EndTag(text, special, sep)
 
 
-def ws(grammar: str = WS) -> Ws:
-    """Any whitespace when parsing; ``grammar`` (bounded by default) when generating."""
-    return Ws(grammar)
+def ws(grammar: str = WS, more: bool = False) -> Ws:
+    """Any whitespace when parsing (``more``: at the end of unfinished text, wait for what follows);
+    ``grammar`` (bounded by default) when generating."""
+    return Ws(grammar, more)
 
 
 def seq(*nodes: Node) -> Seq:
@@ -641,11 +683,13 @@ def function(
     name_pattern: str = r"[^>\n]+",
     pattern: str | None = None,
     known: bool = False,
+    **kw: Any,
 ) -> Function:
     """One call of a function named in ``template`` (``"<function={name}>"``), then ``body``;
     ``pattern``: the head as the parser reads it, where it is more lenient than ``template``; ``known``:
-    the name must be one of the request's tools."""
-    return Function(template, body[0] if len(body) == 1 else Seq(body), name_pattern, pattern, known)
+    the name must be one of the request's tools; ``name_group``, ``call_id``, ``head``, ``only``: see
+    :class:`Function`."""
+    return Function(template, body[0] if len(body) == 1 else Seq(body), name_pattern, pattern, known, **kw)
 
 
 def repeat(node: Node, end: Node, sep: str = WS, once: bool = False) -> Repeat:
@@ -679,21 +723,57 @@ def tagged_params(open: str, close: str, end: Node, **kw: Any) -> TaggedParams:
 @dataclass
 class ToolSyntax:
     """A family's tool calls: ``call`` (one call's syntax), optionally in a reasoning block first, one or
-    more calls (several when parallel calls are allowed, whitespace between)."""
+    more calls (several when parallel calls are allowed, ``sep`` between).
+
+    ``at_start``: calls also recognised only at the start of the answer (Llama 3's bare JSON): the
+    parser's ``call_at_start``, a ``pattern_full`` trigger anchored at the start, an alternative of the
+    grammar's call. ``section``: optional tags around all the calls (Kimi K2's): the grammar may write
+    them, the parser drops them (with the whitespace after them) wherever they stand."""
 
     call: Node
     repeat: bool = True  # False: one call (a block that holds several: :func:`repeat`)
     tokens: tuple[str, ...] = ()  # special tokens inside literal texts, written as tokens by the grammar
+    sep: str = WS  # between two calls, in the grammar
+    lead: str = ""  # before the first call, in the grammar
+    at_start: Node | None = None
+    section: tuple[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        drops = [accept(seq(lit(tag), ws(more=True))) for tag in self.section or ()]
+        self.reads = Alt((self.call, *drops)) if drops else self.call  # what a call marker starts
+        self.reads_first = Alt((self.reads, self.at_start)) if self.at_start else self.reads
 
     def grammar(
         self, req: GrammarRequest, think: ThinkTags | None, preserved: tuple[str, ...]
     ) -> ToolGrammar:
         g = Lark(req, tokens=self.tokens)
-        call = self.call.lark(g)
+        alts = [x for x in (n.lark(g) for n in (self.at_start, self.call) if n) if x]
         prefix, extra = reasoning_prefix(req, think)
-        calls = req.calls("call") if self.repeat else "call"
-        rules = [f"start: {prefix} {calls}", f"call: {call}", *g.rules, *extra]
-        return ToolGrammar(assemble(rules), call_triggers(req, think, self.call.trigger()), preserved)
+        calls = f"call ({self.sep} call)*" if self.repeat and req.parallel else "call"
+        if self.section:
+            calls = f"({g.text(self.section[0])} {WS})? {calls} ({WS} {g.text(self.section[1])})?"
+        start = " ".join(x for x in (prefix, self.lead, calls) if x)
+        rules = [f"start: {start}", f"call: {' | '.join(alts)}", *g.rules, *extra]
+        return ToolGrammar(assemble(rules), self.triggers(req, think), preserved)
+
+    def triggers(self, req: GrammarRequest, think: ThinkTags | None) -> tuple[tuple[str, str], ...]:
+        """A lazy grammar's triggers: where a call starts (outside a reasoning block)."""
+        if req.required:
+            return ()
+        out: tuple[tuple[str, str], ...] = ()
+        if self.at_start is not None and self.at_start.generates(req):
+            out += (("pattern_full", rf"^\s*({self.at_start.start()[0]})[\s\S]*"),)
+        words = list(
+            dict.fromkeys(
+                [*self.section[:1], *self.call.triggers(req)] if self.section else self.call.triggers(req)
+            )
+        )
+        if len(words) == 1 or (words and think is None):
+            return out + tuple(t for w in words for t in call_triggers(req, think, w))
+        if words:
+            pattern = "|".join(regex.escape(w) for w in words)
+            out += (call_trigger(pattern, think, req.thinking_forced_open),)
+        return out
 
     def parser(
         self, syntax: ChatSyntax, think: ThinkTags | None, cls: type[SyntaxParser] | None = None
@@ -701,26 +781,29 @@ class ToolSyntax:
         return (cls or SyntaxParser)(syntax, self, think)
 
 
-def tool_syntax(call: Node, repeat: bool = True, tokens: tuple[str, ...] = ()) -> ToolSyntax:
+def tool_syntax(call: Node, repeat: bool = True, tokens: tuple[str, ...] = (), **kw: Any) -> ToolSyntax:
     """A family's calls: ``call`` (one or more, ``repeat``), optionally after a reasoning block;
-    ``tokens``: special tokens that literal texts hold (the grammar writes them as the tokens)."""
-    return ToolSyntax(call, repeat, tokens)
+    ``tokens``: special tokens that literal texts hold (the grammar writes them as the tokens);
+    ``sep``, ``lead``, ``at_start``, ``section``: see :class:`ToolSyntax`."""
+    return ToolSyntax(call, repeat, tokens, **kw)
 
 
 class SyntaxParser(StreamParser):
     """The streaming parser of a :class:`ToolSyntax`: content and reasoning as :class:`StreamParser`, a
-    call wherever the syntax's first text appears."""
+    call wherever the syntax's first text appears (and at the start, ``at_start``'s)."""
 
     def __init__(self, syntax: ChatSyntax, tool: ToolSyntax, think: ThinkTags | None) -> None:
         self.think = think
-        self.call_start = regex.compile(tool.call.start()[0])
+        self.call_start = regex.compile(tool.reads.start()[0])
+        if tool.at_start is not None:
+            self.call_at_start = regex.compile(tool.at_start.start()[0])
         super().__init__(syntax)
         self.tool = tool
         self.tables = parameter_tables(syntax.tools)
 
     def parse_call(self, buf: str, final: bool) -> CallParse | None:
         s = Scan(buf, final, self.tables, json_cache=self.json_cache)
-        end = self.tool.call.parse(s, 0)
+        end = self.tool.reads_first.parse(s, 0)
         if end is NEED:
             return None
         if end == FAIL:
