@@ -269,6 +269,7 @@ class Context:
     ) -> None:
         self.memory.place_ubatch(ub)
         out_local = out_ids(ub)
+        self.ubatch = ub  # the ubatch being computed: a cb_eval reads its positions and sequences (EAGLE-3)
         n_out = int(ub.output.sum())
         seqs = ubatch_seqs(ub) if self.embeddings and self.pooling_type else []
         ge = self._graph(ub.n_tokens, len(out_local), ub.token is None, len(seqs))
