@@ -768,8 +768,8 @@ class ToolSyntax:
                 [*self.section[:1], *self.call.triggers(req)] if self.section else self.call.triggers(req)
             )
         )
-        if len(words) == 1 or (words and think is None):
-            return out + tuple(t for w in words for t in call_triggers(req, think, w))
+        if len(words) == 1:
+            return out + call_triggers(req, think, words[0])
         if words:
             pattern = "|".join(regex.escape(w) for w in words)
             out += (call_trigger(pattern, think, req.thinking_forced_open),)
