@@ -41,6 +41,7 @@ RUNS: list[tuple[str, str, tuple[str, ...]]] = [
     ("olmo2", "f16", ()),
     ("granite", "f16", ()),
     ("granitemoe", "f16", ()),
+    ("granitehybrid", "f16", ()),
     ("qwen2moe", "f16", ()),
     ("starcoder2", "f16", ()),
     ("command-r", "f16", ()),

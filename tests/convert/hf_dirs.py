@@ -41,6 +41,7 @@ class Case:
     # (regex, replacement) on the state dict's names: the Hub's (legacy) names that transformers renames on
     # load (its conversion_mapping), e.g. Granite MoE's block_sparse_moe.input_linear
     rename: tuple[tuple[str, str], ...] = ()
+    hub_config: dict[str, Any] = field(default_factory=dict)  # config.json keys as the Hub's files write them
 
 
 def _cfg(**kw: Any) -> dict[str, Any]:
@@ -185,6 +186,29 @@ CASES: dict[str, Case] = {
             rename=GRANITE_MOE_LEGACY,
         ),
         Case(
+            "granitehybrid",
+            "GraniteMoeHybridConfig",
+            _cfg(
+                vocab_size=50264,
+                embedding_multiplier=3.0,
+                attention_multiplier=0.5,
+                residual_multiplier=0.6,
+                logits_scaling=4.0,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                intermediate_size=32,
+                shared_intermediate_size=64,
+                layer_types=["mamba", "attention"],
+                mamba_n_heads=8,
+                mamba_d_head=16,
+                mamba_n_groups=1,
+                mamba_d_state=16,
+                mamba_chunk_size=8,
+            ),
+            rename=GRANITE_MOE_LEGACY,
+            hub_config={"layer_types": ["mamba", "attention"]},  # transformers 5 writes linear/full_attention
+        ),
+        Case(
             "qwen2moe",
             "Qwen2MoeConfig",
             _cfg(
@@ -312,7 +336,7 @@ def write_spm_tokenizer(d: Path) -> int:
 def hf_config(case: Case, n_vocab: int) -> Any:
     import transformers
 
-    kw = dict(case.config_kw, vocab_size=n_vocab)
+    kw = {"vocab_size": n_vocab, **case.config_kw}  # a larger vocab_size: embeddings padded past it
     if case.tokenizer.startswith("bpe"):
         kw.update(bos_token_id=50256, eos_token_id=50256, pad_token_id=None)
     else:
@@ -402,6 +426,10 @@ def make_hf_dir(case: Case, root: Path) -> Path:
         (d / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     cfg.architectures = [model.__class__.__name__]
     cfg.to_json_file(str(d / "config.json"))
+    if case.hub_config:
+        (d / "config.json").write_text(
+            json.dumps({**json.loads((d / "config.json").read_text()), **case.hub_config}, indent=2)
+        )
     gen = {
         "bos_token_id": cfg.bos_token_id,
         "eos_token_id": cfg.eos_token_id,

@@ -142,6 +142,7 @@ def _our_logits(path: Path) -> np.ndarray:
         "olmo2",
         "granite",
         "granitemoe",
+        "granitehybrid",
         "starcoder2",
         "command-r",
         "gpt2",
