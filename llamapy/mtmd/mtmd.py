@@ -45,6 +45,7 @@ _IMAGE_WRAP = {
     "pixtral": ("", "[IMG_END]"),  # [IMG_BREAK] rows are inside the embeddings (pixtral.py)
     "internvl": ("<img>", "</img>"),  # the tiles, then the overview, back to back (internvl.pieces)
     "lfm2": ("<|image_start|>", "<|image_end|>"),  # tiles + thumbnail when big (lfm2.pieces)
+    "llama4": ("<|image_start|>", "<|image_end|>"),  # tiles, <|image|> + overview (llama4.pieces)
 }
 _MROPE_WRAP = ("<|vision_start|>", "<|vision_end|>")  # Qwen-VL style projectors (Projector.mrope)
 
@@ -223,10 +224,10 @@ class MtmdContext:
         hp = self.clip.hparams
         beg, end = self.image_wrap
         longest = int(self.clip.metadata.get("clip.vision.preproc_image_size") or 0)
-        if hp.projector_type in ("internvl", "lfm2"):  # tiles (internvl.pieces, lfm2.pieces)
-            from . import internvl, lfm2
+        if hp.projector_type in ("internvl", "lfm2", "llama4"):  # tiles (internvl / lfm2 / llama4 .pieces)
+            from . import internvl, lfm2, llama4
 
-            mod = internvl if hp.projector_type == "internvl" else lfm2
+            mod = {"internvl": internvl, "lfm2": lfm2, "llama4": llama4}[hp.projector_type]
             return [beg, *self._frame_chunks(bmp, mod.pieces(bmp, hp)), end]
         if hp.projector_type != "idefics3" or longest <= 0:
             return [beg, self._image_chunk(bmp), end]
