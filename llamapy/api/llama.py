@@ -87,6 +87,12 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
             spec_type, draft_model = draft_model, None
         if isinstance(draft_model, (str, os.PathLike)):  # a second GGUF (llama.cpp's --model-draft)
             from ..generation.draft_model import LlamaModelDraft
+        eagle3_head = None  # an EAGLE-3 head GGUF: made once the target is loaded (it reads its states)
+        if isinstance(draft_model, (str, os.PathLike)):
+            from ..generation.eagle3 import is_eagle3_file
+
+            if is_eagle3_file(draft_model):
+                eagle3_head, draft_model = draft_model, None
 
             draft_model = LlamaModelDraft(draft_model, n_ctx=max(int(n_ctx or 0), 512), n_threads=n_threads)
         if draft_model is not None and not callable(draft_model):
@@ -105,6 +111,12 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
             check_compatible(model.vocab, draft_model.vocab)
         if spec_type is not None and not vocab_only:  # "mtp", "ngram-simple", "ngram-map-k"
             draft_model = make_spec_draft(
+        if eagle3_head is not None and not vocab_only:
+            from ..generation.eagle3 import Eagle3Draft
+
+            draft_model = Eagle3Draft(
+                eagle3_head, model, n_ctx=max(int(n_ctx or 0), 512), n_threads=n_threads
+            )
                 spec_type, model, n_ctx=max(int(n_ctx or 0), 512), n_threads=n_threads
             )
         ctx = None

@@ -129,11 +129,18 @@ class ContextBackend:
                 "speculative decoding (-md, --spec-type) needs a memory that can drop rejected tokens; "
                 f"{self.model.arch} keeps a recurrent state"
             )
+        self._n_eagle3_slots = 0
+        self._eagle3: Any = None  # -md of an EAGLE-3 head: one head, each slot its own draft cache
         if self._draft_kw:
             from ..generation.draft_model import check_compatible
+            from ..generation.eagle3 import Eagle3Head, is_eagle3_file
 
-            self._draft_model = Model.load(self._draft_kw.pop("model"))
-            check_compatible(self.model.vocab, self._draft_model.vocab)
+            path = self._draft_kw.pop("model")
+            if is_eagle3_file(path):
+                self._eagle3 = Eagle3Head(path, self.model)
+            else:
+                self._draft_model = Model.load(path)
+                check_compatible(self.model.vocab, self._draft_model.vocab)
         self.pooling_type = int(getattr(self.ctx, "pooling_type", 0))  # 0: none (per-token, not OpenAI's)
         self.vocab = self.model.vocab
         self.n_ctx = int(self.ctx.n_ctx)
@@ -203,6 +210,16 @@ class ContextBackend:
         """A draft model for one slot (None without ``-md`` or ``--spec-type``)."""
         if self._spec_drafts is not None:
             return self._spec_drafts.make()
+        if self._eagle3 is not None:
+            from ..generation.eagle3 import Eagle3Draft
+
+            keys = ("n_draft", "n_min", "p_min", "n_threads")
+            n_ctx = self.n_ctx // max(1, self.n_seq_max)
+            d = Eagle3Draft(self._eagle3, n_ctx=n_ctx, n_batch=min(512, n_ctx),
+                            **{k: v for k, v in self._draft_kw.items() if k in keys and v is not None})  # fmt: skip
+            d.attach(self.ctx, seq_id=self._n_eagle3_slots, n_ctx=n_ctx)  # slots are made in order: 0, 1...
+            self._n_eagle3_slots += 1
+            return d
         if self._draft_model is None:
             return None
         from ..generation.draft_model import LlamaModelDraft

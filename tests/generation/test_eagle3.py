@@ -21,9 +21,8 @@ from llamapy.context import Context, ContextParams  # noqa: E402
 from llamapy.generation import GenerationParams, TokenSequence, generate  # noqa: E402
 from llamapy.generation.eagle3 import Eagle3Draft, Eagle3Error, Eagle3Head, is_eagle3_file  # noqa: E402
 from llamapy.ggml.types import GGMLType  # noqa: E402
-from llamapy.gguf.constants import GGUFValueType  # noqa: E402
-from llamapy.gguf.writer import GGUFWriter  # noqa: E402
 from llamapy.model import Model  # noqa: E402
+from tests.generation.eagle3_head import write_head  # noqa: E402
 from tests.model import hf_tiny  # noqa: E402
 
 hf_tiny._load_family_modules()
@@ -39,57 +38,6 @@ class Vocab:
 
     def token_to_piece(self, t: int, special: bool = False) -> bytes:
         return b"x"
-
-
-def write_head(
-    path: Path,
-    n_tgt: int = N,
-    layers: tuple[int, ...] = (1, 2, 3),
-    n_draft: int = 100,
-    seed: int = 0,
-    tensors: dict[str, np.ndarray] | None = None,
-) -> Path:
-    """A random EAGLE-3 head (hidden size ``N``, 4 heads / 2 KV heads) for a target of ``n_tgt``."""
-    rng = np.random.default_rng(seed)
-    hd, nh, nkv, ff = 16, 4, 2, 128
-
-    def r(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
-
-    t: dict[str, np.ndarray] = {
-        "fc.weight": r(N, 3 * n_tgt),
-        "blk.0.attn_norm.weight": np.ones(N, np.float32),
-        "blk.0.hidden_norm.weight": np.ones(N, np.float32),
-        "blk.0.attn_q.weight": r(nh * hd, 2 * N),
-        "blk.0.attn_k.weight": r(nkv * hd, 2 * N),
-        "blk.0.attn_v.weight": r(nkv * hd, 2 * N),
-        "blk.0.attn_output.weight": r(N, nh * hd),
-        "blk.0.ffn_norm.weight": np.ones(N, np.float32),
-        "blk.0.ffn_gate.weight": r(ff, N),
-        "blk.0.ffn_up.weight": r(ff, N),
-        "blk.0.ffn_down.weight": r(N, ff),
-        "output_norm.weight": np.ones(N, np.float32),
-        "output.weight": r(n_draft, N),
-        "d2t": np.sort(rng.choice(hf_tiny.N_VOCAB, n_draft, replace=False)).astype(np.int64),
-    }
-    t.update(tensors or {})
-    w = GGUFWriter(path, arch="eagle3")
-    md = {
-        "eagle3.block_count": 1, "eagle3.context_length": 256, "eagle3.embedding_length": N,
-        "eagle3.feed_forward_length": ff, "eagle3.attention.head_count": nh,
-        "eagle3.attention.head_count_kv": nkv, "eagle3.attention.layer_norm_rms_epsilon": 1e-6,
-        "eagle3.rope.freq_base": 10000.0, "eagle3.target_hidden_size": n_tgt,
-    }  # fmt: skip
-    w.add_metadata(md, int_type=GGUFValueType.UINT32)
-    w.add_metadata({"eagle3.extract_layers": [int(k) for k in layers]}, int_type=GGUFValueType.INT32)
-    for name, arr in t.items():
-        if name == "d2t":
-            w.add_tensor(name, np.ascontiguousarray(arr, np.int64), ggml_type=GGMLType.I64)
-        else:
-            w.add_tensor(name, np.ascontiguousarray(arr, np.float32), ggml_type=GGMLType.F32)
-    w.write()
-    w.close()
-    return path
 
 
 def _tiny(root: Path, name: str, seed: int, scale: float | None = None) -> tuple[Path, dict[str, np.ndarray]]:
