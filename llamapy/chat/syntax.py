@@ -209,7 +209,9 @@ class Seq(Node):
             i = got
         return i
 
-    def lark(self, g: Lark) -> str:
+    def lark(self, g: Lark) -> str | None:
+        if not self.generates(g.req):
+            return None
         return " ".join(x for x in (n.lark(g) for n in self.nodes) if x)
 
     def start(self) -> tuple[str, bool]:
@@ -342,6 +344,49 @@ class Function(Node):
 
     def generates(self, req: GrammarRequest) -> bool:
         return bool(self._functions(req))
+
+
+@dataclass
+class Code(Node):
+    """Raw code up to ``until`` (without it: to the end of the generation, only known there), not where
+    ``guard`` matches (JSON instead): the arguments ``{"code": ...}`` of the function being read, when it
+    is one of ``names``, or (``call``) a call of ``python`` of its own. The grammar writes ``gen`` (a Lark
+    element; None: never) for a function of ``names`` (``call``: where the request has one)."""
+
+    until: str | None = None
+    guard: str | None = None
+    call: bool = False
+    gen: str | None = None
+    names: tuple[str, ...] = ("python",)
+
+    def __post_init__(self) -> None:
+        self._guard = regex.compile(self.guard) if self.guard else None
+
+    def parse(self, s: Scan, i: int) -> int | None:
+        if (self._guard and self._guard.match(s.buf, i)) or (not self.call and s.name not in self.names):
+            return FAIL
+        end = s.buf.find(self.until, i) if self.until else -1
+        if end < 0:
+            if not s.final:
+                return NEED
+            end = len(s.buf)
+        code = {"code": s.buf[i:end]}
+        if self.call:
+            s.calls.append(ToolCall("python", json.dumps(code, ensure_ascii=False)))
+        else:
+            s.args = code
+        return end
+
+    def lark(self, g: Lark) -> str | None:
+        if g.function is not None:
+            return self.gen if g.function["name"] in self.names else None
+        return self.gen if self.generates(g.req) else None
+
+    def generates(self, req: GrammarRequest) -> bool:
+        return self.gen is not None and any(f["name"] in self.names for f in req.functions)
+
+    def start(self) -> tuple[str, bool]:
+        return "", False
 
 
 # --- parameter values ---
@@ -603,6 +648,9 @@ class JsonArgs(Node):
     """A call's arguments as one JSON object; the grammar writes JSON of the function's parameters."""
 
     def parse(self, s: Scan, i: int) -> int | None:
+        j = skip_ws(s.buf, i)
+        if j < len(s.buf) and s.buf[j] != "{":  # (not an object: known at once)
+            return FAIL
         got = read_json(s.buf, i, s.json_cache)
         if got is PARTIAL:
             return FAIL if s.final else NEED
@@ -702,6 +750,11 @@ def json_calls(array: bool = False, one: bool = False, first: str = r"[\[{]", **
     return JsonCalls(array, one, first, **kw)
 
 
+def code(until: str | None = None, **kw: Any) -> Code:
+    """Raw code up to ``until`` (or the end): ``python``'s ``{"code": ...}``; see :class:`Code`."""
+    return Code(until, **kw)
+
+
 def json_args() -> JsonArgs:
     """A call's arguments as a JSON object of the function's parameters."""
     return JsonArgs()
@@ -737,6 +790,8 @@ class ToolSyntax:
     lead: str = ""  # before the first call, in the grammar
     at_start: Node | None = None
     section: tuple[str, str] | None = None
+    # a lazy grammar's triggers, for calls that do not start with a text of their own (Functionary v3.2)
+    start: Callable[[GrammarRequest], tuple[tuple[str, str], ...]] | None = None
 
     def __post_init__(self) -> None:
         drops = [accept(seq(lit(tag), ws(more=True))) for tag in self.section or ()]
@@ -760,6 +815,8 @@ class ToolSyntax:
         """A lazy grammar's triggers: where a call starts (outside a reasoning block)."""
         if req.required:
             return ()
+        if self.start is not None:
+            return self.start(req)
         out: tuple[tuple[str, str], ...] = ()
         if self.at_start is not None and self.at_start.generates(req):
             out += (("pattern_full", rf"^\s*({self.at_start.start()[0]})[\s\S]*"),)
