@@ -1,7 +1,7 @@
 """EAGLE-3 speculative decoding: a one-layer head GGUF (``general.architecture = "eagle3"``, written here
 with llamapy's GGUF writer as llama.cpp's converter lays it out) drafting from a tiny random-weight
 target's hidden states, the target verifying. Checked: greedy output identical with and without the head
-(a random head on a random dense target; a random head on a MoE target), and a target/head pair built
+(a random head on random dense, MoE and hybrid targets), and a target/head pair built
 so that the head must predict what the target will say (its first draft each round accepted: wrong
 feature alignment, a missing d2t map or the wrong hidden state fail it); a head for another hidden size
 or with extract layers the target lacks is an :class:`Eagle3Error`."""
@@ -65,6 +65,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     try:
         dense, _ = _tiny(root, "llama", 3)
         moe, _ = _tiny(root, "qwen2moe", 4)
+        hybrid, _ = _tiny(root, "lfm2", 6)  # short convolutions + attention: the state rolls back
         chain, ct = _tiny(root, "llama", 5, scale=0.0)
     finally:
         torch.set_num_threads(n)
@@ -88,6 +89,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {
         "dense": dense,
         "moe": moe,
+        "hybrid": hybrid,
         "chain": chain,
         "head": write_head(root / "head.gguf"),
         "exact": write_head(root / "exact.gguf", n_draft=hf_tiny.N_VOCAB, tensors=exact),
@@ -109,7 +111,7 @@ def _run(model: Model, draft: Any, n: int = 32) -> list[int]:
     return [s.token for s in steps if s.token is not None]
 
 
-@pytest.mark.parametrize("name", ["dense", "moe"])
+@pytest.mark.parametrize("name", ["dense", "moe", "hybrid"])
 def test_greedy_identical_with_a_random_head(files: dict[str, Any], name: str) -> None:
     model = Model.load(files[name])
     plain = _run(model, None)
