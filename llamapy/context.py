@@ -162,6 +162,7 @@ class Context:
         else:
             self.sched = Scheduler(n_threads=self.n_threads)
         self.offload = None  # where n_gpu_layers put things (llamapy.ggml.cuda.offload.Offload), if on a GPU
+        self.stage: Any = None  # a pipeline stage's layer cut (llamapy.ray.pipeline_stage.StageCut)
         if p.n_gpu_layers:
             from .ggml.cuda.offload import offload_to_cuda, plan_offload
 
@@ -278,6 +279,8 @@ class Context:
             inputs.update(gi.set_input(ub))
         # an input may make a tensor the model does not read (jina-bert-v2 has no positions)
         self.sched.compute(ge.graph, {t: v for t, v in inputs.items() if id(t) in ge.used})
+        if self.stage is not None:  # the hidden state a pipeline stage passes on
+            self.stage.collect(self.sched, ge.graph)
         for t in ge.watched:
             if not self.cb_eval(t, False, self.sched.get(t)):
                 break
@@ -324,6 +327,8 @@ class Context:
         embd = res.embd if self.embeddings else None
         outs = [t for t in (res.logits, embd, res.embd_pooled) if t is not None]
         writes = [w for gi in gis for w in gi.writes]  # memory writes no output reads (recurrent states)
+        if self.stage is not None:  # a pipeline stage keeps its layer range only
+            res, outs, writes = self.stage.cut(res, outs, writes, gis)
         graph = Graph(outs, extra=writes)
         watched: list[Tensor] = []
         cb = self.cb_eval

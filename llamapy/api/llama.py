@@ -73,6 +73,8 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         context_shift: bool = False,
         n_keep: int = 0,
         mmproj: str | None = None,
+        pipeline_stages: int = 0,
+        pipeline_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         if chat_handler is not None and getattr(chat_handler, "clip_model_path", None):
@@ -85,14 +87,14 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         spec_type = None  # llama.cpp's --spec-type name: made once the model is loaded
         if isinstance(draft_model, str) and draft_model.strip().lower() in SPEC_TYPES:
             spec_type, draft_model = draft_model, None
-        if isinstance(draft_model, (str, os.PathLike)):  # a second GGUF (llama.cpp's --model-draft)
-            from ..generation.draft_model import LlamaModelDraft
         eagle3_head = None  # an EAGLE-3 head GGUF: made once the target is loaded (it reads its states)
         if isinstance(draft_model, (str, os.PathLike)):
             from ..generation.eagle3 import is_eagle3_file
 
             if is_eagle3_file(draft_model):
                 eagle3_head, draft_model = draft_model, None
+        if isinstance(draft_model, (str, os.PathLike)):  # a second GGUF (llama.cpp's --model-draft)
+            from ..generation.draft_model import LlamaModelDraft
 
             draft_model = LlamaModelDraft(draft_model, n_ctx=max(int(n_ctx or 0), 512), n_threads=n_threads)
         if draft_model is not None and not callable(draft_model):
@@ -109,14 +111,14 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
             from ..generation.draft_model import check_compatible
 
             check_compatible(model.vocab, draft_model.vocab)
-        if spec_type is not None and not vocab_only:  # "mtp", "ngram-simple", "ngram-map-k"
-            draft_model = make_spec_draft(
         if eagle3_head is not None and not vocab_only:
             from ..generation.eagle3 import Eagle3Draft
 
             draft_model = Eagle3Draft(
                 eagle3_head, model, n_ctx=max(int(n_ctx or 0), 512), n_threads=n_threads
             )
+        if spec_type is not None and not vocab_only:  # "mtp", "ngram-simple", "ngram-map-k"
+            draft_model = make_spec_draft(
                 spec_type, model, n_ctx=max(int(n_ctx or 0), 512), n_threads=n_threads
             )
         ctx = None
@@ -136,7 +138,12 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
                              ("flash_attn", flash_attn)):  # fmt: skip
                 if val is not None:
                     cp[key] = val
-            ctx = Context(model, ContextParams(**cp))
+            if pipeline_stages:  # layers split over Ray actors (llamapy.ray.pipeline)
+                from ..ray.pipeline import pipeline_context
+
+                ctx = pipeline_context(model, int(pipeline_stages), cp, **(pipeline_options or {}))
+            else:
+                ctx = Context(model, ContextParams(**cp))
             if lora_path:  # applied in the graph, never merged (lora_base is not needed for that)
                 from ..model.lora import LoraAdapter
 

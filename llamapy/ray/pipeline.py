@@ -1,0 +1,322 @@
+"""Pipeline parallel on Ray: one model's layers split over stage actors (llama.cpp's RPC backend, on Ray).
+
+    import ray
+    from llamapy import Llama
+
+    ray.init()  # or an existing cluster: RAY_ADDRESS / ray start --head
+    llm = Llama("model.gguf", pipeline_stages=2)  # layers 0..n/2-1 on one actor, the rest on another
+
+:class:`PipelineContext` stands in for a :class:`~llamapy.context.Context` on the driver: ``decode``
+sends the batch down the stages as a chain of actor calls (each stage's hidden states go to the next
+one through Ray's object store, never back through the driver) and reads the last stage's logits;
+memory operations (``seq_rm``, ``seq_cp``, checkpoints...) go to every stage, each holding the KV cells
+and recurrent states of its own layers. The stages are placed by a placement group: ``PACK`` (one node,
+tests) or ``STRICT_SPREAD`` (one stage per node). A stage that cannot load its file, or that is lost,
+makes the call fail with :class:`~llamapy.ray.pipeline_stage.PipelineError`; the pipeline is then
+``broken`` (its KV caches no longer agree) and every later call fails at once with the same reason.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..batch import Batch
+from ..errors import LlamapyError
+from .pipeline_stage import PipelineError, PipelineStage, StageFailure, layer_ranges
+
+__all__ = ["MemoryProxy", "PipelineContext", "PipelineError", "RemoteBackend", "layer_ranges"]
+
+_STATE_MAGIC = b"LPYP"
+STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
+
+
+class MemoryProxy:
+    """``ctx.memory`` of a pipeline: a method call goes to every stage (the result is the first
+    stage's); an attribute (``has_shift``, ``n_pos_per_embd``...) is read from the first stage."""
+
+    def __init__(self, pipe: PipelineContext, methods: Sequence[str]) -> None:
+        self._pipe = pipe
+        self._methods = set(methods)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        pipe = self._pipe
+        if name in self._methods:
+
+            def call(*args: Any, **kwargs: Any) -> Any:
+                return pipe._all(lambda s: s.memory_call.remote(name, args, kwargs))[0]
+
+            return call
+        return pipe._get(pipe.stages[0].memory_attr.remote(name))
+
+
+class PipelineContext:
+    """The driver's side of a pipeline: the parts of :class:`~llamapy.context.Context` that generation,
+    ``Llama`` and the server use (``decode``, logits, ``memory``, sequence state, timings)."""
+
+    def __init__(
+        self,
+        model: Any,
+        n_stages: int,
+        ctx_params: dict[str, Any],
+        *,
+        paths: Sequence[str] | None = None,
+        strategy: str = "PACK",
+        stage_cpus: float = 1.0,
+        ready_timeout_s: float = 120.0,
+        call_timeout_s: float = 600.0,
+    ) -> None:
+        from . import require_ray
+
+        require_ray()
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = str(strategy).upper()
+        if strategy not in STRATEGIES:
+            raise PipelineError(f"placement strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
+        if ctx_params.get("embeddings"):
+            raise PipelineError("a pipeline gives logits only: embeddings are not supported")
+        if ctx_params.get("n_gpu_layers"):
+            raise PipelineError("pipeline stages run on the CPU: n_gpu_layers is not supported with them")
+        hp = model.hparams
+        self.model = model
+        self.ranges = layer_ranges(hp.n_layer, int(n_stages))
+        paths = list(paths) if paths else [str(model.path)] * len(self.ranges)
+        if len(paths) != len(self.ranges):
+            raise PipelineError(f"{len(paths)} stage paths given for {len(self.ranges)} stages")
+        self.call_timeout_s = float(call_timeout_s)
+        self.broken: str | None = None
+        self.stages: list[Any] = []
+        if not ray.is_initialized():
+            ray.init(log_to_driver=False)
+        self._pg = placement_group([{"CPU": float(stage_cpus)}] * len(self.ranges), strategy=strategy)
+        self._remove_pg = remove_placement_group
+        try:
+            ray.get(self._pg.ready(), timeout=ready_timeout_s)
+        except Exception as e:
+            self.close()
+            raise PipelineError(
+                f"cannot place {len(self.ranges)} stages of {stage_cpus} CPU with {strategy} "
+                f"(the cluster has {ray.cluster_resources().get('CPU', 0)} CPUs on "
+                f"{len(ray.nodes())} node(s)): {type(e).__name__}"
+            ) from None
+        actor = ray.remote(max_restarts=0, max_task_retries=0)(PipelineStage)
+        for i, ((a, b), path) in enumerate(zip(self.ranges, paths, strict=True)):
+            opts = PlacementGroupSchedulingStrategy(placement_group=self._pg, placement_group_bundle_index=i)
+            self.stages.append(
+                actor.options(num_cpus=float(stage_cpus), scheduling_strategy=opts).remote(
+                    i, str(path), a, b, dict(ctx_params)
+                )
+            )
+        t0 = time.monotonic()
+        try:
+            self.info = self._all(lambda s: s.ready.remote(), timeout=ready_timeout_s)
+        except PipelineError:
+            self.close()
+            raise
+        self.load_s = time.monotonic() - t0
+        self._methods = self._get(self.stages[0].memory_methods.remote())
+        self.memory = MemoryProxy(self, self._methods)
+        self.params = ctx_params
+        a = self._get(self.stages[0].attrs.remote(["n_ctx", "n_batch", "n_ubatch", "n_seq_max"]))
+        self.n_ctx, self.n_batch, self.n_ubatch, self.n_seq_max = (int(a[k]) for k in a)
+        self.embeddings = False
+        self.encoder = False
+        self.n_embd_inp = hp.n_embd_inp
+        self._logits = np.zeros((0, hp.n_vocab), dtype=np.float32)
+        self._out_rows = np.zeros(0, dtype=np.int64)
+        self._graphs: dict = {}  # (cleared by callers that rebuild graphs; the stages keep their own)
+        self._t = {"t_p_eval": 0.0, "n_p_eval": 0, "t_eval": 0.0, "n_eval": 0}
+
+    # -- calls ----------------------------------------------------------------------------------------
+    def _stage_of(self, e: BaseException) -> str:
+        s = str(e)
+        for i, st in enumerate(self.stages):
+            if st._actor_id.hex() in s:
+                a, b = self.ranges[i]
+                return f"stage {i} (layers {a}-{b - 1})"
+        return "a stage"
+
+    def _fail(self, e: BaseException) -> PipelineError:
+        import ray.exceptions as rex
+
+        if isinstance(e, rex.GetTimeoutError):
+            msg = f"a pipeline stage did not answer within {self.call_timeout_s:.0f} s"
+        elif isinstance(e, (rex.RayActorError, rex.ActorUnavailableError)):
+            msg = f"{self._stage_of(e)} was lost: {type(e).__name__}"
+        else:
+            msg = f"{type(e).__name__}: {e}"
+        self.broken = msg
+        return PipelineError(f"the pipeline failed: {msg}")
+
+    def _check(self) -> None:
+        if self.broken is not None:
+            raise PipelineError(f"the pipeline is down ({self.broken}); start it again")
+
+    def _get(self, ref: Any, timeout: float | None = None) -> Any:
+        import ray
+        import ray.exceptions as rex
+
+        self._check()
+        try:
+            return ray.get(ref, timeout=timeout or self.call_timeout_s)
+        except rex.RayTaskError as e:
+            cause = e.cause
+            if isinstance(cause, StageFailure):
+                err = cause.error
+                a, b = self.ranges[cause.index]
+                # the first stage's own errors (a bad batch, a full cache) leave every stage as it was
+                if cause.index == 0 and isinstance(err, LlamapyError) and not isinstance(err, PipelineError):
+                    raise err from None
+                self.broken = f"stage {cause.index} (layers {a}-{b - 1}): {type(err).__name__}: {err}"
+                raise PipelineError(f"the pipeline failed at {self.broken}") from None
+            raise self._fail(cause if cause is not None else e) from None
+        except (rex.RayError, TimeoutError) as e:
+            raise self._fail(e) from None
+
+    def _all(self, fn: Any, timeout: float | None = None) -> list[Any]:
+        self._check()
+        return self._get([fn(s) for s in self.stages], timeout)
+
+    # -- decode ---------------------------------------------------------------------------------------
+    def decode(self, batch: Batch) -> int:
+        """Run ``batch`` down the stages; the last one's logits become this context's."""
+        self._check()
+        t0 = time.perf_counter()
+        ref = None
+        for s in self.stages:  # a chain of calls: each stage's output goes straight to the next
+            ref = s.decode.remote(batch, ref)
+        self._logits, self._out_rows = self._get(ref)
+        dt = time.perf_counter() - t0
+        n = len(batch.token) if batch.token is not None else len(batch.embd)
+        key = "p_eval" if n > 1 else "eval"
+        self._t["t_" + key] += dt
+        self._t["n_" + key] += n if n > 1 else 1
+        return 0
+
+    encode = decode
+
+    def get_logits(self) -> np.ndarray:
+        return self._logits
+
+    def get_logits_ith(self, i: int) -> np.ndarray:
+        n = len(self._logits)
+        if i < 0:
+            if n + i < 0:
+                raise LlamapyError(f"get_logits_ith({i}): only {n} outputs in the last batch")
+            return self._logits[n + i]
+        if i >= len(self._out_rows) or self._out_rows[i] < 0:
+            raise LlamapyError(f"get_logits_ith({i}): token {i} of the last batch had no output requested")
+        return self._logits[int(self._out_rows[i])]
+
+    def get_embeddings(self) -> np.ndarray:
+        raise LlamapyError("a pipeline gives logits only: embeddings are off")
+
+    get_embeddings_ith = get_embeddings_seq = get_embeddings
+
+    @property
+    def n_vocab(self) -> int:
+        return self.model.n_vocab
+
+    @property
+    def n_ctx_seq(self) -> int:
+        return self.n_ctx // self.n_seq_max if self.n_seq_max > 1 else self.n_ctx
+
+    def set_causal_attn(self, causal: bool) -> None:
+        self._all(lambda s: s.call.remote("set_causal_attn", bool(causal)))
+
+    def set_adapters_lora(self, adapters: list) -> None:
+        if adapters:
+            raise LlamapyError("LoRA adapters are not supported on a pipeline")
+
+    # -- state: each stage's part, concatenated ---------------------------------------------------------
+    def state_seq_get_data(self, seq_id: int = -1) -> bytes:
+        parts = self._all(lambda s: s.call.remote("state_seq_get_data", seq_id))
+        head = _STATE_MAGIC + struct.pack(f"<I{len(parts)}Q", len(parts), *(len(p) for p in parts))
+        return head + b"".join(parts)
+
+    def state_seq_size_max(self, n_tokens: int) -> int:
+        sizes = self._all(lambda s: s.call.remote("state_seq_size_max", n_tokens))
+        return 8 + 8 * len(sizes) + sum(sizes)
+
+    def state_seq_set_data(self, data: bytes, seq_id: int = -1, n_tokens: int | None = None) -> int:
+        from ..memory import StateError
+
+        data = bytes(data)
+        n = len(self.stages)
+        if data[:4] != _STATE_MAGIC or len(data) < 8 + 8 * n or struct.unpack_from("<I", data, 4)[0] != n:
+            raise StateError(f"saved state is not from a pipeline of {n} stages")
+        sizes = struct.unpack_from(f"<{n}Q", data, 8)
+        off, parts = 8 + 8 * n, []
+        for sz in sizes:
+            parts.append(data[off : off + sz])
+            off += sz
+        if off != len(data):
+            raise StateError("saved pipeline state is truncated")
+        self._all(
+            lambda s: s.call.remote("state_seq_set_data", parts[self.stages.index(s)], seq_id, n_tokens)
+        )
+        return off
+
+    # -- timings, stats, shutdown -----------------------------------------------------------------------
+    def timings(self) -> dict[str, float]:
+        t = self._t
+        return {
+            "t_load_ms": self.load_s * 1e3,
+            "t_p_eval_ms": t["t_p_eval"] * 1e3,
+            "n_p_eval": t["n_p_eval"],
+            "t_eval_ms": t["t_eval"] * 1e3,
+            "n_eval": t["n_eval"],
+            "prompt_tps": t["n_p_eval"] / t["t_p_eval"] if t["t_p_eval"] else 0.0,
+            "gen_tps": t["n_eval"] / t["t_eval"] if t["t_eval"] else 0.0,
+        }
+
+    def reset_timings(self) -> None:
+        self._t = {"t_p_eval": 0.0, "n_p_eval": 0, "t_eval": 0.0, "n_eval": 0}
+
+    def stage_stats(self) -> list[dict[str, Any]]:
+        """Per stage: its layers, pid and node, resident bytes, and the bytes of the weights it read."""
+        return self._all(lambda s: s.stats.remote())
+
+    def health(self) -> dict[str, Any]:
+        """``{"ok": bool, "stages": n, "error": reason or None}`` without raising."""
+        return {"ok": self.broken is None, "stages": len(self.stages), "error": self.broken}
+
+    def close(self) -> None:
+        """Stop the stage actors and free their placement group."""
+        import ray
+
+        for s in self.stages:
+            try:
+                ray.kill(s)
+            except Exception:  # already gone
+                pass
+        self.stages = []
+        if getattr(self, "_pg", None) is not None:
+            try:
+                self._remove_pg(self._pg)
+            except Exception:
+                pass
+            self._pg = None
+        if self.broken is None:
+            self.broken = "closed"
+
+
+def RemoteBackend(*args: Any, **kwargs: Any) -> PipelineContext:  # noqa: N802 (the issue's name)
+    """The issue's ``llamapy.ray.RemoteBackend``: a :class:`PipelineContext` (the stages are whole
+    contexts cut at layer boundaries rather than a ggml backend; see docs/ray.md)."""
+    return PipelineContext(*args, **kwargs)
+
+
+def pipeline_context(model: Any, n_stages: int, ctx_params: dict[str, Any], **kwargs: Any) -> PipelineContext:
+    """A :class:`PipelineContext` of ``n_stages`` over ``model`` with the context parameters of
+    :class:`~llamapy.context.ContextParams` (``n_ctx``, ``n_batch``, ``n_threads``...)."""
+    return PipelineContext(model, n_stages, ctx_params, **kwargs)
