@@ -9,96 +9,123 @@ code it is a call of ``python`` with ``{"code": ...}``.
 from __future__ import annotations
 
 import datetime
-import json
 
 import regex
 
 from .common import (
-    NOT_A_CALL,
-    PARTIAL,
     WS,
-    CallParse,
     ChatFormat,
     ChatParser,
     ChatSyntax,
     GrammarRequest,
-    StreamParser,
-    ToolCall,
     ToolGrammar,
-    assemble,
-    call_from_object,
     functions_of,
     json_rule,
     lark_str,
-    one_of,
     parameter_schemas,
     read_json,
     skip_ws,
 )
+from .reasoning import THINK
+from .syntax import (
+    FAIL,
+    NEED,
+    Lark,
+    Node,
+    Scan,
+    ToolSyntax,
+    accept,
+    alt,
+    code,
+    function,
+    json_calls,
+    lit,
+    seq,
+    tool_syntax,
+    ws,
+)
 
 PYTHON_TAG = "<|python_tag|>"
 BUILTIN_TOOLS = ("wolfram_alpha", "brave_search", "web_search", "python", "code_interpreter")
-_JSON_CALL = regex.compile(r'\s*;?\s*(\{)\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:')
-_TAG = regex.compile(regex.escape(PYTHON_TAG))
-_BUILTIN = regex.compile(r"\s*(\w+)\s*\.\s*call\(")
 _ARG = regex.compile(r"\s*(\w+)\s*=\s*")
 
 
-class Llama3Parser(StreamParser):
-    """Parser of Llama 3.x output."""
+def _is_builtin(f: dict) -> bool:
+    return f["name"] in BUILTIN_TOOLS and bool(f["parameters"].get("properties"))
 
-    call_at_start = _JSON_CALL
-    call_start = _TAG
 
-    def parse_call(self, buf: str, final: bool) -> CallParse | None:
-        if buf.startswith(PYTHON_TAG):
-            return self._python_tag(buf, len(PYTHON_TAG), final)
-        m = _JSON_CALL.match(buf)
-        return self._json_call(buf, m.start(1)) if m else NOT_A_CALL
+class Kwargs(Node):
+    """A built-in tool's keyword arguments ``key=JSON, ...)``: parsed in any order, written in the
+    schema's order, every parameter."""
 
-    def _json_call(self, buf: str, i: int) -> CallParse | None:
-        got = read_json(buf, i, self.json_cache)
-        if got is PARTIAL:
-            return None
-        if got is None:
-            return NOT_A_CALL
-        value, end = got
-        call = call_from_object(value, args_keys=("parameters", "arguments"))
-        return CallParse([call], end) if call else NOT_A_CALL
+    def parse(self, s: Scan, i: int) -> int | None:
+        buf, args = s.buf, {}
+        while True:
+            i = skip_ws(buf, i)
+            if buf.startswith(")", i):
+                s.args = args
+                return i + 1
+            a = _ARG.match(buf, i, partial=not s.final)
+            if a is None or a.partial:
+                return FAIL if a is None else NEED
+            got = read_json(buf, a.end(), s.json_cache)
+            if got is None or not isinstance(got, tuple):
+                return FAIL if got is None or s.final else NEED
+            args[a.group(1)], i = got
+            i = skip_ws(buf, i)
+            if buf.startswith(",", i):
+                i += 1
+            elif i >= len(buf):
+                return FAIL if s.final else NEED
 
-    def _python_tag(self, buf: str, i: int, final: bool) -> CallParse | None:
-        m = _BUILTIN.match(buf, i, partial=not final)
-        if m is not None and m.partial:
-            return None
-        if m is not None:
-            args: dict = {}
-            j = m.end()
-            while True:
-                j = skip_ws(buf, j)
-                if buf.startswith(")", j):
-                    return CallParse([ToolCall(m.group(1), json.dumps(args, ensure_ascii=False))], j + 1)
-                a = _ARG.match(buf, j, partial=not final)
-                if a is None:
-                    return NOT_A_CALL
-                if a.partial:
-                    return None
-                got = read_json(buf, a.end(), self.json_cache)
-                if got is PARTIAL:
-                    return None if not final else NOT_A_CALL
-                if got is None:
-                    return NOT_A_CALL
-                args[a.group(1)], j = got
-                j = skip_ws(buf, j)
-                if buf.startswith(",", j):
-                    j += 1
-                elif j >= len(buf):
-                    return None if not final else NOT_A_CALL
-        j = skip_ws(buf, i)
-        if buf.startswith("{", j):
-            return self._json_call(buf, j)
-        if not final:
-            return None
-        return CallParse([ToolCall("python", json.dumps({"code": buf[i:]}, ensure_ascii=False))], len(buf))
+    def lark(self, g: Lark) -> str:
+        assert g.function is not None
+        parts = []
+        for j, (key, schema) in enumerate(parameter_schemas(g.function["parameters"])):
+            parts.append(f"{lark_str(key + '=')} {g.rule(f'f{g.k}_a{j}', json_rule(schema))}")
+        return " ".join([' ", " '.join(parts), '")"']).strip()
+
+    def start(self) -> tuple[str, bool]:
+        return "", False
+
+
+def _llama3_call(f: dict) -> dict:
+    return {
+        "type": "object",
+        "properties": {"name": {"const": f["name"]}, "parameters": f["parameters"]},
+        "required": ["name", "parameters"],
+        "additionalProperties": False,
+    }
+
+
+KEYS = ("parameters", "arguments")
+
+
+def _syntax(builtins: bool) -> ToolSyntax:
+    """JSON calls at the start of the answer (``;`` between), and after ``<|python_tag|>`` a built-in
+    tool's call (written where the template has them), a JSON call or raw code (``python``)."""
+    first = r'\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*"'
+    after_tag = alt(
+        function(
+            PYTHON_TAG + "{name}.call(",
+            Kwargs(),
+            pattern=r"<\|python_tag\|>\s*(\w+)\s*\.\s*call\(",
+            only=_is_builtin if builtins else lambda f: False,
+        ),
+        accept(seq(lit(PYTHON_TAG), ws(), json_calls(one=True, first=r"\{", keys=KEYS))),
+        accept(seq(lit(PYTHON_TAG), code(call=True, guard=r"\s*(?:\{|\w+\s*\.\s*call\()"))),
+    )
+    return tool_syntax(
+        after_tag,
+        tokens=(PYTHON_TAG,),
+        sep=f'{WS} ";" {WS}',
+        lead=WS,
+        at_start=json_calls(one=True, first=first, keys=KEYS, item=_llama3_call),
+        at_start_skip=r"\s*;?\s*",
+    )
+
+
+SYNTAXES = {b: _syntax(b) for b in (False, True)}
 
 
 class Llama3Format(ChatFormat):
@@ -118,9 +145,7 @@ class Llama3Format(ChatFormat):
     def _builtins(self, tools: list[dict] | None) -> list[dict]:
         if not self.allows_builtin_tools:
             return []
-        return [
-            f for f in functions_of(tools) if f["name"] in BUILTIN_TOOLS and f["parameters"].get("properties")
-        ]
+        return [f for f in functions_of(tools) if _is_builtin(f)]
 
     def template_kwargs(
         self, tools: list[dict] | None, tool_choice: str | dict = "auto", parallel_tool_calls: bool = True
@@ -135,37 +160,7 @@ class Llama3Format(ChatFormat):
         return kwargs
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        schemas = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": f["name"]}, "parameters": f["parameters"]},
-                "required": ["name", "parameters"],
-                "additionalProperties": False,
-            }
-            for f in req.functions
-        ]
-        rules = [f"call_json: {json_rule(one_of(schemas))}"]
-        alts = ["call_json"]
-        builtin_names = {f["name"] for f in self._builtins(req.functions)}
-        for k, f in enumerate(fn for fn in req.functions if fn["name"] in builtin_names):
-            parts = []
-            for j, (key, schema) in enumerate(parameter_schemas(f["parameters"])):
-                rules.append(f"b{k}_a{j}: {json_rule(schema)}")
-                parts.append(f"{lark_str(key + '=')} b{k}_a{j}")
-            args = ' ", " '.join(parts)
-            rules.append(f'b{k}: {req.lit(PYTHON_TAG)} {lark_str(f["name"] + ".call(")} {args} ")"')
-            alts.append(f"b{k}")
-        call = f"({' | '.join(alts)})"
-        calls = f'{call} ({WS} ";" {WS} {call})*' if req.parallel else call
-        rules.insert(0, f"start: {WS} {calls}")
-        triggers: tuple[tuple[str, str], ...] = ()
-        if not req.required:
-            triggers = (
-                ("pattern_full", r'^\s*(\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*")[\s\S]*'),
-            )
-            if builtin_names:
-                triggers += (("word", PYTHON_TAG),)
-        return ToolGrammar(assemble(rules), triggers, self.preserved)
+        return SYNTAXES[self.allows_builtin_tools].grammar(req, None, self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return Llama3Parser(syntax)
+        return SYNTAXES[self.allows_builtin_tools].parser(syntax, THINK)

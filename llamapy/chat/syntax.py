@@ -248,8 +248,10 @@ class Alt(Node):
             del s.calls[n:]
         return FAIL
 
-    def lark(self, g: Lark) -> str:
+    def lark(self, g: Lark) -> str | None:
         alts = [x for x in (n.lark(g) for n in self.nodes) if x]
+        if not alts:
+            return None
         return alts[0] if len(alts) == 1 else f"({' | '.join(alts)})"
 
     def start(self) -> tuple[str, bool]:
@@ -789,6 +791,7 @@ class ToolSyntax:
     sep: str = WS  # between two calls, in the grammar
     lead: str = ""  # before the first call, in the grammar
     at_start: Node | None = None
+    at_start_skip: str = ""  # a regex the parser skips before an ``at_start`` call (Llama 3's ``;``)
     section: tuple[str, str] | None = None
     # a lazy grammar's triggers, for calls that do not start with a text of their own (Functionary v3.2)
     start: Callable[[GrammarRequest], tuple[tuple[str, str], ...]] | None = None
@@ -796,7 +799,12 @@ class ToolSyntax:
     def __post_init__(self) -> None:
         drops = [accept(seq(lit(tag), ws(more=True))) for tag in self.section or ()]
         self.reads = Alt((self.call, *drops)) if drops else self.call  # what a call marker starts
-        self.reads_first = Alt((self.reads, self.at_start)) if self.at_start else self.reads
+        self.first: Node | None = None  # an at_start call, with what it skips
+        if self.at_start is not None:
+            self.first = (
+                seq(Pattern(self.at_start_skip), self.at_start) if self.at_start_skip else self.at_start
+            )
+        self.reads_first = Alt((self.reads, self.first)) if self.first else self.reads
 
     def grammar(
         self, req: GrammarRequest, think: ThinkTags | None, preserved: tuple[str, ...]
@@ -852,8 +860,8 @@ class SyntaxParser(StreamParser):
     def __init__(self, syntax: ChatSyntax, tool: ToolSyntax, think: ThinkTags | None) -> None:
         self.think = think
         self.call_start = regex.compile(tool.reads.start()[0])
-        if tool.at_start is not None:
-            self.call_at_start = regex.compile(tool.at_start.start()[0])
+        if tool.first is not None:
+            self.call_at_start = regex.compile(tool.first.start()[0])
         super().__init__(syntax)
         self.tool = tool
         self.tables = parameter_tables(syntax.tools)
