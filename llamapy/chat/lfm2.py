@@ -15,31 +15,23 @@ import ast
 import json
 from typing import Any
 
-import regex
-
 from .common import (
-    NOT_A_CALL,
     WS,
-    CallParse,
     ChatFormat,
     ChatParser,
     ChatSyntax,
     GrammarRequest,
-    StreamParser,
     ToolCall,
     ToolGrammar,
-    assemble,
-    call_triggers,
     json_rule,
     lark_str,
     parameter_schemas,
     plain_calls,
-    reasoning_prefix,
 )
 from .reasoning import THINK
+from .syntax import FAIL, NEED, Lark, Node, Scan, lit, seq, tool_syntax
 
 START, END = "<|tool_call_start|>", "<|tool_call_end|>"
-_START = regex.compile(regex.escape(START))
 _JSON_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
 
 
@@ -97,19 +89,40 @@ def python_call_text(calls: list[dict]) -> str:
     return f"{START}[{', '.join(items)}]{END}"
 
 
-class Lfm2Parser(StreamParser):
-    """Parser of LFM2 output."""
+class PythonCalls(Node):
+    """``[f(a=1), g(b="x")]`` up to ``END``: parsed as Python (:func:`parse_python_calls`); the grammar
+    writes the list (one call unless parallel calls are allowed), each call's keyword arguments in any
+    order, JSON of the parameter's schema."""
 
-    call_start = _START
-
-    def parse_call(self, buf: str, final: bool) -> CallParse | None:
-        end = buf.find(END, len(START))
-        if end < 0 and not final:
-            return None
-        calls = parse_python_calls(buf[len(START) : end if end >= 0 else len(buf)])
+    def parse(self, s: Scan, i: int) -> int | None:
+        end = s.buf.find(END, i)
+        if end < 0 and not s.final:
+            return NEED
+        calls = parse_python_calls(s.buf[i : end if end >= 0 else len(s.buf)])
         if calls is None:
-            return NOT_A_CALL
-        return CallParse(calls, end + len(END) if end >= 0 else len(buf))
+            return FAIL
+        s.calls.extend(calls)
+        return end + len(END) if end >= 0 else len(s.buf)
+
+    def lark(self, g: Lark) -> str:
+        alts = []
+        for k, f in enumerate(g.req.functions):
+            kvs = [
+                f"{lark_str(key + '=')} {g.rule(f'f{k}_v{j}', json_rule(schema))}"
+                for j, (key, schema) in enumerate(parameter_schemas(f["parameters"]))
+            ]
+            kv = g.rule(f"f{k}_kv", " | ".join(f"({x})" for x in kvs)) if kvs else ""
+            args = f'({kv} ("," {WS} {kv})*)?' if kv else ""
+            alts.append(g.rule(f"f{k}", f'{lark_str(f["name"] + "(")} {args} ")"'))
+        call = f"({' | '.join(alts)})"
+        calls = f'{call} ("," {WS} {call})*' if g.req.parallel else call
+        return f'"[" {calls} "]" {g.req.lit(END)}'
+
+    def start(self) -> tuple[str, bool]:
+        return "", False
+
+
+SYNTAX = tool_syntax(seq(lit(START, True), PythonCalls()), repeat=False)
 
 
 class Lfm2Format(ChatFormat):
@@ -135,24 +148,7 @@ class Lfm2Format(ChatFormat):
         return out
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        rules, alts = [], []
-        for k, f in enumerate(req.functions):
-            kvs = []
-            for j, (key, schema) in enumerate(parameter_schemas(f["parameters"])):
-                rules.append(f"f{k}_v{j}: {json_rule(schema)}")
-                kvs.append(f"{lark_str(key + '=')} f{k}_v{j}")
-            if kvs:
-                rules.append(f"f{k}_kv: " + " | ".join(f"({x})" for x in kvs))
-                args = f'(f{k}_kv ("," {WS} f{k}_kv)*)?'
-            else:
-                args = ""
-            alts.append(f"f{k}")
-            rules.append(f'f{k}: {lark_str(f["name"] + "(")} {args} ")"')
-        call = f"({' | '.join(alts)})"
-        calls = f'{call} ("," {WS} {call})*' if req.parallel else call
-        prefix, extra = reasoning_prefix(req, self.think)
-        rules = [f'start: {prefix} {req.lit(START)} "[" {calls} "]" {req.lit(END)}', *rules, *extra]
-        return ToolGrammar(assemble(rules), call_triggers(req, self.think, START), self.preserved)
+        return SYNTAX.grammar(req, self.think, self.preserved)
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return Lfm2Parser(syntax)
+        return SYNTAX.parser(syntax, THINK)
