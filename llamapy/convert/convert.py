@@ -141,7 +141,9 @@ def _load_hparams(d: Path) -> dict[str, Any]:
     return hp
 
 
-def _make_context(d: Path, hp: dict[str, Any], decl: HFConvert, file_type: int) -> Context:
+def _make_context(
+    d: Path, hp: dict[str, Any], decl: HFConvert, file_type: int, names: list[str] | None = None
+) -> Context:
     if "text_config" in hp and isinstance(hp["text_config"], dict):
         hp = {**hp, **hp["text_config"]}
     hp = {k: v for k, v in hp.items() if k not in decl.drop_hparams}
@@ -149,6 +151,8 @@ def _make_context(d: Path, hp: dict[str, Any], decl: HFConvert, file_type: int) 
         hp = decl.adjust_hparams(hp)
     ctx = Context(d, hp, decl, file_type)
     ctx.block_count = ctx.find_hparam(["n_layers", "num_hidden_layers", "n_layer", "num_layers"])
+    if decl.extra_blocks is not None:
+        ctx.block_count += decl.extra_blocks(ctx, names or [])
     rp = dict(hp.get("rope_parameters", hp.get("rope_scaling")) or {})
     f = ctx.find_hparam
     rope_theta = f(
@@ -495,7 +499,7 @@ def _convert(
             outtype = _guess_outtype(tensors)
         file_type, qtype = OUTTYPES[outtype]
         try:
-            ctx = _make_context(d, hp, decl, file_type)
+            ctx = _make_context(d, hp, decl, file_type, list(tensors))
             plan = [] if vocab_only else _plan(ctx, tensors, qtype)
         except ConvertError:
             raise
@@ -605,6 +609,8 @@ def _check_shapes(ctx: Context, plan: _Plan) -> None:
         w = want.get(name)
         if w is not None and name == "token_embd.weight" and shape[1:] == w[1:] and shape[0] <= w[0]:
             continue  # Gemma 3 drops the rows past the tokenizer's
+        if w is not None and name.endswith("attn_q.weight") and shape == (2 * w[0], *w[1:]):
+            continue  # q and its output gate in one projection (Qwen3-Next, Qwen3.5)
         if w is not None and shape != w:
             raise ConvertError(f"tensor {name!r} has shape {list(shape)}, but config.json implies {list(w)}")
 

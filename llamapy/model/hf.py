@@ -47,3 +47,5 @@ class HFConvert:
     vocab_size_key: bool = False  # also write {arch}.vocab_size (LlamaModel does)
     rope_dim_key: bool = False  # also write {arch}.rope.dimension_count = head_dim
     extra_tensors: Callable[[Any], Iterable[tuple[str, np.ndarray]]] | None = None  # before the weights
+    # (ctx, the checkpoint's tensor names) -> blocks past num_hidden_layers (MTP / NextN layers)
+    extra_blocks: Callable[[Any, list[str]], int] | None = None

@@ -1,13 +1,22 @@
 """``llamapy convert`` declarations several families share (see ``llamapy/model/hf.py``): LLaMA's
 (``LLAMA_HF``: granite, mistral3 and smollm3 derive theirs from it), Gemma's ``gemma_params`` (Gemma 2
 extends them) and the Qwen MoE expert sizes (``qwen_moe_params``: qwen2moe, qwen3moe), Granite's scales and fused expert FFNs (granite, granitemoe,
-granitehybrid)."""
+granitehybrid), Qwen3-Next / Qwen3.5's linear attention and MTP layers."""
 
 from __future__ import annotations
 
 from .hf import HFConvert
 
-__all__ = ["LLAMA_HF", "gemma_params", "granite_moe_tensor", "granite_params", "qwen_moe_params"]
+__all__ = [
+    "LLAMA_HF",
+    "gemma_params",
+    "granite_moe_tensor",
+    "granite_params",
+    "qwen_linear_params",
+    "qwen_linear_tensor",
+    "qwen_moe_params",
+    "qwen_mtp_blocks",
+]
 
 
 def _llama_vocab(ctx, kv) -> None:
@@ -122,3 +131,132 @@ def granite_moe_tensor(ctx, name, data, bid):
     if not has_experts and name.endswith("shared_mlp.output_linear.weight"):
         return [(f"blk.{bid}.ffn_down.weight", data)]
     return [(name, data)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Qwen3-Next and Qwen3.5 (llama.cpp's Qwen3NextModel, _LinearAttentionVReorderBase, _QwenMtpMixin)
+
+_MTP_NAMES = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm",
+              "norm": "shared_head.norm"}  # fmt: skip
+
+
+def qwen_mtp_blocks(ctx, names: list[str]) -> int:
+    """The MTP layers (``mtp_num_hidden_layers``, else counted from the ``mtp.layers.N`` tensors)."""
+    if n := ctx.hparams.get("mtp_num_hidden_layers", 0):
+        return n
+    ids = [int(p[2]) for n in names if len(p := n.removeprefix("model.").split(".", 3)) == 4
+           and p[0] == "mtp" and p[1] == "layers" and p[2].isdecimal()]  # fmt: skip
+    return max(ids) + 1 if ids else 0
+
+
+def _mtp_name(ctx, name: str) -> str:
+    """``mtp.*`` as the layers after the model's (eh_proj, enorm, hnorm, shared_head.norm, the layer)."""
+    name = name.removeprefix("model.") if name.startswith("model.mtp.") else name
+    if not name.startswith("mtp."):
+        return name
+    n0 = ctx.hparams["num_hidden_layers"]
+    parts = name.split(".", 3)
+    if len(parts) == 4 and parts[1] == "layers" and parts[2].isdecimal():
+        return f"model.layers.{n0 + int(parts[2])}.{parts[3]}"
+    if len(parts) == 3 and parts[1] in _MTP_NAMES:
+        return f"model.layers.{n0}.{_MTP_NAMES[parts[1]]}.{parts[2]}"
+    return name
+
+
+def _reorder_v_heads(x, axis: int, n_k: int, n_v_per_k: int, head_dim: int):
+    """V heads grouped by K head -> tiled (ggml's broadcast order) along ``axis``."""
+    import numpy as np
+
+    axis %= x.ndim
+    shape = x.shape
+    y = x.reshape(*shape[:axis], n_k, n_v_per_k, head_dim, *shape[axis + 1 :])
+    return np.ascontiguousarray(np.swapaxes(y, axis, axis + 1)).reshape(shape)
+
+
+def _qwen35_reorder(hp, name: str, data):
+    import numpy as np
+
+    n_k, n_v = hp.get("linear_num_key_heads", 0), hp.get("linear_num_value_heads", 0)
+    if not (n_k > 0 and n_v > 0 and n_k != n_v and "linear_attn." in name):
+        return data
+    dk, dv, r = hp["linear_key_head_dim"], hp["linear_value_head_dim"], n_v // n_k
+    if ".in_proj_qkv." in name:
+        qk = dk * n_k * 2
+        return np.concatenate([data[:qk], _reorder_v_heads(data[qk:], 0, n_k, r, dv)])
+    if ".in_proj_z." in name:
+        return _reorder_v_heads(data, 0, n_k, r, dv)
+    if ".in_proj_b." in name or ".in_proj_a." in name:
+        return _reorder_v_heads(data, 0, n_k, r, 1)
+    if ".A_log" in name or ".dt_bias" in name or ".dt_proj" in name:
+        if data.ndim == 1:
+            return _reorder_v_heads(data[:, None], 0, n_k, r, 1)[:, 0]
+        return _reorder_v_heads(data, -1, n_k, r, 1)
+    if ".conv1d" in name:
+        data = data.squeeze()
+        qk = dk * n_k * 2
+        return np.concatenate([data[:qk], _reorder_v_heads(data[qk:], 0, n_k, r, dv)])
+    if ".out_proj." in name:
+        return _reorder_v_heads(data, 1, n_k, r, dv)
+    return data
+
+
+def qwen_linear_tensor(ctx, name, data, bid):
+    """Qwen3NextModel.modify_tensors (Qwen3.5 reorders the V heads first): A = -exp(A_log), dt_bias as
+    dt_proj.bias, the conv kernel squeezed, every norm but the gated one stored as 1 + w, Qwen3-Next's
+    fused in_proj_qkvz split into qkv and the gate."""
+    import numpy as np
+
+    name = _mtp_name(ctx, name)
+    hp = ctx.hparams
+    if ctx.decl.arch != "qwen3next":
+        data = _qwen35_reorder(hp, name, data)
+    if name.endswith(".A_log"):
+        data = (-np.exp(data.astype(np.float64))).astype(np.float32)  # torch's float32 exp: rounded exactly
+    elif name.endswith(".dt_bias"):
+        name = name.removesuffix(".dt_bias") + ".dt_proj.bias"
+    elif "conv1d" in name:
+        data = data.squeeze()
+    elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        data = data + np.float32(1)
+    if "in_proj_qkvz.weight" in name:
+        dk, dv = hp["linear_key_head_dim"], hp["linear_value_head_dim"]
+        n_v, n_k, n_embd = hp["linear_num_value_heads"], hp["linear_num_key_heads"], hp["hidden_size"]
+        sizes = [dk, dk, n_v // n_k * dv, n_v // n_k * dv]
+        x = data.T.reshape(n_embd, n_k, sum(sizes))
+        q, k, v, z = np.split(x, np.cumsum(sizes)[:3], axis=-1)
+        qkv = np.concatenate([t.reshape(n_embd, -1) for t in (q, k, v)], axis=-1).T
+        bid = int(name.split(".")[2])
+        return [(f"blk.{bid}.attn_qkv.weight", np.ascontiguousarray(qkv)),
+                (f"blk.{bid}.attn_gate.weight", np.ascontiguousarray(z.reshape(n_embd, -1).T))]  # fmt: skip
+    parts = name.split(".")
+    if len(parts) == 5 and parts[3] in ("eh_proj", "enorm", "hnorm", "shared_head"):
+        # the NextN names gguf-py's older tensor maps lack
+        return [(f"blk.{parts[2]}.nextn.{parts[3]}.{parts[4]}", data)]
+    if name.endswith(".shared_head.norm.weight"):
+        return [(f"blk.{parts[2]}.nextn.shared_head_norm.weight", data)]
+    return [(name, data)]
+
+
+def qwen_linear_params(ctx, kv) -> None:
+    """Qwen3NextModel.set_gguf_parameters (after Qwen2MoeModel's and the MTP count); Qwen3.5 always
+    writes rope sections."""
+    qwen_moe_params(ctx, kv)
+    hp = ctx.hparams
+    n_layer = hp["num_hidden_layers"]
+    if (n_mtp := ctx.block_count - n_layer) > 0:
+        kv.add_nextn_predict_layers(n_mtp)
+    kv.add_ssm_conv_kernel(hp["linear_conv_kernel_dim"])
+    kv.add_ssm_state_size(hp["linear_key_head_dim"])
+    kv.add_ssm_group_count(hp["linear_num_key_heads"])
+    kv.add_ssm_time_step_rank(hp["linear_num_value_heads"])
+    kv.add_ssm_inner_size(hp["linear_value_head_dim"] * hp["linear_num_value_heads"])
+    if (layer_types := hp.get("layer_types")) is not None:
+        if len(layer_types) != n_layer:
+            raise ValueError(f"layer_types has {len(layer_types)} entries, not num_hidden_layers {n_layer}")
+        recurrent = [t == "linear_attention" for t in layer_types] + [False] * (ctx.block_count - n_layer)
+        kv.add_array(f"{kv.arch}.attention.recurrent_layers", recurrent)  # (add_recurrent_layers)
+    kv.add_full_attention_interval(hp.get("full_attention_interval", 4))
+    rope_dim = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
+    kv.add_rope_dimension_count(int(rope_dim * ctx.rope_parameters.get("partial_rotary_factor", 0.25)))
+    if ctx.decl.arch != "qwen3next" and "mrope_section" not in ctx.rope_parameters:
+        kv.add_rope_dimension_sections([11, 11, 10, 0])

@@ -42,6 +42,7 @@ RUNS: list[tuple[str, str, tuple[str, ...]]] = [
     ("granite", "f16", ()),
     ("granitemoe", "f16", ()),
     ("granitehybrid", "f16", ()),
+    ("qwen35", "f32", ()),
     ("qwen2moe", "f16", ()),
     ("starcoder2", "f16", ()),
     ("command-r", "f16", ()),

@@ -42,6 +42,9 @@ class Case:
     # load (its conversion_mapping), e.g. Granite MoE's block_sparse_moe.input_linear
     rename: tuple[tuple[str, str], ...] = ()
     hub_config: dict[str, Any] = field(default_factory=dict)  # config.json keys as the Hub's files write them
+    mtp: int = (
+        0  # MTP layers saved as the Hub's Qwen3-Next / Qwen3.5 files do (mtp.*; transformers drops them)
+    )
 
 
 def _cfg(**kw: Any) -> dict[str, Any]:
@@ -207,6 +210,22 @@ CASES: dict[str, Case] = {
             ),
             rename=GRANITE_MOE_LEGACY,
             hub_config={"layer_types": ["mamba", "attention"]},  # transformers 5 writes linear/full_attention
+        ),
+        Case(
+            "qwen35",
+            "Qwen3_5TextConfig",
+            _cfg(
+                head_dim=16,
+                layer_types=["linear_attention", "full_attention"],
+                full_attention_interval=2,
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                linear_key_head_dim=16,
+                linear_value_head_dim=16,
+            ),
+            gemma_norms=True,
+            hub_config={"mtp_num_hidden_layers": 1},
+            mtp=1,
         ),
         Case(
             "qwen2moe",
@@ -387,6 +406,18 @@ def _write_tokenizer(kind: str, d: Path, root: Path) -> int:
     return int((cache / "n_vocab").read_text())
 
 
+def _mtp_shapes(shapes: dict[str, tuple[int, ...]], n: int) -> dict[str, tuple[int, ...]]:
+    """``mtp.fc`` (2 x hidden -> hidden), its three norms and ``n`` layers shaped as the last attention layer."""
+    last = max(int(k.split(".")[2]) for k in shapes if ".self_attn." in k)
+    pre = f"model.layers.{last}."
+    h = shapes["model.norm.weight"][0]
+    out = {"mtp.fc.weight": (h, 2 * h), "mtp.norm.weight": (h,)}
+    out |= {f"mtp.pre_fc_norm_{x}.weight": (h,) for x in ("embedding", "hidden")}
+    for i in range(n):
+        out |= {f"mtp.layers.{i}.{k.removeprefix(pre)}": s for k, s in shapes.items() if k.startswith(pre)}
+    return out
+
+
 def make_hf_dir(case: Case, root: Path) -> Path:
     """The checkpoint directory ``root/case.name`` (written once)."""
     import torch
@@ -405,6 +436,8 @@ def make_hf_dir(case: Case, root: Path) -> Path:
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if tied:
         shapes.pop("lm_head.weight", None)
+    if case.mtp:
+        shapes.update(_mtp_shapes(shapes, case.mtp))
     state = random_state(case, shapes, tied)
     for pat, rep in case.rename:
         state = {re.sub(pat, rep, k): v for k, v in state.items()}

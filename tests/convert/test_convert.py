@@ -143,6 +143,7 @@ def _our_logits(path: Path) -> np.ndarray:
         "granite",
         "granitemoe",
         "granitehybrid",
+        "qwen35",
         "starcoder2",
         "command-r",
         "gpt2",

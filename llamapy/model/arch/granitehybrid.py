@@ -158,7 +158,7 @@ def _hybrid_tensor(ctx, name, data, bid):
     if name.endswith(".dt_bias"):
         name = name.removesuffix(".dt_bias") + ".dt_proj.bias"
     if name.endswith(".A_log"):
-        data = -np.exp(data)
+        data = (-np.exp(data.astype(np.float64))).astype(np.float32)  # torch's float32 exp: rounded exactly
     if name.endswith((".A_log", ".D")):
         data = data.reshape(*data.shape, 1)
     elif name.endswith("conv1d.weight"):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from ...ggml import ops
 from ..blocks import GraphBuilder, Outputs, Rope, SectionRope, TensorLoader, rope_for_layer
+from ..hf import HFConvert
+from ..hf_shared import qwen_linear_params, qwen_linear_tensor, qwen_mtp_blocks
 from ..hparams import HParams, MetaReader, ModelLoadError
 from ..moe_blocks import load_ffn_tensors, skip_nextn_tensors
 from ..rs_blocks import build_gated_attention, build_gated_delta_net, load_qwen35_hparams
@@ -91,3 +93,21 @@ def build_hybrid_decoder(arch: Architecture, g: GraphBuilder) -> Outputs:
             h = g.build_ffn(h, blk, il)
         x = g.cb(ops.add(x, h), "l_out", il)
     return g.output(x, arch.w["output_norm.weight"], arch.output_weight())
+
+
+HF_CONVERT = (
+    HFConvert(
+        "qwen35",
+        ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"),
+        params=qwen_linear_params,
+        tensor=qwen_linear_tensor,
+        extra_blocks=qwen_mtp_blocks,
+    ),
+    HFConvert(
+        "qwen35moe",
+        ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"),
+        params=qwen_linear_params,
+        tensor=qwen_linear_tensor,
+        extra_blocks=qwen_mtp_blocks,
+    ),
+)

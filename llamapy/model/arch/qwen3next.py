@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from ...ggml import ops
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hf import HFConvert
+from ..hf_shared import qwen_linear_params, qwen_linear_tensor, qwen_mtp_blocks
 from ..hparams import HParams, MetaReader, ModelLoadError
 from ..moe_blocks import load_ffn_tensors
 from ..rs_blocks import build_gated_attention, build_gated_delta_net, load_qwen35_hparams
@@ -68,3 +70,12 @@ class Qwen3Next(Architecture):
             h = g.cb(ops.add(moe, g.build_shared_expert(h, blk, il)), "ffn_out", il)
             x = g.cb(ops.add(x, h), "l_out", il)
         return g.output(x, self.w["output_norm.weight"], self.output_weight())
+
+
+HF_CONVERT = HFConvert(
+    "qwen3next",
+    ("Qwen3NextForCausalLM",),
+    params=qwen_linear_params,
+    tensor=qwen_linear_tensor,
+    extra_blocks=qwen_mtp_blocks,
+)
