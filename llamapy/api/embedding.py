@@ -13,9 +13,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import LlamapyError
+from ..model.hparams import PoolingType
 
-POOLING_NONE = 0
-POOLING_RANK = 4
 RERANK_TEMPLATE_KEY = "tokenizer.chat_template.rerank"
 
 
@@ -97,7 +96,7 @@ def max_input_tokens(ctx: Any) -> int:
     limit = min(int(ctx.n_batch), int(ctx.n_ctx))
     hp = getattr(getattr(ctx, "model", None), "hparams", None)
     encoder = hp is not None and not getattr(hp, "causal_attn", True)
-    if encoder or int(getattr(ctx, "pooling_type", 0)) != POOLING_NONE:
+    if encoder or int(getattr(ctx, "pooling_type", 0)) != PoolingType.NONE:
         limit = min(limit, int(getattr(ctx, "n_ubatch", limit)))
     if encoder and getattr(hp, "n_ctx_train", 0):
         limit = min(limit, int(hp.n_ctx_train))
@@ -178,7 +177,7 @@ def embed_token_lists(ctx: Any, token_lists: Sequence[Sequence[int]]) -> list[np
 
     if not getattr(ctx, "embeddings", False):
         raise EmbeddingError("the context computes no embeddings: create it with embeddings=True")
-    pooled = int(getattr(ctx, "pooling_type", 0)) != POOLING_NONE
+    pooled = int(getattr(ctx, "pooling_type", 0)) != PoolingType.NONE
     lengths = [len(t) for t in token_lists]
     out: list[np.ndarray] = []
     for group in pack_inputs(lengths, int(ctx.n_batch), int(ctx.n_seq_max)):
@@ -284,7 +283,7 @@ class EmbeddingMixin:
 
     def _rank_scores(self, query: str, documents: Sequence[str], truncate: bool) -> tuple[list[float], int]:
         ctx = self._embedding_ctx()
-        if int(getattr(ctx, "pooling_type", 0)) != POOLING_RANK:
+        if int(getattr(ctx, "pooling_type", 0)) != PoolingType.RANK:
             raise EmbeddingError(
                 f"{self.model_path}: reranking needs a model with a rank head, created with "
                 f"Llama(..., embedding=True, pooling_type='rank') (this context pools with type "

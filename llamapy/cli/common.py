@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+#: ``model.hparams.PoolingType``'s names, spelled here so that building the parsers loads no model code
+POOLING_NAMES = ("none", "mean", "cls", "last", "rank")
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 

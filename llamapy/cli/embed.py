@@ -18,9 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .common import _number, add_model_args
+from .common import POOLING_NAMES, _number, add_model_args
 
-POOLINGS = ("none", "mean", "cls", "last", "rank")
 FORMATS = ("json", "json+", "array", "raw")
 
 
@@ -30,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", help="the text(s), separated by --embd-separator")
     src.add_argument("-f", "--file", help="a file of texts, one per line (--embd-separator)")
-    p.add_argument("--pooling", choices=POOLINGS, default=None, help="pooling (default: the model's)")
+    p.add_argument("--pooling", choices=POOLING_NAMES, default=None, help="pooling (default: the model's)")
     p.add_argument(
         "--embd-normalize",
         type=_number(int, -1, what="normalization"),
@@ -107,14 +106,13 @@ def cos_sim(a: np.ndarray, b: np.ndarray) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from ..api.embedding import (
-        POOLING_NONE,
-        POOLING_RANK,
         embed_token_lists,
         ends_with_special,
         fit_tokens,
         max_input_tokens,
         normalize_embedding,
     )
+    from ..model.hparams import PoolingType
     from .common import resolve_model_args
 
     text = _prompt(args)
@@ -130,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     limit = max_input_tokens(ctx)
     lists = []
     for i, pr in enumerate(prompts):
-        if pooling == POOLING_RANK and args.cls_separator and args.cls_separator in pr:
+        if pooling == PoolingType.RANK and args.cls_separator and args.cls_separator in pr:
             toks = rank_pair_tokens(llm, pr, args.cls_separator)
         else:
             toks = llm.tokenize(pr.encode("utf-8"), add_bos=True, special=True)
@@ -138,10 +136,10 @@ def run(args: argparse.Namespace) -> int:
         lists.append(fit_tokens(toks, limit, False, where, ends_with_special(llm.vocab, toks)))
     norm = args.embd_normalize
     if norm is None:
-        norm = -1 if pooling == POOLING_RANK else 2
+        norm = -1 if pooling == PoolingType.RANK else 2
     raw = embed_token_lists(ctx, lists)
     embs = [np.atleast_2d(normalize_embedding(v, norm)) for v in raw]
-    rows = np.concatenate(embs) if pooling == POOLING_NONE else np.stack([e[0] for e in embs])
+    rows = np.concatenate(embs) if pooling == PoolingType.NONE else np.stack([e[0] for e in embs])
     out = sys.stdout
     if not args.embd_output_format:
         _print_summary(out, rows, prompts, pooling, norm)
@@ -175,17 +173,17 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def _print_summary(out: Any, rows: np.ndarray, prompts: list[str], pooling: int, norm: int) -> None:
-    from ..api.embedding import POOLING_NONE, POOLING_RANK
+    from ..model.hparams import PoolingType
 
     out.write("\n")
     n = rows.shape[1] if rows.ndim == 2 else 0
-    if pooling == POOLING_NONE:
+    if pooling == PoolingType.NONE:
         for j, r in enumerate(rows):
             head = "".join(_fmt(float(x), norm, True) for x in r[: min(3, n)])
             tail = "".join(_fmt(float(x), norm, True) for x in r[max(0, n - 3) :])
             out.write(f"embedding {j}: {head} ... {tail}\n")
         return
-    if pooling == POOLING_RANK:
+    if pooling == PoolingType.RANK:
         for j, r in enumerate(rows):
             if n == 1:
                 out.write(f"rerank score {j}: {r[0]:8.3f}\n")

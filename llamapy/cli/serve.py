@@ -12,6 +12,8 @@ from ..errors import LlamapyError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from .common import POOLING_NAMES
+
     p = sub.add_parser(
         "serve",
         help="OpenAI-compatible HTTP server",
@@ -41,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat-template-file", help="Jinja chat template to use instead of the model's")
     p.add_argument("--embedding", "--embeddings", dest="embeddings", action="store_true",
                    help="serve /v1/embeddings and /embedding (no completions)")  # fmt: skip
-    p.add_argument("--pooling", choices=["none", "mean", "cls", "last", "rank"],
+    p.add_argument("--pooling", choices=POOLING_NAMES,
                    help="embedding pooling (default: the model's)")  # fmt: skip
     p.add_argument("--reranking", "--rerank", action="store_true",
                    help="serve /rerank and /v1/rerank (embeddings with --pooling rank)")  # fmt: skip

@@ -25,8 +25,6 @@ from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 
 from ..api.embedding import (
-    POOLING_NONE,
-    POOLING_RANK,
     EmbeddingError,
     embedding_inputs,
     ends_with_special,
@@ -37,6 +35,7 @@ from ..api.embedding import (
     normalize_mode,
     rerank_results,
 )
+from ..model.hparams import PoolingType
 from .backend import ContextBackend
 from .engine import GenParams
 from .errors import APIError, bad_request
@@ -55,7 +54,7 @@ class EmbeddingBackend(ContextBackend):
     ) -> np.ndarray:
         out = super().decode(tokens, pos, seq_ids, outputs)
         self._per_token = {}
-        if self.embeddings and self.pooling_type == POOLING_NONE:
+        if self.embeddings and self.pooling_type == PoolingType.NONE:
             rows = np.asarray(self.ctx.get_embeddings(), dtype=np.float32)  # output tokens, batch order
             out_seqs = np.array([s for s, o in zip(seq_ids, outputs, strict=True) if o], dtype=np.int64)
             for s in np.unique(out_seqs):
@@ -63,7 +62,7 @@ class EmbeddingBackend(ContextBackend):
         return out
 
     def embeddings_seq(self, seq: int) -> np.ndarray:
-        if self.pooling_type == POOLING_NONE:
+        if self.pooling_type == PoolingType.NONE:
             return self._per_token[seq]
         return super().embeddings_seq(seq)
 
@@ -72,7 +71,7 @@ MAX_INPUTS = 2048  # inputs (texts or token lists) of one request, and rerank do
 
 
 def _pooling(backend: Any) -> int:
-    return int(getattr(backend, "pooling_type", 1))
+    return int(getattr(backend, "pooling_type", PoolingType.MEAN))
 
 
 def _limit(engine: Any, backend: Any) -> int:
@@ -190,7 +189,7 @@ def add_routes(app: FastAPI, state: Any) -> None:
     async def embeddings_oai(request: Request) -> dict[str, Any]:
         engine, backend, name = await embedding_server(request)
         body = _body(await request.body())
-        if _pooling(backend) == POOLING_NONE:
+        if _pooling(backend) == PoolingType.NONE:
             raise bad_request(
                 "pooling type 'none' is not OpenAI-compatible (one vector per token): use /embedding, or "
                 "start the server with --pooling mean (or cls, last)"
@@ -231,7 +230,7 @@ def add_routes(app: FastAPI, state: Any) -> None:
         norm, truncate = _norm(body), _flag(body, "truncate", False)
         lists = await run_in_threadpool(tokens_of, backend, engine, inputs, truncate, key)
         finals = await run_embeddings(request, engine, lists)
-        pooled = _pooling(backend) != POOLING_NONE
+        pooled = _pooling(backend) != PoolingType.NONE
         out = []
         for i, ev in enumerate(finals):
             e = np.atleast_2d(np.asarray(ev.embedding, dtype=np.float32))
@@ -247,7 +246,7 @@ def add_routes(app: FastAPI, state: Any) -> None:
     async def rerank(request: Request) -> Any:
         m = await state.pick(request)
         engine, backend = m.ready()
-        if not backend.embeddings or _pooling(backend) != POOLING_RANK:
+        if not backend.embeddings or _pooling(backend) != PoolingType.RANK:
             raise APIError(
                 501, "this server does not rerank: start it with --reranking (a model with a rank head)"
             )
