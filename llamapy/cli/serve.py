@@ -32,6 +32,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-b", "--batch-size", type=_positive, default=512, help="max tokens per decode step")
     p.add_argument("-ub", "--ubatch-size", type=_positive, default=512, help="physical batch size")
     p.add_argument("-t", "--threads", type=int, default=None, help="compute threads (default: all cores)")
+    p.add_argument(
+        "--pipeline", type=_positive, default=0, metavar="N",
+        help="split the model's layers over N Ray actors (pipeline parallel; needs llamapy[ray])",
+    )  # fmt: skip
+    p.add_argument(
+        "--pipeline-strategy", default="PACK", choices=["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"],
+        help="placement of the stages: PACK (one node if it fits) or STRICT_SPREAD (one stage per node)",
+    )  # fmt: skip
+    p.add_argument("--pipeline-stage-cpus", type=float, default=1.0, help="CPUs reserved per stage")
     p.add_argument("--api-key", action="append", default=[], help="require this API key (repeatable)")
     p.add_argument("--api-key-file", help="file with one API key per line")
     p.add_argument(
@@ -222,6 +231,20 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     model_path = None if router_mode else resolve_model_args(args)  # a bad -m/-hf fails fast
+    if getattr(args, "pipeline", 0):  # layers over Ray actors: text generation on one model only
+        from ..ray import RayNotInstalledError, require_ray
+
+        bad = "router mode" if router_mode else ""
+        if args.embeddings or args.reranking:
+            bad = "--embedding/--reranking"
+        if bad:
+            print(f"error: --pipeline does not work with {bad}", file=sys.stderr)
+            return 1
+        try:
+            require_ray()
+        except RayNotInstalledError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
 
     import uvicorn
 
@@ -315,6 +338,15 @@ def server_settings(args: argparse.Namespace, model_path: str, api_keys: list[st
     )
 
 
+def _pipeline(args: argparse.Namespace) -> dict[str, Any]:
+    """``ContextBackend``'s ``pipeline`` argument for ``--pipeline N`` (none without it)."""
+    n = getattr(args, "pipeline", 0)
+    if not n:
+        return {}
+    opts = {"stages": n, "strategy": args.pipeline_strategy, "stage_cpus": args.pipeline_stage_cpus}
+    return {"pipeline": opts}
+
+
 def backend_factory(args: argparse.Namespace, model_path: Any, mmproj: str | None = None) -> Any:
     """A function building the backend ``args`` ask for (on the loading thread); ``model_path`` a path or a
     function giving it at load time (router mode resolves Hub refs then)."""
@@ -344,6 +376,7 @@ def backend_factory(args: argparse.Namespace, model_path: Any, mmproj: str | Non
             pooling=args.pooling,
             loras=_loras(args),
             draft=_draft(args),
+            **_pipeline(args),
         )
         if mmproj:  # the vision encoder + projector next to the text model (llama-server --mmproj)
             from ..mtmd import MtmdContext

@@ -35,6 +35,8 @@ class PipelineError(LlamapyError):
     """A pipeline cannot be built or has failed (a stage could not load, was lost, or the model cannot
     be cut at a layer boundary)."""
 
+    http_status = 503  # the server answers a request that met a failed pipeline with 503 (unavailable)
+
 
 class StageFailure(Exception):
     """Raised by a stage's ``decode``: which stage failed and the error it raised (picklable, so the

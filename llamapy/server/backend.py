@@ -93,6 +93,7 @@ class ContextBackend:
         pooling: str | None = None,
         loras: Sequence[tuple[str, float]] = (),
         draft: dict[str, Any] | None = None,
+        pipeline: dict[str, Any] | None = None,
     ) -> None:
         from ..context import Context, ContextParams
         from ..model import Model
@@ -109,7 +110,13 @@ class ContextBackend:
             embeddings=embeddings,
             pooling_type=pooling,
         )
-        self.ctx = Context(self.model, params)
+        if pipeline:  # the layers split over Ray actors (llamapy serve --pipeline N: llamapy.ray.pipeline)
+            from ..ray.pipeline import pipeline_context
+
+            kw = dict(pipeline)
+            self.ctx = pipeline_context(self.model, int(kw.pop("stages")), vars(params).copy(), **kw)
+        else:
+            self.ctx = Context(self.model, params)
         from ..model.lora import LoraAdapter
 
         # LoRA adapters (--lora / --lora-scaled): loaded once; the engine sets the scales per batch

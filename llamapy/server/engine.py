@@ -352,8 +352,9 @@ class Engine:
                 log.exception("engine step failed")
                 for s in self.slots:
                     if s.task is not None:
+                        code = int(getattr(e, "http_status", 500))  # 503: a pipeline stage was lost
                         self._fail(
-                            s, APIError(500, f"internal error in slot {s.id}: {type(e).__name__}: {e}")
+                            s, APIError(code, f"internal error in slot {s.id}: {type(e).__name__}: {e}")
                         )
         for s in self.slots:
             if s.task is not None:

@@ -94,45 +94,108 @@ def _file_tensor_bytes(model: Model) -> int:
     return sum(int(t.nbytes) for t in model.impl.w.values())
 
 
-@pytest.mark.parametrize("n_stages", [2, 3])
-def test_smollm2_text_logits_and_weight_shares(ray_local: None, smollm2_path: Path, n_stages: int) -> None:
+def _weight_shares(pc: PipelineContext, model: Model, path: Path) -> list[dict[str, Any]]:
+    """Each stage read its own layers' weights only: the file's pages it holds, and the tensor bytes its
+    graphs use (the tied token embedding is read by the first and the last stage)."""
+    size, total, n = path.stat().st_size, _file_tensor_bytes(model), len(pc.stages)
+    stats = pc.stage_stats()
+    for s in stats:
+        print(f"\nstage {s['index']}/{n} layers {s['layers']}: weights {s['weight_bytes'] / 2**20:.1f} MiB, "
+              f"file pages resident {s['file_rss_bytes'] / 2**20:.1f} of {size / 2**20:.1f} MiB, "
+              f"rss {s['rss_bytes'] / 2**20:.0f} MiB")  # fmt: skip
+        assert s["weight_bytes"] < total * (0.7 if n == 2 else 0.6)
+        assert 0 < s["file_rss_bytes"] < size * (0.7 if n == 2 else 0.6)
+    if n == 3:  # the middle stage holds neither embedding nor head: a third of the layers
+        assert stats[1]["weight_bytes"] < total * 0.3 and stats[1]["file_rss_bytes"] < size * 0.3
+    return stats
+
+
+PROMPT_TEXT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def smollm2_ref(smollm2_path: Path) -> dict[str, Any]:
+    """The single process: greedy text, and logits of ``_run``."""
     from llamapy import Llama
 
-    kw: dict[str, Any] = dict(n_ctx=256, n_threads=1, n_ubatch=8, verbose=False)
-    ref = Llama(str(smollm2_path), **kw)
-    want = ref.create_completion("The capital of France is", max_tokens=8, temperature=0)["choices"][0][
-        "text"
-    ]
-    ref_logits, ref_toks = _run(ref.ctx, n_gen=3)
-    llm = Llama(str(smollm2_path), pipeline_stages=n_stages,
-                pipeline_options={"stage_cpus": _stage_cpus(n_stages)}, **kw)  # fmt: skip
+    ref = Llama(str(smollm2_path), n_ctx=256, n_threads=1, n_ubatch=8, verbose=False)
+    text = ref.create_completion(PROMPT_TEXT, max_tokens=8, temperature=0)["choices"][0]["text"]
+    logits, toks = _run(ref.ctx, n_gen=3)
+    return {"text": text, "logits": logits, "toks": toks}
+
+
+def test_smollm2_three_stages_llama(ray_local: None, smollm2_path: Path, smollm2_ref: dict[str, Any]) -> None:
+    from llamapy import Llama
+
+    llm = Llama(str(smollm2_path), n_ctx=256, n_threads=1, n_ubatch=8, verbose=False, pipeline_stages=3,
+                pipeline_options={"stage_cpus": 0.5})  # fmt: skip
     pc = llm.ctx
     try:
-        got = llm.create_completion("The capital of France is", max_tokens=8, temperature=0)["choices"][0][
-            "text"
-        ]
-        assert got == want and got.strip()
+        got = llm.create_completion(PROMPT_TEXT, max_tokens=8, temperature=0)["choices"][0]["text"]
+        assert got == smollm2_ref["text"] and got.strip()
         logits, toks = _run(pc, n_gen=3)
-        assert toks == ref_toks
-        assert max(map(_rel, logits, ref_logits)) <= 1e-6
-        # each stage read its own layers' weights only: the file's pages it holds, and the tensor
-        # bytes its graphs use (the tied token embedding is read by the first and the last stage)
-        size = smollm2_path.stat().st_size
-        total = _file_tensor_bytes(llm.model)
-        stats = pc.stage_stats()
-        for s in stats:
-            print(f"\nstage {s['index']} layers {s['layers']}: weights {s['weight_bytes'] / 2**20:.1f} MiB, "
-                  f"file pages resident {s['file_rss_bytes'] / 2**20:.1f} MiB of {size / 2**20:.1f}, "
-                  f"rss {s['rss_bytes'] / 2**20:.0f} MiB")  # fmt: skip
-            assert s["weight_bytes"] < total * (0.7 if n_stages == 2 else 0.6)
-            assert 0 < s["file_rss_bytes"] < size * (0.7 if n_stages == 2 else 0.6)
-        if n_stages == 3:  # the middle stage holds neither embedding nor head: a third of the layers
-            assert stats[1]["weight_bytes"] < total * 0.3 and stats[1]["file_rss_bytes"] < size * 0.3
+        assert toks == smollm2_ref["toks"]
+        assert max(map(_rel, logits, smollm2_ref["logits"])) <= 1e-6
+        _weight_shares(pc, llm.model, smollm2_path)
+    except BaseException:
+        pc.close()
+        raise
+    _kill_mid_decode(pc)  # lose the middle stage while a prompt goes through: a clear error, no hang
+
+
+def test_smollm2_two_stages_serve(ray_local: None, smollm2_path: Path, smollm2_ref: dict[str, Any]) -> None:
+    """``llamapy serve --pipeline 2`` over a real socket, the official openai client."""
+    import httpx
+    import openai
+    import ray
+
+    from llamapy.cli import build_parser
+    from llamapy.cli.serve import make_app
+    from tests.server.conftest import serve_app, wait_ready
+
+    args = build_parser("serve").parse_args(
+        [
+            "serve",
+            "-m",
+            str(smollm2_path),
+            "--pipeline",
+            "2",
+            "-t",
+            "1",
+            "-c",
+            "256",
+            "-ub",
+            "8",
+            "--no-warmup",
+        ]
+    )
+    t0 = time.monotonic()
+    app: Any = make_app(args, [], str(smollm2_path))
+    base, server, thread = serve_app(app)
+    try:
+        wait_ready(base, timeout=120)
+        print(f"\nserve --pipeline 2: ready in {time.monotonic() - t0:.1f} s")
+        c = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60)
+        r = c.completions.create(model="m", prompt=PROMPT_TEXT, max_tokens=8, temperature=0)
+        assert r.choices[0].text == smollm2_ref["text"]
+        backend = app.state.server.backend
+        pc = backend.ctx
+        assert isinstance(pc, PipelineContext)
+        _weight_shares(pc, backend.model, smollm2_path)
+        ray.kill(pc.stages[1])  # a node lost: the request fails clearly, /health still answers
+        t1 = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as ei:
+            c.completions.create(model="m", prompt="Another prompt", max_tokens=4, temperature=0)
+        dt = time.monotonic() - t1
+        print(f"after a stage was lost: HTTP {ei.value.status_code} in {dt:.1f} s: {ei.value.message}")
+        assert ei.value.status_code == 503 and "stage 1" in str(ei.value.message) and dt < 30
+        assert httpx.get(base + "/health", timeout=10).status_code == 200
     finally:
-        if n_stages == 2:
+        server.should_exit = True
+        thread.join(10)
+        pc = getattr(app.state.server.backend, "ctx", None)
+        if isinstance(pc, PipelineContext):
             pc.close()
-    if n_stages == 3:  # lose the middle stage while a prompt goes through: a clear error, no hang
-        _kill_mid_decode(pc)
 
 
 def _kill_mid_decode(pc: PipelineContext) -> None:
