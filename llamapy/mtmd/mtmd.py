@@ -46,6 +46,7 @@ _IMAGE_WRAP = {
     "internvl": ("<img>", "</img>"),  # the tiles, then the overview, back to back (internvl.pieces)
     "lfm2": ("<|image_start|>", "<|image_end|>"),  # tiles + thumbnail when big (lfm2.pieces)
     "llama4": ("<|image_start|>", "<|image_end|>"),  # tiles, <|image|> + overview (llama4.pieces)
+    "gemma4v": ("<|image>", "<image|>"),
 }
 _MROPE_WRAP = ("<|vision_start|>", "<|vision_end|>")  # Qwen-VL style projectors (Projector.mrope)
 
