@@ -205,3 +205,30 @@ def test_rope_axis_mutation_and_bad_mmproj(gemma4v: TinyGemma4V, tmp_path: Path)
     t["v.position_embd.weight"] = t["v.position_embd.weight"][0]
     with pytest.raises(MtmdError, match="position_embd"):
         ClipModel(gemma4v.write_mmproj(tmp_path / "pos2d.gguf", tensors=t))
+
+
+@pytest.mark.parametrize("hw", [(413, 500), (700, 251)])
+def test_preprocessing_matches_hf_for_big_images(gemma4v: TinyGemma4V, hw: tuple[int, int]) -> None:
+    """Above 1120 tokens llama.cpp's rule (smart_resize's shrink) and HF's (max_soft_tokens = 1120) pick the same
+    size; stretched (no padding) the pixels are HF's. (Below it they differ: HF scales every image to its token
+    budget, llama.cpp keeps the image's size within 70..1120 tokens, and pads to keep the aspect ratio.)"""
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    from llamapy.mtmd.gemma4v import preprocess
+
+    cm = ClipModel(gemma4v.mmproj_path)
+    data = RNG.integers(0, 256, (*hw, 3), dtype=np.uint8)
+    got = preprocess(cm, Bitmap(data), False)
+    proc = Gemma4ImageProcessorPil(patch_size=P, max_soft_tokens=1120, pooling_kernel_size=K)
+    out = proc(images=[data], return_tensors="np")
+    pos = out["image_position_ids"][0]
+    n = int((pos[:, 0] >= 0).sum())
+    ny, nx = int(pos[:n, 1].max()) + 1, int(pos[:n, 0].max()) + 1
+    assert got.shape == (3, ny * P, nx * P) and ny * nx // 9 <= 1120
+    want = (
+        out["pixel_values"][0, :n]
+        .reshape(ny, nx, P, P, 3)
+        .transpose(4, 0, 2, 1, 3)
+        .reshape(3, ny * P, nx * P)
+    )
+    assert np.abs(got - want).max() < 1e-6
