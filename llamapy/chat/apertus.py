@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolCall, ToolGrammar, dump_arguments
+from .common import ChatFormat, ToolCall, dump_arguments
 from .reasoning import ThinkTags
-from .syntax import end_tag, json_calls, lit, seq, tool_syntax, ws
+from .syntax import SyntaxFormat, end_tag, json_calls, lit, seq, tool_syntax, ws
 
 APERTUS_THINK = ThinkTags("<|inner_prefix|>", "<|inner_suffix|>")
 TOOLS_PREFIX, TOOLS_SUFFIX = "<|tools_prefix|>", "<|tools_suffix|>"
@@ -39,16 +39,10 @@ CALLS = json_calls(array=True, only_array=True, comma=False, item=_item, read=_r
 SYNTAX = tool_syntax(seq(lit(TOOLS_PREFIX, True), ws(), CALLS, end_tag(TOOLS_SUFFIX, True)), repeat=False)
 
 
-class ApertusFormat(ChatFormat):
+class ApertusFormat(SyntaxFormat, ChatFormat):
     """Templates with ``<|tools_prefix|>`` and ``<|tools_suffix|>``."""
 
     name = "apertus"
-    supports_tools = True
+    tool = SYNTAX
     think = APERTUS_THINK
     preserved = (TOOLS_PREFIX, TOOLS_SUFFIX, APERTUS_THINK.start, APERTUS_THINK.end)
-
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return SYNTAX.grammar(req, self.think, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return SYNTAX.parser(syntax, APERTUS_THINK)

@@ -14,9 +14,9 @@ parser gives the calls fresh unique ids.
 from __future__ import annotations
 
 from .command_r7b import END_ACTION, START_ACTION, action
-from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar
+from .common import ChatFormat
 from .reasoning import COMMAND_R7B_THINK
-from .syntax import accept, alt, pattern, tool_syntax
+from .syntax import SyntaxFormat, accept, alt, pattern, tool_syntax
 
 START_TEXT, END_TEXT = "<|START_TEXT|>", "<|END_TEXT|>"
 SYNTAX = tool_syntax(
@@ -28,11 +28,11 @@ SYNTAX = tool_syntax(
 )
 
 
-class Cohere2MoeFormat(ChatFormat):
+class Cohere2MoeFormat(SyntaxFormat, ChatFormat):
     """Templates with ``<|START_TEXT|>`` and ``<|START_ACTION|>``."""
 
     name = "cohere2moe"
-    supports_tools = True
+    tool = SYNTAX
     think = COMMAND_R7B_THINK
     object_arguments = True
     preserved = (
@@ -43,9 +43,3 @@ class Cohere2MoeFormat(ChatFormat):
         COMMAND_R7B_THINK.start,
         COMMAND_R7B_THINK.end,
     )
-
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return SYNTAX.grammar(req, self.think, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return SYNTAX.parser(syntax, COMMAND_R7B_THINK)

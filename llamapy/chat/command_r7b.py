@@ -12,15 +12,11 @@ from typing import Any
 
 from .common import (
     ChatFormat,
-    ChatParser,
-    ChatSyntax,
-    GrammarRequest,
     ToolCall,
-    ToolGrammar,
     call_from_object,
 )
 from .reasoning import COMMAND_R7B_THINK
-from .syntax import Node, accept, alt, end_tag, json_calls, lit, pattern, seq, tool_syntax, ws
+from .syntax import Node, SyntaxFormat, accept, alt, end_tag, json_calls, lit, pattern, seq, tool_syntax, ws
 
 START_ACTION, END_ACTION = "<|START_ACTION|>", "<|END_ACTION|>"
 
@@ -57,11 +53,11 @@ SYNTAX = tool_syntax(
 )
 
 
-class CommandR7BFormat(ChatFormat):
+class CommandR7BFormat(SyntaxFormat, ChatFormat):
     """Templates with ``<|END_THINKING|><|START_ACTION|>``."""
 
     name = "command-r7b"
-    supports_tools = True
+    tool = SYNTAX
     think = COMMAND_R7B_THINK
     object_arguments = True
     preserved = (
@@ -79,9 +75,3 @@ class CommandR7BFormat(ChatFormat):
             if m.get("tool_calls") and isinstance(m.get("reasoning_content"), str):
                 m["tool_plan"] = m["reasoning_content"]
         return out
-
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return SYNTAX.grammar(req, self.think, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return SYNTAX.parser(syntax, COMMAND_R7B_THINK)

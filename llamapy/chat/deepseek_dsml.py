@@ -21,11 +21,12 @@ from typing import Any
 
 import regex
 
-from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar, regex_escape
+from .common import ChatFormat, regex_escape
 from .reasoning import THINK, partial_suffix
 from .syntax import (
     Lark,
     Node,
+    SyntaxFormat,
     SyntaxParser,
     Text,
     ToolSyntax,
@@ -145,11 +146,11 @@ def sort_tool_results(messages: list[dict]) -> list[dict]:
     return out
 
 
-class DeepSeekDsmlFormat(ChatFormat):
+class DeepSeekDsmlFormat(SyntaxFormat, ChatFormat):
     """Templates with ``dsml_token`` (DeepSeek V3.2: ``function_calls``; V4: ``tool_calls``)."""
 
-    supports_tools = True
     think = THINK
+    parser_class = DeepSeekDsmlParser
     object_arguments = True
     preserved = (DSML, "<think>", "</think>")
 
@@ -158,14 +159,8 @@ class DeepSeekDsmlFormat(ChatFormat):
         self.v4 = "function_calls" not in self.source
         self.name = "deepseek-v4" if self.v4 else "deepseek-v3.2"
         self.block = "tool_calls" if self.v4 else "function_calls"
-        self.syntax = dsml_syntax(self.block)
+        self.tool = dsml_syntax(self.block)
 
     def prepare_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[dict]:
         out = super().prepare_messages(messages, tools)
         return sort_tool_results(out) if self.v4 else out
-
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return self.syntax.grammar(req, self.think, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return self.syntax.parser(syntax, THINK, DeepSeekDsmlParser)

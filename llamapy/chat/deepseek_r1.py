@@ -13,9 +13,22 @@ As llama.cpp, the parser also takes the opening-tag variants the distilled model
 
 from __future__ import annotations
 
-from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar
+from .common import ChatFormat
 from .reasoning import THINK
-from .syntax import Node, ToolSyntax, end_tag, function, json_args, lit, pattern, repeat, seq, tool_syntax, ws
+from .syntax import (
+    Node,
+    SyntaxFormat,
+    ToolSyntax,
+    end_tag,
+    function,
+    json_args,
+    lit,
+    pattern,
+    repeat,
+    seq,
+    tool_syntax,
+    ws,
+)
 
 BEGIN, END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, SEP, CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
@@ -44,10 +57,9 @@ def deepseek_syntax(call: Node) -> ToolSyntax:
 R1, V31 = deepseek_syntax(R1_CALL), deepseek_syntax(V31_CALL)
 
 
-class DeepSeekR1Format(ChatFormat):
+class DeepSeekR1Format(SyntaxFormat, ChatFormat):
     """Templates with ``<｜tool▁calls▁begin｜>``; V3.1 recognised by its ``prefix``/``thinking`` logic."""
 
-    supports_tools = True
     think = THINK
     object_arguments = True
     preserved = ("<think>", "</think>", BEGIN, CALL_BEGIN, SEP, CALL_END, END)
@@ -56,9 +68,4 @@ class DeepSeekR1Format(ChatFormat):
         super().__init__(source)
         self.v31 = v31
         self.name = "deepseek-v3.1" if v31 else "deepseek-r1"
-
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return (V31 if self.v31 else R1).grammar(req, self.think, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return (V31 if self.v31 else R1).parser(syntax, THINK)
+        self.tool = V31 if v31 else R1

@@ -12,8 +12,21 @@ from __future__ import annotations
 
 import regex
 
-from .common import WS, CallParse, ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar, lark_str
-from .syntax import SyntaxParser, accept, alt, code, end_tag, function, json_args, lit, seq, tool_syntax
+from .common import WS, CallParse, ChatFormat, ChatSyntax, GrammarRequest, lark_str
+from .syntax import (
+    SyntaxFormat,
+    SyntaxParser,
+    ToolSyntax,
+    accept,
+    alt,
+    code,
+    end_tag,
+    function,
+    json_args,
+    lit,
+    seq,
+    tool_syntax,
+)
 
 RECIPIENT = ">>>"
 PYTHON_TAG = "<|python_tag|>"
@@ -51,8 +64,8 @@ class FunctionaryV32Parser(SyntaxParser):
     """Parser of Functionary v3.2 output. The prompt's final ``>>>`` is put back in front of the text,
     so every recipient line is read the same way."""
 
-    def __init__(self, syntax: ChatSyntax) -> None:
-        super().__init__(syntax, V32, None)
+    def __init__(self, syntax: ChatSyntax, tool: ToolSyntax, think: None) -> None:
+        super().__init__(syntax, tool, think)
         self._buf = RECIPIENT
         self._first = True
 
@@ -69,32 +82,21 @@ class FunctionaryV32Parser(SyntaxParser):
         return res
 
 
-class FunctionaryV32Format(ChatFormat):
+class FunctionaryV32Format(SyntaxFormat, ChatFormat):
     """Templates with ``>>>all``."""
 
     name = "functionary-v3.2"
-    supports_tools = True
+    tool = V32
+    parser_class = FunctionaryV32Parser
     think = None
     preserved = ("<|end_header_id|>",)
 
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return V32.grammar(req, None, self.preserved)
 
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return FunctionaryV32Parser(syntax)
-
-
-class FunctionaryV31Format(ChatFormat):
+class FunctionaryV31Format(SyntaxFormat, ChatFormat):
     """Llama 3.1 templates with ``<function=`` (Functionary v3.1)."""
 
     name = "functionary-v3.1-llama-3.1"
-    supports_tools = True
+    tool = V31
     think = None
     object_arguments = True
     preserved = (PYTHON_TAG,)
-
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return V31.grammar(req, None, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return V31.parser(syntax, None)

@@ -13,8 +13,8 @@ As llama.cpp's handler, parallel calls are not supported (one call at most) and 
 
 from __future__ import annotations
 
-from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar
-from .syntax import ToolSyntax, json_calls, lit, seq, tool_syntax, ws
+from .common import ChatFormat
+from .syntax import SyntaxFormat, ToolSyntax, json_calls, lit, seq, tool_syntax, ws
 
 MESSAGE_SEP, ROLE_SEP = "<|message_sep|>", "<|role_sep|>"
 CALL_PREFIX = f"{MESSAGE_SEP}\n\nfunction call{ROLE_SEP}\n"
@@ -27,10 +27,9 @@ def gigachat_syntax(prefix: str) -> ToolSyntax:
     return tool_syntax(call, repeat=False, tokens=(MESSAGE_SEP, ROLE_SEP, FUNCTION_CALL))
 
 
-class GigaChat3Format(ChatFormat):
+class GigaChat3Format(SyntaxFormat, ChatFormat):
     """Templates with ``<|role_sep|>`` and ``<|message_sep|>`` (3.1: also ``<|function_call|>``)."""
 
-    supports_tools = True
     think = None
     object_arguments = True
     preserved = (MESSAGE_SEP, ROLE_SEP, FUNCTION_CALL)
@@ -40,10 +39,4 @@ class GigaChat3Format(ChatFormat):
         self.v31 = FUNCTION_CALL in self.source
         self.name = "gigachat3.1" if self.v31 else "gigachat3"
         self.prefix = FUNCTION_CALL if self.v31 else CALL_PREFIX
-        self.syntax = gigachat_syntax(self.prefix)
-
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return self.syntax.grammar(req, None, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return self.syntax.parser(syntax, None)
+        self.tool = gigachat_syntax(self.prefix)

@@ -17,9 +17,9 @@ tools are in ``ChatSyntax.tools``). Reasoning: ``<think>``; GLM 4.7's prompt ope
 
 from __future__ import annotations
 
-from .common import WS, ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar, lark_str
+from .common import WS, ChatFormat, lark_str
 from .reasoning import THINK
-from .syntax import Lark, Text, end_tag, function, lit, seq, tagged_params, tool_syntax, ws
+from .syntax import Lark, SyntaxFormat, Text, end_tag, function, lit, seq, tagged_params, tool_syntax, ws
 
 TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
@@ -51,17 +51,11 @@ SYNTAX = tool_syntax(
 )
 
 
-class GlmFormat(ChatFormat):
+class GlmFormat(SyntaxFormat, ChatFormat):
     """Templates with ``<tool_call>`` and ``<arg_key>``."""
 
     name = "glm-4.5"
-    supports_tools = True
+    tool = SYNTAX
     think = THINK
     object_arguments = True
     preserved = ("<think>", "</think>", TOOL_CALL, TOOL_CALL_END, KEY, KEY_END, VALUE, VALUE_END)
-
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return SYNTAX.grammar(req, self.think, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return SYNTAX.parser(syntax, THINK)

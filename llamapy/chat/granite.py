@@ -3,9 +3,9 @@ answer optionally wrapped in ``<response>...</response>`` (the tags are dropped)
 
 from __future__ import annotations
 
-from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar
+from .common import ChatFormat
 from .reasoning import THINK
-from .syntax import accept, alt, json_calls, lit, pattern, seq, tool_syntax, ws
+from .syntax import SyntaxFormat, accept, alt, json_calls, lit, pattern, seq, tool_syntax, ws
 
 TOOL_CALL = "<|tool_call|>"
 SYNTAX = tool_syntax(
@@ -21,17 +21,11 @@ SYNTAX = tool_syntax(
 )
 
 
-class GraniteFormat(ChatFormat):
+class GraniteFormat(SyntaxFormat, ChatFormat):
     """Templates with ``elif thinking`` and ``<|tool_call|>`` (Granite 3.2, 3.3)."""
 
     name = "granite"
-    supports_tools = True
+    tool = SYNTAX
     think = THINK
     object_arguments = True
     preserved = ("<think>", "</think>", "<response>", "</response>", TOOL_CALL)
-
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return SYNTAX.grammar(req, self.think, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return SYNTAX.parser(syntax, THINK)

@@ -7,10 +7,11 @@ wrapped in ``<function_call>``, ``<tools>``, ``<response>``, ``<json>``... or a 
 
 from __future__ import annotations
 
-from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar
+from .common import ChatFormat
 from .reasoning import THINK, ThinkTags
 from .syntax import (
     Node,
+    SyntaxFormat,
     accept,
     alt,
     end_tag,
@@ -49,21 +50,14 @@ SYNTAX = tool_syntax(
 )
 
 
-class HermesFormat(ChatFormat):
+class HermesFormat(SyntaxFormat, ChatFormat):
     """Hermes 2 Pro, Hermes 3, Qwen 2.5, Qwen 3, QwQ (``<tool_call>`` in the template)."""
 
     name = "hermes-2-pro"
-    supports_tools = True
+    tool = SYNTAX
     think = THINK
     object_arguments = True
     preserved = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
-    @property
-    def _grammar_think(self) -> ThinkTags | None:  # reasoning in grammars only where the template has it
+    def grammar_think(self) -> ThinkTags | None:  # reasoning in grammars only where the template has it
         return THINK if "<think>" in self.source else None
-
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return SYNTAX.grammar(req, self._grammar_think, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return SYNTAX.parser(syntax, THINK)

@@ -14,9 +14,9 @@ the template has it (Apriel's own "reasoning steps" prefix is not split from the
 
 from __future__ import annotations
 
-from .common import WS1, ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar
-from .reasoning import THINK
-from .syntax import ToolSyntax, end_tag, json_calls, lit, repeat, seq, tool_syntax, ws
+from .common import WS1, ChatFormat
+from .reasoning import THINK, ThinkTags
+from .syntax import SyntaxFormat, ToolSyntax, end_tag, json_calls, lit, repeat, seq, tool_syntax, ws
 
 # template marker -> (name, open tag, close tag, the grammar's form: "array" or "lines")
 FAMILIES = {
@@ -42,10 +42,9 @@ def json_tags_syntax(open_tag: str, close_tag: str, form: str) -> ToolSyntax:
     return tool_syntax(seq(lit(open_tag, True), ws(), calls), repeat=False)
 
 
-class JsonTagsFormat(ChatFormat):
+class JsonTagsFormat(SyntaxFormat, ChatFormat):
     """Templates whose calls are JSON between a pair of tags (see ``FAMILIES``)."""
 
-    supports_tools = True
     object_arguments = True
 
     def __init__(self, source: str | None = None, family: str = "<tool_calls>") -> None:
@@ -53,10 +52,7 @@ class JsonTagsFormat(ChatFormat):
         self.name, self.open_tag, self.close_tag, self.form = FAMILIES[family]
         self.think = THINK if "<think>" in self.source or "</think>" in self.source else None
         self.preserved = ("<think>", "</think>", self.open_tag, self.close_tag)
-        self.syntax = json_tags_syntax(self.open_tag, self.close_tag, self.form)
+        self.tool = json_tags_syntax(self.open_tag, self.close_tag, self.form)
 
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return self.syntax.grammar(req, self.think, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return self.syntax.parser(syntax, self.think)
+    def parser_think(self) -> ThinkTags | None:  # (reasoning only where the template has it)
+        return self.think

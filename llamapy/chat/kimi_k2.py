@@ -11,9 +11,9 @@ llama.cpp does. The section tags are optional around calls (the model sometimes 
 
 from __future__ import annotations
 
-from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar
+from .common import ChatFormat
 from .reasoning import THINK
-from .syntax import accept, alt, function, json_args, lit, pattern, seq, tool_syntax, ws
+from .syntax import SyntaxFormat, accept, alt, function, json_args, lit, pattern, seq, tool_syntax, ws
 
 SECTION, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL, ARGS, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
@@ -32,19 +32,13 @@ SYNTAX = tool_syntax(
 )
 
 
-class KimiK2Format(ChatFormat):
+class KimiK2Format(SyntaxFormat, ChatFormat):
     """Templates with ``<|tool_calls_section_begin|>`` and ``<|tool_call_begin|>``."""
 
     name = "kimi-k2"
-    supports_tools = True
+    tool = SYNTAX
     preserved = ("<think>", "</think>", SECTION, SECTION_END, CALL, ARGS, CALL_END)
 
     def __init__(self, source: str | None = None) -> None:
         super().__init__(source)
         self.think = THINK if "<think>" in self.source else None
-
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return SYNTAX.grammar(req, self.think, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return SYNTAX.parser(syntax, THINK)

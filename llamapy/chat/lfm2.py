@@ -18,18 +18,14 @@ from typing import Any
 from .common import (
     WS,
     ChatFormat,
-    ChatParser,
-    ChatSyntax,
-    GrammarRequest,
     ToolCall,
-    ToolGrammar,
     json_rule,
     lark_str,
     parameter_schemas,
     plain_calls,
 )
 from .reasoning import THINK
-from .syntax import FAIL, NEED, Lark, Node, Scan, lit, seq, tool_syntax
+from .syntax import FAIL, NEED, Lark, Node, Scan, SyntaxFormat, lit, seq, tool_syntax
 
 START, END = "<|tool_call_start|>", "<|tool_call_end|>"
 _JSON_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
@@ -125,11 +121,11 @@ class PythonCalls(Node):
 SYNTAX = tool_syntax(seq(lit(START, True), PythonCalls()), repeat=False)
 
 
-class Lfm2Format(ChatFormat):
+class Lfm2Format(SyntaxFormat, ChatFormat):
     """Templates with ``<|tool_list_start|>`` (LFM2) or ``List of tools: [`` (LFM2.5)."""
 
     name = "lfm2"
-    supports_tools = True
+    tool = SYNTAX
     object_arguments = True
     preserved = ("<think>", "</think>", START, END, "<|tool_list_start|>", "<|tool_list_end|>")
 
@@ -146,9 +142,3 @@ class Lfm2Format(ChatFormat):
             if m.get("tool_calls") and not self.renders_calls:
                 m["content"] = (m.get("content") or "") + python_call_text(plain_calls(m.pop("tool_calls")))
         return out
-
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return SYNTAX.grammar(req, self.think, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return SYNTAX.parser(syntax, THINK)

@@ -15,10 +15,6 @@ import regex
 from .common import (
     WS,
     ChatFormat,
-    ChatParser,
-    ChatSyntax,
-    GrammarRequest,
-    ToolGrammar,
     functions_of,
     json_rule,
     lark_str,
@@ -26,13 +22,13 @@ from .common import (
     read_json,
     skip_ws,
 )
-from .reasoning import THINK
 from .syntax import (
     FAIL,
     NEED,
     Lark,
     Node,
     Scan,
+    SyntaxFormat,
     ToolSyntax,
     accept,
     alt,
@@ -128,12 +124,11 @@ def _syntax(builtins: bool) -> ToolSyntax:
 SYNTAXES = {b: _syntax(b) for b in (False, True)}
 
 
-class Llama3Format(ChatFormat):
+class Llama3Format(SyntaxFormat, ChatFormat):
     """Templates with an ``ipython`` role (Llama 3.1, 3.2, 3.3); built-in tools where the template
     knows ``<|python_tag|>``."""
 
     name = "llama-3.x"
-    supports_tools = True
     object_arguments = True
     preserved = (PYTHON_TAG,)
 
@@ -159,8 +154,9 @@ class Llama3Format(ChatFormat):
             kwargs["builtin_tools"] = builtins
         return kwargs
 
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return SYNTAXES[self.allows_builtin_tools].grammar(req, None, self.preserved)
+    @property
+    def tool(self) -> ToolSyntax:  # type: ignore[override]
+        return SYNTAXES[self.allows_builtin_tools]
 
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return SYNTAXES[self.allows_builtin_tools].parser(syntax, THINK)
+    def grammar_think(self) -> None:  # (no reasoning in its grammars)
+        return None

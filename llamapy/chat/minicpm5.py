@@ -11,9 +11,9 @@ As llama.cpp, a value becomes JSON when it parses as JSON, except that a paramet
 
 from __future__ import annotations
 
-from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar
+from .common import ChatFormat
 from .reasoning import THINK
-from .syntax import Cdata, end_tag, function, tagged_params, tool_syntax, ws
+from .syntax import Cdata, SyntaxFormat, end_tag, function, tagged_params, tool_syntax, ws
 
 SYNTAX = tool_syntax(
     function(
@@ -31,17 +31,11 @@ SYNTAX = tool_syntax(
 )
 
 
-class MiniCpm5Format(ChatFormat):
+class MiniCpm5Format(SyntaxFormat, ChatFormat):
     """Templates with ``Tool usage guidelines:``, ``<function name="`` and ``<param name="``."""
 
     name = "minicpm5"
-    supports_tools = True
+    tool = SYNTAX
     think = THINK
     object_arguments = True
     preserved = ("<think>", "</think>")
-
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return SYNTAX.grammar(req, self.think, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return SYNTAX.parser(syntax, THINK)

@@ -16,9 +16,9 @@ Reasoning: ``<think>``, which the generation prompt opens.
 
 from __future__ import annotations
 
-from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar
+from .common import ChatFormat
 from .reasoning import THINK
-from .syntax import end_tag, function, lit, repeat, seq, tagged_params, tool_syntax, ws
+from .syntax import SyntaxFormat, end_tag, function, lit, repeat, seq, tagged_params, tool_syntax, ws
 
 BLOCK, BLOCK_END = "<minimax:tool_call>", "</minimax:tool_call>"
 INVOKE_END, PARAM_END = "</invoke>", "</parameter>"
@@ -37,17 +37,11 @@ INVOKE = function(
 SYNTAX = tool_syntax(seq(lit(BLOCK, True), ws(), repeat(INVOKE, end_tag(BLOCK_END, True))), repeat=False)
 
 
-class MiniMaxM2Format(ChatFormat):
+class MiniMaxM2Format(SyntaxFormat, ChatFormat):
     """Templates with ``<minimax:tool_call>``."""
 
     name = "minimax-m2"
-    supports_tools = True
+    tool = SYNTAX
     think = THINK
     object_arguments = True
     preserved = ("<think>", "</think>", BLOCK, BLOCK_END)
-
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return SYNTAX.grammar(req, self.think, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return SYNTAX.parser(syntax, THINK)

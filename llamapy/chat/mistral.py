@@ -12,11 +12,12 @@ from __future__ import annotations
 import hashlib
 import re
 
-from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar, lark_str, random_id
-from .reasoning import MISTRAL_THINK
+from .common import ChatFormat, ChatParser, ChatSyntax, lark_str, random_id
+from .reasoning import MISTRAL_THINK, ThinkTags
 from .syntax import (
     Lark,
     Node,
+    SyntaxFormat,
     ToolSyntax,
     accept,
     alt,
@@ -85,10 +86,9 @@ def mistral_id(call_id: str | None, salt: str = "") -> str:
     return out
 
 
-class MistralFormat(ChatFormat):
+class MistralFormat(SyntaxFormat, ChatFormat):
     """Templates with ``[TOOL_CALLS]``."""
 
-    supports_tools = True
     object_arguments = True
     preserved = (TOOL_CALLS, "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]")
 
@@ -98,6 +98,7 @@ class MistralFormat(ChatFormat):
         self.with_ids = not self.named or "[CALL_ID]" in self.source
         self.think = MISTRAL_THINK if "[THINK]" in self.source else None
         self.name = "magistral" if self.think else "mistral-v11" if self.named else "mistral-nemo"
+        self.tool = SYNTAXES[self.named, self.with_ids]
 
     def prepare_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[dict]:
         out = super().prepare_messages(messages, tools)
@@ -116,10 +117,10 @@ class MistralFormat(ChatFormat):
             call["id"] = mistral_id(call["id"])
         return call
 
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return SYNTAXES[self.named, self.with_ids].grammar(req, self.think, self.preserved)
+    def parser_think(self) -> ThinkTags | None:  # (reasoning only where the template has it)
+        return self.think
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
-        parser = SYNTAXES[self.named, self.with_ids].parser(syntax, self.think)
+        parser = super().parser(syntax)
         parser.new_id = lambda: random_id(9, prefix="")
         return parser

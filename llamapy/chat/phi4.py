@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
-from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar, functions_of, plain_calls
+from .common import ChatFormat, functions_of, plain_calls
 from .reasoning import THINK
-from .syntax import end_tag, json_calls, lit, seq, tool_syntax, ws
+from .syntax import SyntaxFormat, end_tag, json_calls, lit, seq, tool_syntax, ws
 
 OPEN, CLOSE = "<|tool_call|>", "<|/tool_call|>"
 DEFAULT_SYSTEM = "You are a helpful assistant with some tools."
@@ -26,11 +26,11 @@ SYNTAX = tool_syntax(
 )
 
 
-class Phi4Format(ChatFormat):
+class Phi4Format(SyntaxFormat, ChatFormat):
     """Templates that read tools from the system message (``<|tool|>...<|/tool|>``)."""
 
     name = "phi-4-mini"
-    supports_tools = True
+    tool = SYNTAX
     think = THINK
     preserved = (OPEN, CLOSE, "<|tool|>", "<|/tool|>")
 
@@ -55,8 +55,5 @@ class Phi4Format(ChatFormat):
                 out.insert(0, {"role": "system", "content": DEFAULT_SYSTEM, "tools": listing})
         return out
 
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return SYNTAX.grammar(req, None, self.preserved)  # (no reasoning in its grammars)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return SYNTAX.parser(syntax, THINK)
+    def grammar_think(self) -> None:  # (no reasoning in its grammars)
+        return None

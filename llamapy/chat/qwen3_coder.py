@@ -17,9 +17,21 @@ One newline after ``<parameter=...>`` and one before ``</parameter>`` are not pa
 
 from __future__ import annotations
 
-from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar
+from .common import ChatFormat
 from .reasoning import THINK
-from .syntax import Text, accept, convert_value, end_tag, function, lit, seq, tagged_params, tool_syntax, ws
+from .syntax import (
+    SyntaxFormat,
+    Text,
+    accept,
+    convert_value,
+    end_tag,
+    function,
+    lit,
+    seq,
+    tagged_params,
+    tool_syntax,
+    ws,
+)
 
 __all__ = ["Qwen3CoderFormat", "convert_value"]
 
@@ -42,20 +54,14 @@ SYNTAX = tool_syntax(
 )
 
 
-class Qwen3CoderFormat(ChatFormat):
+class Qwen3CoderFormat(SyntaxFormat, ChatFormat):
     """Templates with ``<tool_call>``, ``<function=`` and ``<parameter=``."""
 
     name = "qwen3-coder-xml"
-    supports_tools = True
+    tool = SYNTAX
     object_arguments = True
     preserved = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
     def __init__(self, source: str | None = None) -> None:
         super().__init__(source)
         self.think = THINK if "<think>" in self.source else None
-
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return SYNTAX.grammar(req, self.think, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return SYNTAX.parser(syntax, THINK)  # (reasoning is read whatever the template)

@@ -15,9 +15,9 @@ JSON when it parses as JSON, except that a parameter whose schema says ``string`
 
 from __future__ import annotations
 
-from .common import ChatFormat, ChatParser, ChatSyntax, GrammarRequest, ToolGrammar
+from .common import ChatFormat
 from .reasoning import ThinkTags
-from .syntax import end_tag, function, lit, seq, tagged_params, tool_syntax, ws
+from .syntax import SyntaxFormat, end_tag, function, lit, seq, tagged_params, tool_syntax, ws
 
 SEED_THINK = ThinkTags("<seed:think>", "</seed:think>")
 BLOCK, BLOCK_END = "<seed:tool_call>", "</seed:tool_call>"
@@ -33,17 +33,11 @@ SYNTAX = tool_syntax(
 )
 
 
-class SeedOssFormat(ChatFormat):
+class SeedOssFormat(SyntaxFormat, ChatFormat):
     """Templates with ``<seed:tool_call>``."""
 
     name = "seed-oss"
-    supports_tools = True
+    tool = SYNTAX
     think = SEED_THINK
     object_arguments = True
     preserved = (SEED_THINK.start, SEED_THINK.end, BLOCK, BLOCK_END)
-
-    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        return SYNTAX.grammar(req, self.think, self.preserved)
-
-    def parser(self, syntax: ChatSyntax) -> ChatParser:
-        return SYNTAX.parser(syntax, SEED_THINK)

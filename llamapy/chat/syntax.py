@@ -32,6 +32,7 @@ from .common import (
     PARTIAL,
     WS,
     CallParse,
+    ChatParser,
     ChatSyntax,
     GrammarRequest,
     StreamParser,
@@ -874,3 +875,30 @@ class SyntaxParser(StreamParser):
         if end == FAIL:
             return NOT_A_CALL
         return CallParse(s.calls, end)
+
+
+class SyntaxFormat:
+    """For a :class:`ChatFormat` (``class F(SyntaxFormat, ChatFormat)``) whose calls are one
+    :class:`ToolSyntax`, ``tool``: a grammar may start with the reasoning block of :meth:`grammar_think`
+    (the template's), the parser reads :meth:`parser_think`'s (the family's, whatever the template), with
+    ``parser_class`` where the family's parser does more."""
+
+    supports_tools = True
+    tool: ToolSyntax
+    parser_class: type[SyntaxParser] | None = None
+    think: ThinkTags | None
+    preserved: tuple[str, ...]
+
+    def grammar_think(self) -> ThinkTags | None:
+        """The reasoning block a grammar may start with (by default ``think``)."""
+        return self.think
+
+    def parser_think(self) -> ThinkTags | None:
+        """The reasoning block the parser reads (by default the class's ``think``)."""
+        return type(self).think
+
+    def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
+        return self.tool.grammar(req, self.grammar_think(), self.preserved)
+
+    def parser(self, syntax: ChatSyntax) -> ChatParser:
+        return self.tool.parser(syntax, self.parser_think(), self.parser_class)
