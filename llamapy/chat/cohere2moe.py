@@ -13,19 +13,14 @@ parser gives the calls fresh unique ids.
 
 from __future__ import annotations
 
-from .command_r7b import END_ACTION, START_ACTION, action
+from .command_r7b import command_syntax
 from .common import ChatFormat
 from .reasoning import COMMAND_R7B_THINK
-from .syntax import SyntaxFormat, accept, alt, pattern, tool_syntax
+from .syntax import SyntaxFormat
 
 START_TEXT, END_TEXT = "<|START_TEXT|>", "<|END_TEXT|>"
-SYNTAX = tool_syntax(
-    alt(
-        action({"type": "string"}),  # (any id: the template writes the history's)
-        accept(pattern(r"<\|START_TEXT\|>|<\|END_TEXT\|>")),  # the answer's tags: dropped
-    ),
-    repeat=False,
-)
+# (any id: the template writes the history's)
+SYNTAX, PRESERVED = command_syntax({"type": "string"}, (START_TEXT, END_TEXT))
 
 
 class Cohere2MoeFormat(SyntaxFormat, ChatFormat):
@@ -35,11 +30,4 @@ class Cohere2MoeFormat(SyntaxFormat, ChatFormat):
     tool = SYNTAX
     think = COMMAND_R7B_THINK
     object_arguments = True
-    preserved = (
-        START_ACTION,
-        END_ACTION,
-        START_TEXT,
-        END_TEXT,
-        COMMAND_R7B_THINK.start,
-        COMMAND_R7B_THINK.end,
-    )
+    preserved = PRESERVED

@@ -10,13 +10,28 @@ from __future__ import annotations
 
 from typing import Any
 
+import regex
+
 from .common import (
     ChatFormat,
     ToolCall,
     call_from_object,
 )
 from .reasoning import COMMAND_R7B_THINK
-from .syntax import Node, SyntaxFormat, accept, alt, end_tag, json_calls, lit, pattern, seq, tool_syntax, ws
+from .syntax import (
+    Node,
+    SyntaxFormat,
+    ToolSyntax,
+    accept,
+    alt,
+    end_tag,
+    json_calls,
+    lit,
+    pattern,
+    seq,
+    tool_syntax,
+    ws,
+)
 
 START_ACTION, END_ACTION = "<|START_ACTION|>", "<|END_ACTION|>"
 
@@ -44,12 +59,20 @@ def action(id_schema: dict) -> Node:
     return seq(lit(START_ACTION, True), ws(), calls, end_tag(END_ACTION, True))
 
 
-SYNTAX = tool_syntax(
-    alt(
-        action({"type": "string", "pattern": "^[0-9]{1,10}$"}),
-        accept(pattern(r"<\|START_RESPONSE\|>|<\|END_RESPONSE\|>")),  # the answer's tags: dropped
-    ),
-    repeat=False,
+def command_syntax(id_schema: dict, answer: tuple[str, str]) -> tuple[ToolSyntax, tuple[str, ...]]:
+    """An :func:`action` block, the ``answer``'s tags dropped; and the preserved tokens."""
+    tags = accept(pattern("|".join(regex.escape(t) for t in answer)))
+    think = (COMMAND_R7B_THINK.start, COMMAND_R7B_THINK.end)
+    return tool_syntax(alt(action(id_schema), tags), repeat=False), (
+        START_ACTION,
+        END_ACTION,
+        *answer,
+        *think,
+    )
+
+
+SYNTAX, PRESERVED = command_syntax(
+    {"type": "string", "pattern": "^[0-9]{1,10}$"}, ("<|START_RESPONSE|>", "<|END_RESPONSE|>")
 )
 
 
@@ -60,14 +83,7 @@ class CommandR7BFormat(SyntaxFormat, ChatFormat):
     tool = SYNTAX
     think = COMMAND_R7B_THINK
     object_arguments = True
-    preserved = (
-        START_ACTION,
-        END_ACTION,
-        "<|START_RESPONSE|>",
-        "<|END_RESPONSE|>",
-        "<|START_THINKING|>",
-        "<|END_THINKING|>",
-    )
+    preserved = PRESERVED
 
     def prepare_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[dict]:
         out = super().prepare_messages(messages, tools)
