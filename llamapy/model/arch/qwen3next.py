@@ -10,7 +10,7 @@ from ..blocks import GraphBuilder, Outputs, TensorLoader
 from ..hf import HFConvert
 from ..hf_shared import qwen_linear_params, qwen_linear_tensor, qwen_mtp_blocks
 from ..hparams import HParams, MetaReader, ModelLoadError
-from ..moe_blocks import load_ffn_tensors
+from ..moe_blocks import load_ffn_tensors, skip_nextn_tensors
 from ..rs_blocks import build_gated_attention, build_gated_delta_net, load_qwen35_hparams
 from . import Architecture, register
 
@@ -53,6 +53,7 @@ class Qwen3Next(Architecture):
                 t.layer(il, "attn_q_norm.weight", (d,))
                 t.layer(il, "attn_k_norm.weight", (d,))
             load_ffn_tensors(self, t, il)
+        skip_nextn_tensors(self, t)  # llama.cpp's converter keeps the MTP layer by default
         self._finish_tensors(t)
 
     def build(self, g: GraphBuilder) -> Outputs:
