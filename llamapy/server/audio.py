@@ -4,17 +4,26 @@ such route): the multipart form's ``file`` (WAV, FLAC, OGG or MP3), ``model``, `
 
 The audio goes through the chat path as one user message (an ``input_audio`` part and an instruction: "Transcribe
 the audio", the language and the prompt as context), greedy unless ``temperature`` is given, at most 16 tokens per
-second of audio + 64; the answer's text is the transcript. The model has no timestamps: ``srt`` / ``vtt`` / ``verbose_json`` hold one segment spanning the
-whole clip. Bad input is a 400 in OpenAI's error shape: no file, not an audio file, an undecodable one, a model
-without an audio encoder, ``stream``, an unknown ``response_format``.
+second of audio + 64; the answer's text is the transcript. ``json`` and ``text`` transcribe the clip in one
+pass (it must fit in a slot's context: else a 400 with the token count).
+
+The model has no timestamp tokens, so ``srt`` / ``vtt`` / ``verbose_json`` take their segments from the
+encoder's windows: the clip is cut into 30 s windows (the ``mtmd`` Whisper front end's ``CHUNK_FRAMES``),
+each transcribed on its own, one segment per window with its ``start`` / ``end`` in seconds (``[0, 30]``,
+``[30, 60]``, ... the last ending at the clip's duration; a clip up to 30 s is one segment), the full text
+their transcripts joined. Each window must fit in the context, the whole clip need not. Bad input is a 400
+in OpenAI's error shape: no file, not an audio file, an undecodable one, a model without an audio encoder,
+``stream``, an unknown ``response_format``.
 """
 
 from __future__ import annotations
 
 import base64
+import io
 import math
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from starlette.concurrency import run_in_threadpool
@@ -27,7 +36,7 @@ from .schemas import ChatCompletionRequest, validate
 from .state import ServerState
 from .stream import collect
 
-__all__ = ["add_routes", "srt", "transcription_prompt", "vtt"]
+__all__ = ["add_routes", "srt", "transcription_prompt", "vtt", "windows"]
 
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 _FIELDS = ("file", "model", "prompt", "language", "temperature", "response_format", "stream", "chunking_strategy",
@@ -51,12 +60,50 @@ def _stamp(seconds: float, sep: str) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
 
 
-def srt(text: str, seconds: float) -> str:
-    return f"1\n{_stamp(0, ',')} --> {_stamp(seconds, ',')}\n{text.strip()}\n\n"
+Segment = tuple[float, float, str]  # start and end in seconds, text
 
 
-def vtt(text: str, seconds: float) -> str:
-    return f"WEBVTT\n\n{_stamp(0, '.')} --> {_stamp(seconds, '.')}\n{text.strip()}\n\n"
+def _segments(text_or_segments: str | list[Segment], seconds: float) -> list[Segment]:
+    if isinstance(text_or_segments, str):
+        return [(0.0, seconds, text_or_segments)]
+    return text_or_segments
+
+
+def srt(text: str | list[Segment], seconds: float = 0.0) -> str:
+    """SubRip cues: one per segment (a text: one spanning ``seconds``)."""
+    return "".join(
+        f"{i}\n{_stamp(a, ',')} --> {_stamp(b, ',')}\n{t.strip()}\n\n"
+        for i, (a, b, t) in enumerate(_segments(text, seconds), 1)
+    )
+
+
+def vtt(text: str | list[Segment], seconds: float = 0.0) -> str:
+    """WebVTT cues: one per segment (a text: one spanning ``seconds``)."""
+    cues = (f"{_stamp(a, '.')} --> {_stamp(b, '.')}\n{t.strip()}\n\n" for a, b, t in _segments(text, seconds))
+    return "WEBVTT\n\n" + "".join(cues)
+
+
+def windows(samples: np.ndarray) -> list[tuple[float, float, np.ndarray]]:
+    """The clip's 30 s windows (start and end seconds, 16 kHz samples): the segments of srt / vtt /
+    verbose_json."""
+    from ..mtmd.audio import CHUNK_FRAMES, HOP, SAMPLE_RATE
+
+    step = CHUNK_FRAMES * HOP  # 30 s of samples
+    n = int(samples.shape[0])
+    return [
+        (a / SAMPLE_RATE, min(a + step, n) / SAMPLE_RATE, samples[a : a + step])
+        for a in range(0, max(n, 1), step)
+    ]
+
+
+def _wav(samples: np.ndarray) -> bytes:
+    import soundfile as sf
+
+    from ..mtmd.audio import SAMPLE_RATE
+
+    buf = io.BytesIO()
+    sf.write(buf, samples, SAMPLE_RATE, format="WAV", subtype="FLOAT")
+    return buf.getvalue()
 
 
 def _str_field(form: Any, name: str) -> str | None:
@@ -94,7 +141,7 @@ async def _read_form(request: Request) -> tuple[bytes, str, dict[str, str | None
     return data, f.filename or "file", fields
 
 
-def _audio_seconds(backend: Any, data: bytes, where: str) -> float:
+def _decoded(backend: Any, data: bytes, where: str) -> Any:
     from ..mtmd import MtmdError
     from ..mtmd.audio import decode_audio, is_audio
 
@@ -108,7 +155,7 @@ def _audio_seconds(backend: Any, data: bytes, where: str) -> float:
     if not is_audio(data):
         raise bad_request(f"{where}: not a WAV, FLAC, OGG or MP3 file; cannot decode the audio", "file")
     try:
-        return decode_audio(data, where).seconds
+        return decode_audio(data, where)
     except MtmdError as e:
         raise bad_request(str(e), "file") from None
 
@@ -139,25 +186,57 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         m = await state.pick(request, name=f["model"] if state.router is not None else None)
         engine, backend = m.ready()
         no_completions(backend)
-        seconds = await run_in_threadpool(_audio_seconds, backend, data, filename)
-        kind = _SNIFF.get(data[:4], "mp3")
-        part = {
-            "type": "input_audio",
-            "input_audio": {"data": base64.b64encode(data).decode(), "format": kind},
-        }
-        text_part = {"type": "text", "text": transcription_prompt(f["language"], f["prompt"])}
-        body = {"messages": [{"role": "user", "content": [part, text_part]}], "temperature": temperature}
-        req = validate(ChatCompletionRequest, body)
-        # a transcript is short: at most 16 tokens a second (+ 64), so that a model looping on its words stops
-        tokens, gp = await chat_inputs(req, m, int(seconds * 16) + 64, "max_tokens")
-        text, _, out_tokens, final = await collect(request, engine, tokens, gp)
-        text = text.strip()
+        audio = await run_in_threadpool(_decoded, backend, data, filename)
+        seconds = audio.seconds
+
+        async def transcribe(clip: bytes, kind: str, secs: float) -> tuple[str, list[int], Any, list[int]]:
+            part = {
+                "type": "input_audio",
+                "input_audio": {"data": base64.b64encode(clip).decode(), "format": kind},
+            }
+            text_part = {"type": "text", "text": transcription_prompt(f["language"], f["prompt"])}
+            body = {"messages": [{"role": "user", "content": [part, text_part]}], "temperature": temperature}
+            req = validate(ChatCompletionRequest, body)
+            # a transcript is short: at most 16 tokens a second (+ 64), so that a model looping on its words stops
+            budget = min(int(secs * 16) + 64, int(engine.n_ctx_slot))  # (the context ends it too)
+            tokens, gp = await chat_inputs(req, m, budget, "max_tokens")
+            text, _, out_tokens, final = await collect(request, engine, tokens, gp)
+            return text.strip(), list(out_tokens), final, tokens
+
+        wins = windows(audio.samples) if fmt in ("srt", "vtt", "verbose_json") else []
+        if len(wins) > 1:  # one segment per 30 s window, each transcribed on its own
+            segs: list[tuple[float, float, str, list[int]]] = []
+            for a, b, clip in wins:
+                wav = await run_in_threadpool(_wav, clip)
+                t, toks, _, _ = await transcribe(wav, "wav", b - a)
+                segs.append((a, b, t, toks))
+            text = " ".join(t for _, _, t, _ in segs if t)
+        else:
+            text, out_tokens, final, tokens = await transcribe(data, _SNIFF.get(data[:4], "mp3"), seconds)
+            segs = [(0.0, seconds, text, out_tokens)]
         if fmt == "text":
             return PlainTextResponse(text + "\n")
         if fmt == "srt":
-            return PlainTextResponse(srt(text, seconds))
+            return PlainTextResponse(srt([(a, b, t) for a, b, t, _ in segs]))
         if fmt == "vtt":
-            return PlainTextResponse(vtt(text, seconds), media_type="text/vtt")
+            return PlainTextResponse(vtt([(a, b, t) for a, b, t, _ in segs]), media_type="text/vtt")
+        if fmt == "verbose_json":
+            segments = [
+                {"id": i, "seek": int(round(a * 100)), "start": round(a, 3), "end": round(b, 3), "text": t,
+                 "tokens": toks, "temperature": temperature, "avg_logprob": 0.0, "compression_ratio": 1.0,
+                 "no_speech_prob": 0.0}
+                for i, (a, b, t, toks) in enumerate(segs)
+            ]  # fmt: skip
+            return JSONAnswer(
+                {
+                    "task": "transcribe",
+                    "language": f["language"] or "",
+                    "duration": round(seconds, 3),
+                    "text": text,
+                    "segments": segments,
+                    "usage": {"type": "duration", "seconds": math.ceil(seconds)},
+                }
+            )
         usage = {
             "type": "tokens",
             "input_tokens": final.n_prompt,
@@ -168,19 +247,4 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         usage["input_token_details"]["text_tokens"] = (
             final.n_prompt - usage["input_token_details"]["audio_tokens"]
         )
-        if fmt == "json":
-            return JSONAnswer({"text": text, "usage": usage})
-        segment = {
-            "id": 0, "seek": 0, "start": 0.0, "end": round(seconds, 3), "text": text, "tokens": list(out_tokens),
-            "temperature": temperature, "avg_logprob": 0.0, "compression_ratio": 1.0, "no_speech_prob": 0.0,
-        }  # fmt: skip
-        return JSONAnswer(
-            {
-                "task": "transcribe",
-                "language": f["language"] or "",
-                "duration": round(seconds, 3),
-                "text": text,
-                "segments": [segment],
-                "usage": {"type": "duration", "seconds": math.ceil(seconds)},
-            }
-        )
+        return JSONAnswer({"text": text, "usage": usage})

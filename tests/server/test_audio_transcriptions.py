@@ -19,6 +19,7 @@ import soundfile as sf
 
 from llamapy.mtmd import MtmdContext
 from llamapy.server.app import ServerSettings
+from llamapy.server.audio import srt, vtt, windows
 from llamapy.server.backend import ContextBackend
 from tests.mtmd import audio_tiny
 from tests.server.conftest import LiveServer, start_live, stop_live, wait_ready
@@ -76,6 +77,37 @@ def test_transcriptions_through_the_openai_client(server: LiveServer) -> None:
         and verbose.segments
         and verbose.segments[0].end == verbose.duration
     )
+
+
+def test_segments_are_the_30_s_windows(server: LiveServer) -> None:
+    """A 31 s clip in verbose_json: one segment per 30 s encoder window (0-30, 30-31), each window
+    transcribed on its own; srt / vtt write one cue per segment."""
+    c = _client(server)
+    t0 = time.monotonic()
+    v = c.audio.transcriptions.create(
+        model="tiny", file=("long.flac", _audio(31, fmt="FLAC")), response_format="verbose_json"
+    )
+    took = time.monotonic() - t0
+    assert abs(v.duration - 31) < 0.01
+    assert [(s.id, s.seek, s.start, s.end) for s in v.segments] == [(0, 0, 0.0, 30.0), (1, 3000, 30.0, 31.0)]
+    assert v.text == " ".join(s.text for s in v.segments if s.text)
+    assert all(isinstance(s.tokens, list) and s.tokens for s in v.segments)
+    print(f"31 s verbose_json (2 windows) answered in {took:.1f} s")
+    segs = [(0.0, 30.0, " one "), (30.0, 60.0, "two"), (60.0, 65.5, "three")]
+    assert srt(segs) == (
+        "1\n00:00:00,000 --> 00:00:30,000\none\n\n2\n00:00:30,000 --> 00:01:00,000\ntwo\n\n"
+        "3\n00:01:00,000 --> 00:01:05,500\nthree\n\n"
+    )
+    assert vtt(segs) == (
+        "WEBVTT\n\n00:00:00.000 --> 00:00:30.000\none\n\n00:00:30.000 --> 00:01:00.000\ntwo\n\n"
+        "00:01:00.000 --> 00:01:05.500\nthree\n\n"
+    )
+    w = windows(np.zeros(16000 * 65, np.float32))
+    assert [(x, y, len(z)) for x, y, z in w] == [
+        (0.0, 30.0, 480000),
+        (30.0, 60.0, 480000),
+        (60.0, 65.0, 80000),
+    ]
 
 
 def test_input_audio_in_chat(server: LiveServer) -> None:
