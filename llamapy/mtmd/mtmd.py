@@ -225,10 +225,11 @@ class MtmdContext:
         hp = self.clip.hparams
         beg, end = self.image_wrap
         longest = int(self.clip.metadata.get("clip.vision.preproc_image_size") or 0)
-        if hp.projector_type in ("internvl", "lfm2", "llama4"):  # tiles (internvl / lfm2 / llama4 .pieces)
-            from . import internvl, lfm2, llama4
+        if hp.projector_type in ("internvl", "lfm2", "llama4", "minicpmv4_6"):  # tiles (<module>.pieces)
+            from . import internvl, lfm2, llama4, minicpmv4_6
 
-            mod = {"internvl": internvl, "lfm2": lfm2, "llama4": llama4}[hp.projector_type]
+            mods = {"internvl": internvl, "lfm2": lfm2, "llama4": llama4, "minicpmv4_6": minicpmv4_6}
+            mod = mods[hp.projector_type]
             return [beg, *self._frame_chunks(bmp, mod.pieces(bmp, hp)), end]
         if hp.projector_type != "idefics3" or longest <= 0:
             return [beg, self._image_chunk(bmp), end]
