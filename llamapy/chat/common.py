@@ -82,8 +82,8 @@ class ChatSyntax:
 
 _STRING_BODY = regex.compile(r'(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*')
 _ESCAPE_START = regex.compile(r"\\(?:u[0-9a-fA-F]{0,3})?")
-_NUMBER = regex.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
-_NUMBER_PREFIX = regex.compile(r"-?(?:0|[1-9][0-9]*)?(?:\.[0-9]*)?(?:[eE][+-]?[0-9]*)?")
+NUMBER = regex.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+NUMBER_PREFIX = regex.compile(r"-?(?:0|[1-9][0-9]*)?(?:\.[0-9]*)?(?:[eE][+-]?[0-9]*)?")
 _WS = " \t\n\r"
 
 
@@ -132,24 +132,24 @@ def scan_json(text: str, pos: int = 0, cache: dict | None = None) -> tuple[str, 
         if i >= n:
             return partial(i)
         c = text[i]
-        if state == "value":
+        if c == '"' and state in ("value", "key_or_close", "key"):  # a string value or a key
+            e = string_end(i)
+            if e == -1:
+                return partial(i, resume)
+            if e == -2:
+                return "invalid", i
+            i, state = e, ("after" if state == "value" else "colon")
+        elif state == "value":
             if c == "{":
                 stack.append("}")
                 i, state = i + 1, "key_or_close"
             elif c == "[":
                 stack.append("]")
                 i, state = i + 1, "value_or_close"
-            elif c == '"':
-                e = string_end(i)
-                if e == -1:
-                    return partial(i, resume)
-                if e == -2:
-                    return "invalid", i
-                i, state = e, "after"
             elif c == "-" or c.isdigit():
-                if _NUMBER_PREFIX.fullmatch(text, i):  # the text ends inside a number
+                if NUMBER_PREFIX.fullmatch(text, i):  # the text ends inside a number
                     return partial(i)
-                m = _NUMBER.match(text, i)
+                m = NUMBER.match(text, i)
                 if m is None:
                     return "invalid", i
                 i, state = m.end(), "after"
@@ -172,13 +172,6 @@ def scan_json(text: str, pos: int = 0, cache: dict | None = None) -> tuple[str, 
             if c == "}" and state == "key_or_close":
                 stack.pop()
                 i, state = i + 1, "after"
-            elif c == '"':
-                e = string_end(i)
-                if e == -1:
-                    return partial(i, resume)
-                if e == -2:
-                    return "invalid", i
-                i, state = e, "colon"
             else:
                 return "invalid", i
         elif state == "colon":
@@ -281,6 +274,7 @@ class ChatParser:
         self._msg = ParsedMessage()
         self._out: list[ChatDelta] = []
         self._finished = False
+        self._buf = ""  # text not decided yet
 
     def feed(self, text: str) -> list[ChatDelta]:
         """Streamed text in (detokenized, preserved tokens as text); the deltas it decides."""
@@ -303,6 +297,12 @@ class ChatParser:
         return self._take(), whole
 
     def _advance(self, text: str, final: bool) -> None:
+        self._buf += text
+        while self._step(final):
+            pass
+
+    def _step(self, final: bool) -> bool:
+        """Decide what the start of ``_buf`` is; whether to step again."""
         raise NotImplementedError
 
     # --- emitting ---
@@ -372,7 +372,6 @@ class StreamParser(ChatParser):
 
     def __init__(self, syntax: ChatSyntax) -> None:
         super().__init__(syntax)
-        self._buf = ""
         self._strip = StrippedText()
         self._marker_len = 0
         self.json_cache: dict = {}  # for read_json on the buffer while it only grows (a call being read)
@@ -392,11 +391,6 @@ class StreamParser(ChatParser):
         """The marker turned out not to start a call: emit it as content; returns how much was used."""
         self._content(buf[: self._marker_len])
         return self._marker_len
-
-    def _advance(self, text: str, final: bool) -> None:
-        self._buf += text
-        while self._step(final):
-            pass
 
     def _step(self, final: bool) -> bool:
         buf, mode = self._buf, self._mode

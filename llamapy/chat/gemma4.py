@@ -23,6 +23,8 @@ from typing import Any
 import regex
 
 from .common import (
+    NUMBER,
+    NUMBER_PREFIX,
     ChatFormat,
     ChatParser,
     ChatSyntax,
@@ -50,8 +52,6 @@ GEMMA4_THINK = ThinkTags(CHANNEL, CHANNEL_END)  # for grammars: the block's text
 _MODEL_TURN = "<|turn>model\n"
 _NEW_TEMPLATE = "{#- OpenAI Chat Completions:"  # templates that render role: tool messages themselves
 
-_NUMBER = regex.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
-_NUMBER_PREFIX = regex.compile(r"-?(?:0|[1-9][0-9]*)?(?:\.[0-9]*)?(?:[eE][+-]?[0-9]*)?")
 _KEY = regex.compile(r"[^:{}\[\],<]+")
 _NAME = regex.compile(r"call:([^{}<>\s]+)(?=\{)")
 _NAME_PREFIX = regex.compile(r"(?:c(?:a(?:l(?:l(?::[^{}<>\s]*)?)?)?)?)?")
@@ -96,18 +96,13 @@ def _value(t: str, i: int) -> tuple[str, int]:
         while True:
             v, i = _value(t, i)
             items.append(v)
-            i = skip_ws(t, i)
-            if i >= n:
-                raise _More
-            if t[i] == "]":
-                return "[" + ", ".join(items) + "]", i + 1
-            if t[i] != ",":
-                raise _Bad
-            i += 1
+            done, i = _next_item(t, i, "]")
+            if done:
+                return "[" + ", ".join(items) + "]", i
     if c == "-" or c.isdigit():
-        if _NUMBER_PREFIX.fullmatch(t, i):  # the text ends inside a number
+        if NUMBER_PREFIX.fullmatch(t, i):  # the text ends inside a number
             raise _More
-        m = _NUMBER.match(t, i)
+        m = NUMBER.match(t, i)
         if m is None:
             raise _Bad
         return m.group(), m.end()
@@ -117,6 +112,18 @@ def _value(t: str, i: int) -> tuple[str, int]:
         if lit.startswith(t[i:]):
             raise _More
     raise _Bad
+
+
+def _next_item(t: str, i: int, close: str) -> tuple[bool, int]:
+    """After an item of a list or dict: whether ``close`` ends it, and the index after it or the comma."""
+    i = skip_ws(t, i)
+    if i >= len(t):
+        raise _More
+    if t[i] == close:
+        return True, i + 1
+    if t[i] != ",":
+        raise _Bad
+    return False, i + 1
 
 
 def _dict(t: str, i: int) -> tuple[str, int]:
@@ -149,14 +156,9 @@ def _dict(t: str, i: int) -> tuple[str, int]:
             raise _Bad
         v, i = _value(t, i + 1)
         parts.append(json.dumps(key, ensure_ascii=False) + ": " + v)
-        i = skip_ws(t, i)
-        if i >= n:
-            raise _More
-        if t[i] == "}":
-            return "{" + ", ".join(parts) + "}", i + 1
-        if t[i] != ",":
-            raise _Bad
-        i += 1
+        done, i = _next_item(t, i, "}")
+        if done:
+            return "{" + ", ".join(parts) + "}", i
 
 
 PARTIAL_VALUE = object()
@@ -183,7 +185,6 @@ class Gemma4Parser(ChatParser):
 
     def __init__(self, syntax: ChatSyntax) -> None:
         super().__init__(syntax)
-        self._buf = ""
         self._raw = syntax.reasoning_format == "none"
         self._strip = StrippedText()
         self._lstrip = False  # drop whitespace before the first content (after a thought block)
@@ -198,11 +199,6 @@ class Gemma4Parser(ChatParser):
     def _open_thought(self) -> None:
         self._strip.open()
         self._mode = "think"
-
-    def _advance(self, text: str, final: bool) -> None:
-        self._buf += text
-        while self._step(final):
-            pass
 
     def _step(self, final: bool) -> bool:
         buf = self._buf

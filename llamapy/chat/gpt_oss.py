@@ -51,16 +51,10 @@ class GptOssParser(ChatParser):
 
     def __init__(self, syntax: ChatSyntax) -> None:
         super().__init__(syntax)
-        self._buf = ""
         self._mode = "header"
         self._kind = ""
         self._name = ""
         self._strip = StrippedText()
-
-    def _advance(self, text: str, final: bool) -> None:
-        self._buf += text
-        while self._step(final):
-            pass
 
     def _step(self, final: bool) -> bool:
         buf = self._buf
