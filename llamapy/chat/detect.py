@@ -11,6 +11,8 @@ package does not implement (MiniMax M3, ...) get the generic fallback rather tha
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import regex
 
 from .apertus import ApertusFormat
@@ -47,49 +49,57 @@ def _hermes_json(src: str) -> bool:
     return "<tool_call>" in src and "<arg_key>" not in src and _JSON_NAME.search(src) is not None
 
 
+def _all(*markers: str) -> Callable[[str], bool]:
+    return lambda src: all(m in src for m in markers)
+
+
+def _json_tags(src: str) -> ChatFormat:
+    family = family_of(src)
+    assert family is not None
+    return JsonTagsFormat(src, family)
+
+
+# (whether a template is the family's, the family's format), in order: first the families whose handlers
+# also parse reasoning (used with or without tools), then gpt-oss and Functionary v3.2
+_RULES: tuple[tuple[Callable[[str], bool], Callable[[str], ChatFormat]], ...] = (
+    (
+        lambda src: (
+            "dsml_token" in src and "DSML" in src and ("function_calls" in src or "tool_calls" in src)
+        ),
+        DeepSeekDsmlFormat,
+    ),
+    (_all("<｜tool▁calls▁begin｜>"), lambda src: DeepSeekR1Format(src, v31=_DEEPSEEK_V31 in src)),
+    (_all("<|END_THINKING|><|START_ACTION|>"), CommandR7BFormat),
+    (_all("<|START_TEXT|>", "<|START_ACTION|>"), Cohere2MoeFormat),
+    (_all("elif thinking", "<|tool_call|>"), GraniteFormat),
+    (_all("<tool_call>", "<function=", "<parameter="), Qwen3CoderFormat),
+    (_all("'<|tool_call>call:'"), Gemma4Format),
+    (_all("<tool_call>", "<arg_key>"), GlmFormat),
+    (_all("<|tool_calls_section_begin|>", "<|tool_call_begin|>"), KimiK2Format),
+    (_all("<minimax:tool_call>"), MiniMaxM2Format),
+    (_all("<seed:tool_call>"), SeedOssFormat),
+    (_all("Tool usage guidelines:", '<function name="', '<param name="'), MiniCpm5Format),
+    (_all("<|role_sep|>", "<|message_sep|>"), GigaChat3Format),
+    (_all("<|tools_prefix|>", "<|tools_suffix|>"), ApertusFormat),
+    (
+        lambda src: _all("<|tool_list_start|>", "<|tool_list_end|>")(src) or "List of tools: [" in src,
+        Lfm2Format,
+    ),
+    (_hermes_json, HermesFormat),
+    (lambda src: family_of(src) is not None, _json_tags),
+    (_all("<|channel|>"), GptOssFormat),
+    (_all(">>>all"), FunctionaryV32Format),
+)
+
+
 def detect_format(template_source: str | None, tools_requested: bool = True) -> ChatFormat:
     """The format of the template ``template_source`` (None: no template)."""
     src = template_source or ""
     if not src.strip():
         return GenericFormat() if tools_requested else ContentOnlyFormat()
-    if "dsml_token" in src and "DSML" in src and ("function_calls" in src or "tool_calls" in src):
-        return DeepSeekDsmlFormat(src)
-    if "<｜tool▁calls▁begin｜>" in src:
-        return DeepSeekR1Format(src, v31=_DEEPSEEK_V31 in src)
-    if "<|END_THINKING|><|START_ACTION|>" in src:
-        return CommandR7BFormat(src)
-    if "<|START_TEXT|>" in src and "<|START_ACTION|>" in src:
-        return Cohere2MoeFormat(src)
-    if "elif thinking" in src and "<|tool_call|>" in src:
-        return GraniteFormat(src)
-    if "<tool_call>" in src and "<function=" in src and "<parameter=" in src:
-        return Qwen3CoderFormat(src)
-    if "'<|tool_call>call:'" in src:
-        return Gemma4Format(src)
-    if "<tool_call>" in src and "<arg_key>" in src:
-        return GlmFormat(src)
-    if "<|tool_calls_section_begin|>" in src and "<|tool_call_begin|>" in src:
-        return KimiK2Format(src)
-    if "<minimax:tool_call>" in src:
-        return MiniMaxM2Format(src)
-    if "<seed:tool_call>" in src:
-        return SeedOssFormat(src)
-    if "Tool usage guidelines:" in src and '<function name="' in src and '<param name="' in src:
-        return MiniCpm5Format(src)
-    if "<|role_sep|>" in src and "<|message_sep|>" in src:
-        return GigaChat3Format(src)
-    if "<|tools_prefix|>" in src and "<|tools_suffix|>" in src:
-        return ApertusFormat(src)
-    if ("<|tool_list_start|>" in src and "<|tool_list_end|>" in src) or "List of tools: [" in src:
-        return Lfm2Format(src)
-    if _hermes_json(src):
-        return HermesFormat(src)
-    if (family := family_of(src)) is not None:
-        return JsonTagsFormat(src, family)
-    if "<|channel|>" in src:
-        return GptOssFormat(src)
-    if ">>>all" in src:
-        return FunctionaryV32Format(src)
+    for found, make in _RULES:
+        if found(src):
+            return make(src)
     if "<|start_header_id|>" in src and "<function=" in src:
         return FunctionaryV31Format(src) if tools_requested else ContentOnlyFormat(src)
     if "<|start_header_id|>ipython<|end_header_id|>" in src:
