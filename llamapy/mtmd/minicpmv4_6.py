@@ -154,6 +154,8 @@ def _load(m: ClipModel, t: TensorLoader) -> None:
             raise MtmdError(f"{m.path}: clip.vision.wa_layer_indexes must name the ViT merger's layer "
                             f"(0..{hp.n_layer - 1}), got {wa!r}")  # fmt: skip
         hp.extra["insert_layer"] = lid
+    need = k == 4  # 4x mode skips the ViT merger; its tensors may still be in the file
+    if need or t(VM + "ln1.weight", (e,), required=False) is not None:
         t(VM + "ln1.weight", (e,))
         t(VM + "ln1.bias", (e,))
         for n in ("attn_q", "attn_k", "attn_v", "attn_out"):

@@ -214,3 +214,16 @@ def test_window_mutation_and_bad_mmproj(minicpm: TinyMiniCPMV46, tmp_path: Path)
         ClipModel(minicpm.write_mmproj(tmp_path / "nowa.gguf", md))
     with pytest.raises(MtmdError, match="multiple of 16"):
         ClipModel(minicpm.mmproj_path).encode(np.zeros((3, 32, 40), np.float32))
+
+
+def test_4x_mode_embeddings_match_hf(minicpm: TinyMiniCPMV46, tmp_path: Path) -> None:
+    """scale_factor 2 (HF's downsample_mode "4x"): no ViT merger, 4x the tokens; the merger's tensors stay unused."""
+    md = minicpm.metadata()
+    md["clip.vision.projector.scale_factor"] = 2
+    cm = ClipModel(minicpm.write_mmproj(tmp_path / "4x.gguf", md))
+    px = RNG.uniform(-1, 1, (3, 24, 40)).astype(np.float32)
+    got = cm.encode(px)
+    with torch.no_grad():
+        out = minicpm.hf.model.get_image_features(**minicpm.hf_inputs([px]), downsample_mode="4x")
+    want = torch.cat(list(out.pooler_output)).numpy()
+    assert got.shape == want.shape == (15, 64) and _rel(got, want) < 1e-5
