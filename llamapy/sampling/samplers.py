@@ -66,7 +66,7 @@ class _Seeded(Sampler):
         self.seed_cur = resolve_seed(seed)
         self._rng = MT19937(self.seed_cur)
 
-    def _reseed(self) -> None:
+    def reset(self) -> None:
         self.seed_cur = resolve_seed(self.seed)
         self._rng.seed(self.seed_cur)
 
@@ -98,9 +98,6 @@ class DistSampler(_Seeded):
         sel, _total = dist_select(lg, _F32(max_l), rnd, p)
         cur.selected = int(sel) if sel >= 0 else n - 1
         cur.p = p
-
-    def reset(self) -> None:
-        self._reseed()
 
 
 class TopKSampler(Sampler):
@@ -280,9 +277,6 @@ class XTCSampler(_Seeded):
         if cur.size - pos_last >= self.min_keep and pos_last > 0:
             cur.drop_front(pos_last)
 
-    def reset(self) -> None:
-        self._reseed()
-
 
 class TopNSigmaSampler(Sampler):
     """Keep tokens whose logit is within ``n`` standard deviations of the maximum."""
@@ -347,7 +341,7 @@ class MirostatSampler(_Seeded):
 
     def reset(self) -> None:
         self.mu = float(_F32(2.0) * _F32(self.tau))
-        self._reseed()
+        super().reset()
 
 
 class MirostatV2Sampler(MirostatSampler):
@@ -504,4 +498,4 @@ class AdaptivePSampler(_Seeded):
 
     def reset(self) -> None:
         self._init_ema()
-        self._reseed()
+        super().reset()
