@@ -322,7 +322,7 @@ class _Mapper:
             yield self.gguf_name(name + ".weight"), data
             return
         if ".experts." in name and bid is not None and name.endswith(".weight") and data.ndim == 2:
-            n_exp = ctx.find_hparam(["num_local_experts", "num_experts"])
+            n_exp = ctx.find_hparam(["num_local_experts", "num_experts", "n_routed_experts"])
             layer = self.experts.setdefault(bid, {})
             layer[name] = data
             if len(layer) < n_exp * 3:
@@ -596,6 +596,8 @@ def _check_shapes(ctx: Context, plan: _Plan) -> None:
     n_vocab = f(["vocab_size"], True)
     n_head = f(["num_attention_heads", "n_head", "n_heads"], True)
     head_dim = ctx.hparams.get("head_dim") or (n_embd // n_head if n_embd and n_head else None)
+    if "qk_nope_head_dim" in ctx.hparams and "qk_rope_head_dim" in ctx.hparams:  # MLA's q heads
+        head_dim = ctx.hparams["qk_nope_head_dim"] + ctx.hparams["qk_rope_head_dim"]
     want: dict[str, tuple[int, ...]] = {}
     if n_embd and n_vocab:
         want["token_embd.weight"] = (n_vocab, n_embd)

@@ -44,6 +44,7 @@ RUNS: list[tuple[str, str, tuple[str, ...]]] = [
     ("granitehybrid", "f16", ()),
     ("qwen35", "f32", ()),
     ("qwen3next", "f32", ()),
+    ("deepseek2", "f16", ()),
     ("qwen2moe", "f16", ()),
     ("starcoder2", "f16", ()),
     ("command-r", "f16", ()),

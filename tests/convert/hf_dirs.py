@@ -42,9 +42,9 @@ class Case:
     # load (its conversion_mapping), e.g. Granite MoE's block_sparse_moe.input_linear
     rename: tuple[tuple[str, str], ...] = ()
     hub_config: dict[str, Any] = field(default_factory=dict)  # config.json keys as the Hub's files write them
-    mtp: int = (
-        0  # MTP layers saved as the Hub's Qwen3-Next / Qwen3.5 files do (mtp.*; transformers drops them)
-    )
+    # MTP layers saved as the Hub's Qwen3-Next / Qwen3.5 files do (mtp.*; transformers drops them)
+    mtp: int = 0
+    unfuse_experts: bool = False  # experts one by one (mlp.experts.N.gate_proj...), as the Hub's files
 
 
 def _cfg(**kw: Any) -> dict[str, Any]:
@@ -247,6 +247,24 @@ CASES: dict[str, Case] = {
             mtp=1,  # no mtp_num_hidden_layers in Qwen3-Next's config: counted from the tensors
         ),
         Case(
+            "deepseek2",
+            "DeepseekV2Config",
+            _cfg(
+                num_key_value_heads=4,
+                n_routed_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                n_shared_experts=1,
+                first_k_dense_replace=1,
+                kv_lora_rank=32,
+                q_lora_rank=None,
+                qk_nope_head_dim=16,
+                qk_rope_head_dim=8,
+                v_head_dim=16,
+            ),
+            unfuse_experts=True,
+        ),
+        Case(
             "qwen2moe",
             "Qwen2MoeConfig",
             _cfg(
@@ -425,6 +443,23 @@ def _write_tokenizer(kind: str, d: Path, root: Path) -> int:
     return int((cache / "n_vocab").read_text())
 
 
+def _unfuse_experts(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """transformers 5's fused ``mlp.experts.gate_up_proj`` / ``down_proj`` as per-expert tensors."""
+    out: dict[str, np.ndarray] = {}
+    for k, v in state.items():
+        if k.endswith("mlp.experts.gate_up_proj"):
+            base, n_ff = k.removesuffix("gate_up_proj"), v.shape[1] // 2
+            for i in range(v.shape[0]):
+                out[f"{base}{i}.gate_proj.weight"] = v[i, :n_ff]
+                out[f"{base}{i}.up_proj.weight"] = v[i, n_ff:]
+        elif k.endswith("mlp.experts.down_proj"):
+            base = k.removesuffix("down_proj")
+            out.update({f"{base}{i}.down_proj.weight": v[i] for i in range(v.shape[0])})
+        else:
+            out[k] = v
+    return out
+
+
 def _mtp_shapes(shapes: dict[str, tuple[int, ...]], n: int) -> dict[str, tuple[int, ...]]:
     """``mtp.fc`` (2 x hidden -> hidden), its three norms and ``n`` layers shaped as the last attention layer."""
     last = max(int(k.split(".")[2]) for k in shapes if ".self_attn." in k)
@@ -458,6 +493,8 @@ def make_hf_dir(case: Case, root: Path) -> Path:
     if case.mtp:
         shapes.update(_mtp_shapes(shapes, case.mtp))
     state = random_state(case, shapes, tied)
+    if case.unfuse_experts:
+        state = _unfuse_experts(state)
     for pat, rep in case.rename:
         state = {re.sub(pat, rep, k): v for k, v in state.items()}
     dt = torch.bfloat16 if case.dtype == "BF16" else torch.float32

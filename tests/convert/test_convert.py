@@ -146,6 +146,7 @@ def _our_logits(path: Path) -> np.ndarray:
         "granitehybrid",
         "qwen35",
         "qwen3next",
+        "deepseek2",
         "starcoder2",
         "command-r",
         "gpt2",

@@ -22,10 +22,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 from ...ggml import ops
 from ...ggml.tensor import Tensor
 from ...ggml.types import GGMLType
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, Weights
+from ..hf import HFConvert
 from ..hparams import ROPE_NORM, HParams, MetaReader, ModelLoadError
 from ..moe_blocks import GATING_SOFTMAX, build_moe_layer, load_moe_layer, read_moe_routing, skip_nextn_tensors
 from . import Architecture, register
@@ -194,3 +197,78 @@ class Deepseek2(Architecture):
         kq = ops.soft_max(ops.mul_mat(ops.cont(ops.permute(kc, (1, 0, 2))), qh), kvi.mask, scale=kq_scale)
         vt = ops.cont(ops.permute(vc, (1, 2, 0)))  # [1, rank, n_kv]
         return g.cb(ops.cont(ops.permute(ops.mul_mat(vt, kq), (1, 0, 2))), "kqv", il)  # [T, H, rank]
+
+
+# ---------------------------------------------------------------------------------------------
+# llamapy convert: llama.cpp's DeepseekV2Model (MLA kept compressed: kv_b split into k_b^T and v_b)
+
+_N_KV_HF = "_n_kv_heads_hf"  # num_key_value_heads as config.json sets it (the file says 1: MQA)
+
+
+def _hf_hparams(hp: dict) -> dict:
+    return {**hp, _N_KV_HF: hp.get("num_key_value_heads"), "num_key_value_heads": 1,
+            "rms_norm_eps": hp.get("rms_norm_eps", 1e-6)}  # fmt: skip
+
+
+def _hf_params(ctx, kv) -> None:
+    """DeepseekV2Model.set_gguf_parameters, after TextModel's."""
+    hp = ctx.hparams
+    has_moe = hp.get("n_routed_experts") is not None
+    first_dense = hp.get("first_k_dense_replace")
+    kv.add_leading_dense_block_count(
+        first_dense if first_dense is not None else 0 if has_moe else ctx.block_count
+    )
+    kv_lora_rank = hp.get("kv_lora_rank", 512)
+    kv.add_vocab_size(hp["vocab_size"])
+    if hp.get("q_lora_rank") is not None:
+        kv.add_q_lora_rank(hp["q_lora_rank"])
+    kv.add_kv_lora_rank(kv_lora_rank)
+    kv.add_key_length(kv_lora_rank + hp["qk_rope_head_dim"])
+    kv.add_value_length(kv_lora_rank)
+    kv.add_key_length_mla(hp["qk_nope_head_dim"] + hp["qk_rope_head_dim"])
+    kv.add_value_length_mla(hp["v_head_dim"])
+    kv.add_expert_feed_forward_length(ctx.find_hparam(["moe_intermediate_size", "intermediate_size"]))
+    if (n := hp.get("n_routed_experts")) is not None:
+        kv.add_expert_count(n)
+    kv.add_expert_shared_count(hp.get("n_shared_experts", 0))
+    if (v := hp.get("routed_scaling_factor")) is not None:
+        kv.add_expert_weights_scale(v)
+    if hp.get("norm_topk_prob"):
+        kv.add_expert_weights_norm(True)
+    kv.add_rope_dimension_count(hp["qk_rope_head_dim"])
+    if (mscale_all := ctx.rope_parameters.get("mscale_all_dim")) is not None:
+        kv.add_rope_scaling_yarn_log_mul(0.1 * mscale_all)
+
+
+def _hf_tensor(ctx, name, data, bid):
+    """DeepseekV2Model.modify_tensors: the MTP layers and a tied lm_head dropped, kv_b_proj split per head
+    into k_b (transposed: q's no-rope part into the latent) and v_b."""
+    hp = ctx.hparams
+    if hp.get("tie_word_embeddings", False) and name in ("lm_head.weight", "model.lm_head.weight"):
+        return []
+    if bid is not None and name.startswith("model.layers.") and bid >= hp["num_hidden_layers"]:
+        return []
+    if name.endswith("mlp.gate.e_score_correction_bias"):  # (not in older gguf-py tensor maps)
+        return [(f"blk.{bid}.exp_probs_b.bias", data)]
+    if name.endswith("kv_b_proj.weight"):
+        n_kv, d_v, d_nope = hp[_N_KV_HF], hp["v_head_dim"], hp["qk_nope_head_dim"]
+        if data.shape[0] != n_kv * (d_v + d_nope):
+            raise ValueError(
+                f"kv_b_proj has {data.shape[0]} rows, not {n_kv} x (v_head_dim + qk_nope_head_dim)"
+            )
+        kv_b = data.reshape(n_kv, d_v + d_nope, data.shape[-1])
+        k_b = np.ascontiguousarray(kv_b[:, :d_nope].transpose(0, 2, 1))
+        return [
+            (name.replace("kv_b_proj", "k_b_proj"), k_b),
+            (name.replace("kv_b_proj", "v_b_proj"), kv_b[:, d_nope:]),
+        ]
+    return [(name, data)]
+
+
+HF_CONVERT = HFConvert(
+    "deepseek2",
+    ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"),
+    params=_hf_params,
+    tensor=_hf_tensor,
+    adjust_hparams=_hf_hparams,
+)
