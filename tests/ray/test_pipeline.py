@@ -66,26 +66,65 @@ def _stage_cpus(n: int) -> float:
     return 1.0 if n <= 2 else 0.5  # 3 stages on the 2-CPU cluster
 
 
-@pytest.mark.parametrize("n_stages", [2, 3])
-@pytest.mark.parametrize("kind", ["moe", "hybrid"])
-def test_tiny_models_logits_equal(
-    ray_local: None, tiny_files: dict[str, Path], kind: str, n_stages: int
-) -> None:
-    model = Model.load(tiny_files[kind])
-    ref_logits, ref_toks = _run(Context(model, ContextParams(**CP)))
+class _LocalChain:
+    """The stages of a pipeline in this process, chained by hand: the same cut as the actors run."""
+
+    def __init__(self, path: Path, n_stages: int) -> None:
+        from llamapy.ray.pipeline_stage import PipelineStage, layer_ranges
+
+        n_layer = Model.load(path).hparams.n_layer
+        self.stages = [PipelineStage(i, str(path), a, b, dict(CP)) for i, (a, b) in enumerate(layer_ranges(n_layer, n_stages))]  # fmt: skip
+        for st in self.stages:
+            st.ready()
+        self.memory = self
+
+    def seq_rm(self, *args: Any) -> None:
+        for st in self.stages:
+            st.memory_call("seq_rm", args, {})
+
+    def decode(self, batch: Batch) -> None:
+        h = None
+        for st in self.stages:
+            h = st.decode(batch, h)
+        self.logits = h[0]
+
+    def get_logits(self) -> np.ndarray:
+        return self.logits
+
+
+def _check_equal(ref: tuple[list[np.ndarray], list[int]], got: tuple[list[np.ndarray], list[int]]) -> float:
+    assert got[1] == ref[1]  # greedy tokens
+    for a, b in zip(got[0], ref[0], strict=True):
+        assert a.shape == b.shape and np.isfinite(b).all()
+        assert _rel(a, b) <= 1e-6
+    return max(map(_rel, got[0], ref[0]))
+
+
+@pytest.mark.parametrize(
+    "kind,n_stages", [("moe", 2), ("moe", 3), ("hybrid", 2), ("hybrid", 3), ("smollm2", 2)]
+)
+def test_cut_in_process(tiny_files: dict[str, Path], smollm2_path: Path, kind: str, n_stages: int) -> None:
+    """Every split of the tiny MoE and hybrid (KV cache, recurrent states, expert routing per stage) and
+    SmolLM2's 2-stage split give the single context's logits, the stages chained in this process (the
+    actors run the same cut: SmolLM2 over 2 and 3 actors and the hybrid over 3 below)."""
+    path = smollm2_path if kind == "smollm2" else tiny_files[kind]
+    ref = _run(Context(Model.load(path), ContextParams(**CP)))
+    _check_equal(ref, _run(_LocalChain(path, n_stages)))
+
+
+def test_tiny_hybrid_three_stage_actors(ray_local: None, tiny_files: dict[str, Path]) -> None:
+    """The hybrid MoE (Mamba-2 + attention layers, experts) over 3 stage actors of 0.5 CPU."""
+    model = Model.load(tiny_files["hybrid"])
+    ref = _run(Context(model, ContextParams(**CP)))
     t0 = time.monotonic()
-    pc = PipelineContext(model, n_stages, dict(CP), stage_cpus=_stage_cpus(n_stages))
+    pc = PipelineContext(model, 3, dict(CP), stage_cpus=0.5)
     try:
         up = time.monotonic() - t0
-        logits, toks = _run(pc)
-        assert toks == ref_toks
-        for got, ref in zip(logits, ref_logits, strict=True):
-            assert got.shape == ref.shape and np.isfinite(ref).all()
-            assert _rel(got, ref) <= 1e-6
+        err = _check_equal(ref, _run(pc))
         stats = pc.stage_stats()
-        assert [s["layers"] for s in stats] == [list(r) for r in pc.ranges]
-        assert len({s["pid"] for s in stats}) == n_stages
-        print(f"\n{kind} x{n_stages}: up in {up:.1f} s, max rel {max(map(_rel, logits, ref_logits)):.1e}")
+        assert [s["layers"] for s in stats] == [[0, 2], [2, 3], [3, 4]]
+        assert len({s["pid"] for s in stats}) == 3
+        print(f"\nhybrid x3 actors: up in {up:.1f} s, max rel {err:.1e}")
     finally:
         pc.close()
 
@@ -236,17 +275,23 @@ def _kill_mid_decode(pc: PipelineContext) -> None:
 def test_a_stage_that_cannot_read_its_file(
     ray_local: None, tiny_files: dict[str, Path], tmp_path: Path
 ) -> None:
+    import ray
+
+    from llamapy.ray.pipeline_stage import PipelineStage, StageFailure
+
+    with pytest.raises(StageFailure, match="missing.gguf: model file not found"):  # the stage's own report
+        PipelineStage(1, str(tmp_path / "missing.gguf"), 2, 3, dict(CP)).ready()
     model = Model.load(tiny_files["moe"])
     bad = tmp_path / "truncated.gguf"
     bad.write_bytes(tiny_files["moe"].read_bytes()[:5000])
-    for path, what in ((tmp_path / "missing.gguf", "missing.gguf"), (bad, "truncated.gguf")):
-        t0 = time.monotonic()
-        with pytest.raises(PipelineError, match=r"stage 1 \(layers 2-2\).*" + what) as ei:
-            PipelineContext(model, 2, dict(CP), paths=[str(tiny_files["moe"]), str(path)])
-        print(f"\n{what}: {time.monotonic() - t0:.1f} s: {ei.value}")
-    import ray
-
-    assert ray.available_resources().get("CPU", 0) == 2  # the stages and their placement are gone
+    t0 = time.monotonic()
+    with pytest.raises(PipelineError, match=r"stage 1 \(layers 2-2\).*ModelLoadError.*truncated.gguf") as ei:
+        PipelineContext(model, 2, dict(CP), paths=[str(tiny_files["moe"]), str(bad)])
+    print(f"\na stage given a truncated file: {time.monotonic() - t0:.1f} s: {ei.value}")
+    deadline = time.monotonic() + 20  # the stages and their placement group are gone (asynchronously)
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == 2
 
 
 def test_placement_that_cannot_be_met(ray_local: None, tiny_files: dict[str, Path]) -> None:
