@@ -43,8 +43,15 @@ _TOKEN_EMBD_NAMES = ("token_embd.weight", "per_layer_token_embd.weight")
 # elements a worker quantizes at a time (whole rows, never across an expert)
 _CHUNK_ELEMS = 1 << 18
 
-# types whose quantizer runs its scale searches in parallel Numba kernels: one chunk at a time
-_NUMBA_PARALLEL = frozenset({GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})
+# types whose quantizer runs in parallel Numba kernels (llamapy/ggml/quants/_rowq.py, _search_fast.py):
+# one chunk at a time, the kernel's threads over its blocks; the others share chunks out to a thread pool
+_NUMBA_PARALLEL = frozenset(
+    {
+        GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+        GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+        GGMLType.IQ4_NL, GGMLType.IQ4_XS,
+    }
+)  # fmt: skip
 
 Progress = Callable[[str], None]
 
@@ -426,6 +433,10 @@ def _write(
     writers: list[GGUFWriter] = []
     nthreads = nthreads if nthreads and nthreads > 0 else (os.cpu_count() or 1)
     pool = ThreadPoolExecutor(max_workers=nthreads) if nthreads > 1 else None
+    from .._numba import numba, set_num_threads
+
+    numba_threads = numba.get_num_threads()
+    set_num_threads(nthreads)
     try:
         for i, tmp in enumerate(tmps):
             w = GGUFWriter(tmp)
@@ -482,6 +493,7 @@ def _write(
             raise QuantizeError(f"writing {out_path}: {e}") from None
         raise
     finally:
+        numba.set_num_threads(numba_threads)
         if pool is not None:
             pool.shutdown()
 

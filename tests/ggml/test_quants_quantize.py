@@ -77,9 +77,22 @@ def test_bytes_equal_gguf_py(t: GGMLType):
     x=arrays(np.float32, (2, 64), elements=st.floats(-1e4, 1e4, width=32)),
 )
 def test_bytes_equal_gguf_py_property(t: GGMLType, x: np.ndarray):
+    # gguf-py's Q4_0/Q5_0 take the sign of a block of -0.0 into d; llama.cpp does not (next test)
+    x = x + np.float32(0)  # -0.0 -> +0.0
     with np.errstate(all="ignore"):
         ref = gguf.quants.quantize(x, gguf.GGMLQuantizationType(int(t)))
     np.testing.assert_array_equal(quantize(x, t), ref.view(np.uint8))
+
+
+def test_negative_zero_blocks_as_llama_cpp():
+    # llama.cpp's _ref quantizers start max at +0.0 and never update it on a block of -0.0: d = 0/-8
+    # = -0.0 (half 0x8000) for Q4_0/Q5_0, m = -0.0 for Q4_1/Q5_1 (gguf-py writes +0.0 for Q4_0/Q5_0)
+    x = np.full((1, 32), -0.0, np.float32)
+    assert quantize(x, GGMLType.Q4_0)[0, :3].tolist() == [0, 128, 136]
+    assert quantize(x, GGMLType.Q5_0)[0, :3].tolist() == [0, 128, 255]
+    assert quantize(x, GGMLType.Q4_1)[0, :5].tolist() == [0, 0, 0, 128, 0]
+    assert quantize(-x, GGMLType.Q4_1)[0, :5].tolist() == [0, 0, 0, 0, 0]
+    assert quantize(x, GGMLType.Q8_0)[0, :3].tolist() == [0, 0, 0]
 
 
 def _rmse(a: np.ndarray, b: np.ndarray) -> float:

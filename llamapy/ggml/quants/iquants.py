@@ -256,7 +256,7 @@ class IQ4_NL(BlockQuant):
 
     @classmethod
     def quantize_blocks(cls, x, qw=None, sigma2=None):
-        from ._iquantize import quantize_iq4_nl
+        from ._rowq import quantize_iq4_nl
 
         return quantize_iq4_nl(x, qw, sigma2)
 
@@ -279,7 +279,7 @@ class IQ4_XS(BlockQuant):
 
     @classmethod
     def quantize_blocks(cls, x, qw=None, sigma2=None):
-        from ._iquantize import quantize_iq4_xs
+        from ._rowq import quantize_iq4_xs
 
         return quantize_iq4_xs(x, qw, sigma2)
 

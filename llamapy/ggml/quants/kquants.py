@@ -16,6 +16,7 @@ import numpy as np
 
 from ..types import GGMLType
 from . import _kquantize as _kq
+from . import _rowq
 from .base import BlockQuant, f16, register
 
 QK_K = 256
@@ -154,7 +155,7 @@ class Q6_K(BlockQuant):
 
     @classmethod
     def quantize_blocks(cls, x, qw=None, sigma2=None):
-        return _kq.quantize_q6_k(x, qw)
+        return _rowq.quantize_q6_k(x, qw)
 
 
 @register(GGMLType.Q8_K)

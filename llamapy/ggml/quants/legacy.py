@@ -18,16 +18,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..types import GGMLType
+from . import _rowq
 from ._search import make_qkx3_quants, make_qx_quants
 from .base import BlockQuant, f16, nibbles, register, roundf, to_f16_bytes
 
 _U8 = np.uint8
-
-
-def _signed_absmax(x: np.ndarray) -> np.ndarray:
-    """The value of largest magnitude per block (the first one on ties), keepdims."""
-    i = np.abs(x).argmax(axis=-1)[:, None]
-    return np.take_along_axis(x, i, axis=-1)
 
 
 def _pack_nibbles(q: np.ndarray) -> np.ndarray:
@@ -43,11 +38,6 @@ def _pack_qh(q: np.ndarray) -> np.ndarray:
 def _unpack_q5(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
     hi = np.unpackbits(qh, axis=-1, bitorder="little")  # [nb, 32], element j <- bit j
     return nibbles(qs) | (hi << _U8(4))
-
-
-def _trunc_u8(v: np.ndarray) -> np.ndarray:
-    """C's ``(int8_t)v`` / ``(uint8_t)v`` conversion for values that fit: truncation toward zero."""
-    return np.trunc(v).astype(np.int32)
 
 
 def _inv(d: np.ndarray) -> np.ndarray:
@@ -76,9 +66,7 @@ class Q4_0(BlockQuant):
             w = _imatrix_weights(x, qw, sigma2)
             d, L = make_qx_quants(x, 8, w, rmse_type=1)
             return np.concatenate([to_f16_bytes(d), _pack_nibbles(L.astype(_U8))], axis=-1)
-        d = (_signed_absmax(x) / np.float32(-8)).astype(np.float32)
-        q = np.minimum(15, _trunc_u8(x * _inv(d) + np.float32(8.5))).astype(_U8)
-        return np.concatenate([to_f16_bytes(d), _pack_nibbles(q)], axis=-1)
+        return _rowq.quantize_q4_0(x)
 
 
 @register(GGMLType.Q4_1)
@@ -96,11 +84,7 @@ class Q4_1(BlockQuant):
             w = _imatrix_weights(x, qw, sigma2)
             d, mn, L = make_qkx3_quants(x, 15, w, rmin=-0.9, rdelta=0.05, nstep=36, use_mad=False)
             return np.concatenate([to_f16_bytes(d), to_f16_bytes(-mn), _pack_nibbles(L)], axis=-1)
-        mn = x.min(axis=-1, keepdims=True)
-        mx = x.max(axis=-1, keepdims=True)
-        d = ((mx - mn) / np.float32(15)).astype(np.float32)
-        q = np.minimum(15, _trunc_u8((x - mn) * _inv(d) + np.float32(0.5))).astype(_U8)
-        return np.concatenate([to_f16_bytes(d), to_f16_bytes(mn), _pack_nibbles(q)], axis=-1)
+        return _rowq.quantize_q4_1(x)
 
 
 @register(GGMLType.Q5_0)
@@ -115,13 +99,11 @@ class Q5_0(BlockQuant):
 
     @classmethod
     def quantize_blocks(cls, x, qw=None, sigma2=None):
-        if qw is not None:
-            w = _imatrix_weights(x, qw, sigma2)
-            d, L = make_qx_quants(x, 16, w, rmse_type=1)
-            q = L.astype(_U8)
-        else:
-            d = (_signed_absmax(x) / np.float32(-16)).astype(np.float32)
-            q = np.minimum(31, _trunc_u8(x * _inv(d) + np.float32(16.5))).astype(_U8)
+        if qw is None:
+            return _rowq.quantize_q5_0(x)
+        w = _imatrix_weights(x, qw, sigma2)
+        d, L = make_qx_quants(x, 16, w, rmse_type=1)
+        q = L.astype(_U8)
         return np.concatenate([to_f16_bytes(d), _pack_qh(q), _pack_nibbles(q)], axis=-1)
 
 
@@ -136,16 +118,11 @@ class Q5_1(BlockQuant):
 
     @classmethod
     def quantize_blocks(cls, x, qw=None, sigma2=None):
-        if qw is not None:
-            w = _imatrix_weights(x, qw, sigma2)
-            d, mn, q = make_qkx3_quants(x, 31, w, rmin=-0.9, rdelta=0.05, nstep=36, use_mad=False)
-            m = -mn
-        else:
-            m = x.min(axis=-1, keepdims=True)
-            mx = x.max(axis=-1, keepdims=True)
-            d = ((mx - m) / np.float32(31)).astype(np.float32)
-            # (uint8_t)(v + 0.5f): no clamp in llama.cpp; values stay <= 31 up to rounding
-            q = (_trunc_u8((x - m) * _inv(d) + np.float32(0.5)) & 0xFF).astype(_U8)
+        if qw is None:  # (uint8_t)(v + 0.5f): no clamp in llama.cpp; values stay <= 31 up to rounding
+            return _rowq.quantize_q5_1(x)
+        w = _imatrix_weights(x, qw, sigma2)
+        d, mn, q = make_qkx3_quants(x, 31, w, rmin=-0.9, rdelta=0.05, nstep=36, use_mad=False)
+        m = -mn
         return np.concatenate([to_f16_bytes(d), to_f16_bytes(m), _pack_qh(q), _pack_nibbles(q)], axis=-1)
 
 
@@ -164,8 +141,7 @@ class Q8_0(BlockQuant):
 
     @classmethod
     def quantize_blocks(cls, x, qw=None, sigma2=None):
-        d, q = _q8_scale(x)
-        return np.concatenate([to_f16_bytes(d), q.view(_U8)], axis=-1)
+        return _rowq.quantize_q8_0(x)
 
 
 @register(GGMLType.Q8_1)

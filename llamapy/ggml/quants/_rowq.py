@@ -1,0 +1,430 @@
+"""Numba row quantizers of the types llama-quantize spends its time in: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+(``quantize_row_*_ref``, no importance weights), Q6_K (``quantize_row_q6_K_ref`` / ``_impl``) and
+IQ4_NL / IQ4_XS (``quantize_row_iq4_nl_impl`` as ``quantize_iq4_nl`` / ``quantize_iq4_xs`` call it).
+
+One block per ``prange`` iteration, the C loops in float32 in C's order, so the bytes equal llama.cpp's
+(and the NumPy versions these replace; tests/ggml/test_quants_quantize.py and tests/quantize compare).
+Each kernel writes a block's bytes except its half-float fields: it returns those values as float32
+(``dd``) and ``finish`` stores them with NumPy's float16 conversion (round to nearest even, as ggml's).
+Where C reads a half back (Q6_K's ``GGML_FP16_TO_FP32(y->d)``), ``_f16r`` rounds the same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..._numba import njit, prange
+from . import iq_tables as T
+
+F = np.float32
+GROUP_MAX_EPS = F(1e-15)
+_IQ4_VALUES = T.KVALUES_IQ4NL.astype(np.int32)
+
+
+@njit(cache=True, inline="always")
+def _nearest_int(v):  # ggml's nearest_int (float32 add-magic: round half to even)
+    return np.int32(v + F(12582912.0)) - 12582912
+
+
+@njit(cache=True, inline="always")
+def _roundf(v):  # C's roundf: half away from zero (exact in float64 for float32 input)
+    r = math.floor(abs(np.float64(v)) + 0.5)
+    return np.int32(-r if v < 0 else r)
+
+
+@njit(cache=True, inline="always")
+def _f16r(v):
+    """float32 -> nearest half (ties to even; overflow to inf) -> float32."""
+    a = abs(np.float64(v))
+    if a == 0.0 or a != a or a == np.inf:
+        return v
+    m, e = math.frexp(a)
+    q = e - 11
+    if q < -24:
+        q = -24
+    r = np.rint(math.ldexp(a, -q))
+    r = math.ldexp(r, q)
+    if r > 65504.0:
+        r = np.inf
+    return F(-r if v < 0 else r)
+
+
+# ---- legacy types (no importance weights) -------------------------------------------------------------
+
+
+@njit(cache=True, parallel=True)
+def q8_0_kernel(x, out, dd):
+    for b in prange(x.shape[0]):
+        amax = F(0)
+        for j in range(32):
+            a = abs(x[b, j])
+            amax = amax if amax > a else a
+        d = amax / F(127)
+        idv = F(1) / d if d != 0 else F(0)
+        dd[b, 0] = d
+        for j in range(32):
+            out[b, 2 + j] = np.uint8(_roundf(x[b, j] * idv) & 255)
+
+
+@njit(cache=True, parallel=True)
+def q4_0_kernel(x, out, dd, nmax5):
+    """Q4_0 (``nmax5`` False) or Q5_0 (True)."""
+    for b in prange(x.shape[0]):
+        amax = F(0)
+        mx = F(0)
+        for j in range(32):
+            v = x[b, j]
+            if amax < abs(v):
+                amax = abs(v)
+                mx = v
+        d = mx / F(-16) if nmax5 else mx / F(-8)
+        idv = F(1) / d if d != 0 else F(0)
+        dd[b, 0] = d
+        qh = 0
+        for j in range(16):
+            x0 = x[b, j] * idv
+            x1 = x[b, 16 + j] * idv
+            if nmax5:
+                xi0 = min(31, np.int32(x0 + F(16.5))) & 255
+                xi1 = min(31, np.int32(x1 + F(16.5))) & 255
+                out[b, 6 + j] = np.uint8((xi0 & 15) | ((xi1 & 15) << 4))
+                qh |= ((xi0 & 16) >> 4) << j
+                qh |= ((xi1 & 16) >> 4) << (j + 16)
+            else:
+                xi0 = min(15, np.int32(x0 + F(8.5))) & 255
+                xi1 = min(15, np.int32(x1 + F(8.5))) & 255
+                out[b, 2 + j] = np.uint8(xi0 | (xi1 << 4))
+        if nmax5:
+            for k in range(4):
+                out[b, 2 + k] = np.uint8((qh >> (8 * k)) & 255)
+
+
+@njit(cache=True, parallel=True)
+def q4_1_kernel(x, out, dd, nmax5):
+    """Q4_1 (``nmax5`` False) or Q5_1 (True)."""
+    for b in prange(x.shape[0]):
+        mn = F(3.4028234663852886e38)
+        mx = F(-3.4028234663852886e38)
+        for j in range(32):
+            v = x[b, j]
+            if v < mn:
+                mn = v
+            if v > mx:
+                mx = v
+        d = (mx - mn) / F(31) if nmax5 else (mx - mn) / F(15)
+        idv = F(1) / d if d != 0 else F(0)
+        dd[b, 0] = d
+        dd[b, 1] = mn
+        qh = 0
+        for j in range(16):
+            x0 = (x[b, j] - mn) * idv
+            x1 = (x[b, 16 + j] - mn) * idv
+            if nmax5:
+                xi0 = np.int32(x0 + F(0.5)) & 255
+                xi1 = np.int32(x1 + F(0.5)) & 255
+                out[b, 8 + j] = np.uint8((xi0 & 15) | ((xi1 & 15) << 4))
+                qh |= ((xi0 & 16) >> 4) << j
+                qh |= ((xi1 & 16) >> 4) << (j + 16)
+            else:
+                xi0 = min(15, np.int32(x0 + F(0.5))) & 255
+                xi1 = min(15, np.int32(x1 + F(0.5))) & 255
+                out[b, 4 + j] = np.uint8(xi0 | (xi1 << 4))
+        if nmax5:
+            for k in range(4):
+                out[b, 4 + k] = np.uint8((qh >> (8 * k)) & 255)
+
+
+# ---- Q6_K -------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, inline="always")
+def _qx16(x, b, o, qw, has_qw, L):
+    """``make_qx_quants(16, 32, x + o, L + o, 1, qw)`` (L holds l + 32)."""
+    nmax = 32
+    fmax = F(32)
+    mx = F(0)
+    amax = F(0)
+    for i in range(16):
+        ax = abs(x[b, o + i])
+        if ax > amax:
+            amax = ax
+            mx = x[b, o + i]
+    if amax < GROUP_MAX_EPS:
+        for i in range(16):
+            L[o + i] = 0
+        return F(0)
+    iscale = -fmax / mx
+    sumlx = F(0)
+    suml2 = F(0)
+    for i in range(16):
+        xi = x[b, o + i]
+        li = max(-nmax, min(nmax - 1, _nearest_int(iscale * xi)))
+        L[o + i] = li + nmax
+        wi = qw[b, o + i] if has_qw else xi * xi
+        lf = F(li)
+        sumlx += wi * xi * lf
+        suml2 += wi * lf * lf
+    scale = sumlx / suml2 if suml2 != F(0) else F(0)
+    best = scale * sumlx
+    for k in range(-9, 10):
+        if k == 0:
+            continue
+        isc = -(fmax + F(0.1) * F(k)) / mx
+        sumlx = F(0)
+        suml2 = F(0)
+        for i in range(16):
+            xi = x[b, o + i]
+            li = max(-nmax, min(nmax - 1, _nearest_int(isc * xi)))
+            wi = qw[b, o + i] if has_qw else xi * xi
+            lf = F(li)
+            sumlx += wi * xi * lf
+            suml2 += wi * lf * lf
+        if suml2 > F(0) and sumlx * sumlx > best * suml2:
+            for i in range(16):
+                L[o + i] = nmax + max(-nmax, min(nmax - 1, _nearest_int(isc * x[b, o + i])))
+            scale = sumlx / suml2
+            best = scale * sumlx
+    return scale
+
+
+@njit(cache=True, parallel=True)
+def q6_k_kernel(x, qw, has_qw, out, dd):
+    for b in prange(x.shape[0]):
+        L = np.empty(256, np.int32)
+        scales = np.empty(16, np.float32)
+        max_scale = F(0)
+        max_abs = F(0)
+        for ib in range(16):
+            s = _qx16(x, b, 16 * ib, qw, has_qw, L)
+            scales[ib] = s
+            if abs(s) > max_abs:
+                max_abs = abs(s)
+                max_scale = s
+        if max_abs < GROUP_MAX_EPS:
+            for i in range(210):
+                out[b, i] = 0
+            dd[b, 0] = F(0)
+            continue
+        iscale = F(-128) / max_scale
+        d = F(1) / iscale
+        dd[b, 0] = d
+        dh = _f16r(d)
+        for ib in range(16):
+            sc = min(127, _nearest_int(iscale * scales[ib]))
+            out[b, 192 + ib] = np.uint8(sc & 255)
+            dj = dh * F(sc)
+            if dj == 0:
+                continue
+            for ii in range(16):
+                l = _nearest_int(x[b, 16 * ib + ii] / dj)
+                L[16 * ib + ii] = max(-32, min(31, l)) + 32
+        for h in range(2):
+            j = 128 * h
+            for l in range(32):
+                q1 = L[j + l] & 15
+                q2 = L[j + l + 32] & 15
+                q3 = L[j + l + 64] & 15
+                q4 = L[j + l + 96] & 15
+                out[b, 64 * h + l] = np.uint8(q1 | (q3 << 4))
+                out[b, 64 * h + l + 32] = np.uint8(q2 | (q4 << 4))
+                out[b, 128 + 32 * h + l] = np.uint8(
+                    (L[j + l] >> 4)
+                    | ((L[j + l + 32] >> 4) << 2)
+                    | ((L[j + l + 64] >> 4) << 4)
+                    | ((L[j + l + 96] >> 4) << 6)
+                )
+
+
+# ---- IQ4_NL / IQ4_XS --------------------------------------------------------------------------------
+
+
+@njit(cache=True, inline="always")
+def _best_index(vals, x):
+    """ggml's ``best_index_int8(16, values, x)``."""
+    if x <= F(vals[0]):
+        return 0
+    if x >= F(vals[15]):
+        return 15
+    ml = 0
+    mu = 15
+    while mu - ml > 1:
+        mav = (ml + mu) // 2
+        if x < F(vals[mav]):
+            mu = mav
+        else:
+            ml = mav
+    return mu - 1 if x - F(vals[mu - 1]) < F(vals[mu]) - x else mu
+
+
+@njit(cache=True, inline="always")
+def _iq4_scale(x, b, o, weight, vals, ntry):
+    """The per-32 scale search of ``quantize_row_iq4_nl_impl`` (``weight`` holds the 32 weights)."""
+    amax = F(0)
+    mx = F(0)
+    for j in range(32):
+        ax = abs(x[b, o + j])
+        if ax > amax:
+            amax = ax
+            mx = x[b, o + j]
+    if amax < GROUP_MAX_EPS:
+        return F(0)
+    v0 = F(vals[0])
+    d = -mx / v0 if ntry > 0 else mx / v0
+    idv = F(1) / d
+    sumqx = F(0)
+    sumq2 = F(0)
+    for j in range(32):
+        xj = x[b, o + j]
+        q = F(vals[_best_index(vals, idv * xj)])
+        w = weight[j]
+        sumqx += w * q * xj
+        sumq2 += w * q * q
+    d = sumqx / sumq2 if sumq2 > 0 else F(0)
+    best = d * sumqx
+    for itry in range(-ntry, ntry + 1):
+        idv = F(itry + vals[0]) / mx
+        sumqx = F(0)
+        sumq2 = F(0)
+        for j in range(32):
+            xj = x[b, o + j]
+            q = F(vals[_best_index(vals, idv * xj)])
+            w = weight[j]
+            sumqx += w * q * xj
+            sumq2 += w * q * q
+        if sumq2 > 0 and sumqx * sumqx > best * sumq2:
+            d = sumqx / sumq2
+            best = d * sumqx
+    return d
+
+
+@njit(cache=True, parallel=True)
+def iq4_kernel(x, qw, has_qw, vals, out, dd, xs):
+    """IQ4_NL blocks of 32 (``xs`` False: ``x[nb, 32]``) or IQ4_XS super-blocks of 256 (``x[nb, 256]``)."""
+    nsub = 8 if xs else 1
+    n = 32 * nsub
+    qo = 8 if xs else 2  # offset of qs in the block
+    for b in prange(x.shape[0]):
+        weight = np.empty(32, np.float32)
+        scales = np.empty(8, np.float32)
+        L = np.zeros(256, np.int32)
+        sigma2 = F(0)
+        for j in range(n):
+            sigma2 += x[b, j] * x[b, j]
+        sigma2 *= F(2) / F(n)
+        max_scale = F(0)
+        amax_scale = F(0)
+        for ib in range(nsub):
+            o = 32 * ib
+            for j in range(32):
+                xj = x[b, o + j]
+                if has_qw:
+                    weight[j] = qw[b, o + j] * np.sqrt(sigma2 + xj * xj)
+                else:
+                    weight[j] = xj * xj
+            d = _iq4_scale(x, b, o, weight, vals, 7)
+            scales[ib] = d
+            if abs(d) > amax_scale:
+                amax_scale = abs(d)
+                max_scale = d
+        if xs:
+            d = -max_scale / F(32)
+            dd[b, 0] = d
+            idv = F(1) / d if d != 0 else F(0)
+            sh = 0
+            for ib in range(8):
+                l = max(-32, min(31, _nearest_int(idv * scales[ib])))
+                dl = d * F(l)
+                idl = F(1) / dl if dl != 0 else F(0)
+                for j in range(32):
+                    L[32 * ib + j] = _best_index(vals, idl * x[b, 32 * ib + j])
+                l += 32
+                if ib % 2 == 0:
+                    out[b, 4 + ib // 2] = np.uint8(l & 15)
+                else:
+                    out[b, 4 + ib // 2] |= np.uint8((l & 15) << 4)
+                sh |= (l >> 4) << (2 * ib)
+            out[b, 2] = np.uint8(sh & 255)
+            out[b, 3] = np.uint8((sh >> 8) & 255)
+        else:
+            s0 = scales[0]
+            dd[b, 0] = s0
+            idv = F(1) / s0 if s0 != 0 else F(0)
+            for j in range(32):
+                L[j] = _best_index(vals, idv * x[b, j])
+        for i in range(nsub):
+            for j in range(16):
+                out[b, qo + 16 * i + j] = np.uint8(L[32 * i + j] | (L[32 * i + 16 + j] << 4))
+
+
+# ---- entry points: float32[nb, bs] blocks -> uint8[nb, type_size] ----------------------------------------
+
+
+def _finish(out: np.ndarray, dd: np.ndarray, offsets: tuple[int, ...]) -> np.ndarray:
+    h = dd.astype("<f2").view(np.uint8)
+    for k, o in enumerate(offsets):
+        out[:, o : o + 2] = h[:, 2 * k : 2 * k + 2]
+    return out
+
+
+def _prep(x: np.ndarray, ts: int, nd: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    x = np.ascontiguousarray(x, dtype=F)
+    return x, np.empty((x.shape[0], ts), np.uint8), np.empty((x.shape[0], nd), F)
+
+
+def quantize_q8_0(x: np.ndarray) -> np.ndarray:
+    x, out, dd = _prep(x, 34, 1)
+    q8_0_kernel(x, out, dd)
+    return _finish(out, dd, (0,))
+
+
+def quantize_q4_0(x: np.ndarray) -> np.ndarray:
+    x, out, dd = _prep(x, 18, 1)
+    q4_0_kernel(x, out, dd, False)
+    return _finish(out, dd, (0,))
+
+
+def quantize_q5_0(x: np.ndarray) -> np.ndarray:
+    x, out, dd = _prep(x, 22, 1)
+    q4_0_kernel(x, out, dd, True)
+    return _finish(out, dd, (0,))
+
+
+def quantize_q4_1(x: np.ndarray) -> np.ndarray:
+    x, out, dd = _prep(x, 20, 2)
+    q4_1_kernel(x, out, dd, False)
+    return _finish(out, dd, (0, 2))
+
+
+def quantize_q5_1(x: np.ndarray) -> np.ndarray:
+    x, out, dd = _prep(x, 24, 2)
+    q4_1_kernel(x, out, dd, True)
+    return _finish(out, dd, (0, 2))
+
+
+def _weights(qw: np.ndarray | None, x: np.ndarray) -> tuple[np.ndarray, bool]:
+    if qw is None:
+        return x[:1], False
+    return np.ascontiguousarray(qw, dtype=F), True
+
+
+def quantize_q6_k(x: np.ndarray, qw: np.ndarray | None) -> np.ndarray:
+    x, out, dd = _prep(x, 210, 1)
+    w, has = _weights(qw, x)
+    q6_k_kernel(x, w, has, out, dd)
+    return _finish(out, dd, (208,))
+
+
+def quantize_iq4_nl(x: np.ndarray, qw: np.ndarray | None = None, sigma2=None) -> np.ndarray:
+    x, out, dd = _prep(x, 18, 1)
+    w, has = _weights(qw, x)
+    iq4_kernel(x, w, has, _IQ4_VALUES, out, dd, False)
+    return _finish(out, dd, (0,))
+
+
+def quantize_iq4_xs(x: np.ndarray, qw: np.ndarray | None = None, sigma2=None) -> np.ndarray:
+    x, out, dd = _prep(x, 136, 1)
+    w, has = _weights(qw, x)
+    iq4_kernel(x, w, has, _IQ4_VALUES, out, dd, True)
+    return _finish(out, dd, (0,))
