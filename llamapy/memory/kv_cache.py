@@ -47,6 +47,21 @@ class StateError(LlamapyError):
     """Saved sequence state does not fit this context (other model, layout or size)."""
 
 
+class StateReader:
+    """A saved state read in order from ``off``: ``take`` the next bytes, or a :class:`StateError` naming
+    ``what`` (``"{name} state at byte N: truncated ..."``) where the buffer ends first."""
+
+    def __init__(self, mv: memoryview, off: int, name: str) -> None:
+        self.mv, self.off, self.name = mv, off, name
+
+    def take(self, nbytes: int, what: str) -> memoryview:
+        if self.off + nbytes > len(self.mv):
+            raise StateError(f"{self.name} state at byte {self.off}: truncated {what}")
+        b = self.mv[self.off : self.off + nbytes]
+        self.off += nbytes
+        return b
+
+
 def kv_type(name: str | GGMLType) -> GGMLType:
     if isinstance(name, GGMLType):
         t = name
@@ -445,15 +460,8 @@ class KVCache:
             raise StateError(f"{self.name} state at byte {offset}: {n} cells, this cache has {self.n_cells}")
         if len(mv) - offset < self.state_nbytes(n, seq_id < 0):
             raise StateError(f"{self.name} state at byte {offset}: truncated ({n} cells)")
-        off = offset + hdr
-
-        def take(nbytes: int, what: str) -> memoryview:
-            nonlocal off
-            if off + nbytes > len(mv):
-                raise StateError(f"{self.name} state at byte {off}: truncated {what}")
-            b = mv[off : off + nbytes]
-            off += nbytes
-            return b
+        reader = StateReader(mv, offset + hdr, self.name)
+        take = reader.take
 
         pos = np.frombuffer(take(8 * n, "positions"), dtype="<i8").astype(np.int64)
         ext = None
@@ -478,7 +486,7 @@ class KVCache:
                 rb = rows.shape[1]
                 rows[cells] = np.frombuffer(take(rb * n, f"layer {il} rows"), dtype=np.uint8).reshape(n, rb)
         self.apply(cells, pos, bits, ext)
-        return off
+        return reader.off
 
 
 def seq_bits_of(seq_ids: Iterable[Iterable[int]]) -> np.ndarray:

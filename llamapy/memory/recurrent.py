@@ -30,7 +30,7 @@ from ..ggml import ops
 from ..ggml.tensor import Tensor
 from ..ggml.types import GGMLType
 from ..graph_inputs import GraphInput
-from .kv_cache import MAX_POS, StateError
+from .kv_cache import MAX_POS, StateError, StateReader
 
 __all__ = ["RSInputs", "RecurrentCache", "RecurrentLayer"]
 
@@ -361,15 +361,8 @@ class RecurrentCache:
         offset. ``n_pos``: the sequence holds that many tokens (a server slot file), so its state must end
         at position ``n_pos - 1`` (and be absent when ``n_pos`` is 0)."""
         mv = memoryview(data)
-        off = offset
-
-        def take(nbytes: int, what: str) -> memoryview:
-            nonlocal off
-            if off + nbytes > len(mv):
-                raise StateError(f"recurrent state at byte {off}: truncated {what}")
-            b = mv[off : off + nbytes]
-            off += nbytes
-            return b
+        reader = StateReader(mv, offset, "recurrent")
+        take = reader.take
 
         magic, n_seqs, n_layers = struct.unpack("<4sII", take(12, "header"))
         if magic != b"RSST":
@@ -425,4 +418,4 @@ class RecurrentCache:
             for t, v in zip(self._bufs(), vals, strict=True):
                 self._rows(t)[dst] = v
             self.pos_min[dst], self.pos_max[dst] = p0, p1
-        return off
+        return reader.off
