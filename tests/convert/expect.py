@@ -45,6 +45,7 @@ RUNS: list[tuple[str, str, tuple[str, ...]]] = [
     ("qwen35", "f32", ()),
     ("qwen3next", "f32", ()),
     ("deepseek2", "f16", ()),
+    ("glm4moe", "bf16", ()),
     ("qwen2moe", "f16", ()),
     ("starcoder2", "f16", ()),
     ("command-r", "f16", ()),

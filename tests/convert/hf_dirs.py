@@ -265,6 +265,23 @@ CASES: dict[str, Case] = {
             unfuse_experts=True,
         ),
         Case(
+            "glm4moe",
+            "Glm4MoeConfig",
+            _cfg(
+                head_dim=16,
+                attention_bias=True,
+                n_routed_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                n_shared_experts=1,
+                first_k_dense_replace=1,
+                use_qk_norm=True,
+                num_nextn_predict_layers=0,
+            ),
+            tokenizer="bpe-glm45",
+            unfuse_experts=True,
+        ),
+        Case(
             "qwen2moe",
             "Qwen2MoeConfig",
             _cfg(
@@ -419,9 +436,15 @@ def random_state(case: Case, shapes: dict[str, tuple[int, ...]], tied: bool) -> 
     return out
 
 
+_EXTRA_SPECIAL = {
+    "bpe-glm": ("<|user|>", "<|assistant|>"),
+    "bpe-glm45": ("[gMASK]", "<|user|>", "<|assistant|>", "<|observation|>"),
+}
+
 _TOKENIZER_FILES = {
     "bpe": ("tokenizer.json", "tokenizer_config.json"),
     "bpe-glm": ("tokenizer.json", "tokenizer_config.json"),
+    "bpe-glm45": ("tokenizer.json", "tokenizer_config.json"),
     "spm": ("tokenizer.model", "tokenizer_config.json"),
 }
 
@@ -435,8 +458,8 @@ def _write_tokenizer(kind: str, d: Path, root: Path) -> int:
         cache.mkdir(parents=True, exist_ok=True)
         if kind == "spm":
             n = write_spm_tokenizer(cache)
-        else:  # GLM-4's chat tokens added
-            n = write_bpe_tokenizer(cache, ("<|user|>", "<|assistant|>") if kind == "bpe-glm" else ())
+        else:  # GLM-4 / GLM-4.5 chat tokens added
+            n = write_bpe_tokenizer(cache, _EXTRA_SPECIAL.get(kind, ()))
         (cache / "n_vocab").write_text(str(n))
     for f in _TOKENIZER_FILES[kind]:
         shutil.copyfile(cache / f, d / f)

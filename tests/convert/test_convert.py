@@ -147,6 +147,7 @@ def _our_logits(path: Path) -> np.ndarray:
         "qwen35",
         "qwen3next",
         "deepseek2",
+        "glm4moe",
         "starcoder2",
         "command-r",
         "gpt2",

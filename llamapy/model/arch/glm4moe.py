@@ -8,6 +8,7 @@ DeepSeek V2/V3 share with it are in ``llamapy/model/moe_blocks.py``."""
 from __future__ import annotations
 
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError
 from ..moe_blocks import GATING_SIGMOID, build_moe_layer, load_moe_layer, read_moe_routing, skip_nextn_tensors
 from . import Architecture, register
@@ -64,3 +65,54 @@ class Glm4Moe(Architecture):
             h = build_moe_layer(g, h, blk, il) if self.layer_moe(il) else g.build_ffn(h, blk, il)
             x = g.cb(x + h, "l_out", il)
         return g.output(x, self.w["output_norm.weight"], self.output_weight())
+
+
+# ---------------------------------------------------------------------------------------------
+# llamapy convert: llama.cpp's Glm4MoeModel
+
+
+def _hf_vocab(ctx, kv) -> None:
+    """ModelBase._set_vocab_glm: BPE; bos [gMASK], eot <|user|>, unk <|endoftext|>, eom <|observation|>."""
+    ctx.set_vocab(
+        "gpt2", {"bos": "[gMASK]", "eot": "<|user|>", "unk": "<|endoftext|>", "eom": "<|observation|>"}
+    )
+
+
+def _hf_params(ctx, kv) -> None:
+    """Glm4MoeModel.set_gguf_parameters, after TextModel's: partial rope, the experts, sigmoid routing."""
+    import gguf
+
+    hp = ctx.hparams
+    rope_dim = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
+    kv.add_rope_dimension_count(int(rope_dim * ctx.rope_parameters.get("partial_rotary_factor", 0.5)))
+    if (n := hp.get("n_routed_experts")) is not None:
+        kv.add_expert_count(n)
+    if (n := hp.get("moe_intermediate_size")) is not None:
+        kv.add_expert_feed_forward_length(n)
+    if (n := hp.get("n_shared_experts")) is not None:
+        kv.add_expert_shared_count(n)
+    if (n := hp.get("first_k_dense_replace")) is not None:
+        kv.add_leading_dense_block_count(n)
+    kv.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    if (v := hp.get("routed_scaling_factor")) is not None:
+        kv.add_expert_weights_scale(v)
+    if (v := hp.get("norm_topk_prob")) is not None:
+        kv.add_expert_weights_norm(v)
+    if (n := hp.get("num_nextn_predict_layers")) is not None:
+        kv.add_nextn_predict_layers(n)
+
+
+def _hf_tensor(ctx, name, data, bid):
+    if name.endswith("mlp.gate.e_score_correction_bias"):  # (not in older gguf-py tensor maps)
+        return [(f"blk.{bid}.exp_probs_b.bias", data)]
+    return [(name, data)]
+
+
+HF_CONVERT = HFConvert(
+    "glm4moe",
+    ("Glm4MoeForCausalLM",),
+    vocab=_hf_vocab,
+    params=_hf_params,
+    tensor=_hf_tensor,
+    extra_blocks=lambda ctx, _names: ctx.hparams.get("num_nextn_predict_layers", 0),
+)
