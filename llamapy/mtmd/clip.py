@@ -87,7 +87,19 @@ def _arr3(md: MetaReader, key: str, where: str) -> tuple[float, float, float]:
 
 def load_hparams(metadata: dict[str, Any], where: str) -> ClipHParams:
     """The vision hyper-parameters of an mmproj file's metadata (``clip.vision.*``)."""
-    from . import gemma4v, internvl, lfm2, llama4, llava, minicpmv4_6, pixtral, qwen2vl, qwen3vl, siglip  # noqa: F401
+    from . import (  # noqa: F401  (register them)
+        gemma4v,
+        internvl,
+        kimik25,
+        lfm2,
+        llama4,
+        llava,
+        minicpmv4_6,
+        pixtral,
+        qwen2vl,
+        qwen3vl,
+        siglip,
+    )
 
     md = MetaReader(metadata, "clip", where=where)
     try:

@@ -47,6 +47,7 @@ _IMAGE_WRAP = {
     "lfm2": ("<|image_start|>", "<|image_end|>"),  # tiles + thumbnail when big (lfm2.pieces)
     "llama4": ("<|image_start|>", "<|image_end|>"),  # tiles, <|image|> + overview (llama4.pieces)
     "gemma4v": ("<|image>", "<image|>"),
+    "kimik25": ("<|media_begin|>", "<|media_end|>"),
 }
 _MROPE_WRAP = ("<|vision_start|>", "<|vision_end|>")  # Qwen-VL style projectors (Projector.mrope)
 
