@@ -285,6 +285,9 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
             self._seq.clear()
 
     def close(self) -> None:
+        stop = getattr(self._ctx, "close", None)  # a pipeline's stage actors (Llama(pipeline_stages=N))
+        if stop is not None:
+            stop()
         self._seq = None
         self.ctx = self._ctx = None
 

@@ -290,6 +290,15 @@ class PipelineContext:
         """``{"ok": bool, "stages": n, "error": reason or None}`` without raising."""
         return {"ok": self.broken is None, "stages": len(self.stages), "error": self.broken}
 
+    def __del__(self) -> None:
+        try:
+            import ray
+
+            if self.stages and ray.is_initialized():
+                self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
     def close(self) -> None:
         """Stop the stage actors and free their placement group."""
         import ray

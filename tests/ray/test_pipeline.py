@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llamapy.batch import Batch
+from llamapy.batch import Batch, BatchError
 from llamapy.context import Context, ContextParams
 from llamapy.model import Model
 from llamapy.ray.pipeline import PipelineContext, PipelineError
-from tests.ray.pipeline_models import tiny_hybrid, tiny_moe
+from tests.ray.pipeline_models import N_VOCAB, tiny_hybrid, tiny_moe
 
 pytestmark = pytest.mark.slow
 
@@ -124,6 +124,12 @@ def test_tiny_hybrid_three_stage_actors(ray_local: None, tiny_files: dict[str, P
         stats = pc.stage_stats()
         assert [s["layers"] for s in stats] == [[0, 2], [2, 3], [3, 4]]
         assert len({s["pid"] for s in stats}) == 3
+        # the first stage's own errors leave every stage as it was: raised as themselves, the pipeline up
+        with pytest.raises(BatchError, match="not a valid token id"):
+            pc.decode(Batch.from_tokens([N_VOCAB + 5], pos0=len(PROMPT) + 5))
+        assert pc.health()["ok"]
+        pc.decode(Batch.from_tokens([1], pos0=len(PROMPT) + 5))
+        assert pc.get_logits().shape == (1, N_VOCAB)
         print(f"\nhybrid x3 actors: up in {up:.1f} s, max rel {err:.1e}")
     finally:
         pc.close()
@@ -302,3 +308,23 @@ def test_placement_that_cannot_be_met(ray_local: None, tiny_files: dict[str, Pat
         PipelineContext(model, 4, dict(CP))
     with pytest.raises(PipelineError, match="strategy"):
         PipelineContext(model, 2, dict(CP), strategy="ANYWHERE")
+
+
+def test_without_ray_and_bad_cli_combinations(
+    tiny_files: dict[str, Path],
+    smollm2_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    import sys
+
+    from llamapy.cli import main
+    from llamapy.ray import RayNotInstalledError
+
+    rc = main(["serve", "-m", str(smollm2_path), "--pipeline", "2", "--embedding"])
+    assert rc == 1 and "error: --pipeline does not work with --embedding" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    with pytest.raises(RayNotInstalledError, match=r"pip install 'llamapy\[ray\]'"):
+        PipelineContext(Model.load(tiny_files["moe"]), 2, dict(CP))
+    rc = main(["serve", "-m", str(smollm2_path), "--pipeline", "2"])
+    assert rc == 1 and "pip install 'llamapy[ray]'" in capsys.readouterr().err
