@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from ..batch import AllocatedBatch, UBatch
-from ..ggml.types import GGMLType
 from ..graph_inputs import GraphInput
 from ..model.blocks import Inputs
 from . import Memory, StateError
@@ -29,22 +28,13 @@ class HybridMemory(Memory):
 
     has_checkpoints = True  # seq_rm of a tail needs a checkpoint (prompt caches take them)
 
-    def __init__(
-        self,
-        hp: Any,
-        n_ctx: int,
-        n_ubatch: int,
-        n_seq_max: int = 1,
-        type_k: str | GGMLType = "f16",
-        type_v: str | GGMLType = "f16",
-        swa_full: bool = False,
-    ) -> None:
-        super().__init__(hp, n_ctx, n_ubatch, n_seq_max, type_k, type_v, swa_full)
+    def __init__(self, hp: Any, *args: Any, **kwargs: Any) -> None:  # (Memory's arguments)
+        super().__init__(hp, *args, **kwargs)
         layers = [
             RecurrentLayer(il, hp.n_embd_r, hp.n_embd_s) for il in range(hp.n_layer) if hp.is_recurrent(il)
         ]
         # M-RoPE positions may repeat (an image's patches) or jump: the states then only need them in order
-        self.recurrent = RecurrentCache(layers, n_seq_max, strict_pos=self.n_pos_per_embd == 1)
+        self.recurrent = RecurrentCache(layers, self.n_seq_max, strict_pos=self.n_pos_per_embd == 1)
 
     @property
     def nbytes(self) -> int:
