@@ -10,6 +10,7 @@ own. ``split`` reproduces all of that with the ``regex`` package, so words match
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,28 +245,9 @@ def _collapse_regex(expr: str) -> str:
     return "".join(out)
 
 
-def _ecma_to_python(expr: str) -> str:
-    """ECMAScript '$' (end of input only) -> '\\Z'; the rest of these regexes means the same in both."""
-    out: list[str] = []
-    inside = escaped = False
-    for c in expr:
-        if escaped:
-            escaped = False
-        elif c == "\\":
-            escaped = True
-        elif c == "[":
-            inside = True
-        elif c == "]":
-            inside = False
-        elif c == "$" and not inside:
-            out.append("\\Z")
-            continue
-        out.append(c)
-    return "".join(out)
-
-
-def _no_capture(expr: str) -> str:
-    """Make every group non-capturing (so that ``findall`` returns whole matches)."""
+def _rewrite(expr: str, swap: Callable[[str, int], str | None]) -> str:
+    """``expr`` with ``swap(expr, i)``'s text in place of each character at ``i`` it answers for (only
+    characters outside a character class and not escaped are asked)."""
     out: list[str] = []
     inside = escaped = False
     for i, c in enumerate(expr):
@@ -277,11 +259,21 @@ def _no_capture(expr: str) -> str:
             inside = True
         elif c == "]":
             inside = False
-        elif c == "(" and not inside and not expr.startswith("?", i + 1):
-            out.append("(?:")
+        elif not inside and (text := swap(expr, i)) is not None:
+            out.append(text)
             continue
         out.append(c)
     return "".join(out)
+
+
+def _ecma_to_python(expr: str) -> str:
+    """ECMAScript '$' (end of input only) -> '\\Z'; the rest of these regexes means the same in both."""
+    return _rewrite(expr, lambda e, i: "\\Z" if e[i] == "$" else None)
+
+
+def _no_capture(expr: str) -> str:
+    """Make every group non-capturing (so that ``findall`` returns whole matches)."""
+    return _rewrite(expr, lambda e, i: "(?:" if e[i] == "(" and not e.startswith("?", i + 1) else None)
 
 
 @dataclass(frozen=True)

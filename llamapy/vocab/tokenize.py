@@ -146,10 +146,10 @@ def tokenize(
     def raw_bytes(a: int, b: int) -> bytes:
         return s[a:b].encode("utf-8", "surrogateescape")
 
+    wpm = v.type is VocabType.WPM  # (its specials are CLS first and SEP last, always)
+    if add_special and (wpm or v.add_bos):
+        _add(out, v.bos, "BOS (CLS)" if wpm else "BOS")
     if v.type is VocabType.SPM:
-        if add_special and v.add_bos:
-            _need(v.bos, "BOS")
-            out.append(v.bos)
         prev_special = True
         for a, b, t in frags:
             if t == -1:
@@ -162,13 +162,7 @@ def tokenize(
             else:
                 out.append(t)
                 prev_special = True
-        if add_special and v.add_eos:
-            _need(v.eos, "EOS")
-            out.append(v.eos)
     elif v.type is VocabType.BPE:
-        if add_special and v.add_bos:
-            _need(v.bos, "BOS")
-            out.append(v.bos)
         for a, b, t in frags:
             if t == -1:
                 piece = raw_str(a, b)
@@ -178,36 +172,25 @@ def tokenize(
                     raise TooManyTokensError(budget.max_tokens or 0) from None
             else:
                 out.append(t)
-        if add_special and v.add_eos:
-            _need(v.eos, "EOS")
-            out.append(v.eos)
-    elif v.type is VocabType.WPM:
-        if add_special:
-            _need(v.bos, "BOS (CLS)")
-            out.append(v.bos)
+    elif wpm:
         for a, b, t in frags:
             budget.left(out, 0)
             out.extend(tok.tokenize_fragment(raw_str(a, b)) if t == -1 else (t,))
-        if add_special:
-            _need(v.sep, "SEP")
-            out.append(v.sep)
     elif v.type is VocabType.UGM:
-        if add_special and v.add_bos:
-            _need(v.bos, "BOS")
-            out.append(v.bos)
         for a, b, t in frags:
             budget.left(out, 0)
             out.extend(tok.tokenize_bytes(raw_bytes(a, b)) if t == -1 else (t,))
-        if add_special and v.add_eos:
-            _need(v.eos, "EOS")
-            out.append(v.eos)
+    if add_special and (wpm or v.add_eos):
+        _add(out, v.sep if wpm else v.eos, "SEP" if wpm else "EOS")
     budget.left(out, 0)
     return out
 
 
-def _need(tid: int, what: str) -> None:
+def _add(out: list[int], tid: int, what: str) -> None:
+    """Append the special token ``tid`` (a ``what``), which the vocabulary must have."""
     if tid == TOKEN_NULL:
         raise TokenizeError(f"the vocabulary asks to add a {what} token but has none")
+    out.append(tid)
 
 
 def _token_to_byte(text: str) -> int:
