@@ -128,6 +128,7 @@ class PipelineContext:
         self.params = ctx_params
         a = self._get(self.stages[0].attrs.remote(["n_ctx", "n_batch", "n_ubatch", "n_seq_max"]))
         self.n_ctx, self.n_batch, self.n_ubatch, self.n_seq_max = (int(a[k]) for k in a)
+        self.micro_batches = bool(self._get(self.stages[0].simple_split.remote()))
         self.embeddings = False
         self.encoder = False
         self.n_embd_inp = hp.n_embd_inp
@@ -161,7 +162,10 @@ class PipelineContext:
         if self.broken is not None:
             raise PipelineError(f"the pipeline is down ({self.broken}); start it again")
 
-    def _get(self, ref: Any, timeout: float | None = None) -> Any:
+    def _get(self, ref: Any, timeout: float | None = None, same_everywhere: bool = False) -> Any:
+        """``ray.get``: a stage's error becomes a :class:`PipelineError` and the pipeline is down, unless
+        it leaves every stage as it was: a first stage's ``LlamapyError`` in ``decode`` (a bad batch, a
+        full cache), or with ``same_everywhere`` (a memory or state call each stage answers alike)."""
         import ray
         import ray.exceptions as rex
 
@@ -174,7 +178,8 @@ class PipelineContext:
                 err = cause.error
                 a, b = self.ranges[cause.index]
                 # the first stage's own errors (a bad batch, a full cache) leave every stage as it was
-                if cause.index == 0 and isinstance(err, LlamapyError) and not isinstance(err, PipelineError):
+                ours = cause.index == 0 or same_everywhere
+                if ours and isinstance(err, LlamapyError) and not isinstance(err, PipelineError):
                     raise err from None
                 self.broken = f"stage {cause.index} (layers {a}-{b - 1}): {type(err).__name__}: {err}"
                 raise PipelineError(f"the pipeline failed at {self.broken}") from None
@@ -184,23 +189,79 @@ class PipelineContext:
 
     def _all(self, fn: Any, timeout: float | None = None) -> list[Any]:
         self._check()
-        return self._get([fn(s) for s in self.stages], timeout)
+        return self._get([fn(s) for s in self.stages], timeout, same_everywhere=True)
 
     # -- decode ---------------------------------------------------------------------------------------
     def decode(self, batch: Batch) -> int:
-        """Run ``batch`` down the stages; the last one's logits become this context's."""
+        """Run ``batch`` down the stages; the last one's logits become this context's. A batch of more
+        than ``n_ubatch`` tokens goes as micro-batches of one ubatch each when the memory splits batches
+        into consecutive ubatches (every model without a recurrent state): stage k works on micro-batch
+        i while stage k-1 works on i+1, and the ubatches are the ones one process would make."""
         self._check()
         t0 = time.perf_counter()
-        ref = None
-        for s in self.stages:  # a chain of calls: each stage's output goes straight to the next
-            ref = s.decode.remote(batch, ref)
-        self._logits, self._out_rows = self._get(ref)
+        n = batch.n_tokens
+        mbs = self._micro_batches(batch) if self.micro_batches and self.n_ubatch < n <= self.n_batch else None
+        if mbs is None:
+            self._logits, self._out_rows = self._get(self._chain(batch))
+        else:
+            self._decode_micro(batch, mbs)
         dt = time.perf_counter() - t0
-        n = len(batch.token) if batch.token is not None else len(batch.embd)
         key = "p_eval" if n > 1 else "eval"
         self._t["t_" + key] += dt
         self._t["n_" + key] += n if n > 1 else 1
         return 0
+
+    def _chain(self, batch: Batch) -> Any:
+        ref = None
+        for s in self.stages:  # a chain of calls: each stage's output goes straight to the next
+            ref = s.decode.remote(batch, ref)
+        return ref
+
+    def _micro_batches(self, batch: Batch) -> list[Batch] | None:
+        """``batch`` cut into consecutive pieces of ``n_ubatch`` tokens (None: leave it whole, so the
+        stages report what is wrong with it)."""
+        n, nu = batch.n_tokens, self.n_ubatch
+        if batch.logits is None:
+            flags = np.zeros(n, dtype=bool)
+            flags[-1] = True
+        else:
+            flags = np.asarray(batch.logits, dtype=bool).reshape(-1)
+        seq_id = batch.seq_id
+        if len(flags) != n or (seq_id is not None and len(seq_id) != n):
+            return None
+        for f in ("token", "embd", "pos", "mpos"):
+            v = getattr(batch, f)
+            if v is not None and len(v) != n:
+                return None
+        out = []
+        for i in range(0, n, nu):
+            j = min(n, i + nu)
+            part = {f: (None if getattr(batch, f) is None else np.asarray(getattr(batch, f))[i:j])
+                    for f in ("token", "embd", "pos", "mpos")}  # fmt: skip
+            out.append(Batch(**part, seq_id=None if seq_id is None else list(seq_id[i:j]), logits=flags[i:j]))
+        return out
+
+    def _decode_micro(self, batch: Batch, mbs: list[Batch]) -> None:
+        seqs = sorted({int(s) for ss in (batch.seq_id or [[0]]) for s in ([ss] if np.isscalar(ss) else ss)})
+        if any(not 0 <= s < self.n_seq_max for s in seqs):
+            self._logits, self._out_rows = self._get(self._chain(batch))  # the stage's BatchError
+            return
+        first = self.stages[0]
+        before = self._get([first.memory_call.remote("seq_pos_max", (s,), {}) for s in seqs])
+        finals = [self._chain(mb) for mb in mbs]  # each stage takes them in order: a pipeline
+        try:
+            outs = self._get(finals)
+        except LlamapyError:
+            if self.broken is None:  # a bad piece or a full cache: take back what the others placed
+                for s, p in zip(seqs, before, strict=True):
+                    self.memory.seq_rm(s, int(p) + 1, -1)
+            raise
+        logits, rows, n_out = [], [], 0
+        for lg, r in outs:
+            logits.append(lg)
+            rows.append(np.where(r >= 0, r + n_out, -1))
+            n_out += len(lg)
+        self._logits, self._out_rows = np.concatenate(logits), np.concatenate(rows)
 
     encode = decode
 

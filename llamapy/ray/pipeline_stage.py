@@ -238,7 +238,17 @@ class PipelineStage:
         return [n for n in dir(type(mem)) if not n.startswith("_") and callable(getattr(type(mem), n))]
 
     def memory_call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
-        return getattr(self.ctx.memory, name)(*args, **kwargs)
+        try:
+            return getattr(self.ctx.memory, name)(*args, **kwargs)
+        except Exception as e:
+            raise StageFailure(self.index, e) from None
+
+    def simple_split(self) -> bool:
+        """Whether the memory splits a batch into consecutive ubatches (no recurrent state): then a
+        batch cut into micro-batches of ``n_ubatch`` tokens makes the very same ubatches."""
+        from ..memory import Memory
+
+        return type(self.ctx.memory).split is Memory.split
 
     def memory_attr(self, name: str) -> Any:
         return getattr(self.ctx.memory, name)
@@ -248,4 +258,7 @@ class PipelineStage:
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """A context method (state, timings, causal attention)."""
-        return getattr(self.ctx, name)(*args, **kwargs)
+        try:
+            return getattr(self.ctx, name)(*args, **kwargs)
+        except Exception as e:
+            raise StageFailure(self.index, e) from None

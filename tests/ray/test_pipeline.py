@@ -123,6 +123,7 @@ def test_tiny_hybrid_three_stage_actors(ray_local: None, tiny_files: dict[str, P
         err = _check_equal(ref, _run(pc))
         stats = pc.stage_stats()
         assert [s["layers"] for s in stats] == [[0, 2], [2, 3], [3, 4]]
+        assert not pc.micro_batches  # a recurrent state: batches go whole (its own split)
         assert len({s["pid"] for s in stats}) == 3
         # the first stage's own errors leave every stage as it was: raised as themselves, the pipeline up
         with pytest.raises(BatchError, match="not a valid token id"):
@@ -181,6 +182,14 @@ def test_smollm2_three_stages_llama(ray_local: None, smollm2_path: Path, smollm2
         logits, toks = _run(pc, n_gen=3)
         assert toks == smollm2_ref["toks"]
         assert max(map(_rel, logits, smollm2_ref["logits"])) <= 1e-6
+        assert pc.micro_batches  # the 10-token prompt went as micro-batches of 8 and 2 tokens
+        # a batch whose second micro-batch is bad: a BatchError, the first one's cells taken back
+        n0 = pc.memory.seq_pos_max(0)
+        bad = Batch.from_tokens(list(range(16)), pos0=0)
+        bad.pos = np.r_[np.arange(n0 + 1, n0 + 9), np.arange(n0 + 20, n0 + 28)].astype(np.int32)
+        with pytest.raises(BatchError):
+            pc.decode(bad)
+        assert pc.memory.seq_pos_max(0) == n0 and pc.health()["ok"]
         _weight_shares(pc, llm.model, smollm2_path)
     except BaseException:
         pc.close()
