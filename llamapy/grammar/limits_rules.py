@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .errors import GrammarError
@@ -32,28 +33,38 @@ def _repeat_error(what: str, rule: str, total: int) -> GrammarError:
     )
 
 
+def _rule_graph(
+    what: str, names: list[str], refs: Callable[[str], Iterable[str]]
+) -> tuple[dict[str, int], list[int], list[list[int]]]:
+    """GrammarError for too many rules or too deep a chain of rules (``refs(name)``: the rules a rule
+    uses); else each rule's index, its strongly connected component, and the components (the rules a rule
+    uses first)."""
+    if len(names) > MAX_RULES:
+        raise _too_many_rules(what, len(names))
+    idx = {name: k for k, name in enumerate(names)}
+    edges = [sorted({idx[r] for r in refs(name) if r in idx}) for name in names]
+    bound, path = chain_bound(len(names), edges, range(len(names)))
+    if bound > MAX_RULE_CHAIN:
+        raise chain_error(what, bound, [names[k] for k in path], MAX_RULE_CHAIN, "rules")
+    comp, comps = components(len(names), edges, range(len(names)))
+    return idx, comp, comps
+
+
+def _gbnf_refs(body: list[list[Item]]) -> Iterable[str]:
+    for seq in body:
+        for it in seq:
+            while isinstance(it, Rep):
+                it = it.item
+            if isinstance(it, Ref):
+                yield it.name
+
+
 def check_gbnf(g: Grammar) -> None:
     """GrammarError if ``g`` has too many rules, too deep a chain of rules, or a repetition too large."""
     what = "GBNF grammar"
     names = list(g.rules)
-    if len(names) > MAX_RULES:
-        raise _too_many_rules(what, len(names))
-    idx = {name: i for i, name in enumerate(names)}
-    edges: list[list[int]] = []
-    for body in g.rules.values():
-        refs: set[int] = set()
-        for seq in body:
-            for it in seq:
-                while isinstance(it, Rep):
-                    it = it.item
-                if isinstance(it, Ref) and it.name in idx:
-                    refs.add(idx[it.name])
-        edges.append(sorted(refs))
-    bound, path = chain_bound(len(names), edges, range(len(names)))
-    if bound > MAX_RULE_CHAIN:
-        raise chain_error(what, bound, [names[i] for i in path], MAX_RULE_CHAIN, "rules")
+    idx, comp, comps = _rule_graph(what, names, lambda name: _gbnf_refs(g.rules[name]))
     # expanded sizes, the rules a rule uses first; a rule in a cycle counts 1 where it is used
-    comp, comps = components(len(names), edges, range(len(names)))
     cost = [1] * len(names)
     for c, members in enumerate(comps):
         for v in members:
@@ -200,15 +211,8 @@ def check_lark(text: str) -> None:
 
 def _check_lark_rules(what: str, defs: dict[str, list[tuple[Any, ...]]]) -> None:
     names = list(defs)
-    if len(names) > MAX_RULES:
-        raise _too_many_rules(what, len(names))
-    idx = {name: k for k, name in enumerate(names)}
-    edges = [sorted({idx[it[1]] for it in body if it[0] == "ref" and it[1] in idx}) for body in defs.values()]
-    bound, path = chain_bound(len(names), edges, range(len(names)))
-    if bound > MAX_RULE_CHAIN:
-        raise chain_error(what, bound, [names[k] for k in path], MAX_RULE_CHAIN, "rules")
+    idx, comp, comps = _rule_graph(what, names, lambda name: [it[1] for it in defs[name] if it[0] == "ref"])
     # terminals are inlined into lexemes: their repetitions expand (rule repetitions do not)
-    comp, comps = components(len(names), edges, range(len(names)))
     cost = [1] * len(names)
     for c, members in enumerate(comps):
         for v in members:
