@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..ggml.quants import QuantError, dequantize, quantize
+from ..ggml.quants._rowq import f16_to_f32
 from ..ggml.types import TRAITS, GGMLType
 from ..gguf.constants import GGUFValueType
 from ..gguf.reader import GGUFError, GGUFReader, TensorInfo
@@ -43,15 +44,6 @@ _TOKEN_EMBD_NAMES = ("token_embd.weight", "per_layer_token_embd.weight")
 # elements a worker quantizes at a time (whole rows, never across an expert)
 _CHUNK_ELEMS = 1 << 18
 
-# types whose quantizer runs in parallel Numba kernels (llamapy/ggml/quants/_rowq.py, _search_fast.py):
-# one chunk at a time, the kernel's threads over its blocks; the others share chunks out to a thread pool
-_NUMBA_PARALLEL = frozenset(
-    {
-        GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-        GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
-        GGMLType.IQ4_NL, GGMLType.IQ4_XS,
-    }
-)  # fmt: skip
 
 Progress = Callable[[str], None]
 
@@ -533,10 +525,15 @@ def _quantize_tensor(
     def run(job: tuple[int, int, np.ndarray | None]) -> None:
         a, b, w = job
         x = src[a:b]
-        xf = x.view(np.float32) if ti.ggml_type == GGMLType.F32 else dequantize(x, ti.ggml_type)
+        if ti.ggml_type == GGMLType.F32:
+            xf = x.view(np.float32)
+        elif ti.ggml_type == GGMLType.F16:
+            xf = f16_to_f32(x)
+        else:
+            xf = dequantize(x, ti.ggml_type)
         out[a:b] = quantize(xf.reshape(b - a, n), p.dst_type, w)
 
-    if pool is None or len(jobs) == 1 or p.dst_type in _NUMBA_PARALLEL:
+    if pool is None or len(jobs) == 1:
         for j in jobs:
             run(j)
     else:

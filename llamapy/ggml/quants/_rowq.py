@@ -2,8 +2,11 @@
 (``quantize_row_*_ref``, no importance weights), Q6_K (``quantize_row_q6_K_ref`` / ``_impl``) and
 IQ4_NL / IQ4_XS (``quantize_row_iq4_nl_impl`` as ``quantize_iq4_nl`` / ``quantize_iq4_xs`` call it).
 
-One block per ``prange`` iteration, the C loops in float32 in C's order, so the bytes equal llama.cpp's
-(and the NumPy versions these replace; tests/ggml/test_quants_quantize.py and tests/quantize compare).
+One block at a time, the C loops in float32 in C's order, so the bytes equal llama.cpp's (tests/ggml/
+test_quants_quantize.py and tests/quantize compare). The kernels are serial and release the GIL
+(``nogil``): ``quantize_file`` runs row chunks on a pool of threads, as llama-quantize does. Measured on
+the loaded 2-core box, ``parallel=True`` kernels lost to this: every chunk's OpenMP team waits (spinning)
+for a descheduled thread, 4-5x the CPU time of the serial kernels.
 Each kernel writes a block's bytes except its half-float fields: it returns those values as float32
 (``dd``) and ``finish`` stores them with NumPy's float16 conversion (round to nearest even, as ggml's).
 Where C reads a half back (Q6_K's ``GGML_FP16_TO_FP32(y->d)``), ``_f16r`` rounds the same way.
@@ -15,7 +18,7 @@ import math
 
 import numpy as np
 
-from ..._numba import njit, prange
+from ..._numba import njit
 from . import iq_tables as T
 
 F = np.float32
@@ -54,9 +57,9 @@ def _f16r(v):
 # ---- legacy types (no importance weights) -------------------------------------------------------------
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True)
 def q8_0_kernel(x, out, dd):
-    for b in prange(x.shape[0]):
+    for b in range(x.shape[0]):
         amax = F(0)
         for j in range(32):
             a = abs(x[b, j])
@@ -68,10 +71,10 @@ def q8_0_kernel(x, out, dd):
             out[b, 2 + j] = np.uint8(_roundf(x[b, j] * idv) & 255)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True)
 def q4_0_kernel(x, out, dd, nmax5):
     """Q4_0 (``nmax5`` False) or Q5_0 (True)."""
-    for b in prange(x.shape[0]):
+    for b in range(x.shape[0]):
         amax = F(0)
         mx = F(0)
         for j in range(32):
@@ -101,10 +104,10 @@ def q4_0_kernel(x, out, dd, nmax5):
                 out[b, 2 + k] = np.uint8((qh >> (8 * k)) & 255)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True)
 def q4_1_kernel(x, out, dd, nmax5):
     """Q4_1 (``nmax5`` False) or Q5_1 (True)."""
-    for b in prange(x.shape[0]):
+    for b in range(x.shape[0]):
         mn = F(3.4028234663852886e38)
         mx = F(-3.4028234663852886e38)
         for j in range(32):
@@ -189,11 +192,11 @@ def _qx16(x, b, o, qw, has_qw, L):
     return scale
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True)
 def q6_k_kernel(x, qw, has_qw, out, dd):
-    for b in prange(x.shape[0]):
-        L = np.empty(256, np.int32)
-        scales = np.empty(16, np.float32)
+    L = np.empty(256, np.int32)
+    scales = np.empty(16, np.float32)
+    for b in range(x.shape[0]):
         max_scale = F(0)
         max_abs = F(0)
         for ib in range(16):
@@ -299,16 +302,16 @@ def _iq4_scale(x, b, o, weight, vals, ntry):
     return d
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True)
 def iq4_kernel(x, qw, has_qw, vals, out, dd, xs):
     """IQ4_NL blocks of 32 (``xs`` False: ``x[nb, 32]``) or IQ4_XS super-blocks of 256 (``x[nb, 256]``)."""
     nsub = 8 if xs else 1
     n = 32 * nsub
     qo = 8 if xs else 2  # offset of qs in the block
-    for b in prange(x.shape[0]):
-        weight = np.empty(32, np.float32)
-        scales = np.empty(8, np.float32)
-        L = np.zeros(256, np.int32)
+    weight = np.empty(32, np.float32)
+    scales = np.empty(8, np.float32)
+    L = np.zeros(256, np.int32)
+    for b in range(x.shape[0]):
         sigma2 = F(0)
         for j in range(n):
             sigma2 += x[b, j] * x[b, j]
@@ -356,6 +359,25 @@ def iq4_kernel(x, qw, has_qw, vals, out, dd, xs):
         for i in range(nsub):
             for j in range(16):
                 out[b, qo + 16 * i + j] = np.uint8(L[32 * i + j] | (L[32 * i + 16 + j] << 4))
+
+
+# ---- F16 -> F32 (the usual input of llama-quantize) ------------------------------------------------------
+
+F16_TABLE = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(F)
+
+
+@njit(cache=True, nogil=True)
+def f16_kernel(src, tab, out):
+    for i in range(src.size):
+        out[i] = tab[src[i]]
+
+
+def f16_to_f32(raw: np.ndarray) -> np.ndarray:
+    """``uint8[rows, 2n]`` (F16 bytes) -> ``float32[rows, n]`` through a 64 Ki-entry table."""
+    src = np.ascontiguousarray(raw).view("<u2")
+    out = np.empty(src.shape, F)
+    f16_kernel(src.reshape(-1), F16_TABLE, out.reshape(-1))
+    return out
 
 
 # ---- entry points: float32[nb, bs] blocks -> uint8[nb, type_size] ----------------------------------------

@@ -1,14 +1,15 @@
 """Numba versions of the two scale searches the k-quants spend their time in (``make_qkx2_quants`` /
 ``make_qkx3_quants`` and ``make_qx_quants``): llama.cpp's C loops one group at a time, in float32, in
 the same order, so results are bit-identical to the NumPy versions in ``_search`` (tests check that);
-parallel over groups. ``_search`` calls these for large inputs.
+serial and GIL-free (``nogil``: quantize_file runs row chunks on a thread pool). ``_search`` calls these
+for large inputs.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..._numba import njit, prange
+from ..._numba import njit
 
 F = np.float32
 
@@ -18,23 +19,26 @@ def _nearest_int(v):  # ggml's nearest_int: the float32 add-magic trick (round h
     return np.int32(v + F(12582912.0)) - 12582912
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True)
 def qkx_kernel(x, w, nmax, rmin, rdelta, nstep, use_mad, version, scale_out, min_out, L):  # noqa: ANN001
     ng, n = x.shape
     fmax = F(nmax)
-    for g in prange(ng):
-        laux = np.empty(n, np.uint8)
-        mn = x[g, 0]
-        mx = x[g, 0]
-        sum_w = w[g, 0]
-        sum_x = sum_w * x[g, 0]
+    laux = np.empty(n, np.uint8)
+    for g in range(ng):
+        xg = x[g]
+        wg = w[g]
+        Lg = L[g]
+        mn = xg[0]
+        mx = xg[0]
+        sum_w = wg[0]
+        sum_x = sum_w * xg[0]
         for i in range(1, n):
-            xi = x[g, i]
+            xi = xg[i]
             if xi < mn:
                 mn = xi
             if xi > mx:
                 mx = xi
-            wi = w[g, i]
+            wi = wg[i]
             sum_w += wi
             sum_x += wi * xi
         if mn > F(0):
@@ -42,7 +46,7 @@ def qkx_kernel(x, w, nmax, rmin, rdelta, nstep, use_mad, version, scale_out, min
         flat = (mx == mn) if version == 2 else (mx <= mn)
         if flat:
             for i in range(n):
-                L[g, i] = 0
+                Lg[i] = 0
             min_out[g] = -mn
             scale_out[g] = F(0)
             continue
@@ -50,12 +54,12 @@ def qkx_kernel(x, w, nmax, rmin, rdelta, nstep, use_mad, version, scale_out, min
         scale = F(1) / iscale
         best = F(0)
         for i in range(n):
-            li = _nearest_int(iscale * (x[g, i] - mn))
+            li = _nearest_int(iscale * (xg[i] - mn))
             li = max(0, min(nmax, li))
-            L[g, i] = li
-            diff = scale * F(li) + mn - x[g, i]
+            Lg[i] = li
+            diff = scale * F(li) + mn - xg[i]
             diff = abs(diff) if use_mad else diff * diff
-            best += w[g, i] * diff
+            best += wg[i] * diff
         if nstep >= 1:
             for step in range(nstep + 1):
                 iscale = (rmin + rdelta * F(step) + fmax) / (mx - mn)
@@ -63,14 +67,14 @@ def qkx_kernel(x, w, nmax, rmin, rdelta, nstep, use_mad, version, scale_out, min
                 sum_l2 = F(0)
                 sum_xl = F(0)
                 for i in range(n):
-                    li = _nearest_int(iscale * (x[g, i] - mn))
+                    li = _nearest_int(iscale * (xg[i] - mn))
                     li = max(0, min(nmax, li))
                     laux[i] = li
-                    wi = w[g, i]
+                    wi = wg[i]
                     lf = F(li)
                     sum_l += wi * lf
                     sum_l2 += wi * lf * lf
-                    sum_xl += wi * lf * x[g, i]
+                    sum_xl += wi * lf * xg[i]
                 D = sum_w * sum_l2 - sum_l * sum_l
                 if D > F(0):
                     this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
@@ -80,12 +84,12 @@ def qkx_kernel(x, w, nmax, rmin, rdelta, nstep, use_mad, version, scale_out, min
                         this_scale = sum_xl / sum_l2
                     cur = F(0)
                     for i in range(n):
-                        diff = this_scale * F(laux[i]) + this_min - x[g, i]
+                        diff = this_scale * F(laux[i]) + this_min - xg[i]
                         diff = abs(diff) if use_mad else diff * diff
-                        cur += w[g, i] * diff
+                        cur += wg[i] * diff
                     if cur < best:
                         for i in range(n):
-                            L[g, i] = laux[i]
+                            Lg[i] = laux[i]
                         best = cur
                         scale = this_scale
                         mn = this_min
@@ -93,29 +97,31 @@ def qkx_kernel(x, w, nmax, rmin, rdelta, nstep, use_mad, version, scale_out, min
         scale_out[g] = scale
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True)
 def qx_kernel(x, qw, has_qw, nmax, rmse_type, scale_out, L):  # noqa: ANN001
     ng, n = x.shape
     fmax = F(nmax)
-    for g in prange(ng):
-        lt = np.empty(n, np.int32)
+    lt = np.empty(n, np.int32)
+    for g in range(ng):
+        xg = x[g]
+        Lg = L[g]
         mx = F(0)
         amax = F(0)
         for i in range(n):
-            ax = abs(x[g, i])
+            ax = abs(xg[i])
             if ax > amax:
                 amax = ax
-                mx = x[g, i]
+                mx = xg[i]
         if amax < F(1e-15):
             for i in range(n):
-                L[g, i] = 0
+                Lg[i] = 0
             scale_out[g] = F(0)
             continue
         iscale = -fmax / mx
         if rmse_type == 0:
             for i in range(n):
-                li = _nearest_int(iscale * x[g, i])
-                L[g, i] = nmax + max(-nmax, min(nmax - 1, li))
+                li = _nearest_int(iscale * xg[i])
+                Lg[i] = nmax + max(-nmax, min(nmax - 1, li))
             scale_out[g] = F(1) / iscale
             continue
         early = rmse_type < 0
@@ -123,9 +129,9 @@ def qx_kernel(x, qw, has_qw, nmax, rmse_type, scale_out, L):  # noqa: ANN001
         sumlx = F(0)
         suml2 = F(0)
         for i in range(n):
-            xi = x[g, i]
+            xi = xg[i]
             li = max(-nmax, min(nmax - 1, _nearest_int(iscale * xi)))
-            L[g, i] = li + nmax
+            Lg[i] = li + nmax
             if has_qw:
                 wi = qw[g, i]
             elif rt == 1:
@@ -151,7 +157,7 @@ def qx_kernel(x, qw, has_qw, nmax, rmse_type, scale_out, L):  # noqa: ANN001
             sumlx = F(0)
             suml2 = F(0)
             for i in range(n):
-                xi = x[g, i]
+                xi = xg[i]
                 li = max(-nmax, min(nmax - 1, _nearest_int(isc * xi)))
                 lt[i] = li
                 if has_qw:
@@ -169,7 +175,7 @@ def qx_kernel(x, qw, has_qw, nmax, rmse_type, scale_out, L):  # noqa: ANN001
                 suml2 += wi * lf * lf
             if suml2 > F(0) and sumlx * sumlx > best * suml2:
                 for i in range(n):
-                    L[g, i] = lt[i] + nmax
+                    Lg[i] = lt[i] + nmax
                 scale = sumlx / suml2
                 best = scale * sumlx
         scale_out[g] = scale
