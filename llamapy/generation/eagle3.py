@@ -259,6 +259,7 @@ class FeatureTap:
         for i, k in enumerate(head.extract_layers):
             self.slots.setdefault("inp_embd" if k == 0 else f"l_out-{k - 1}", []).append(i)
         self.parts: dict[int, np.ndarray] = {}
+        self._ub: Any = None  # the ubatch the parts are of
         self.store: dict[int, dict[int, tuple[int, np.ndarray]]] = {}
         self.max_keep = int(max_keep)
         self.n_tgt = head.fc.shape[0] // 3
@@ -270,7 +271,7 @@ class FeatureTap:
         tap = ctx.cb_eval
         if isinstance(tap, FeatureTap) and tap.head is head:
             return tap
-        return cls(ctx, head)
+        return cls(ctx, head, max_keep=max(int(ctx.n_ctx), 1))
 
     def __call__(self, t: Any, ask: bool, value: np.ndarray | None) -> bool:
         mine = t.name in self.slots
@@ -283,6 +284,9 @@ class FeatureTap:
         if ub is None or v is None or v.ndim != 2 or v.shape != (ub.n_tokens, self.n_tgt):
             self.parts.clear()  # (rows selected for outputs, or another width: not a feature)
             return True
+        if ub is not self._ub:  # parts of another ubatch (one whose graph lacked a node): not mixed in
+            self.parts.clear()
+            self._ub = ub
         for i in self.slots[t.name]:
             self.parts[i] = v
         if len(self.parts) == 3:
