@@ -71,6 +71,7 @@ class PipelineContext:
         stage_cpus: float = 1.0,
         ready_timeout_s: float = 120.0,
         call_timeout_s: float = 600.0,
+        micro_batches: bool = True,
     ) -> None:
         from . import require_ray
 
@@ -128,7 +129,8 @@ class PipelineContext:
         self.params = ctx_params
         a = self._get(self.stages[0].attrs.remote(["n_ctx", "n_batch", "n_ubatch", "n_seq_max"]))
         self.n_ctx, self.n_batch, self.n_ubatch, self.n_seq_max = (int(a[k]) for k in a)
-        self.micro_batches = bool(self._get(self.stages[0].simple_split.remote()))
+        # micro-batches need the memory's split to be consecutive ubatches (no recurrent state)
+        self.micro_batches = micro_batches and bool(self._get(self.stages[0].simple_split.remote()))
         self.embeddings = False
         self.encoder = False
         self.n_embd_inp = hp.n_embd_inp
