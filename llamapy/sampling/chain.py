@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -387,60 +387,54 @@ def _chain_samplers(
 
     if params.mirostat == 0:
         use_adaptive = False
-        for name in sampler_names(params.samplers):
-            if name == "dry":
-                dry_on = (
+        # name -> (whether it acts, the sampler, the placeholder's name where it does not)
+        simple: dict[str, tuple[Callable[[], bool], Callable[[], Sampler], str]] = {
+            "dry": (
+                lambda: (
                     params.dry_multiplier != 0.0 and params.dry_base >= 1.0 and params.dry_penalty_last_n != 0
-                )
-                if not dry_on:
-                    out.append(EmptySampler("?dry"))
-                    continue
-                out.append(
-                    DRYSampler(
-                        params.dry_multiplier,
-                        params.dry_base,
-                        params.dry_allowed_length,
-                        last_n(params.dry_penalty_last_n, params.dry_multiplier != 0.0),
-                        params.dry_sequence_breakers,
-                        vocab,
-                    )
-                )
-            elif name == "top_k":
-                out.append(TopKSampler(params.top_k) if params.top_k > 0 else EmptySampler("?top-k"))
-            elif name == "top_p":
-                out.append(
-                    TopPSampler(params.top_p, params.min_keep)
-                    if params.top_p < 1.0
-                    else EmptySampler("?top-p")
-                )
-            elif name == "top_n_sigma":
-                out.append(
-                    TopNSigmaSampler(params.top_n_sigma)
-                    if params.top_n_sigma > 0
-                    else EmptySampler("?top-n-sigma")
-                )
-            elif name == "min_p":
-                out.append(
-                    MinPSampler(params.min_p, params.min_keep) if params.min_p > 0 else EmptySampler("?min-p")
-                )
-            elif name == "xtc":
-                if params.xtc_probability <= 0 or params.xtc_threshold > 0.5:
-                    out.append(EmptySampler("?xtc"))
-                else:
-                    out.append(
-                        XTCSampler(params.xtc_probability, params.xtc_threshold, params.min_keep, seed)
-                    )
-            elif name == "typ_p":
-                out.append(
-                    TypicalSampler(params.typ_p, params.min_keep)
-                    if params.typ_p < 1.0
-                    else EmptySampler("?typical")
-                )
-            elif name == "temperature":
-                if params.temp == 1.0 and params.dynatemp_range <= 0:
-                    out.append(EmptySampler("?temp-ext"))
-                else:
-                    out.append(TempExtSampler(params.temp, params.dynatemp_range, params.dynatemp_exponent))
+                ),
+                lambda: DRYSampler(
+                    params.dry_multiplier,
+                    params.dry_base,
+                    params.dry_allowed_length,
+                    last_n(params.dry_penalty_last_n, params.dry_multiplier != 0.0),
+                    params.dry_sequence_breakers,
+                    vocab,
+                ),
+                "?dry",
+            ),
+            "top_k": (lambda: params.top_k > 0, lambda: TopKSampler(params.top_k), "?top-k"),
+            "top_p": (
+                lambda: params.top_p < 1.0,
+                lambda: TopPSampler(params.top_p, params.min_keep),
+                "?top-p",
+            ),
+            "top_n_sigma": (
+                lambda: params.top_n_sigma > 0,
+                lambda: TopNSigmaSampler(params.top_n_sigma),
+                "?top-n-sigma",
+            ),
+            "min_p": (lambda: params.min_p > 0, lambda: MinPSampler(params.min_p, params.min_keep), "?min-p"),
+            "xtc": (
+                lambda: not (params.xtc_probability <= 0 or params.xtc_threshold > 0.5),
+                lambda: XTCSampler(params.xtc_probability, params.xtc_threshold, params.min_keep, seed),
+                "?xtc",
+            ),
+            "typ_p": (
+                lambda: params.typ_p < 1.0,
+                lambda: TypicalSampler(params.typ_p, params.min_keep),
+                "?typical",
+            ),
+            "temperature": (
+                lambda: not (params.temp == 1.0 and params.dynatemp_range <= 0),
+                lambda: TempExtSampler(params.temp, params.dynatemp_range, params.dynatemp_exponent),
+                "?temp-ext",
+            ),
+        }
+        for name in sampler_names(params.samplers):
+            if name in simple:
+                on, make, placeholder = simple[name]
+                out.append(make() if on() else EmptySampler(placeholder))
             elif name == "penalties":
                 pen_on = not (
                     params.penalty_repeat == 1.0

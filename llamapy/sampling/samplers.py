@@ -117,12 +117,16 @@ def top_k_impl(cur: TokenDataArray, k: int) -> None:
     cur.partial_sort(k)
 
 
-class TopPSampler(Sampler):
-    name = "top-p"
+class _Mass(Sampler):
+    """A sampler over probability mass ``p`` that keeps at least ``min_keep`` tokens."""
 
     def __init__(self, p: float, min_keep: int = 0) -> None:
         self.p = float(p)
         self.min_keep = int(min_keep)
+
+
+class TopPSampler(_Mass):
+    name = "top-p"
 
     def apply(self, cur: TokenDataArray) -> None:
         if _F32(self.p) >= 1.0 or cur.size == 0:
@@ -157,12 +161,8 @@ class TopPSampler(Sampler):
         return -1 if partial else n
 
 
-class MinPSampler(Sampler):
+class MinPSampler(_Mass):
     name = "min-p"
-
-    def __init__(self, p: float, min_keep: int = 0) -> None:
-        self.p = float(p)
-        self.min_keep = int(min_keep)
 
     def apply(self, cur: TokenDataArray) -> None:
         if _F32(self.p) <= 0 or cur.size == 0:
@@ -185,12 +185,8 @@ class MinPSampler(Sampler):
         cur.truncate(int(hit[0]) if len(hit) else cur.size)
 
 
-class TypicalSampler(Sampler):
+class TypicalSampler(_Mass):
     name = "typical"
-
-    def __init__(self, p: float, min_keep: int = 0) -> None:
-        self.p = float(p)
-        self.min_keep = int(min_keep)
 
     def apply(self, cur: TokenDataArray) -> None:
         if _F32(self.p) >= 1.0 or cur.size == 0:
