@@ -51,4 +51,15 @@ def from_args(args: dict[str, Any]) -> Application:
     return build_app(args.pop("model"), int(args.pop("replicas", 1)), **args)
 
 
-__all__ = ["RayNotInstalledError", "build_app", "from_args", "require_ray"]
+def __getattr__(name: str) -> Any:
+    """Pipeline parallel (``llamapy.ray.pipeline``), imported on first use: ``PipelineContext``,
+    ``RemoteBackend``, ``PipelineError``."""
+    if name in ("PipelineContext", "RemoteBackend", "PipelineError", "pipeline_context"):
+        from . import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["PipelineContext", "PipelineError", "RayNotInstalledError", "RemoteBackend", "build_app", "from_args",
+           "pipeline_context", "require_ray"]  # fmt: skip

@@ -29,7 +29,14 @@ from ..batch import Batch
 from ..errors import LlamapyError
 from .pipeline_stage import PipelineError, PipelineStage, StageFailure, layer_ranges
 
-__all__ = ["MemoryProxy", "PipelineContext", "PipelineError", "RemoteBackend", "layer_ranges"]
+__all__ = [
+    "MemoryProxy",
+    "PipelineContext",
+    "PipelineError",
+    "RemoteBackend",
+    "layer_ranges",
+    "pipeline_context",
+]
 
 _STATE_MAGIC = b"LPYP"
 STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
