@@ -81,6 +81,7 @@ class Context:
     rope_parameters: dict[str, Any] = field(default_factory=dict)
     block_count: int = 0
     state: dict[str, Any] = field(default_factory=dict)  # a hook's scratch (e.g. experts being stacked)
+    checkpoint: dict[str, SafeTensor] = field(default_factory=dict)  # every tensor, for extra_tensors
 
     kv: Any = None  # the key/value collector, while the vocabulary is written
     # keys a tensor hook adds while the tensors are prepared ((GGUFWriter method, value)), written first
@@ -335,9 +336,19 @@ class _Mapper:
         yield self.gguf_name(name), data
 
 
+def _shape(data: np.ndarray) -> tuple[int, ...]:
+    """The tensor's shape in elements: a uint8 array is MXFP4 blocks kept as they are (17 bytes per 32)."""
+    if data.dtype == np.uint8:
+        return (*data.shape[:-1], data.shape[-1] // 17 * 32)
+    return tuple(data.shape)
+
+
 def _tensor_type(name: str, data: np.ndarray, qtype: GGMLType) -> GGMLType:
     """prepare_tensors' choice: 1-D and norms F32, routers/position embeddings F32, the rest ``qtype``
-    (Q8_0 falls back to F16 when a row is not a multiple of 32, as gguf-py's quantizer does)."""
+    (Q8_0 falls back to F16 when a row is not a multiple of 32, as gguf-py's quantizer does); uint8
+    arrays are MXFP4 blocks written as they are (gpt-oss's experts)."""
+    if data.dtype == np.uint8:
+        return GGMLType.MXFP4
     if data.ndim <= 1 or name.endswith("_norm.weight"):
         return GGMLType.F32
     if name.endswith(_F32_NAMES) or name[-7:] not in (".weight", ".lora_a", ".lora_b"):
@@ -500,6 +511,7 @@ def _convert(
         file_type, qtype = OUTTYPES[outtype]
         try:
             ctx = _make_context(d, hp, decl, file_type, list(tensors))
+            ctx.checkpoint = tensors
             plan = [] if vocab_only else _plan(ctx, tensors, qtype)
         except ConvertError:
             raise
@@ -583,7 +595,7 @@ def _plan(ctx: Context, tensors: dict[str, SafeTensor], qtype: GGMLType) -> _Pla
         if name in seen:
             raise ConvertError(f"two HF tensors map to {name!r}")
         seen.add(name)
-        plan.append((name, tuple(data.shape), _tensor_type(name, data, qtype), i))
+        plan.append((name, _shape(data), _tensor_type(name, data, qtype), i))
     _check_shapes(ctx, plan)
     return plan
 
@@ -742,7 +754,7 @@ def _write(
         owner = {i: si for si, (_p, g) in enumerate(parts) for i in g}
         for i, (name, data) in enumerate(_iter_converted(ctx, tensors)):
             pname, shape, t, _k = plan[i]
-            if name != pname or tuple(data.shape) != shape:
+            if name != pname or _shape(data) != shape:
                 raise ConvertError(f"tensor {name!r} changed between passes")
             writers[owner[i]].write_tensor_data(_encode(data, t), name)
             if progress is not None:
@@ -786,6 +798,8 @@ def _sub_type(val: Any) -> Any:
 def _encode(data: np.ndarray, t: GGMLType) -> np.ndarray:
     from ..gguf.writer import _to_bf16
 
+    if t == GGMLType.MXFP4:
+        return np.ascontiguousarray(data)
     x = np.ascontiguousarray(data, dtype=np.float32)
     if t == GGMLType.F32:
         return x

@@ -46,6 +46,7 @@ RUNS: list[tuple[str, str, tuple[str, ...]]] = [
     ("qwen3next", "f32", ()),
     ("deepseek2", "f16", ()),
     ("glm4moe", "bf16", ()),
+    ("gpt-oss", "f16", ()),
     ("qwen2moe", "f16", ()),
     ("starcoder2", "f16", ()),
     ("command-r", "f16", ()),

@@ -44,6 +44,7 @@ class Case:
     hub_config: dict[str, Any] = field(default_factory=dict)  # config.json keys as the Hub's files write them
     # MTP layers saved as the Hub's Qwen3-Next / Qwen3.5 files do (mtp.*; transformers drops them)
     mtp: int = 0
+    mxfp4: bool = False  # gpt-oss's experts as the Hub's MXFP4 blocks and scales (quantization_config mxfp4)
     unfuse_experts: bool = False  # experts one by one (mlp.experts.N.gate_proj...), as the Hub's files
 
 
@@ -282,6 +283,37 @@ CASES: dict[str, Case] = {
             unfuse_experts=True,
         ),
         Case(
+            "gpt-oss",
+            "GptOssConfig",
+            _cfg(
+                head_dim=16,
+                intermediate_size=64,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                sliding_window=4,
+                rope_parameters={
+                    "rope_type": "yarn",
+                    "factor": 32.0,
+                    "beta_fast": 32.0,
+                    "beta_slow": 1.0,
+                    "original_max_position_embeddings": 64,
+                    "rope_theta": 150000.0,
+                },
+            ),
+            mxfp4=True,
+            hub_config={
+                "quantization_config": {
+                    "quant_method": "mxfp4",
+                    "modules_to_not_convert": [
+                        "model.layers.*.self_attn",
+                        "model.layers.*.mlp.router",
+                        "model.embed_tokens",
+                        "lm_head",
+                    ],
+                }
+            },
+        ),
+        Case(
             "qwen2moe",
             "Qwen2MoeConfig",
             _cfg(
@@ -483,6 +515,22 @@ def _unfuse_experts(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
+def _mxfp4_experts(state: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """gpt-oss's ``experts.gate_up_proj`` (E, n_embd, 2 n_ff) and ``down_proj`` (E, n_ff, n_embd) as the
+    Hub stores them: MXFP4 ``_blocks`` (E, rows, cols / 32, 16: two 4-bit codes a byte, low nibble first)
+    and ``_scales`` (E, rows, cols / 32: exponents biased by 127), rows the output features. Random codes,
+    exponents 2^-8..2^-5 (weights up to 6 x 2^-5)."""
+    out: dict[str, np.ndarray] = {}
+    for k, v in state.items():
+        if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            e, cols, rows = v.shape
+            out[f"{k}_blocks"] = rng.integers(0, 256, (e, rows, cols // 32, 16), dtype=np.uint8)
+            out[f"{k}_scales"] = rng.integers(119, 123, (e, rows, cols // 32), dtype=np.uint8)
+        else:
+            out[k] = v
+    return out
+
+
 def _mtp_shapes(shapes: dict[str, tuple[int, ...]], n: int) -> dict[str, tuple[int, ...]]:
     """``mtp.fc`` (2 x hidden -> hidden), its three norms and ``n`` layers shaped as the last attention layer."""
     last = max(int(k.split(".")[2]) for k in shapes if ".self_attn." in k)
@@ -518,10 +566,15 @@ def make_hf_dir(case: Case, root: Path) -> Path:
     state = random_state(case, shapes, tied)
     if case.unfuse_experts:
         state = _unfuse_experts(state)
+    if case.mxfp4:
+        state = _mxfp4_experts(state, np.random.default_rng(4))
     for pat, rep in case.rename:
         state = {re.sub(pat, rep, k): v for k, v in state.items()}
     dt = torch.bfloat16 if case.dtype == "BF16" else torch.float32
-    tensors = {k: torch.from_numpy(v).to(dt).contiguous() for k, v in state.items()}
+    tensors = {
+        k: torch.from_numpy(v).to(dt if v.dtype.kind == "f" else torch.uint8).contiguous()
+        for k, v in state.items()
+    }
     names = sorted(tensors)
     if case.shards == 1:
         save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})

@@ -111,8 +111,14 @@ def test_lora_applied_matches_merged_weights(hf_dir, hf_root: Path, tmp_path: Pa
 
 
 def _hf_logits(d: Path) -> np.ndarray:
+    kw = {}
+    if (
+        json.loads((d / "config.json").read_text()).get("quantization_config", {}).get("quant_method")
+        == "mxfp4"
+    ):
+        kw["quantization_config"] = transformers.Mxfp4Config(dequantize=True)  # (MXFP4 kernels need a GPU)
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        d, dtype=torch.float32, attn_implementation="eager"
+        d, dtype=torch.float32, attn_implementation="eager", **kw
     )
     model.eval()
     with torch.no_grad():
@@ -148,6 +154,7 @@ def _our_logits(path: Path) -> np.ndarray:
         "qwen3next",
         "deepseek2",
         "glm4moe",
+        "gpt-oss",
         "starcoder2",
         "command-r",
         "gpt2",

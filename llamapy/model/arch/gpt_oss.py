@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError, swa_pattern
 from . import Architecture, register
 
@@ -66,3 +69,76 @@ class GptOss(Architecture):
             h = g.build_moe_ffn(h, blk, il, False, gating="softmax_weight", act="swiglu_oai")
             x = g.cb(x + h, "l_out", il)
         return g.output(x, self.w["output_norm.weight"], self.output_weight())
+
+
+# ---------------------------------------------------------------------------------------------
+# llamapy convert: llama.cpp's GptOssModel (MXFP4 experts repacked bit for bit, never dequantized)
+
+
+def _mxfp4_nibbles(blocks: np.ndarray) -> np.ndarray:
+    """GptOssModel.transform_nibble_layout: HF's 16 bytes of a block (codes 2i, 2i+1 in the low, high
+    nibble of byte i) -> ggml's block_mxfp4 qs (codes i and i+16 in the low, high nibble of byte i)."""
+    lo, hi = blocks & 0x0F, blocks >> 4
+    codes = np.stack([lo, hi], axis=-1).reshape(*blocks.shape[:-1], 32)
+    return (codes[..., :16] | (codes[..., 16:] << 4)).astype(np.uint8)
+
+
+def _mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """repack_mxfp4: (..., n_block, 16) codes + (..., n_block) exponents -> rows of 17-byte blocks."""
+    out = np.concatenate([scales[..., None], _mxfp4_nibbles(blocks)], axis=-1)
+    return np.ascontiguousarray(out.reshape(*out.shape[:-2], -1))
+
+
+def _hf_extra(ctx):
+    """GptOssModel.generate_extra_tensors: the MXFP4 experts first, in the checkpoint's order."""
+    if not _is_mxfp4(ctx):
+        return
+    blocks = None
+    for name, st in ctx.checkpoint.items():
+        if name.endswith("mlp.experts.down_proj_blocks"):
+            blocks = st.numpy()
+        elif name.endswith("mlp.experts.down_proj_scales"):
+            yield f"blk.{name.split('.')[2]}.ffn_down_exps.weight", _mxfp4(blocks, st.numpy())
+        elif name.endswith("mlp.experts.gate_up_proj_blocks"):
+            blocks = st.numpy()
+        elif name.endswith("mlp.experts.gate_up_proj_scales"):
+            sc, bid = st.numpy(), name.split(".")[2]
+            yield f"blk.{bid}.ffn_gate_exps.weight", _mxfp4(blocks[:, ::2], sc[:, ::2])
+            yield f"blk.{bid}.ffn_up_exps.weight", _mxfp4(blocks[:, 1::2], sc[:, 1::2])
+
+
+def _hf_tensor(ctx, name, data, bid):
+    """GptOssModel.modify_tensors: sinks as weights, gate/up interleaved (even rows gate, odd up), the
+    unquantized experts transposed; the MXFP4 blocks and scales were written by ``_hf_extra``."""
+    if name.endswith(("_blocks", "_scales")):
+        return []
+    if "sinks" in name:
+        return [(name + ".weight", data)]
+    if "down_proj" in name:
+        if name.endswith("_bias"):
+            return [(name.replace("down_proj_bias", "down_proj.bias"), data)]
+        return [(name.replace("down_proj", "down_proj.weight"), np.swapaxes(data, -1, -2))]
+    if "gate_up_proj" in name:
+        if name.endswith("_bias"):
+            return [(name.replace("gate_up_proj_bias", "gate_proj.bias"), data[..., ::2]),
+                    (name.replace("gate_up_proj_bias", "up_proj.bias"), data[..., 1::2])]  # fmt: skip
+        w = np.swapaxes(data, -1, -2)
+        return [(name.replace("gate_up_proj", "gate_proj.weight"), w[:, ::2, :]),
+                (name.replace("gate_up_proj", "up_proj.weight"), w[:, 1::2, :])]  # fmt: skip
+    return [(name, data)]
+
+
+def _hf_params(ctx, kv) -> None:
+    if _is_mxfp4(ctx) and ctx.file_type in (0, 1, 32):  # F32, F16, BF16 files: MOSTLY_MXFP4_MOE
+        kv.add_file_type(38)
+    kv.add_sliding_window(ctx.hparams["sliding_window"])
+    kv.add_expert_feed_forward_length(ctx.hparams["intermediate_size"])
+
+
+def _is_mxfp4(ctx) -> bool:
+    return (ctx.hparams.get("quantization_config") or {}).get("quant_method") == "mxfp4"
+
+
+HF_CONVERT = HFConvert(
+    "gpt-oss", ("GptOssForCausalLM",), params=_hf_params, tensor=_hf_tensor, extra_tensors=_hf_extra
+)
