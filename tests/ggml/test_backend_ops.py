@@ -10,7 +10,7 @@ import pytest
 from llamapy.ggml import GGMLType as T
 from llamapy.ggml import Graph, NumpyBackend, Scheduler, ops
 from llamapy.ggml.backend import ComputeError
-from llamapy.ggml.cpu.backend import MATVEC_MAX_TOKENS, CPUBackend
+from llamapy.ggml.cpu.backend import CPUBackend, matvec_max_rows
 from llamapy.ggml.cpu.matmul_kernels import Q16_TYPES, VEC_DOT_TYPE
 from llamapy.ggml.quants import dequantize, quantize
 from tests.util import as_kernel_sees
@@ -74,13 +74,14 @@ def test_mul_mat_all_types_few_and_many_tokens(t):
     n, k = 13, 512  # 13 rows: groups of 4 plus a remainder
     w, _ = make_weight(t, n, k)
     outs, feeds = [], {}
-    for m in (1, 3, MATVEC_MAX_TOKENS + 9):
+    many = matvec_max_rows(t.name) + 9  # past the type's switch point: float tiles
+    for m in (1, 3, many):
         x = ops.new_tensor(T.F32, (m, k))
         feeds[x] = f32(m, k)
         outs.append(ops.mul_mat(w, x))
     got, ref = run_both(outs, feeds)
-    for m, a, b in zip((1, 3, MATVEC_MAX_TOKENS + 9), got, ref, strict=True):
-        tight = t.name not in VEC_DOT_TYPE or m > MATVEC_MAX_TOKENS  # many tokens: float tiles
+    for m, a, b in zip((1, 3, many), got, ref, strict=True):
+        tight = t.name not in VEC_DOT_TYPE or m == many  # many tokens: float tiles
         bound = 1e-9 if tight else MUL_MAT_Q8_NMSE
         if m == 1 and t.name in Q16_TYPES:  # the one-row kernel's 16-bit activations (~5e-10)
             bound = 1e-8
@@ -282,7 +283,7 @@ def test_fused_norm_input_stays_alive_until_the_fused_step():
 
 
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q4_K, T.F32], ids=lambda t: t.name)
-@pytest.mark.parametrize("Tn", [5, 40])  # 40 tokens: experts get more rows than the mat-vec kernels take
+@pytest.mark.parametrize("Tn", [5, 300])  # 300 tokens: experts get more rows than the mat-vec kernels take
 def test_mul_mat_id_experts(t, Tn):
     E, N, K, U = 4, 6, 256, 2
     a = ops.weight("experts", t, (E, N, K), quantize(f32(E, N, K), t) if t != T.F32 else f32(E, N, K))
@@ -290,9 +291,9 @@ def test_mul_mat_id_experts(t, Tn):
     b2 = ops.new_tensor(T.F32, (Tn, U, K))
     ids = ops.new_tensor(T.I32, (Tn, U))
     iv = RNG.integers(0, E, size=(Tn, U)).astype(np.int32)
-    # an expert with at most MATVEC_MAX_TOKENS rows runs a mat-vec kernel (k-quants: 8-bit activations)
+    # an expert with at most matvec_max_rows rows runs a mat-vec kernel (k-quants: 8-bit activations)
     counts = np.bincount(iv.reshape(-1))
-    few = counts[counts > 0].min() <= MATVEC_MAX_TOKENS
+    few = counts[counts > 0].min() <= matvec_max_rows(t.name)
     check(
         [ops.mul_mat_id(a, b, ids), ops.mul_mat_id(a, b2, ids)],
         {b: f32(Tn, 1, K), b2: f32(Tn, U, K), ids: iv},
@@ -513,10 +514,10 @@ def test_alibi_over_a_kv_cache(kv_type, n_tokens):
 
 @pytest.mark.parametrize("t", MATVEC_TYPES, ids=lambda t: t.name)
 def test_mul_mat_small_batches(t):
-    """2..MATVEC_MAX_TOKENS rows: the batch kernels (each block decoded once per 4 or 8 rows)."""
+    """2..``matvec_max_rows`` rows: the batch kernels (each block decoded once per 4 or 8 rows)."""
     n, k = 13, 512
     w, _ = make_weight(t, n, k)
-    ms = sorted({2, 4, 5, 8, MATVEC_MAX_TOKENS})
+    ms = sorted({2, 4, 5, 8, matvec_max_rows(t.name)})
     outs, feeds = [], {}
     for m in ms:
         x = ops.new_tensor(T.F32, (m, k))

@@ -11,7 +11,7 @@ import pytest
 from llamapy.ggml import GGMLType as T
 from llamapy.ggml import Graph, NumpyBackend, Scheduler, ops
 from llamapy.ggml.cpu import matmul_kernels as mk
-from llamapy.ggml.cpu.backend import MATVEC_MAX_TOKENS, CPUBackend
+from llamapy.ggml.cpu.backend import CPUBackend, matvec_max_rows
 from llamapy.ggml.quants import dequantize, quantize
 from llamapy.ggml.types import TRAITS
 from tests.util import as_kernel_sees
@@ -142,12 +142,13 @@ def test_kquant_batch_nonfinite_row_gives_nan_only_there(t):
 
 @pytest.mark.parametrize("t", [T.Q4_1, T.Q6_K], ids=lambda t: t.name)
 def test_mul_mat_uses_the_batch_kernel_up_to_the_switch_point(t):
-    """Through the graph at M = 2, 5 and MATVEC_MAX_TOKENS: the chosen kernel's own output."""
+    """Through the graph at M = 2, 5 and the type's switch point (``matvec_max_rows``): the chosen
+    kernel's own output."""
     rng = np.random.default_rng(11)
     k = _k(t)
     raw = quantize(rng.standard_normal((N_ROWS, k)).astype(np.float32), t)
     w = ops.weight("w", t, (N_ROWS, k), raw)
-    for m in (2, mk.BATCH8_MIN_ROWS, MATVEC_MAX_TOKENS):
+    for m in (2, mk.BATCH8_MIN_ROWS, matvec_max_rows(t.name)):
         xv = rng.standard_normal((m, k)).astype(np.float32)
         x = ops.new_tensor(T.F32, (m, k))
         y = ops.mul_mat(w, x)

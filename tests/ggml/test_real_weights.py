@@ -9,7 +9,7 @@ import pytest
 
 from llamapy.ggml import GGMLType as T
 from llamapy.ggml import Graph, Scheduler, ops
-from llamapy.ggml.cpu.backend import MATVEC_MAX_TOKENS, CPUBackend
+from llamapy.ggml.cpu.backend import CPUBackend, matvec_max_rows
 from llamapy.gguf import GGUFReader
 from tests.util import as_kernel_sees
 
@@ -32,7 +32,11 @@ def _check(path, names, embd):
             y = ops.mul_mat(w, x)
             xv = rng.standard_normal((m, info.shape[1])).astype(np.float32)
             s.compute(Graph(y), {x: xv})
-            xk = as_kernel_sees(info.ggml_type.name, xv, matvec=m == 1) if m <= MATVEC_MAX_TOKENS else xv
+            xk = (
+                as_kernel_sees(info.ggml_type.name, xv, matvec=m == 1)
+                if m <= matvec_max_rows(info.ggml_type.name)
+                else xv
+            )
             ref = xk.astype(np.float64) @ ref_w.T.astype(np.float64)
             err = np.sum((s.get(y) - ref) ** 2) / np.sum(ref**2)
             assert err < 1e-10, (name, info.ggml_type.name, m, err)

@@ -23,7 +23,7 @@ from ..tensor import VIEW_OPS, Tensor
 from ..types import TRAITS, GGMLType
 from .layouts import GLU_KIND, UNARY_KIND
 
-__all__ = ["CPUBackend", "MATVEC_MAX_TOKENS"]
+__all__ = ["CPUBackend", "MATVEC_MAX_TOKENS", "matvec_max_rows"]
 
 #: batches up to this many rows use the in-register mat-vec kernels (``matmul_kernels.matvec_kernel``:
 #: one row ``MATVEC``; more rows the batch kernels, each weight block decoded once per 4 or 8 rows);
@@ -31,6 +31,24 @@ __all__ = ["CPUBackend", "MATVEC_MAX_TOKENS"]
 #: take 0.45-0.6x the time of tiles + sgemm on 576x1536 / 1536x576 and ~0.1-0.25x on 49152x576 (Q4_1,
 #: Q8_0, Q4_K, Q6_K, one thread); the two meet around 24-32 rows on the small matrices.
 MATVEC_MAX_TOKENS = 16
+#: types whose kernels stay ahead of tiles + sgemm past ``MATVEC_MAX_TOKENS`` rows: the most rows they
+#: take (``matvec_max_rows``). The k-quants multiply 8-bit activations in integers, so dequantizing a
+#: tile to floats costs more than it saves up to ~128 rows; the 32-element types multiply floats and
+#: meet sgemm near 48. CPU time per call, one thread, 8960x1536 (benchmarks/results/matvec_rows.md):
+#: at 64 rows Q4_K 2.0x, Q5_K 1.65x, Q6_K 1.36x, Q2_K/Q3_K ~2x faster than tiles; at 32 rows Q4_0
+#: 1.5x, Q8_0 1.75x, IQ4_XS 1.5x; at 512 rows the tiles win (Q4_K 0.97x, Q6_K 0.66x).
+MATVEC_MAX_ROWS = {
+    "Q2_K": 128, "Q3_K": 128, "Q4_K": 128, "Q5_K": 128, "Q6_K": 96,
+    "Q4_0": 32, "Q4_1": 32, "Q8_0": 32, "IQ4_NL": 32, "IQ4_XS": 32,
+}  # fmt: skip
+
+
+def matvec_max_rows(type_name: str, default: int = MATVEC_MAX_TOKENS) -> int:
+    """The most activation rows for which ``mul_mat`` on a weight of this type runs the in-register
+    kernels (more rows: dequantized tiles + sgemm). ``default``: the limit of the other types."""
+    return max(default, MATVEC_MAX_ROWS.get(type_name, 0))
+
+
 #: attention over at most this many query rows runs in one Numba kernel, parallel over heads (no BLAS)
 ATTN_SMALL_MAX_TOKENS = 4
 #: floats in one dequantized weight tile for the large-batch path (each tile is one dequantize and one

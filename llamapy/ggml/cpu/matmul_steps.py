@@ -20,6 +20,7 @@ from .backend import (
     _f32_rows,
     _kernels,
     _threads,
+    matvec_max_rows,
 )
 
 
@@ -48,7 +49,7 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
             gemm_nt(x, A, out2, threads)
 
         return step_f32
-    if name in mk.MATVEC and M <= MATVEC_MAX_TOKENS and A.flags.c_contiguous:
+    if name in mk.MATVEC and M <= matvec_max_rows(name, MATVEC_MAX_TOKENS) and A.flags.c_contiguous:
         kern = mk.matvec_kernel(name, M)
         be.need(kern)
         f16 = mk.F16_TABLE
@@ -107,7 +108,7 @@ def _mul_mat_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
             t_idx, u_idx = sel // U, sel % U
             x = np.ascontiguousarray(B[t_idx, u_idx if B.shape[1] > 1 else 0], dtype=np.float32)
             y = np.empty((x.shape[0], N), np.float32)
-            if kern is not None and x.shape[0] <= MATVEC_MAX_TOKENS:
+            if kern is not None and x.shape[0] <= matvec_max_rows(name, MATVEC_MAX_TOKENS):
                 mk.matvec_kernel(name, x.shape[0])(A[e], x, y, f16)
             else:
                 gemm_nt(x, np.ascontiguousarray(_expert_f32(a.type, A[e])), y, threads)
