@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from llamapy import Llama
-from llamapy.generation.eagle3 import Eagle3Draft
+from llamapy.generation.eagle3 import Eagle3Draft, Eagle3Error
 from llamapy.gguf.reader import GGUFReader
 from llamapy.server.app import ServerSettings
 from llamapy.server.backend import ContextBackend
@@ -68,3 +68,12 @@ def test_server_model_draft_eagle3_head(smollm2_path: Path, head: Path, plain_te
         assert r.json()["timings"]["draft_n"] > 0, r.json()["timings"]
     finally:
         stop_live(srv, thread)
+
+
+def test_a_head_for_another_model_refused_at_start(smollm2_path: Path, tmp_path: Path) -> None:
+    """``serve -md`` of an EAGLE-3 head trained for another hidden size: a typed error before serving."""
+    bad = write_head(tmp_path / "bad.gguf", 64, (1, 2, 3), 100, n=64, nh=4, nkv=2, ff=128, n_vocab=1000)
+    with pytest.raises(Eagle3Error, match="hidden states of size 64"):
+        ContextBackend(str(smollm2_path), n_ctx=256, draft={"model": str(bad)})
+    with pytest.raises(Eagle3Error, match="hidden states of size 64"):
+        Llama(str(smollm2_path), n_ctx=256, draft_model=str(bad), verbose=False)
