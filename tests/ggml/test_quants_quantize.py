@@ -195,3 +195,14 @@ def test_imatrix_only_types_round_trip(t: GGMLType):
     x = (0.1 + 2.0 * np.cos(np.arange(n, dtype=np.float32))).astype(np.float32)
     err = _rmse(x, dequantize(quantize(x, t, imatrix=np.ones(n, np.float32)), t))
     assert err < (0.025 if t == GGMLType.IQ1_S else 0.0075), f"{t.name}: {err}"
+
+
+def test_f16_table_conversion_is_exact():
+    # quantize_file reads F16 input through _rowq.f16_to_f32: every bit pattern as NumPy converts it
+    from llamapy.ggml.quants._rowq import f16_to_f32
+
+    bits = np.arange(1 << 16, dtype=np.uint32).astype("<u2").reshape((256, 256))
+    got = f16_to_f32(bits.view(np.uint8))
+    want = bits.view(np.float16).astype(np.float32)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
