@@ -126,18 +126,21 @@ class PipelineContext:
             )
         t0 = time.monotonic()
         try:
-            self.info = self._all(lambda s: s.ready.remote(), timeout=ready_timeout_s)
-        except PipelineError:
+            self.info = self._get(
+                [s.ready.remote() for s in self.stages], ready_timeout_s, passthrough="none"
+            )
+            self.load_s = time.monotonic() - t0
+            self._methods = self._get(self.stages[0].memory_methods.remote())
+            a = self._get(self.stages[0].attrs.remote(["n_ctx", "n_batch", "n_ubatch", "n_seq_max"]))
+            # micro-batches need the memory's split to be consecutive ubatches (no recurrent state)
+            simple = bool(self._get(self.stages[0].simple_split.remote()))
+        except BaseException:
             self.close()
             raise
-        self.load_s = time.monotonic() - t0
-        self._methods = self._get(self.stages[0].memory_methods.remote())
         self.memory = MemoryProxy(self, self._methods)
         self.params = ctx_params
-        a = self._get(self.stages[0].attrs.remote(["n_ctx", "n_batch", "n_ubatch", "n_seq_max"]))
         self.n_ctx, self.n_batch, self.n_ubatch, self.n_seq_max = (int(a[k]) for k in a)
-        # micro-batches need the memory's split to be consecutive ubatches (no recurrent state)
-        self.micro_batches = micro_batches and bool(self._get(self.stages[0].simple_split.remote()))
+        self.micro_batches = micro_batches and simple
         self.embeddings = False
         self.encoder = False
         self.n_embd_inp = hp.n_embd_inp
@@ -171,10 +174,11 @@ class PipelineContext:
         if self.broken is not None:
             raise PipelineError(f"the pipeline is down ({self.broken}); start it again")
 
-    def _get(self, ref: Any, timeout: float | None = None, same_everywhere: bool = False) -> Any:
+    def _get(self, ref: Any, timeout: float | None = None, passthrough: str = "first") -> Any:
         """``ray.get``: a stage's error becomes a :class:`PipelineError` and the pipeline is down, unless
-        it leaves every stage as it was: a first stage's ``LlamapyError`` in ``decode`` (a bad batch, a
-        full cache), or with ``same_everywhere`` (a memory or state call each stage answers alike)."""
+        it leaves every stage as it was and is raised as itself: ``passthrough`` "first", a first
+        stage's ``LlamapyError`` (``decode``: a bad batch, a full cache); "all", any stage's (a memory
+        or state call each stage answers alike); "none", never (a stage that cannot start)."""
         import ray
         import ray.exceptions as rex
 
@@ -187,7 +191,7 @@ class PipelineContext:
                 err = cause.error
                 a, b = self.ranges[cause.index]
                 # the first stage's own errors (a bad batch, a full cache) leave every stage as it was
-                ours = cause.index == 0 or same_everywhere
+                ours = passthrough == "all" or (passthrough == "first" and cause.index == 0)
                 if ours and isinstance(err, LlamapyError) and not isinstance(err, PipelineError):
                     raise err from None
                 self.broken = f"stage {cause.index} (layers {a}-{b - 1}): {type(err).__name__}: {err}"
@@ -198,7 +202,7 @@ class PipelineContext:
 
     def _all(self, fn: Any, timeout: float | None = None) -> list[Any]:
         self._check()
-        return self._get([fn(s) for s in self.stages], timeout, same_everywhere=True)
+        return self._get([fn(s) for s in self.stages], timeout, passthrough="all")
 
     # -- decode ---------------------------------------------------------------------------------------
     def decode(self, batch: Batch) -> int:
