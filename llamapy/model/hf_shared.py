@@ -9,6 +9,8 @@ from .hf import HFConvert
 
 __all__ = [
     "LLAMA_HF",
+    "gemma3_params",
+    "gemma3_vocab",
     "gemma_params",
     "granite_moe_tensor",
     "granite_params",
@@ -81,6 +83,32 @@ def gemma_params(ctx, kv) -> None:
     kv.add_key_length(hp["head_dim"])
     kv.add_value_length(hp["head_dim"])
     kv.add_file_type(ctx.file_type)
+
+
+def gemma3_params(ctx, kv) -> None:
+    """Gemma3Model.set_gguf_parameters (after the common keys)."""
+    hp = ctx.hparams
+    kv.add_context_length(hp.get("max_position_embeddings", 131072))
+    kv.add_head_count(hp.get("num_attention_heads", 8))
+    kv.add_layer_norm_rms_eps(hp.get("rms_norm_eps", 1e-6))
+    kv.add_key_length(hp.get("head_dim", 256))
+    kv.add_value_length(hp.get("head_dim", 256))
+    kv.add_rope_freq_base(
+        ctx.rope_parameters.get("full_attention", ctx.rope_parameters).get("rope_theta", 1_000_000.0)
+    )
+    if final := hp.get("final_logit_softcapping"):
+        kv.add_final_logit_softcapping(final)
+    if hp.get("sliding_window_pattern") != 1:
+        kv.add_sliding_window(hp["sliding_window"])
+    kv.add_head_count_kv(hp.get("num_key_value_heads", 4))
+
+
+def gemma3_vocab(ctx, kv) -> None:
+    if (ctx.dir / "tokenizer.model").is_file():
+        ctx.set_vocab("spm")
+        kv.add_add_space_prefix(False)
+    else:
+        ctx.set_vocab("gpt2")
 
 
 def qwen_moe_params(ctx, kv) -> None:

@@ -47,6 +47,7 @@ RUNS: list[tuple[str, str, tuple[str, ...]]] = [
     ("deepseek2", "f16", ()),
     ("glm4moe", "bf16", ()),
     ("gpt-oss", "f16", ()),
+    ("gemma3n", "f32", ()),
     ("qwen2moe", "f16", ()),
     ("starcoder2", "f16", ()),
     ("command-r", "f16", ()),

@@ -314,6 +314,24 @@ CASES: dict[str, Case] = {
             },
         ),
         Case(
+            "gemma3n",
+            "Gemma3nTextConfig",
+            _cfg(
+                vocab_size=32064,  # the per-layer embeddings (32000 rows) padded to it, as the Hub's
+                vocab_size_per_layer_input=32000,
+                num_hidden_layers=4,
+                head_dim=16,
+                hidden_size_per_layer_input=8,
+                laurel_rank=8,
+                num_kv_shared_layers=2,
+                layer_types=["sliding_attention", "full_attention"] * 2,
+                activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0],
+                sliding_window=4,
+                tie_word_embeddings=True,
+            ),
+            tokenizer="spm",
+        ),
+        Case(
             "qwen2moe",
             "Qwen2MoeConfig",
             _cfg(

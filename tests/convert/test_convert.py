@@ -155,6 +155,7 @@ def _our_logits(path: Path) -> np.ndarray:
         "deepseek2",
         "glm4moe",
         "gpt-oss",
+        "gemma3n",
         "starcoder2",
         "command-r",
         "gpt2",

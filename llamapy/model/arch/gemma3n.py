@@ -19,6 +19,8 @@ from ...ggml.tensor import Tensor
 from ...ggml.types import GGMLType
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, Weights, rope_for_layer
 from ..gemma_blocks import kv_shared_attention, per_layer_inputs, read_kv_sharing
+from ..hf import HFConvert
+from ..hf_shared import gemma3_params, gemma3_vocab
 from ..hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError, swa_pattern
 from . import Architecture, register
 
@@ -232,3 +234,59 @@ def per_layer_slice_all(g: GraphBuilder, ple: Tensor, il: int) -> Tensor:
 
 
 __all__ = ["Gemma3n"]
+
+
+# ---------------------------------------------------------------------------------------------
+# llamapy convert: llama.cpp's Gemma3NModel (Gemma3Model's keys and vocab, norms stored as they are)
+
+
+def _hf_params(ctx, kv) -> None:
+    """Gemma3NModel.set_gguf_parameters: AltUp, per-layer inputs, KV sharing, the activation sparsity as
+    the normal quantile of each layer's target (torch's float32 Normal.icdf)."""
+    from statistics import NormalDist
+
+    gemma3_params(ctx, kv)
+    hp = ctx.hparams
+    kv.add_altup_active_idx(hp["altup_active_idx"])
+    kv.add_altup_num_inputs(hp["altup_num_inputs"])
+    kv.add_embedding_length_per_layer_input(hp["hidden_size_per_layer_input"])
+    kv.add_shared_kv_layers(hp["num_kv_shared_layers"])
+    scale = []
+    for s in hp["activation_sparsity_pattern"]:
+        x = float(np.float32(2) * np.float32(s) - np.float32(1))  # erfinv(2 p - 1) sqrt(2), in float32
+        erfinv = (
+            -math.inf if x <= -1 else math.inf if x >= 1 else NormalDist().inv_cdf((x + 1) / 2) / math.sqrt(2)
+        )
+        scale.append(float(np.float32(erfinv) * np.float32(math.sqrt(2))))
+    kv.add_activation_sparsity_scale(scale)
+    kv.add_sliding_window_pattern([t == "sliding_attention" for t in hp["layer_types"]])
+
+
+def _hf_tensor(ctx, name, data, bid):
+    """Gemma3NModel.modify_tensors: the token and per-layer embeddings zero-padded to vocab_size (the
+    vision/audio tokens), the three AltUp (un)embedding projections stacked, ``*_scale`` as weights."""
+    if name.endswith("_scale"):
+        name += ".weight"
+    if "embed_tokens.weight" in name or "embed_tokens_per_layer" in name:
+        n_vocab = ctx.hparams.get("vocab_size", 262400)
+        if data.shape[0] < n_vocab:
+            data = np.concatenate([data, np.zeros((n_vocab - data.shape[0], data.shape[1]), data.dtype)])
+        return [(name, data)]
+    for key in ("altup_unembed_projections", "altup_projections"):
+        if f"{key}." in name:
+            parts = ctx.state.setdefault(key, {})
+            parts[int(name.split(f"{key}.")[1].split(".")[0])] = data
+            if len(parts) < 3:
+                return []
+            stacked = np.stack([parts.pop(i) for i in range(3)])
+            return [(f"model.{key}.weight", stacked)]
+    return [(name, data)]
+
+
+HF_CONVERT = HFConvert(
+    "gemma3n",
+    ("Gemma3nForCausalLM", "Gemma3nForConditionalGeneration"),
+    vocab=gemma3_vocab,
+    params=_hf_params,
+    tensor=_hf_tensor,
+)
