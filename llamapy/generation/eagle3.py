@@ -311,7 +311,8 @@ class Eagle3Draft(LlamaDraftModel):
     """Draft with an EAGLE-3 head (see the module docstring). ``head`` is a path or an
     :class:`Eagle3Head` (server slots share one); ``model`` the loaded target. :meth:`bind` attaches it
     to the target's :class:`~.sequence.TokenSequence` (``generate`` does), :meth:`attach` to a context
-    and sequence id (the server)."""
+    and sequence id (the server). Defaults as the draft model's (``-md``): up to 16 tokens a round,
+    stopping before a guess under ``p_min`` 0.75 among the head's top 10."""
 
     spec_type = "eagle3"
 
@@ -319,9 +320,9 @@ class Eagle3Draft(LlamaDraftModel):
         self,
         head: str | os.PathLike | Eagle3Head,
         model: Any = None,
-        n_draft: int = 8,
+        n_draft: int = 16,
         n_min: int = 0,
-        p_min: float = 0.0,
+        p_min: float = 0.75,
         n_ctx: int = 4096,
         n_batch: int = 512,
         n_threads: int | None = None,

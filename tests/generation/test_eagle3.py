@@ -116,7 +116,7 @@ def test_greedy_identical_with_a_random_head(files: dict[str, Any], name: str) -
     model = Model.load(files[name])
     plain = _run(model, None)
     assert is_eagle3_file(files["head"]) and not is_eagle3_file(files[name])
-    draft = Eagle3Draft(files["head"], model, n_draft=4, n_ctx=256)
+    draft = Eagle3Draft(files["head"], model, n_draft=4, p_min=0.0, n_ctx=256)
     assert _run(model, draft) == plain
     assert draft.n_calls > 0 and draft.n_drafted > 0  # it drafted (random guesses, mostly rejected)
 
@@ -126,7 +126,7 @@ def test_a_head_that_knows_the_target_is_accepted(files: dict[str, Any]) -> None
     plain = _run(model, None)
     f = files["f"]
     assert all(b == f[a] for a, b in zip(plain, plain[1:], strict=False))  # the chain: t -> f(t)
-    draft = Eagle3Draft(files["exact"], model, n_draft=3, n_ctx=256)
+    draft = Eagle3Draft(files["exact"], model, n_draft=3, p_min=0.0, n_ctx=256)
     assert _run(model, draft) == plain
     # each round's first guess is right (the later ones repeat it: right only on a fixed point of f)
     assert draft.n_accepted >= draft.n_calls - 1 >= 8, (draft.n_accepted, draft.n_calls, draft.n_drafted)
