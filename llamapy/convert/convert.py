@@ -90,7 +90,14 @@ class Context:
     def set_vocab(self, kind: str, special: dict[str, str] | None = None) -> None:
         """The vocabulary of ``kind`` ("spm", "gpt2", "spm|gpt2": the first present); ``special``: special
         token types set to added tokens by content (where the files set none)."""
-        set_vocab(self.kv, self.dir, kind, self.hparams.get("vocab_size"), special)
+        set_vocab(
+            self.kv,
+            self.dir,
+            kind,
+            self.hparams.get("vocab_size"),
+            special,
+            self.hparams.get("type_vocab_size", 1),
+        )
 
     def special_tokens(self, kv: Any, ids: dict[str, int]) -> None:
         """Extra special token ids (gguf-py's SpecialVocab._set_special_token, then add_to_gguf)."""

@@ -84,11 +84,11 @@ class SpecialVocab:
         if self.normalizer_lowercase is not None:
             if not quiet:
                 logger.info(f"Setting normalizer_lowercase to {self.normalizer_lowercase}")
-            gw.add_normalizer_lowercase(self.normalizer_lowercase)
+            gw.add_bool("tokenizer.ggml.normalizer.lowercase", self.normalizer_lowercase)
         if self.normalizer_strip_accents is not None:
             if not quiet:
                 logger.info(f"Setting normalizer_strip_accents to {self.normalizer_strip_accents}")
-            gw.add_normalizer_strip_accents(self.normalizer_strip_accents)
+            gw.add_bool("tokenizer.ggml.normalizer.strip_accents", self.normalizer_strip_accents)
 
     def _load(self, path: Path) -> None:
         self._try_load_from_tokenizer_json(path)

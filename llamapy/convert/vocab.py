@@ -221,9 +221,8 @@ def vocab_base_pre(tok: Any) -> str:
     return PRE_HASHES[h]
 
 
-def set_vocab_gpt2(kv: Any, d: Path, vocab_size: int | None, special: dict[str, str] | None = None) -> int:
-    """``_set_vocab_gpt2`` / ``get_vocab_base`` with the tokenizers package instead of transformers;
-    ``special``: special token types set to added tokens (by content) where the files set none (GLM-4's)."""
+def _vocab_base(d: Path, vocab_size: int | None) -> tuple[list[str], list[int], str, Any]:
+    """``get_vocab_base`` with the tokenizers package instead of transformers: (tokens, types, pre, tok)."""
     tok = _load_bpe(d)
     vocab: dict[str, int] = tok.get_vocab(with_added_tokens=True)
     n = vocab_size if vocab_size is not None else len(vocab)
@@ -254,6 +253,14 @@ def set_vocab_gpt2(kv: Any, d: Path, vocab_size: int | None, special: dict[str, 
         else:
             types.append(TT_NORMAL)
         tokens.append(token)
+    return tokens, types, pre, tok
+
+
+def set_vocab_gpt2(kv: Any, d: Path, vocab_size: int | None, special: dict[str, str] | None = None) -> int:
+    """``_set_vocab_gpt2``; ``special``: special token types set to added tokens (by content) where the
+    files set none (GLM-4's)."""
+    tokens, types, pre, tok = _vocab_base(d, vocab_size)
+    n = len(tokens)
     kv.add_tokenizer_model("gpt2")
     kv.add_tokenizer_pre(pre)
     kv.add_token_list(tokens)
@@ -268,17 +275,39 @@ def set_vocab_gpt2(kv: Any, d: Path, vocab_size: int | None, special: dict[str, 
     return n
 
 
+def set_vocab_bert(kv: Any, d: Path, vocab_size: int | None, type_vocab_size: int) -> int:
+    """BertModel.set_vocab: WordPiece as "phantom space" tokens (a word's first piece after U+2581, the
+    ``##`` of its continuations dropped, control tokens as they are)."""
+    tokens, types, pre, _tok = _vocab_base(d, vocab_size)
+    kv.add_token_type_count(type_vocab_size)
+    tokens = [t if ty == TT_CONTROL else t[2:] if t.startswith("##") else "\u2581" + t
+              for t, ty in zip(tokens, types, strict=True)]  # fmt: skip
+    kv.add_tokenizer_model("bert")
+    kv.add_tokenizer_pre(pre)
+    kv.add_token_list(tokens)
+    kv.add_token_types(types)
+    SpecialVocab(d, n_vocab=len(tokens)).add_to_gguf(kv, quiet=True)
+    return len(tokens)
+
+
 def _special_types(special: dict[str, str] | None) -> Any:
     base = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
     return None if not special else base + tuple(t for t in special if t not in base)
 
 
 def set_vocab(
-    kv: Any, d: Path, kind: str, vocab_size: int | None, special: dict[str, str] | None = None
+    kv: Any,
+    d: Path,
+    kind: str,
+    vocab_size: int | None,
+    special: dict[str, str] | None = None,
+    type_vocab_size: int = 1,
 ) -> None:
     """``kind``: "spm" (tokenizer.model), "gpt2" (tokenizer.json), "spm|gpt2" (the first present), "phi3"
-    (Phi-3's SentencePiece variant)."""
-    if kind in ("spm", "phi3") or (kind == "spm|gpt2" and (d / "tokenizer.model").is_file()):
+    (Phi-3's SentencePiece variant), "bert" (WordPiece tokenizer.json)."""
+    if kind == "bert":
+        set_vocab_bert(kv, d, vocab_size, type_vocab_size)
+    elif kind in ("spm", "phi3") or (kind == "spm|gpt2" and (d / "tokenizer.model").is_file()):
         set_vocab_sentencepiece(kv, d, vocab_size, phi3=kind == "phi3")
     else:
         set_vocab_gpt2(kv, d, vocab_size, special)

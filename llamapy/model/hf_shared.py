@@ -9,6 +9,8 @@ from .hf import HFConvert
 
 __all__ = [
     "LLAMA_HF",
+    "bert_params",
+    "bert_tensor",
     "gemma3_params",
     "gemma3_vocab",
     "gemma_params",
@@ -18,6 +20,7 @@ __all__ = [
     "qwen_linear_tensor",
     "qwen_moe_params",
     "qwen_mtp_blocks",
+    "try_set_pooling_type",
 ]
 
 
@@ -288,3 +291,70 @@ def qwen_linear_params(ctx, kv) -> None:
     kv.add_rope_dimension_count(int(rope_dim * ctx.rope_parameters.get("partial_rotary_factor", 0.25)))
     if ctx.decl.arch != "qwen3next" and "mrope_section" not in ctx.rope_parameters:
         kv.add_rope_dimension_sections([11, 11, 10, 0])
+
+
+# ---------------------------------------------------------------------------------------------
+# BERT-like encoders (llama.cpp's BertModel and its subclasses)
+
+
+def try_set_pooling_type(ctx, kv) -> None:
+    """TextModel._try_set_pooling_type: sentence-transformers' pooling (modules.json), the classifier's."""
+    import json
+
+    import gguf
+
+    modes = {"mean": gguf.PoolingType.MEAN, "cls": gguf.PoolingType.CLS, "lasttoken": gguf.PoolingType.LAST}
+    path = None
+    if (ctx.dir / "modules.json").is_file():
+        mods = json.loads((ctx.dir / "modules.json").read_text(encoding="utf-8"))
+        path = next((m["path"] for m in mods if m["type"].endswith("Pooling")), None)
+    if path is not None:
+        pooling = json.loads((ctx.dir / path / "config.json").read_text(encoding="utf-8"))
+        if pooling.get("pooling_mode_mean_tokens"):
+            kv.add_pooling_type(gguf.PoolingType.MEAN)
+        elif pooling.get("pooling_mode_cls_token"):
+            kv.add_pooling_type(gguf.PoolingType.CLS)
+        elif pooling.get("pooling_mode_lasttoken"):
+            kv.add_pooling_type(gguf.PoolingType.LAST)
+        elif pooling.get("pooling_mode") in modes:
+            kv.add_pooling_type(modes[pooling["pooling_mode"]])
+        else:
+            raise ValueError("only MEAN, CLS and LAST pooling are supported")
+    if (cp := ctx.hparams.get("classifier_pooling")) is not None:
+        if cp not in ("cls", "mean"):
+            raise ValueError(f"unsupported classifier_pooling {cp!r}")
+        # (GGUFWriter.add_classifier_pooling_type, missing from older gguf-py)
+        kv.add_uint32(f"{kv.arch}.classifier.pooling_type", int(modes[cp]))
+
+
+def cls_out_labels(hp: dict) -> list | None:
+    """BertModel's classifier labels (None for AutoConfig's two dummy ones)."""
+    labels = {int(k): v for k, v in (hp.get("id2label") or {}).items()}
+    if not labels or (len(labels) == 2 and labels.get(0) == "LABEL_0"):
+        return None
+    return [v for _k, v in sorted(labels.items())]
+
+
+def bert_params(ctx, kv) -> None:
+    """BertModel.set_gguf_parameters, after TextModel's."""
+    kv.add_causal_attention(False)
+    try_set_pooling_type(ctx, kv)
+    if labels := cls_out_labels(ctx.hparams):
+        kv.add_classifier_output_labels(labels)
+
+
+_BERT_SKIP = ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias")
+
+
+def bert_tensor(ctx, name, data, bid):
+    """BertModel.filter_tensors / modify_tensors: ``bert.`` prefix, gamma/beta, no pooler or MLM heads."""
+    name = name.removeprefix("bert.")
+    if name.endswith(".gamma"):
+        name = name[:-6] + ".weight"
+    if name.endswith(".beta"):
+        name = name[:-5] + ".bias"
+    if name in _BERT_SKIP or name.startswith(("cls.predictions", "cls.seq_relationship")):
+        return []
+    if cls_out_labels(ctx.hparams) and name in ("classifier.weight", "classifier.bias"):
+        name = name.replace("classifier.", "classifier.out_proj.")
+    return [(name, data)]

@@ -48,6 +48,7 @@ RUNS: list[tuple[str, str, tuple[str, ...]]] = [
     ("glm4moe", "bf16", ()),
     ("gpt-oss", "f16", ()),
     ("gemma3n", "f32", ()),
+    ("bert", "f16", ()),
     ("qwen2moe", "f16", ()),
     ("starcoder2", "f16", ()),
     ("command-r", "f16", ()),

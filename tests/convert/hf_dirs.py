@@ -44,6 +44,7 @@ class Case:
     hub_config: dict[str, Any] = field(default_factory=dict)  # config.json keys as the Hub's files write them
     # MTP layers saved as the Hub's Qwen3-Next / Qwen3.5 files do (mtp.*; transformers drops them)
     mtp: int = 0
+    model_cls: str = "AutoModelForCausalLM"  # the transformers class (AutoModel: encoders)
     mxfp4: bool = False  # gpt-oss's experts as the Hub's MXFP4 blocks and scales (quantization_config mxfp4)
     unfuse_experts: bool = False  # experts one by one (mlp.experts.N.gate_proj...), as the Hub's files
 
@@ -332,6 +333,20 @@ CASES: dict[str, Case] = {
             tokenizer="spm",
         ),
         Case(
+            "bert",
+            "BertConfig",
+            dict(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                max_position_embeddings=128,
+                type_vocab_size=2,
+            ),
+            tokenizer="wordpiece",
+            model_cls="AutoModel",
+        ),
+        Case(
             "qwen2moe",
             "Qwen2MoeConfig",
             _cfg(
@@ -386,6 +401,50 @@ def write_bpe_tokenizer(d: Path, extra_special: tuple[str, ...] = ()) -> int:
     }
     (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
     return len(tokens) + len(extra_special)
+
+
+def write_wordpiece_tokenizer(d: Path) -> int:
+    """BERT's (bge-small's) WordPiece tokenizer.json, rebuilt from llama.cpp's phantom-space vocab file;
+    returns its size."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    md = _vocab_gguf("bert-bge")
+    types = [int(t) for t in md["tokenizer.ggml.token_type"]]
+    tokens = []
+    for t, ty in zip((str(t) for t in md["tokenizer.ggml.tokens"]), types, strict=True):
+        if ty == 3 or (t.startswith("[") and t.endswith("]")):
+            tokens.append(t)
+        else:
+            tokens.append(t[1:] if t.startswith("\u2581") else "##" + t)
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(tokens)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 101), ("[SEP]", 102)],
+    )
+    tok.decoder = decoders.WordPiece()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")])  # fmt: skip
+    tok.save(str(d / "tokenizer.json"))
+    cfg = {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": True,
+        "cls_token": "[CLS]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "mask_token": "[MASK]",
+        "unk_token": "[UNK]",
+        "model_max_length": 512,
+    }
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    # sentence-transformers' mean pooling (llama.cpp reads modules.json)
+    (d / "modules.json").write_text(json.dumps([{"idx": 1, "name": "1", "path": "1_Pooling",
+                                                  "type": "sentence_transformers.models.Pooling"}]))  # fmt: skip
+    (d / "1_Pooling").mkdir(exist_ok=True)
+    (d / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    return len(tokens)
 
 
 def _pb_varint(n: int) -> bytes:
@@ -462,6 +521,8 @@ def hf_config(case: Case, n_vocab: int) -> Any:
     kw = {"vocab_size": n_vocab, **case.config_kw}  # a larger vocab_size: embeddings padded past it
     if case.tokenizer.startswith("bpe"):
         kw.update(bos_token_id=50256, eos_token_id=50256, pad_token_id=None)
+    elif case.tokenizer == "wordpiece":
+        kw.update(pad_token_id=0)
     else:
         kw.update(bos_token_id=1, eos_token_id=2, pad_token_id=None)
     return getattr(transformers, case.config_cls)(**kw)
@@ -496,6 +557,7 @@ _TOKENIZER_FILES = {
     "bpe-glm": ("tokenizer.json", "tokenizer_config.json"),
     "bpe-glm45": ("tokenizer.json", "tokenizer_config.json"),
     "spm": ("tokenizer.model", "tokenizer_config.json"),
+    "wordpiece": ("tokenizer.json", "tokenizer_config.json", "modules.json", "1_Pooling/config.json"),
 }
 
 
@@ -508,10 +570,13 @@ def _write_tokenizer(kind: str, d: Path, root: Path) -> int:
         cache.mkdir(parents=True, exist_ok=True)
         if kind == "spm":
             n = write_spm_tokenizer(cache)
+        elif kind == "wordpiece":
+            n = write_wordpiece_tokenizer(cache)
         else:  # GLM-4 / GLM-4.5 chat tokens added
             n = write_bpe_tokenizer(cache, _EXTRA_SPECIAL.get(kind, ()))
         (cache / "n_vocab").write_text(str(n))
     for f in _TOKENIZER_FILES[kind]:
+        (d / f).parent.mkdir(exist_ok=True)
         shutil.copyfile(cache / f, d / f)
     return int((cache / "n_vocab").read_text())
 
@@ -574,7 +639,7 @@ def make_hf_dir(case: Case, root: Path) -> Path:
     n_vocab = _write_tokenizer(case.tokenizer, d, root)
     cfg = hf_config(case, n_vocab)
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg)
+        model = getattr(transformers, case.model_cls).from_config(cfg)
     tied = bool(cfg.tie_word_embeddings)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if tied:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from ..blocks import Rope
 from ..encoder_blocks import BertArchitecture, BertLayout, read_encoder_hparams
+from ..hf import HFConvert
+from ..hf_shared import bert_params, bert_tensor
 from ..hparams import HParams, MetaReader
 from . import register
 
@@ -33,3 +35,12 @@ class Bert(BertArchitecture):
 
     def layer_moe(self, il: int) -> bool:
         return False
+
+
+HF_CONVERT = HFConvert(
+    "bert",
+    ("BertModel", "BertForMaskedLM", "CamembertModel", "BertForSequenceClassification"),
+    vocab="bert",
+    params=bert_params,
+    tensor=bert_tensor,
+)
