@@ -9,13 +9,16 @@ A syntax is a tree of :class:`Node`\\ s. Each node can
 - ``lark(g)``: the Lark element that generates it (rules it needs go into the :class:`Lark` builder
   ``g``); None for a node that is only accepted, never generated (:func:`accept`);
 - ``start()``: a ``regex`` for its first text (the parser's call marker), and ``trigger()``: the literal
-  text a lazy grammar starts at.
+  text a lazy grammar starts at (``triggers(req)``: all of them, of the alternatives ``generates(req)``:
+  the ones the request's grammar writes).
 
 The parser is deliberately more lenient than the grammar (any whitespace where the grammar writes one
 newline, variants small models write): ``ws(grammar)`` and ``accept`` say where.
 
 :func:`tool_syntax` wraps one call's syntax into a family's grammar (an optional reasoning block, then one
-or more calls, ``TAIL``, end of generation) and parser (:class:`SyntaxParser`).
+or more calls, ``TAIL``, end of generation) and parser (:class:`SyntaxParser`); :class:`SyntaxFormat`
+makes it a format's ``build_grammar`` and ``parser``. A piece peculiar to one family is a ``Node`` of its
+own in the family's file, its parse and its grammar side by side.
 """
 
 from __future__ import annotations
