@@ -7,10 +7,9 @@ Call: ``MATVEC[type](w, x, out, f16)`` with ``w`` the raw weight ``uint8[N, row_
 and ``f16`` the 65536-entry half -> float table; ``out[m, r] = sum_k W[r, k] * x[m, k]``.
 
 ``MATVEC`` kernels take any number of rows but decode the weight again for each; for 2 or more rows
-``MATVEC_BATCH`` (``batch_kernels``, ``kquant_batch``, ``lo_batch_kernels``) decodes each weight block
-once for up to four rows, and from ``BATCH8_MIN_ROWS`` rows ``MATVEC_BATCH8`` (``batch8_kernels``, the
-32-element types; ``lo_batch8_kernels``, IQ4_NL and IQ4_XS) once for up to eight. ``matvec_kernel(name,
-M)`` picks one.
+``MATVEC_BATCH`` (``batch_kernels.mmb_*``) decodes each weight block once for up to four rows, and from
+``BATCH8_MIN_ROWS`` rows ``MATVEC_BATCH8`` (``batch_kernels.mmb8_*``, the float-activation types) once
+for up to eight. ``matvec_kernel(name, M)`` picks one.
 
 The one-row kernels of the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) quantize the activations
 to 16 bits per block and multiply in integers (``q16_kernels``: as close to the float product as float
@@ -94,21 +93,21 @@ MATVEC = KernelTable({
 MATVEC_BATCH = KernelTable({
     "Q4_0": "batch_kernels:mmb_q4_0", "Q4_1": "batch_kernels:mmb_q4_1", "Q5_0": "batch_kernels:mmb_q5_0",
     "Q5_1": "batch_kernels:mmb_q5_1", "Q8_0": "batch_kernels:mmb_q8_0",
-    "Q2_K": "lo_batch_kernels:mmb_q2_k", "Q3_K": "lo_batch_kernels:mmb_q3_k",
-    "Q4_K": "kquant_batch:mmb_q4_k", "Q5_K": "kquant_batch:mmb_q5_k", "Q6_K": "kquant_batch:mmb_q6_k",
-    "IQ4_NL": "lo_batch_kernels:mmb_iq4_nl", "IQ4_XS": "lo_batch_kernels:mmb_iq4_xs",
+    "Q2_K": "batch_kernels:mmb_q2_k", "Q3_K": "batch_kernels:mmb_q3_k",
+    "Q4_K": "batch_kernels:mmb_q4_k", "Q5_K": "batch_kernels:mmb_q5_k", "Q6_K": "batch_kernels:mmb_q6_k",
+    "IQ4_NL": "batch_kernels:mmb_iq4_nl", "IQ4_XS": "batch_kernels:mmb_iq4_xs",
     "MXFP4": "batch_kernels:mmb_mxfp4",
 })  # fmt: skip
 
 
-#: from this many rows on, the 32-element types decode each block once per 8 rows, scaled (batch8_kernels)
+#: from this many rows on, the float-activation types decode each block once per 8 rows, scaled (mmb8_*)
 BATCH8_MIN_ROWS = 5
 MATVEC_BATCH8 = KernelTable({
-    "Q4_0": "batch8_kernels:mmb8_q4_0", "Q4_1": "batch8_kernels:mmb8_q4_1",
-    "Q5_0": "batch8_kernels:mmb8_q5_0", "Q5_1": "batch8_kernels:mmb8_q5_1",
-    "Q8_0": "batch8_kernels:mmb8_q8_0",
-    "IQ4_NL": "lo_batch8_kernels:mmb8_iq4_nl", "IQ4_XS": "lo_batch8_kernels:mmb8_iq4_xs",
-    "MXFP4": "batch8_kernels:mmb8_mxfp4",
+    "Q4_0": "batch_kernels:mmb8_q4_0", "Q4_1": "batch_kernels:mmb8_q4_1",
+    "Q5_0": "batch_kernels:mmb8_q5_0", "Q5_1": "batch_kernels:mmb8_q5_1",
+    "Q8_0": "batch_kernels:mmb8_q8_0",
+    "IQ4_NL": "batch_kernels:mmb8_iq4_nl", "IQ4_XS": "batch_kernels:mmb8_iq4_xs",
+    "MXFP4": "batch_kernels:mmb8_mxfp4",
 })  # fmt: skip
 
 
