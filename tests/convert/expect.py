@@ -49,6 +49,7 @@ RUNS: list[tuple[str, str, tuple[str, ...]]] = [
     ("gpt-oss", "f16", ()),
     ("gemma3n", "f32", ()),
     ("bert", "f16", ()),
+    ("modernbert", "f16", ()),
     ("qwen2moe", "f16", ()),
     ("starcoder2", "f16", ()),
     ("command-r", "f16", ()),

@@ -347,6 +347,22 @@ CASES: dict[str, Case] = {
             model_cls="AutoModel",
         ),
         Case(
+            "modernbert",
+            "ModernBertConfig",
+            dict(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                global_attn_every_n_layers=3,
+                local_attention=8,
+                max_position_embeddings=256,
+                cls_token_id=50256,
+                sep_token_id=50256,
+            ),
+            model_cls="AutoModel",
+        ),
+        Case(
             "qwen2moe",
             "Qwen2MoeConfig",
             _cfg(

@@ -14,6 +14,8 @@ import numpy as np
 from ...ggml import ops
 from ..blocks import GraphBuilder, Outputs, TensorLoader
 from ..encoder_blocks import bert_attention, read_encoder_hparams
+from ..hf import HFConvert
+from ..hf_shared import bert_params, bert_tensor
 from ..hparams import ROPE_NEOX, HParams, MetaReader, PoolingType
 from . import Architecture, register
 
@@ -73,3 +75,37 @@ class ModernBert(Architecture):
             x = g.cb(ops.add(h, x), "l_out", il)
         x = g.build_norm(x, w["output_norm.weight"], kind="layer", name="final_norm_out")
         return Outputs(None, embd=x)
+
+
+# ---------------------------------------------------------------------------------------------
+# llamapy convert: llama.cpp's ModernBertModel (BertModel's with its own keys and a BPE vocab)
+
+
+def _hf_vocab(ctx, kv) -> None:
+    kv.add_add_bos_token(True)
+    kv.add_add_eos_token(True)
+    kv.add_add_sep_token(True)
+    ctx.set_vocab("gpt2")
+
+
+def _hf_params(ctx, kv) -> None:
+    import gguf
+
+    hp = ctx.hparams
+    bert_params(ctx, kv)
+    kv.add_sliding_window(hp["local_attention"])
+    if (pattern := hp.get("global_attn_every_n_layers")) is not None:
+        kv.add_sliding_window_pattern(pattern)
+    kv.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+    kv.add_vocab_size(hp["vocab_size"])
+    if act := hp.get("hidden_activation"):
+        kv.add_string(f"{kv.arch}.hidden_activation", act)  # (add_hidden_act)
+
+
+HF_CONVERT = HFConvert(
+    "modern-bert",
+    ("ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification"),
+    vocab=_hf_vocab,
+    params=_hf_params,
+    tensor=lambda ctx, name, data, bid: bert_tensor(ctx, name.removeprefix("model."), data, bid),
+)
