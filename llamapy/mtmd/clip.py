@@ -89,6 +89,7 @@ def load_hparams(metadata: dict[str, Any], where: str) -> ClipHParams:
     """The vision hyper-parameters of an mmproj file's metadata (``clip.vision.*``)."""
     from . import (  # noqa: F401  (register them)
         gemma4v,
+        glm4v,
         internvl,
         kimik25,
         lfm2,

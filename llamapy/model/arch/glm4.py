@@ -1,16 +1,44 @@
 """GLM-4 (0414), sandwich RMS norms (each sub-block's output is normed before its residual add, its
 input too), partial rotary (normal mode over the first ``rope.dimension_count`` dims of each head),
-q/k/v biases, a fused [gate | up] SwiGLU feed-forward; optional fused qkv."""
+q/k/v biases, a fused [gate | up] SwiGLU feed-forward; optional fused qkv.
+
+GLM-4.1V / GLM-4.6V's text model is this one with M-RoPE: when the file has ``rope.dimension_sections``
+(HF's ``mrope_section``) the rotary pairs take the t/h/w positions of image tokens section by section
+(``GGML_ROPE_TYPE_MROPE``, neox pairs: llama.cpp's converter permutes the q/k rows of each head's rotary
+part from GLM's adjacent pairs to neox order, ``Glm4Model.normal_to_neox``)."""
 
 from __future__ import annotations
 
-from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ...ggml import ops
+from ..blocks import GraphBuilder, Outputs, Rope, SectionRope, TensorLoader
 from ..hf import HFConvert
+from ..hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError
 from . import Architecture, register
 
 
 @register("glm4")
 class Glm4(Architecture):
+    @classmethod
+    def adjust_hparams(cls, hp: HParams, md: MetaReader) -> None:
+        secs = md.raw("rope.dimension_sections")
+        if secs is None:
+            return
+        s = tuple(int(x) for x in secs)
+        if not 1 <= len(s) <= 4 or min(s) < 0 or not 0 < sum(s) <= hp.n_rot // 2:
+            raise ModelLoadError(
+                f"{md.where}: {md.arch}.rope.dimension_sections {list(s)} must be up to 4 non-negative "
+                f"counts of rotary dim pairs, together 1..{hp.n_rot // 2} (rope.dimension_count {hp.n_rot})"
+            )
+        hp.rope_type = ROPE_NEOX  # M-RoPE (GLM-4.1V): neox pairs, the q/k rows permuted by the converter
+        hp.rope_sections = s + (0,) * (4 - len(s))
+
+    def layer_rope(self, il: int, n_ctx: int = 0) -> Rope | None:
+        r = super().layer_rope(il, n_ctx)
+        if not self.hp.rope_sections or r is None:
+            return r
+        fields = {k: getattr(r, k) for k in r.__dataclass_fields__}
+        return SectionRope(**fields, sections=self.hp.rope_sections, section_mode=ops.ROPE_MROPE)
+
     def load_tensors(self, t: TensorLoader) -> None:
         hp = self.hp
         n_embd = hp.n_embd
