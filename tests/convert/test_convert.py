@@ -179,6 +179,27 @@ def test_logits_match_transformers(hf_dir, tmp_path: Path, case: str) -> None:
     assert err < TOL, f"{case}: max |diff| / max |logit| = {err:.2e}"
 
 
+@pytest.mark.parametrize("case", ["bert", "modernbert"])
+def test_encoder_outputs_match_transformers(hf_dir, tmp_path: Path, case: str) -> None:
+    """The converted encoder's per-token embeddings (pooling none) = transformers' last hidden state."""
+    from llamapy.batch import Batch
+    from llamapy.context import Context, ContextParams
+    from llamapy.model import Model
+
+    d = hf_dir(case)
+    out = tmp_path / "f32.gguf"
+    convert(d, out, "f32")
+    tokens = [101, *TOKENS[:10], 102] if case == "bert" else TOKENS
+    model = transformers.AutoModel.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([tokens])).last_hidden_state[0].numpy()
+    ctx = Context(Model.load(out), ContextParams(n_ctx=64, embeddings=True, pooling_type="none"))
+    ctx.decode(Batch.from_tokens(tokens, logits_all=True))
+    got = np.asarray(ctx.get_embeddings(), dtype=np.float32).reshape(len(tokens), -1)
+    err = float(np.abs(got - ref).max() / np.abs(ref).max())
+    assert err < TOL, f"{case}: max |diff| / max |hidden| = {err:.2e}"
+
+
 def test_cli_quantize_type_equals_convert_then_quantize(hf_dir, tmp_path: Path) -> None:
     d = hf_dir("qwen3")
     one = tmp_path / "one.gguf"
