@@ -22,6 +22,7 @@ from llamapy.model.model import Model
 from llamapy.mtmd import Bitmap, ClipModel, ImageChunk, MtmdContext, MtmdError, TextChunk, glm4v, load_image
 from llamapy.mtmd.qwen2vl import preprocess_dynamic
 from tests.model import hf_tiny
+from tests.model.families import glm4moe as _glm4moe  # noqa: F401  (registers the glm4moe test family)
 from tests.mtmd import convert
 
 RNG = np.random.default_rng(7)
@@ -37,7 +38,7 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-def _build(seed: int = 0) -> torch.nn.Module:
+def _build(seed: int = 0, moe: bool = False) -> torch.nn.Module:
     torch.manual_seed(seed)
     text = dict(
         vocab_size=convert.N_VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -49,15 +50,25 @@ def _build(seed: int = 0) -> torch.nn.Module:
         depth=2, hidden_size=32, num_heads=2, intermediate_size=48, out_hidden_size=64, patch_size=P,
         image_size=32, spatial_merge_size=2, temporal_patch_size=2, rms_norm_eps=1e-5, hidden_act="silu",
     )  # fmt: skip
-    cfg = transformers.Glm4vConfig(
+    if moe:  # GLM-4.5V: a dense first layer, then top-2 of 4 sigmoid-routed experts + a shared one
+        text.update(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                    first_k_dense_replace=1, routed_scaling_factor=2.0, norm_topk_prob=True)  # fmt: skip
+    cls = transformers.Glm4vMoeConfig if moe else transformers.Glm4vConfig
+    cfg = cls(
         text_config=text, vision_config=vision, image_token_id=IMG, image_start_token_id=BOI,
         image_end_token_id=EOI, video_token_id=7, video_start_token_id=8, video_end_token_id=9,
     )  # fmt: skip
     for c in (cfg, cfg.text_config, cfg.vision_config):
         c._attn_implementation = "eager"
-    model = transformers.Glm4vForConditionalGeneration(cfg).to(torch.float32)
+    mcls = (
+        transformers.Glm4vMoeForConditionalGeneration if moe else transformers.Glm4vForConditionalGeneration
+    )
+    model = mcls(cfg).to(torch.float32)
     g = torch.Generator().manual_seed(seed + 3)
     with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # the expert-selection bias
+                buf.copy_(torch.randn(buf.shape, generator=g) * 0.3)
         for name, p in model.named_parameters():
             if p.ndim == 1:
                 p.copy_((0.0 if "bias" in name else 1.0) + torch.randn(p.shape, generator=g) * 0.1)
@@ -88,8 +99,9 @@ _MM = {"post_conv_layernorm": "v.norm_embd", "embeddings.position_embedding": "v
 
 
 class TinyGlm4v:
-    def __init__(self, tmp: Path) -> None:
-        self.hf = _build()
+    def __init__(self, tmp: Path, moe: bool = False) -> None:
+        self.moe = moe
+        self.hf = _build(moe=moe)
         self.cfg = self.hf.config
         self.sd = {k: v.detach().numpy().astype(np.float32) for k, v in self.hf.state_dict().items()}
         self.tmp = tmp
@@ -98,6 +110,16 @@ class TinyGlm4v:
 
     def _text(self) -> Path:
         tc = self.cfg.text_config
+        if self.moe:  # Glm4MoeModel: the glm4moe test family's conversion (neox already: no permutation)
+            fam = hf_tiny.FAMILIES["glm4moe"]
+            pre = "model.language_model."
+            sd = {"model." + k[len(pre) :]: v for k, v in self.sd.items() if k.startswith(pre)}
+            sd["lm_head.weight"] = self.sd["lm_head.weight"]
+            md = hf_tiny.metadata(fam, tc, GGMLType.F32)
+            md["glm4moe.rope.dimension_sections"] = [*SECTIONS, 0]
+            md.update(convert.tiny_vocab(SPECIALS))
+            tensors = hf_tiny.convert(fam, tc, sd)
+            return hf_tiny.write_gguf(self.tmp / "text-moe.gguf", "glm4moe", md, tensors, GGMLType.F32)
         hd = tc.hidden_size // tc.num_attention_heads
         rot = hd // 2
         out: dict[str, np.ndarray] = {}
@@ -185,6 +207,12 @@ def g4v(tmp_path_factory: pytest.TempPathFactory) -> TinyGlm4v:
     return TinyGlm4v(tmp_path_factory.mktemp("glm4v"))
 
 
+@pytest.fixture(scope="module")
+def g45v(tmp_path_factory: pytest.TempPathFactory) -> TinyGlm4v:
+    """Tiny GLM-4.5V (Glm4vMoeForConditionalGeneration): the same vision, a glm4moe text model."""
+    return TinyGlm4v(tmp_path_factory.mktemp("glm4v_moe"), moe=True)
+
+
 def test_mmproj_hparams(g4v: TinyGlm4v) -> None:
     cm = ClipModel(g4v.mmproj_path)
     hp = cm.hparams
@@ -253,6 +281,22 @@ def test_logits_with_an_image_match_hf(g4v: TinyGlm4v) -> None:
     nxt = int(np.argmax(ctx.get_logits()[-1]))
     mt.eval_chunks(ctx, [TextChunk([nxt])], n_past)
     assert _rel(ctx.get_logits()[-1], g4v.logits(ids + [nxt], img.pixels)) < 1e-3
+
+
+def test_glm45v_moe_logits_match_hf(g45v: TinyGlm4v) -> None:
+    model = Model.load(g45v.text_path)
+    assert model.hparams.rope_sections == (2, 3, 3, 0)
+    mt = MtmdContext(g45v.mmproj_path, model)
+    chunks = mt.tokenize(
+        "<__media__> what is this", [Bitmap(RNG.integers(0, 256, (70, 45, 3), dtype=np.uint8))]
+    )
+    img = next(c for c in chunks if isinstance(c, ImageChunk))
+    assert (img.nx, img.ny) == (3, 4)
+    ids = [t for ch in chunks for t in (ch.tokens if isinstance(ch, TextChunk) else [IMG] * ch.n_tokens)]
+    ctx = Context(model, n_ctx=128, n_batch=64, n_ubatch=64)
+    mt.eval_chunks(ctx, chunks, 0)
+    assert _rel(ctx.get_logits()[-1], g45v.logits(ids, img.pixels)) < 1e-3
+    assert _rel(ClipModel(g45v.mmproj_path).encode(img.pixels), g45v.features(img.pixels)) < 1e-4
 
 
 def test_text_rope_sections_matter(g4v: TinyGlm4v) -> None:

@@ -3,11 +3,13 @@ per-head q/k RMS norms, partial neox rotary; the first ``leading_dense_block_cou
 the others a sigmoid-routed mixture of experts (selection on scores + ``exp_probs_b``, weights
 renormalized and scaled) plus shared experts. The trailing next-token-prediction (MTP) layers are
 skipped: their tensors are accepted, not loaded, and the graph runs the trunk only. The MoE pieces
-DeepSeek V2/V3 share with it are in ``llamapy/model/moe_blocks.py``."""
+DeepSeek V2/V3 share with it are in ``llamapy/model/moe_blocks.py``. GLM-4.5V's text model is this one with
+M-RoPE when the file has ``rope.dimension_sections`` (neox pairs already: no q/k permutation)."""
 
 from __future__ import annotations
 
-from ..blocks import GraphBuilder, Outputs, TensorLoader
+from ...ggml import ops
+from ..blocks import GraphBuilder, Outputs, Rope, SectionRope, TensorLoader
 from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader, ModelLoadError
 from ..moe_blocks import GATING_SIGMOID, build_moe_layer, load_moe_layer, read_moe_routing, skip_nextn_tensors
@@ -22,6 +24,22 @@ class Glm4Moe(Architecture):
         read_moe_routing(hp, md, GATING_SIGMOID)
         if not hp.n_ff_exp:
             raise ModelLoadError(f"{md.where}: glm4moe needs expert_feed_forward_length")
+        secs = md.raw("rope.dimension_sections")  # GLM-4.5V: M-RoPE
+        if secs is not None:
+            s = tuple(int(x) for x in secs)
+            if not 1 <= len(s) <= 4 or min(s) < 0 or not 0 < sum(s) <= hp.n_rot // 2:
+                raise ModelLoadError(
+                    f"{md.where}: {md.arch}.rope.dimension_sections {list(s)} must be up to 4 non-negative "
+                    f"counts of rotary dim pairs, together 1..{hp.n_rot // 2} (rope.dimension_count {hp.n_rot})"
+                )
+            hp.rope_sections = s + (0,) * (4 - len(s))
+
+    def layer_rope(self, il: int, n_ctx: int = 0) -> Rope | None:
+        r = super().layer_rope(il, n_ctx)
+        if not self.hp.rope_sections or r is None:
+            return r
+        fields = {k: getattr(r, k) for k in r.__dataclass_fields__}
+        return SectionRope(**fields, sections=self.hp.rope_sections, section_mode=ops.ROPE_MROPE)
 
     def layer_moe(self, il: int) -> bool:
         return il >= self.hp.n_layer_dense_lead
