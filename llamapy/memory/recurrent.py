@@ -56,6 +56,9 @@ class RSInputs(GraphInput):
     s: dict[int, Tensor]  # layer -> recurrent state buffer [n_seq_max, n_embd_s]
     writes: list[Tensor] = field(default_factory=list)
     cache: RecurrentCache | None = None
+    # the first of the consecutive slots the streams read and write, one each (None: gather and scatter
+    # through ``idx``): the graph then reads and writes views of the buffers, no gather, no scatter
+    slot0: int | None = None
 
     def tensors(self) -> list[Tensor]:
         return [t for t in (self.idx, self.w_src, self.w_dst) if t is not None]
@@ -69,14 +72,22 @@ class RSInputs(GraphInput):
             vals[self.w_dst] = c.pairs[:, 1].astype(np.int64)
         return vals
 
+    def _rows_view(self, buf: Tensor) -> Tensor:
+        return ops.view(buf, (self.n_seqs, buf.shape[1]), buf.strides, self.slot0 * buf.strides[0])
+
     def read(self, buf: Tensor) -> Tensor:
-        """The streams' rows of ``buf``: F32[n_seqs, row]."""
+        """The streams' rows of ``buf``: F32[n_seqs, row] (a view of them when the streams own
+        consecutive slots)."""
+        if self.slot0 is not None:
+            return self._rows_view(buf)
         return ops.get_rows(buf, self.idx)
 
     def write(self, buf: Tensor, rows: Tensor) -> Tensor:
         """Store ``rows`` F32[n_seqs, row] (the new states) into the streams' slots; the node joins the
         graph's writes (run after every read of this ubatch)."""
-        if self.w_dst is not None:
+        if self.slot0 is not None:
+            t = ops.cpy(rows, self._rows_view(buf))
+        elif self.w_dst is not None:
             t = ops.set_rows(buf, ops.get_rows(rows, self.w_src), self.w_dst)
         else:
             t = ops.set_rows(buf, rows, self.idx)
@@ -100,6 +111,7 @@ class _Placement:
     n_seq_tokens: int
     src: np.ndarray  # int64[n_seqs]
     pairs: np.ndarray | None  # int64[n_pairs, 2]: (stream, slot) when a stream writes several slots
+    slot0: int | None = None  # streams i = slots slot0 + i, each its own (no pairs): read/write in place
 
 
 class RecurrentCache:
@@ -316,7 +328,10 @@ class RecurrentCache:
                 self._undo[s] = [self._rows(t)[s].copy() for t in self._bufs()]
             self.pos_min[s], self.pos_max[s] = first, last
         many = len(pairs) != len(starts)
-        self.current = _Placement(len(starts), n_t, src, np.array(pairs, np.int64) if many else None)
+        own = not many and bool((src == src[0] + np.arange(len(src))).all())
+        self.current = _Placement(
+            len(starts), n_t, src, np.array(pairs, np.int64) if many else None, int(src[0]) if own else None
+        )
         return self.current
 
     # -- graph inputs ---------------------------------------------------------------------------------
@@ -324,7 +339,7 @@ class RecurrentCache:
         c = self.current
         if c is None:
             return ()
-        return (c.n_seqs, c.n_seq_tokens, 0 if c.pairs is None else len(c.pairs))
+        return (c.n_seqs, c.n_seq_tokens, 0 if c.pairs is None else len(c.pairs), c.slot0)
 
     def build_inputs(self) -> RSInputs:
         c = self.current
@@ -335,7 +350,9 @@ class RecurrentCache:
         if c.pairs is not None:
             w_src = ops.new_tensor(GGMLType.I32, (len(c.pairs),), "inp_s_wsrc")
             w_dst = ops.new_tensor(GGMLType.I64, (len(c.pairs),), "inp_s_wdst")
-        return RSInputs(c.n_seqs, c.n_seq_tokens, idx, w_src, w_dst, self.r, self.s, cache=self)
+        return RSInputs(
+            c.n_seqs, c.n_seq_tokens, idx, w_src, w_dst, self.r, self.s, cache=self, slot0=c.slot0
+        )
 
     # -- state ----------------------------------------------------------------------------------------
     def state_write(self, seq_id: int) -> bytes:

@@ -115,6 +115,8 @@ class CPUBackend(Backend):
         self._needed: list[Any] = []
         self._fused_norms: set[int] = set()
         self._fused_muls: set[int] = set()
+        self._state_writes: dict[int, Tensor] = {}
+        self._state_cpys: set[int] = set()
 
     def __repr__(self) -> str:
         return f"CPUBackend(n_threads={self.n_threads})"
@@ -130,6 +132,8 @@ class CPUBackend(Backend):
         self._needed = []
         self._fused_norms: set[int] = set()  # rms_norm nodes computed by their consumer mul
         self._fused_muls: set[int] = set()
+        self._state_writes = ssm_steps.state_writes(graph, nodes)  # recurrent states written in place
+        self._state_cpys: set[int] = set()  # their cpy nodes (no step: the op wrote the buffer)
         extra: dict[int, list[Tensor]] = {}
         if graph is None or nodes is None:
             return extra
@@ -167,7 +171,7 @@ class CPUBackend(Backend):
     def compile(self, node: Tensor, arrays: ArrayMap) -> Step | None:
         if node.op in VIEW_OPS:
             return None
-        if id(node) in self._fused_norms:
+        if id(node) in self._fused_norms or id(node) in self._state_cpys:
             return None
         if id(node) in self._fused_muls:
             return _rms_norm(self, node.src[0], arrays, out_node=node, weight=arrays[id(node.src[1])])

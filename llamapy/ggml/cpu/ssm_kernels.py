@@ -63,7 +63,9 @@ def gdn_recurrent(q, k, v, g, beta, state, y, sout):
         h = sh % n_h
         kh = h % hk
         m = sout[s, h]
-        m[:, :] = state[s, h]
+        m0 = state[s, h]  # read by the first token's decay pass (no separate copy; may alias m)
+        if n_t == 0:
+            m[:, :] = m0
         kv = np.empty(d, dtype=np.float32)
         for t in range(n_t):
             dec = np.float32(math.exp(g[s, t, h]))
@@ -72,9 +74,16 @@ def gdn_recurrent(q, k, v, g, beta, state, y, sout):
                 kv[j] = 0.0
             for i in range(d):
                 ki = k[s, t, kh, i]
-                for j in range(d):
-                    m[i, j] *= dec
-                    kv[j] += m[i, j] * ki
+                if t == 0:
+                    for j in range(d):
+                        mij = m0[i, j] * dec
+                        m[i, j] = mij
+                        kv[j] += mij * ki
+                else:
+                    for j in range(d):
+                        mij = m[i, j] * dec
+                        m[i, j] = mij
+                        kv[j] += mij * ki
             for j in range(d):
                 kv[j] = (v[s, t, h, j] - kv[j]) * b
             for j in range(d):
@@ -101,7 +110,9 @@ def ssm_scan_rows(s0, x, dt, a, b, c, y, sout):
         h = sh % n_h
         gi = h // rep
         st = sout[s, h]
-        st[:, :] = s0[s, h]
+        st0 = s0[s, h]  # read by the first token's update (no separate copy; may alias st)
+        if n_t == 0:
+            st[:, :] = st0
         per_state = a.shape[1] > 1
         da = np.empty(n, dtype=np.float32)
         for t in range(n_t):
@@ -111,7 +122,12 @@ def ssm_scan_rows(s0, x, dt, a, b, c, y, sout):
             for i in range(p):
                 dx = d * x[s, t, h, i]
                 acc = np.float32(0.0)
-                for j in range(n):
-                    st[i, j] = st[i, j] * da[j] + dx * b[s, t, gi, j]
-                    acc += st[i, j] * c[s, t, gi, j]
+                if t == 0:
+                    for j in range(n):
+                        st[i, j] = st0[i, j] * da[j] + dx * b[s, t, gi, j]
+                        acc += st[i, j] * c[s, t, gi, j]
+                else:
+                    for j in range(n):
+                        st[i, j] = st[i, j] * da[j] + dx * b[s, t, gi, j]
+                        acc += st[i, j] * c[s, t, gi, j]
                 y[s, t, h, i] = acc

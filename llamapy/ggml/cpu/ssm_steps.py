@@ -1,6 +1,11 @@
 """CPU steps of the recurrent ops (kernels in ``ssm_kernels``); they register into the backend's
 compiler table when ``backend`` imports this module.
 
+A recurrent state written back with ``cpy`` into a view of the memory's buffer (``RSInputs.write`` when
+a ubatch's streams own consecutive slots: a decode step) is not copied: ``state_writes`` (from the
+backend's ``begin_graph``) finds those ``cpy`` nodes, and the op's step writes its new state straight into
+the buffer (updating it in place when the op read a view of the same rows); the ``cpy`` then has no step.
+
 ``gated_delta_net`` runs token by token in Numba (parallel over sequences x heads) for decode and
 prompts alike. The chunked form (``ssm_reference.delta_rule_chunked`` in float32: matrix products per
 chunk, as llama.cpp's chunked graph) is kept behind ``CHUNK_MIN_TOKENS`` but off: on the CPU it does about
@@ -14,8 +19,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import ArrayMap, Step
+from ..graph import Graph
 from ..ssm_reference import delta_rule_chunked
 from ..tensor import Tensor
+from ..types import GGMLType
 from .backend import CPUBackend, _compiler
 
 #: tokens per sequence from which a ubatch takes the chunked delta rule; None: never (the default)
@@ -33,6 +40,66 @@ def _kern():  # type: ignore[no-untyped-def]
 
 def _c32(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
+
+
+_STATE_OPS = ("gated_delta_net", "ssm_scan")
+
+
+def _state_elems(op: Tensor) -> int:
+    st = op.src[0] if op.op == "ssm_scan" else op.src[5]
+    return st.n_elements
+
+
+def state_writes(graph: Graph | None, nodes: list[Tensor] | None) -> dict[int, Tensor]:
+    """``id(op) -> cpy``: the ``cpy`` nodes among ``nodes`` that copy the whole final state of a
+    ``gated_delta_net`` / ``ssm_scan`` (a contiguous view of its result's tail, read by nothing else)
+    into a contiguous F32 destination; the op's step may write its state there instead."""
+    found: dict[int, Tensor] = {}
+    if graph is None or nodes is None:
+        return found
+    mine = {id(n) for n in nodes}
+    users: dict[int, list[Tensor]] = {}
+    for n in graph.nodes:
+        for s in n.src:
+            users.setdefault(id(s), []).append(n)
+    for n in nodes:
+        if n.op != "cpy" or n.type != GGMLType.F32 or not n.is_contiguous():
+            continue
+        v = n.src[0]
+        if v.op != "view" or not v.src or v.src[0].op not in _STATE_OPS or not v.is_contiguous():
+            continue
+        op = v.src[0]
+        ny = op.n_elements - _state_elems(op)
+        if (
+            id(op) not in mine
+            or graph.is_output(op)
+            or graph.is_output(v)
+            or v.n_elements != op.n_elements - ny
+            or v.offset - op.offset != 4 * ny
+            or [id(u) for u in users.get(id(v), [])] != [id(n)]
+        ):
+            continue
+        # every other reader of the op reads its outputs only (a contiguous view before the state)
+        others = [u for u in users.get(id(op), []) if u is not v]
+        if all(
+            u.op in ("view", "reshape") and u.is_contiguous() and u.offset - op.offset + u.nbytes <= 4 * ny
+            for u in others
+        ):
+            found[id(op)] = n
+    return found
+
+
+def _state_out(be: CPUBackend, node: Tensor, arrays: ArrayMap, sout: np.ndarray) -> np.ndarray:
+    """Where the op's step writes its final state: the buffer of a ``state_writes`` cpy (which then has no
+    step), else ``sout``."""
+    w = be._state_writes.get(id(node))
+    if w is None:
+        return sout
+    dst = arrays[id(w)]
+    if dst.dtype == np.float32 and dst.flags.c_contiguous and dst.size == sout.size:
+        be._state_cpys.add(id(w))
+        return dst.reshape(sout.shape)
+    return sout
 
 
 @_compiler(*_ACT)
@@ -53,6 +120,16 @@ def _act(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     return step
 
 
+@_compiler("concat")
+def _concat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
+    """F32 ``concat`` straight into the result (the conv input: a stream's conv state, then its tokens)."""
+    A, B, out = arrays[id(node.src[0])], arrays[id(node.src[1])], arrays[id(node)]
+    if not (A.dtype == B.dtype == out.dtype == np.float32):
+        return None
+    ax = int(node.params["axis"])
+    return lambda: np.concatenate((A, B), axis=ax, out=out)
+
+
 @_compiler("ssm_conv")
 def _ssm_conv(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     sx, c, out = arrays[id(node.src[0])], arrays[id(node.src[1])], arrays[id(node)]
@@ -68,7 +145,7 @@ def _gated_delta_net(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | N
     n_s, n_t, n_h, d = node.src[2].shape
     ny = n_s * n_t * n_h * d
     y = out[:ny].reshape(n_s, n_t, n_h, d)
-    sout = out[ny:].reshape(n_s, n_h, d, d)
+    sout = _state_out(be, node, arrays, out[ny:].reshape(n_s, n_h, d, d))
     if CHUNK_MIN_TOKENS is not None and n_t >= CHUNK_MIN_TOKENS:
 
         def step_chunked() -> None:
@@ -94,7 +171,7 @@ def _ssm_scan(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     n_t = node.src[1].shape[1]
     ny = n_s * n_t * n_h * p
     y = out[:ny].reshape(n_s, n_t, n_h, p)
-    sout = out[ny:].reshape(n_s, n_h, p, n)
+    sout = _state_out(be, node, arrays, out[ny:].reshape(n_s, n_h, p, n))
     kern = _kern().ssm_scan_rows
     be.need(kern)
 
