@@ -109,7 +109,7 @@ def _nan_rows(out, ok):
 
 
 @njit(inline="always")
-def _q4k_row(acc, wr, o, xq, x0, d8, bsv, f16):
+def _q4k_row(acc, wr, o, xq, x0, d8, bsv, bs16, f16):
     """One Q4_K block (``o``) of one row against the activation bytes from ``x0``: 8 sub-blocks of
     32, each nibble run times its 6-bit scale; the mins times the per-32 byte sums ``bsv``."""
     sc, mn = ikscales(wr, o + Q4_K_SCALES)
@@ -123,7 +123,7 @@ def _q4k_row(acc, wr, o, xq, x0, d8, bsv, f16):
 
 
 @njit(inline="always")
-def _q5k_row(acc, wr, o, xq, x0, d8, bsv, f16):
+def _q5k_row(acc, wr, o, xq, x0, d8, bsv, bs16, f16):
     """As ``_q4k_row`` for Q5_K: fifth bits 2c and 2c + 1 of the 32 bytes of ``qh``."""
     sc, mn = ikscales(wr, o + Q5_K_SCALES)
     qh = o + Q5_K_QH
@@ -137,7 +137,7 @@ def _q5k_row(acc, wr, o, xq, x0, d8, bsv, f16):
 
 
 @njit(inline="always")
-def _q6k_row(acc, wr, o, xq, x0, d8, bs16, f16):
+def _q6k_row(acc, wr, o, xq, x0, d8, bsv, bs16, f16):
     """One Q6_K block of one row: two halves of 128, each four runs of 32 (low/high nibbles of the two
     32-byte runs of ``ql`` with bits 0-1, 2-3, 4-5, 6-7 of ``qh``), a signed scale per 16. The quants go
     in as 0..63; the -32 offset is 32 times the scales against the per-16 byte sums ``bs16``."""
@@ -162,85 +162,48 @@ def _q6k_row(acc, wr, o, xq, x0, d8, bs16, f16):
     return vfma(acc, vsplat(np.float32(-32.0) * d), itof(off))
 
 
-# The three kernels differ only in their row function and block size. They are written out: a shared
-# body would compile every row function into each kernel, and a factory's closures do not cache.
-# Not ``fastmath``: a function that a fastmath kernel compiles as its callee gets the kernel's flags
-# (measured: the quantizer then lost its NaN test). The vector intrinsics carry their own fast flags.
-@njit(parallel=True, cache=True)
-def mm_q4_k(w, x, out, f16):
+# -- the loop -----------------------------------------------------------------------------------------
+# Every k-quant kernel is this loop specialized (inlined) for one row function, as ``q16_kernels``: a
+# row function is ``row(acc, wr, o, xq, x0, d8, bsv, bs16, f16) -> acc`` (``bsv``: the block's 8
+# per-32 byte sums as a vector, ``bs16``: the row's per-16 byte sums; each takes what it needs, LLVM
+# drops the other). Not ``fastmath``: a function that a fastmath kernel compiles as its callee gets the
+# kernel's flags (measured: the quantizer then lost its NaN test). The vector intrinsics carry their
+# own fast flags.
+@njit(inline="always")
+def matvec_k(w, x, out, f16, row, bbytes):
     N, rb = w.shape
-    nb = rb // Q4_K_BYTES
+    nb = rb // bbytes
     wf = w.reshape(-1)
-    xq, xd, _, bs32, ok = _q8k(x)
+    xq, xd, bs16, bs32, ok = _q8k(x)
     for g in prange((N + 3) // 4):
         w0, w1, w2, w3 = rows4(w, g, N)
         pf = (g * 4 + PREFETCH_ROWS) * rb
         for m in range(x.shape[0]):
-            xqm = xq[m]
+            xqm, b16m, b32m = xq[m], bs16[m], bs32[m]
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
             for b in range(nb):
                 if m == 0:
-                    prefetch_bytes(
-                        wf, pf + b * ROWS_PER_PASS * Q4_K_BYTES, ROWS_PER_PASS * Q4_K_BYTES, N * rb
-                    )
-                o, x0, d8 = b * Q4_K_BYTES, b * QK_K, xd[m, b]
-                bsv = iload(bs32[m], b * 8)
-                a0 = _q4k_row(a0, w0, o, xqm, x0, d8, bsv, f16)
-                a1 = _q4k_row(a1, w1, o, xqm, x0, d8, bsv, f16)
-                a2 = _q4k_row(a2, w2, o, xqm, x0, d8, bsv, f16)
-                a3 = _q4k_row(a3, w3, o, xqm, x0, d8, bsv, f16)
+                    prefetch_bytes(wf, pf + b * ROWS_PER_PASS * bbytes, ROWS_PER_PASS * bbytes, N * rb)
+                o, x0, d8 = b * bbytes, b * QK_K, xd[m, b]
+                bsv = iload(b32m, b * 8)
+                a0 = row(a0, w0, o, xqm, x0, d8, bsv, b16m, f16)
+                a1 = row(a1, w1, o, xqm, x0, d8, bsv, b16m, f16)
+                a2 = row(a2, w2, o, xqm, x0, d8, bsv, b16m, f16)
+                a3 = row(a3, w3, o, xqm, x0, d8, bsv, b16m, f16)
             store4(out, m, g, N, a0, a1, a2, a3)
     _nan_rows(out, ok)
+
+
+@njit(parallel=True, cache=True)
+def mm_q4_k(w, x, out, f16):
+    matvec_k(w, x, out, f16, _q4k_row, Q4_K_BYTES)
 
 
 @njit(parallel=True, cache=True)
 def mm_q5_k(w, x, out, f16):
-    N, rb = w.shape
-    nb = rb // Q5_K_BYTES
-    wf = w.reshape(-1)
-    xq, xd, _, bs32, ok = _q8k(x)
-    for g in prange((N + 3) // 4):
-        w0, w1, w2, w3 = rows4(w, g, N)
-        pf = (g * 4 + PREFETCH_ROWS) * rb
-        for m in range(x.shape[0]):
-            xqm = xq[m]
-            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            for b in range(nb):
-                if m == 0:
-                    prefetch_bytes(
-                        wf, pf + b * ROWS_PER_PASS * Q5_K_BYTES, ROWS_PER_PASS * Q5_K_BYTES, N * rb
-                    )
-                o, x0, d8 = b * Q5_K_BYTES, b * QK_K, xd[m, b]
-                bsv = iload(bs32[m], b * 8)
-                a0 = _q5k_row(a0, w0, o, xqm, x0, d8, bsv, f16)
-                a1 = _q5k_row(a1, w1, o, xqm, x0, d8, bsv, f16)
-                a2 = _q5k_row(a2, w2, o, xqm, x0, d8, bsv, f16)
-                a3 = _q5k_row(a3, w3, o, xqm, x0, d8, bsv, f16)
-            store4(out, m, g, N, a0, a1, a2, a3)
-    _nan_rows(out, ok)
+    matvec_k(w, x, out, f16, _q5k_row, Q5_K_BYTES)
 
 
 @njit(parallel=True, cache=True)
 def mm_q6_k(w, x, out, f16):
-    N, rb = w.shape
-    nb = rb // Q6_K_BYTES
-    wf = w.reshape(-1)
-    xq, xd, bs16, _, ok = _q8k(x)
-    for g in prange((N + 3) // 4):
-        w0, w1, w2, w3 = rows4(w, g, N)
-        pf = (g * 4 + PREFETCH_ROWS) * rb
-        for m in range(x.shape[0]):
-            xqm, bsm = xq[m], bs16[m]
-            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            for b in range(nb):
-                if m == 0:
-                    prefetch_bytes(
-                        wf, pf + b * ROWS_PER_PASS * Q6_K_BYTES, ROWS_PER_PASS * Q6_K_BYTES, N * rb
-                    )
-                o, x0, d8 = b * Q6_K_BYTES, b * QK_K, xd[m, b]
-                a0 = _q6k_row(a0, w0, o, xqm, x0, d8, bsm, f16)
-                a1 = _q6k_row(a1, w1, o, xqm, x0, d8, bsm, f16)
-                a2 = _q6k_row(a2, w2, o, xqm, x0, d8, bsm, f16)
-                a3 = _q6k_row(a3, w3, o, xqm, x0, d8, bsm, f16)
-            store4(out, m, g, N, a0, a1, a2, a3)
-    _nan_rows(out, ok)
+    matvec_k(w, x, out, f16, _q6k_row, Q6_K_BYTES)

@@ -24,7 +24,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ..._numba import njit, prange
+from ..._numba import njit
 from ..quants.layouts import (
     Q2_K_BYTES,
     Q2_K_D,
@@ -53,10 +53,9 @@ from .isimd import (
     itof,
     izero,
 )
-from .kquant_kernels import QK_K, _nan_rows, _q8k
-from .layouts import ROWS_PER_PASS
-from .rowgroups import PREFETCH_ROWS, f16at, prefetch_bytes, rows4, store4
-from .simd import _is_bytes, _ptr, vfma, vsplat, vzero
+from .kquant_kernels import matvec_k
+from .rowgroups import f16at
+from .simd import _is_bytes, _ptr, vfma, vsplat
 
 _I8 = ir.IntType(8)
 _I32 = ir.IntType(32)
@@ -145,7 +144,7 @@ def iq3scales(typingctx, arr, idx):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always")
-def _q2k_row(acc, wr, o, xq, x0, d8, bs16, f16):
+def _q2k_row(acc, wr, o, xq, x0, d8, bsv, bs16, f16):
     """One Q2_K block (``o``) of one row against the activation bytes from ``x0``."""
     sc = o + Q2_K_SCALES
     s = izero()
@@ -173,7 +172,7 @@ def _q3_half(s, wr, q, hm, hb0, xq, xb, sv):
 
 
 @njit(inline="always")
-def _q3k_row(acc, wr, o, xq, x0, d8, bs16, f16):
+def _q3k_row(acc, wr, o, xq, x0, d8, bsv, bs16, f16):
     """One Q3_K block of one row: quants 0..7 times the signed scales, then -4 times the scales against
     the per-16 byte sums ``bs16``."""
     s0, s1 = iq3scales(wr, o + Q3_K_SCALES)
@@ -187,54 +186,12 @@ def _q3k_row(acc, wr, o, xq, x0, d8, bs16, f16):
     return vfma(acc, vsplat(np.float32(-4.0) * d), itof(off))
 
 
-# Written out per type and not ``fastmath``, as in kquant_kernels (see the note there).
+# The loop is kquant_kernels' (``matvec_k``), specialized for each row function.
 @njit(parallel=True, cache=True)
 def mm_q2_k(w, x, out, f16):
-    N, rb = w.shape
-    nb = rb // Q2_K_BYTES
-    wf = w.reshape(-1)
-    xq, xd, bs16, _, ok = _q8k(x)
-    for g in prange((N + 3) // 4):
-        w0, w1, w2, w3 = rows4(w, g, N)
-        pf = (g * 4 + PREFETCH_ROWS) * rb
-        for m in range(x.shape[0]):
-            xqm, bsm = xq[m], bs16[m]
-            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            for b in range(nb):
-                if m == 0:
-                    prefetch_bytes(
-                        wf, pf + b * ROWS_PER_PASS * Q2_K_BYTES, ROWS_PER_PASS * Q2_K_BYTES, N * rb
-                    )
-                o, x0, d8 = b * Q2_K_BYTES, b * QK_K, xd[m, b]
-                a0 = _q2k_row(a0, w0, o, xqm, x0, d8, bsm, f16)
-                a1 = _q2k_row(a1, w1, o, xqm, x0, d8, bsm, f16)
-                a2 = _q2k_row(a2, w2, o, xqm, x0, d8, bsm, f16)
-                a3 = _q2k_row(a3, w3, o, xqm, x0, d8, bsm, f16)
-            store4(out, m, g, N, a0, a1, a2, a3)
-    _nan_rows(out, ok)
+    matvec_k(w, x, out, f16, _q2k_row, Q2_K_BYTES)
 
 
 @njit(parallel=True, cache=True)
 def mm_q3_k(w, x, out, f16):
-    N, rb = w.shape
-    nb = rb // Q3_K_BYTES
-    wf = w.reshape(-1)
-    xq, xd, bs16, _, ok = _q8k(x)
-    for g in prange((N + 3) // 4):
-        w0, w1, w2, w3 = rows4(w, g, N)
-        pf = (g * 4 + PREFETCH_ROWS) * rb
-        for m in range(x.shape[0]):
-            xqm, bsm = xq[m], bs16[m]
-            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            for b in range(nb):
-                if m == 0:
-                    prefetch_bytes(
-                        wf, pf + b * ROWS_PER_PASS * Q3_K_BYTES, ROWS_PER_PASS * Q3_K_BYTES, N * rb
-                    )
-                o, x0, d8 = b * Q3_K_BYTES, b * QK_K, xd[m, b]
-                a0 = _q3k_row(a0, w0, o, xqm, x0, d8, bsm, f16)
-                a1 = _q3k_row(a1, w1, o, xqm, x0, d8, bsm, f16)
-                a2 = _q3k_row(a2, w2, o, xqm, x0, d8, bsm, f16)
-                a3 = _q3k_row(a3, w3, o, xqm, x0, d8, bsm, f16)
-            store4(out, m, g, N, a0, a1, a2, a3)
-    _nan_rows(out, ok)
+    matvec_k(w, x, out, f16, _q3k_row, Q3_K_BYTES)
