@@ -11,7 +11,6 @@ streamed as it is decoded. An answer that is not such JSON is content.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import regex
 
@@ -31,6 +30,7 @@ from .common import (
     plain_calls,
     read_json,
 )
+from .syntax import FAIL, NEED, Lark, Node, Scan
 
 RESPOND_IN_JSON = (
     "Respond in JSON format, either with `tool_call` (a request to call tools) or with `response` reply to "
@@ -41,6 +41,75 @@ _CHARS = regex.compile(r'(?:[^"\\]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*')
 _HIGH_SURROGATE = regex.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}$")
 _ESCAPE_PREFIX = regex.compile(r"\\(?:u[0-9a-fA-F]{0,4})?")
 _PENDING = regex.compile(r"(?:\\u[dD][89abAB][0-9a-fA-F]{2})?\\(?:u[0-9a-fA-F]{0,4})?")
+
+
+class JsonAnswer(Node):
+    """The whole answer as one JSON object: ``{"tool_calls": [call, ...]}`` (parallel calls allowed),
+    ``{"tool_call": call}`` or (a call not required) ``{"response": "..."}``, a call ``{"name",
+    "arguments"}`` (and an ``id``). The parser also takes the other two call keys whatever the request,
+    extra keys, and a ``response`` of any JSON value (content: a string as it is, another value as indented
+    JSON); model-made ids (``call_1___``) are dropped, not being unique."""
+
+    def parse(self, s: Scan, i: int) -> int | None:
+        got = read_json(s.buf, i, s.json_cache)
+        if got is PARTIAL:
+            return FAIL if s.final else NEED
+        if got is None or not isinstance(got[0], dict):  # type: ignore[index]
+            return FAIL
+        value, end = got  # type: ignore[misc]
+        if isinstance(value.get("tool_calls"), list):
+            calls = [call_from_object(c) for c in value["tool_calls"]]
+        elif "tool_call" in value:
+            calls = [call_from_object(value["tool_call"])]
+        elif "response" in value:
+            r = value["response"]
+            s.content = r if isinstance(r, str) else json.dumps(r, indent=2, ensure_ascii=False)
+            return end
+        else:
+            return FAIL
+        if not calls or any(c is None for c in calls):
+            return FAIL
+        for c in calls:
+            c.id = ""  # type: ignore[union-attr]
+        s.calls.extend(calls)  # type: ignore[arg-type]
+        return end
+
+    def lark(self, g: Lark) -> str:
+        req, calls = g.req, []
+        for f in req.functions:
+            schema: dict = {
+                "type": "object",
+                "properties": {"name": {"type": "string", "const": f["name"]}, "arguments": f["parameters"]},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,  # the wrappers take no extra keys a model could ramble in
+            }
+            if f.get("description"):
+                schema["description"] = f["description"]
+            if req.parallel:  # bounded (llama.cpp's is not): a small model can ramble on an id forever
+                schema["properties"]["id"] = {"type": "string", "minLength": 4, "maxLength": 12}
+                schema["required"].append("id")
+            calls.append(schema)
+        if req.parallel:
+            items = {"type": "array", "items": one_of(calls), "minItems": 1}
+            answer = {"type": "object", "properties": {"tool_calls": items}, "required": ["tool_calls"]}
+        else:
+            answer = {"type": "object", "properties": {"tool_call": one_of(calls)}, "required": ["tool_call"]}
+        answer["additionalProperties"] = False
+        if not req.required:
+            response = {
+                "type": "object",
+                "properties": {"response": {"type": "string"}},
+                "required": ["response"],
+                "additionalProperties": False,
+            }
+            answer = {"anyOf": [answer, response]}
+        return json_rule(answer)
+
+    def start(self) -> tuple[str, bool]:
+        return r"\s*\{", False
+
+
+ANSWER = JsonAnswer()
 
 
 class ContentOnlyParser(StreamParser):
@@ -67,14 +136,18 @@ class GenericParser(StreamParser):
             if m is not None:
                 self._buf, self._mode = buf[m.end() :], "response"
                 return True
-            got = read_json(buf, 0, self.json_cache)
-            if got is PARTIAL and not final:
+            scan = Scan(buf, final, json_cache=self.json_cache)
+            end = ANSWER.parse(scan, 0)
+            if end is NEED:
                 return False
             self.json_cache.clear()
-            if isinstance(got, tuple) and self._json_answer(got[0]):
-                self._buf, self._mode = buf[got[1] :], "tail"
-            else:
+            if end == FAIL:
                 self._mode = "raw"
+            else:
+                self._content(scan.content)
+                for c in scan.calls:
+                    self._call(c)
+                self._buf, self._mode = buf[end:], "tail"
             return True
         if mode == "raw":
             self._content(buf)
@@ -110,26 +183,6 @@ class GenericParser(StreamParser):
                 self._mode = "raw"
             return True
         return super()._step(final)
-
-    def _json_answer(self, value: Any) -> bool:
-        if not isinstance(value, dict):
-            return False
-        if isinstance(value.get("tool_calls"), list):
-            calls = [call_from_object(c) for c in value["tool_calls"]]
-        elif "tool_call" in value:
-            calls = [call_from_object(value["tool_call"])]
-        elif "response" in value:
-            r = value["response"]
-            self._content(r if isinstance(r, str) else json.dumps(r, indent=2, ensure_ascii=False))
-            return True
-        else:
-            return False
-        if not calls or any(c is None for c in calls):
-            return False
-        for c in calls:
-            c.id = ""  # model-made ids ("call_1___") are not unique: give fresh ones
-            self._call(c)
-        return True
 
 
 class ContentOnlyFormat(ChatFormat):
@@ -202,35 +255,7 @@ class GenericFormat(ChatFormat):
         return out
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        calls = []
-        for f in req.functions:
-            schema: dict = {
-                "type": "object",
-                "properties": {"name": {"type": "string", "const": f["name"]}, "arguments": f["parameters"]},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,  # the wrappers take no extra keys a model could ramble in
-            }
-            if f.get("description"):
-                schema["description"] = f["description"]
-            if req.parallel:  # bounded (llama.cpp's is not): a small model can ramble on an id forever
-                schema["properties"]["id"] = {"type": "string", "minLength": 4, "maxLength": 12}
-                schema["required"].append("id")
-            calls.append(schema)
-        if req.parallel:
-            items = {"type": "array", "items": one_of(calls), "minItems": 1}
-            answer = {"type": "object", "properties": {"tool_calls": items}, "required": ["tool_calls"]}
-        else:
-            answer = {"type": "object", "properties": {"tool_call": one_of(calls)}, "required": ["tool_call"]}
-        answer["additionalProperties"] = False
-        if not req.required:
-            response = {
-                "type": "object",
-                "properties": {"response": {"type": "string"}},
-                "required": ["response"],
-                "additionalProperties": False,
-            }
-            answer = {"anyOf": [answer, response]}
-        return ToolGrammar(assemble([f"start: {json_rule(answer)}"]), (), ())
+        return ToolGrammar(assemble([f"start: {ANSWER.lark(Lark(req))}"]), (), ())
 
     def parser(self, syntax: ChatSyntax) -> ChatParser:
         return GenericParser(syntax)

@@ -73,6 +73,7 @@ class Scan:
     args: dict[str, Any] = field(default_factory=dict)
     calls: list[ToolCall] = field(default_factory=list)
     json_cache: dict = field(default_factory=dict)  # read_json's, kept while the text only grows
+    content: str = ""  # content the syntax itself holds (the generic JSON answer's ``response``)
 
     def schema(self, key: str) -> Any:
         return self.tables.get(self.name, {}).get(key)
