@@ -25,11 +25,10 @@ from .common import (
     ToolGrammar,
     assemble,
     dump_arguments,
-    json_rule,
     lark_str,
-    read_json,
 )
 from .reasoning import StrippedText, partial_suffix
+from .syntax import FAIL, NEED, Lark, Node, Scan, json_args
 
 START, CHANNEL, MESSAGE, END, CALL, CONSTRAIN = (
     "<|start|>",
@@ -44,6 +43,46 @@ _HEADER = regex.compile(
     r"\s*(?P<role><\|start\|>assistant)?(?: to=(?P<to1>[^\s<]+))?\s*<\|channel\|>(?P<ch>[a-z]+)"
     r"(?: to=(?P<to2>[^\s<]+))?(?:\s*(?:<\|constrain\|>)?(?P<ct>[\w-]+))?\s*<\|message\|>"
 )
+
+
+class Header(Node):
+    """A message's header: the parser reads any message's (recipient, channel, content type; its match in
+    ``Scan.match``); the grammar writes the header of a call to one of the request's functions, recipient
+    in the role or in the channel, then its arguments (``ARGS``, which the parser reads from the message's
+    body once the body ends)."""
+
+    def parse(self, s: Scan, i: int) -> int | None:
+        m = _HEADER.match(s.buf, i, partial=not s.final)
+        if m is None:
+            return FAIL
+        if m.partial:
+            return NEED
+        s.match = m
+        return m.end()
+
+    def lark(self, g: Lark) -> str:
+        lit = g.req.lit
+        constrain = f'(" " {lit(CONSTRAIN)} "json")?'
+        channel = '("commentary" | "analysis")'
+        in_role, in_channel = [], []
+        for k, f in enumerate(g.req.functions):
+            g.function, g.k = f, k
+            args = ARGS.lark(g)
+            name = lark_str(f["name"])
+            in_role.append(f"{name} {lit(CHANNEL)} {channel} {constrain} {lit(MESSAGE)} {args}")
+            in_channel.append(f"{name} {constrain} {lit(MESSAGE)} {args}")
+        g.function = None
+        g.rules[:0] = [
+            f'in_role: " to=functions." ({" | ".join(in_role)})',
+            f'in_channel: {lit(CHANNEL)} {channel} " to=functions." ({" | ".join(in_channel)})',
+        ]
+        return "in_role | in_channel"
+
+    def start(self) -> tuple[str, bool]:
+        return _HEADER.pattern, True
+
+
+HEADER, ARGS = Header(), json_args()
 
 
 class GptOssParser(ChatParser):
@@ -65,14 +104,16 @@ class GptOssParser(ChatParser):
         if self._mode == "header":
             if not buf:
                 return False
-            m = _HEADER.match(buf, partial=not final)
-            if m is None:
+            s = Scan(buf, final)
+            end = HEADER.parse(s, 0)
+            if end == FAIL:
                 self._mode = "raw"
                 return True
-            if m.partial:
+            if end is NEED:
                 return False
-            self._open(m, buf[m.end("role") if m.group("role") else m.start() : m.end()].lstrip())
-            self._buf = buf[m.end() :]
+            m = s.match
+            self._open(m, buf[m.end("role") if m.group("role") else m.start() : end].lstrip())
+            self._buf = buf[end:]
             self._mode = "body"
             return True
         hits = [(buf.find(t), t) for t in _TERMINATORS if t in buf]
@@ -121,9 +162,10 @@ class GptOssParser(ChatParser):
         if self._kind == "raw_reasoning" and term == END:
             self._content(END)
         elif self._kind == "call" and self.syntax.parse_tool_calls:
-            got = read_json(body)
-            if isinstance(got, tuple) and isinstance(got[0], dict) and not body[got[1] :].strip():
-                self._call(ToolCall(self._name, dump_arguments(got[0])))
+            s = Scan(body, True)
+            end = ARGS.parse(s, 0)
+            if end is not NEED and end != FAIL and not body[end:].strip():
+                self._call(ToolCall(self._name, dump_arguments(s.args)))
             else:
                 self._content(body)
 
@@ -145,20 +187,9 @@ class GptOssFormat(ChatFormat):
         return out
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:
-        lit = req.lit
-        constrain = f'(" " {lit(CONSTRAIN)} "json")?'
-        channel = '("commentary" | "analysis")'
-        rules, in_role, in_channel = [], [], []
-        for k, f in enumerate(req.functions):
-            rules.append(f"f{k}_args: {json_rule(f['parameters'])}")
-            name = lark_str(f["name"])
-            in_role.append(f"{name} {lit(CHANNEL)} {channel} {constrain} {lit(MESSAGE)} f{k}_args")
-            in_channel.append(f"{name} {constrain} {lit(MESSAGE)} f{k}_args")
-        rules = [
-            f'in_role: " to=functions." ({" | ".join(in_role)})',
-            f'in_channel: {lit(CHANNEL)} {channel} " to=functions." ({" | ".join(in_channel)})',
-            *rules,
-        ]
+        lit, g = req.lit, Lark(req)
+        call = HEADER.lark(g)
+        rules = g.rules
         if req.required:
             text, extra = req.until("message_text", END)
             rules += [
@@ -166,10 +197,10 @@ class GptOssFormat(ChatFormat):
                 f'preamble: {lit(CHANNEL)} "commentary" {lit(MESSAGE)} {text} {lit(START)} "assistant"',
                 *extra,
             ]
-            start = "start: analysis? preamble? (in_role | in_channel)"
+            start = f"start: analysis? preamble? ({call})"
             triggers: tuple[tuple[str, str], ...] = ()
         else:
-            start = "start: in_role | in_channel"
+            start = f"start: {call}"
             triggers = (
                 ("pattern", r"(<\|channel\|>(?:commentary|analysis) to=functions\.)"),
                 ("pattern", r"<\|start\|>assistant( to=functions\.)"),

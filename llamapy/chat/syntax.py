@@ -74,6 +74,7 @@ class Scan:
     calls: list[ToolCall] = field(default_factory=list)
     json_cache: dict = field(default_factory=dict)  # read_json's, kept while the text only grows
     content: str = ""  # content the syntax itself holds (the generic JSON answer's ``response``)
+    match: Any = None  # what a family's own node keeps of its text (gpt-oss: a message header's match)
 
     def schema(self, key: str) -> Any:
         return self.tables.get(self.name, {}).get(key)
