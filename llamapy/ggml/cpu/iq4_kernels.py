@@ -22,7 +22,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..._numba import njit, prange
+from ..._numba import njit
 from ..quants.iq_tables import KVALUES_IQ4NL
 from ..quants.layouts import (
     IQ4_NL_BYTES,
@@ -33,9 +33,8 @@ from ..quants.layouts import (
     IQ4_XS_SCALES_L,
 )
 from .isimd import HAVE_AVX2
-from .layouts import ROWS_PER_PASS
-from .rowgroups import PREFETCH_ROWS, f16at, prefetch_bytes, rows4, store4
-from .simd import V8, _is_bytes, _ptr, f32x8, u16at, vfma, vload, vmul, vsplat, vzero
+from .rowgroups import f16at, matvec_float
+from .simd import V8, _is_bytes, _ptr, f32x8, u16at, vfma, vload, vmul, vsplat
 
 _I8 = ir.IntType(8)
 _I32 = ir.IntType(32)
@@ -88,34 +87,11 @@ def _nl(wr, q, x0, x1, x2, x3):
     return vfma(t, u3, x3)
 
 
-@njit(parallel=True, cache=True, fastmath=True)
-def mm_iq4_nl(w, x, out, f16):
-    N, rb = w.shape
-    nb = rb // IQ4_NL_BYTES
-    wf = w.reshape(-1)
-    for g in prange((N + 3) // 4):
-        w0, w1, w2, w3 = rows4(w, g, N)
-        pf = (g * 4 + PREFETCH_ROWS) * rb
-        for m in range(x.shape[0]):
-            xm = x[m]
-            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            for b in range(nb):
-                if m == 0:
-                    prefetch_bytes(
-                        wf, pf + b * ROWS_PER_PASS * IQ4_NL_BYTES, ROWS_PER_PASS * IQ4_NL_BYTES, N * rb
-                    )
-                o, q = b * IQ4_NL_BYTES, b * IQ4_NL_BYTES + IQ4_NL_QS
-                x0, x1, x2, x3 = (
-                    vload(xm, b * 32),
-                    vload(xm, b * 32 + 8),
-                    vload(xm, b * 32 + 16),
-                    vload(xm, b * 32 + 24),
-                )
-                a0 = vfma(a0, vsplat(f16at(w0, o, f16)), _nl(w0, q, x0, x1, x2, x3))
-                a1 = vfma(a1, vsplat(f16at(w1, o, f16)), _nl(w1, q, x0, x1, x2, x3))
-                a2 = vfma(a2, vsplat(f16at(w2, o, f16)), _nl(w2, q, x0, x1, x2, x3))
-                a3 = vfma(a3, vsplat(f16at(w3, o, f16)), _nl(w3, q, x0, x1, x2, x3))
-            store4(out, m, g, N, a0, a1, a2, a3)
+@njit(inline="always")
+def _nl_row(acc, wr, o, xm, xe, f16):
+    """One IQ4_NL block (``o``) of one row against ``xm[xe:xe + 32]``."""
+    t = _nl(wr, o + IQ4_NL_QS, vload(xm, xe), vload(xm, xe + 8), vload(xm, xe + 16), vload(xm, xe + 24))
+    return vfma(acc, vsplat(f16at(wr, o, f16)), t)
 
 
 @njit(inline="always")
@@ -134,25 +110,12 @@ def _xs_row(acc, wr, o, xm, xb, f16):
     return acc
 
 
+# The kernels: the loop of ``rowgroups.matvec_float`` specialized for each row function.
+@njit(parallel=True, cache=True, fastmath=True)
+def mm_iq4_nl(w, x, out, f16):
+    matvec_float(w, x, out, f16, _nl_row, IQ4_NL_BYTES, 32)
+
+
 @njit(parallel=True, cache=True, fastmath=True)
 def mm_iq4_xs(w, x, out, f16):
-    N, rb = w.shape
-    nb = rb // IQ4_XS_BYTES
-    wf = w.reshape(-1)
-    for g in prange((N + 3) // 4):
-        w0, w1, w2, w3 = rows4(w, g, N)
-        pf = (g * 4 + PREFETCH_ROWS) * rb
-        for m in range(x.shape[0]):
-            xm = x[m]
-            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            for b in range(nb):
-                if m == 0:
-                    prefetch_bytes(
-                        wf, pf + b * ROWS_PER_PASS * IQ4_XS_BYTES, ROWS_PER_PASS * IQ4_XS_BYTES, N * rb
-                    )
-                o, xb = b * IQ4_XS_BYTES, b * 256
-                a0 = _xs_row(a0, w0, o, xm, xb, f16)
-                a1 = _xs_row(a1, w1, o, xm, xb, f16)
-                a2 = _xs_row(a2, w2, o, xm, xb, f16)
-                a3 = _xs_row(a3, w3, o, xm, xb, f16)
-            store4(out, m, g, N, a0, a1, a2, a3)
+    matvec_float(w, x, out, f16, _xs_row, IQ4_XS_BYTES, 256)

@@ -23,11 +23,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..._numba import njit, prange
+from ..._numba import njit
 from ..quants.mxfp4 import E8M0_HALF
 from .isimd import HAVE_AVX2
-from .rowgroups import PREFETCH_ROWS, prefetch_bytes, rows4, store4
-from .simd import V8, _bytes8, _c8, _I32x8, _is_bytes, f32x8, vfma, vload, vmul, vsplat, vzero
+from .rowgroups import matvec_float
+from .simd import V8, _bytes8, _c8, _I32x8, _is_bytes, f32x8, vfma, vload, vmul, vsplat
 
 __all__ = ["mm_mxfp4", "vfp4", "vfp4_portable"]
 
@@ -94,33 +94,16 @@ def _blk(wr, q, x0, x1, x2, x3):
     return vfma(t, vfp4(wr, q + 8, True), x3)
 
 
+@njit(inline="always")
+def _mx_row(acc, wr, o, xm, xe, f16):
+    """One MXFP4 block (``o``: its E8M0 scale byte, then 16 bytes of nibbles) against ``xm[xe:xe + 32]``."""
+    t = _blk(wr, o + 1, vload(xm, xe), vload(xm, xe + 8), vload(xm, xe + 16), vload(xm, xe + 24))
+    return vfma(acc, vsplat(E8M0_HALF[wr[o]]), t)
+
+
 @njit(parallel=True, cache=True, fastmath=True)
 def mm_mxfp4(w, x, out, f16):
     """``MATVEC`` entry: ``out[m, r] = sum_k W[r, k] * x[m, k]`` for the MXFP4 weight ``w`` (``uint8[N,
     17 * K / 32]``, C-contiguous), ``x float32[M, K]``, ``out float32[M, N]`` (``f16`` unused: the
     scales are E8M0, looked up in ``E8M0_HALF``)."""
-    e8 = E8M0_HALF
-    N, rb = w.shape
-    nb = rb // 17
-    wf = w.reshape(-1)
-    for g in prange((N + 3) // 4):
-        w0, w1, w2, w3 = rows4(w, g, N)
-        pf = (g * 4 + PREFETCH_ROWS) * rb
-        for m in range(x.shape[0]):
-            xm = x[m]
-            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            for b in range(nb):
-                if m == 0:
-                    prefetch_bytes(wf, pf + b * 68, 68, N * rb)
-                o = b * 17
-                x0, x1, x2, x3 = (
-                    vload(xm, b * 32),
-                    vload(xm, b * 32 + 8),
-                    vload(xm, b * 32 + 16),
-                    vload(xm, b * 32 + 24),
-                )
-                a0 = vfma(a0, vsplat(e8[w0[o]]), _blk(w0, o + 1, x0, x1, x2, x3))
-                a1 = vfma(a1, vsplat(e8[w1[o]]), _blk(w1, o + 1, x0, x1, x2, x3))
-                a2 = vfma(a2, vsplat(e8[w2[o]]), _blk(w2, o + 1, x0, x1, x2, x3))
-                a3 = vfma(a3, vsplat(e8[w3[o]]), _blk(w3, o + 1, x0, x1, x2, x3))
-            store4(out, m, g, N, a0, a1, a2, a3)
+    matvec_float(w, x, out, f16, _mx_row, 17, 32)

@@ -1,11 +1,13 @@
 """Pieces shared by the mat-vec kernels (``matmul_kernels``, ``kquant_kernels``): the half-precision
-block scales, software prefetch of the rows ahead, and groups of four weight rows per pass (the last
-group repeats its last row instead of taking a second code path)."""
+block scales, software prefetch of the rows ahead, groups of four weight rows per pass (the last
+group repeats its last row instead of taking a second code path), and the one-row loop of the kernels
+that multiply float activations (``matvec_float``)."""
 
 from __future__ import annotations
 
-from ..._numba import njit
-from .simd import prefetch, u16at, vhsum
+from ..._numba import njit, prange
+from .layouts import ROWS_PER_PASS
+from .simd import prefetch, u16at, vhsum, vzero
 
 #: rows ahead of the current group whose bytes are prefetched (the hardware prefetcher alone leaves
 #: a large mat-vec at ~40 % of the bus)
@@ -42,3 +44,29 @@ def store4(out, m, g, N, a0, a1, a2, a3):
     out[m, min(r0 + 2, N - 1)] = vhsum(a2)
     out[m, min(r0 + 1, N - 1)] = vhsum(a1)
     out[m, r0] = vhsum(a0)
+
+
+@njit(inline="always")
+def matvec_float(w, x, out, f16, row, bbytes, belems):
+    """The loop of the one-row kernels that multiply float activations (IQ4_NL, IQ4_XS, MXFP4), written
+    once: ``prange`` over groups of four weight rows, the rows ``PREFETCH_ROWS`` ahead prefetched, each
+    row's ``F32x8`` accumulator summed horizontally at the end. ``row(acc, wr, o, xm, xe, f16) -> acc``
+    is the type's block at byte ``o`` of the weight row ``wr`` against ``xm[xe:xe + belems]``."""
+    N, rb = w.shape
+    nb = rb // bbytes
+    wf = w.reshape(-1)
+    for g in prange((N + 3) // 4):
+        w0, w1, w2, w3 = rows4(w, g, N)
+        pf = (g * 4 + PREFETCH_ROWS) * rb
+        for m in range(x.shape[0]):
+            xm = x[m]
+            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+            for b in range(nb):
+                if m == 0:
+                    prefetch_bytes(wf, pf + b * ROWS_PER_PASS * bbytes, ROWS_PER_PASS * bbytes, N * rb)
+                o, xe = b * bbytes, b * belems
+                a0 = row(a0, w0, o, xm, xe, f16)
+                a1 = row(a1, w1, o, xm, xe, f16)
+                a2 = row(a2, w2, o, xm, xe, f16)
+                a3 = row(a3, w3, o, xm, xe, f16)
+            store4(out, m, g, N, a0, a1, a2, a3)
