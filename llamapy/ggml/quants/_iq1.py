@@ -50,7 +50,7 @@ def _best_neighbour2(neigh, start, grid, xb, xo, weight, scale, xg, L, lo):
     return gi
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _iq1s_blocks(x, qw, grid, kmap, neigh, qs, qh, dout):
     x_p = np.array([F32(-1) + IQ1S_DELTA, IQ1S_DELTA, F32(1) + IQ1S_DELTA], dtype=np.float32)
     x_m = np.array([F32(-1) - IQ1S_DELTA, -IQ1S_DELTA, F32(1) - IQ1S_DELTA], dtype=np.float32)
@@ -191,7 +191,7 @@ def _iq1m_xx(best_k, k, x_p, x_m):
     return x_p if best_k % 2 == 0 else x_m
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _iq1m_blocks(x, qw, has_qw, grid, kmap, neigh, qs, qh, sc, dout):
     """IQ1_M per super-block: ``qs[nb, 32]``, ``qh[nb, 16]``, the 3-bit scales in ``sc[nb, 4]`` (uint16
     words, top nibbles left for the half-float scale) and that scale ``dout[nb]`` (before rounding)."""

@@ -173,7 +173,7 @@ def _signs(xbl, o, weight, xval, k, wo):
     return s & 127
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _iq2xxs_blocks(x, qw, grid, kmap, neigh, q2, dout):
     kmaxq = 3
     for ibl in range(x.shape[0]):
@@ -277,7 +277,7 @@ def _iq2xxs_blocks(x, qw, grid, kmap, neigh, q2, dout):
             q2[ibl, 2 * ib + 1] |= np.int64(l) << 28
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _iq2xs_blocks(x, qw, has_qw, is_s, grid, kmap, neigh, gidx, sgn, ls, dout):
     """IQ2_XS (``is_s`` False) or IQ2_S (True) per super-block: grid index ``gidx[nb, 32]`` and sign
     byte ``sgn[nb, 32]`` of each 8 values, 4-bit scales ``ls[nb, 16]`` and the stored scale ``dout``."""

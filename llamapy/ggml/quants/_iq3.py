@@ -75,7 +75,7 @@ def _point(L, off):
     return u
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _iq3_blocks(x, qw, has_qw, grid, kmap, neigh, qidx, sas, dout):
     """Per super-block: grid indices ``qidx[nb, 64]`` (uint16), ``sas[nb, 8]`` (signs | scale << 28),
     and the stored scale ``dout[nb]`` (0 for an all-zero block)."""
@@ -239,7 +239,7 @@ def quantize_iq3_xxs(x: np.ndarray, qw: np.ndarray | None = None, sigma2=None) -
     )
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _iq3s_blocks(x, qw, has_qw, grid, kmap, neigh, qs, qh, signs, scl, dout):
     """Per super-block of IQ3_S: ``qs[nb, 64]``, ``qh[nb, 8]``, ``signs[nb, 32]``, ``scl[nb, 4]`` (all
     zero on entry) and the stored scale ``dout[nb]``. Like llama.cpp, a sub-block of zeros is skipped
