@@ -7,7 +7,8 @@
 - GPT-2 style BPE (``tokenizer.json`` through the ``tokenizers`` package): tokens, types, merges and
   ``tokenizer.ggml.pre`` from the hash of the tokenization of llama.cpp's check text
   (``get_vocab_base_pre``; the table is :mod:`llamapy.convert.pre_hashes`);
-- special ids, ``add_bos/eos`` and the chat template through gguf-py's ``SpecialVocab`` (its llama.cpp copy).
+- special ids, ``add_bos/eos`` and the chat template as gguf-py's ``SpecialVocab`` reads them
+  (:mod:`llamapy.convert.special_vocab`, our own code).
 
 ``kv`` is a gguf-py ``GGUFWriter`` used as the ordered key/value collector.
 """
