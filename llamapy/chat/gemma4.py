@@ -38,6 +38,7 @@ from .common import (
     skip_ws,
 )
 from .reasoning import StrippedText, ThinkTags, partial_suffix
+from .syntax import FAIL, NEED, Lark, Node, Scan
 
 CHANNEL, CHANNEL_END, TOOL_CALL, TOOL_CALL_END, TURN = (
     "<|channel>",
@@ -188,7 +189,6 @@ class Gemma4Parser(ChatParser):
         self._raw = syntax.reasoning_format == "none"
         self._strip = StrippedText()
         self._lstrip = False  # drop whitespace before the first content (after a thought block)
-        self._call_end = 0  # where the call _read_call found ends
         self._mode = "start"
         if syntax.thinking_forced_open:
             self._open_thought()
@@ -264,40 +264,19 @@ class Gemma4Parser(ChatParser):
             self._reasoning(self._strip.push(text))
 
     def _step_call(self, buf: str, final: bool) -> bool:
-        got = self._read_call(buf, final)
-        if got is None:  # need more text
+        s = Scan(buf, final)
+        end = CALL.parse(s, 0)
+        if end is NEED:
             return False
-        if isinstance(got, ToolCall):
-            self._call(got)
-            self._buf = buf[self._call_end :]
+        if end != FAIL:
+            self._call(s.calls[0])
+            self._buf = buf[end:]
             self._lstrip = True
         else:  # not a call: the marker is content
             self._content(TOOL_CALL)
             self._buf = buf[len(TOOL_CALL) :]
         self._mode = "content"
         return True
-
-    def _read_call(self, buf: str, final: bool) -> ToolCall | bool | None:
-        """A call at ``buf`` (which starts with the marker); None: need more; False: not a call."""
-        i = len(TOOL_CALL)
-        m = _NAME.match(buf, i)
-        if m is None:
-            if not final and _NAME_PREFIX.fullmatch(buf, i):
-                return None
-            return False
-        got = read_gemma_value(buf, m.end())
-        if got is PARTIAL_VALUE:
-            return False if final else None
-        if got is None:
-            return False
-        args, end = got  # type: ignore[misc]
-        end = expect_tag(buf, end, TOOL_CALL_END, final)
-        if end is None:
-            return None
-        if end < 0:
-            return False
-        self._call_end = end
-        return ToolCall(m.group(1), args)
 
 
 # --- prompt side ---
@@ -439,20 +418,54 @@ class _Rules:
         return "gdict"
 
 
+class Call(Node):
+    """One call, ``<|tool_call>call:NAME{key:value,...}<tool_call|>``: the parser reads any name and any
+    Gemma value (:func:`read_gemma_value`, the arguments as JSON text), the closing tag after optional
+    whitespace (which the end of generation may cut off); the grammar writes one of the request's
+    functions, its arguments typed by its schema (:class:`_Rules`)."""
+
+    def parse(self, s: Scan, i: int) -> int | None:
+        buf, final = s.buf, s.final
+        i += len(TOOL_CALL)
+        m = _NAME.match(buf, i)
+        if m is None:
+            return NEED if not final and _NAME_PREFIX.fullmatch(buf, i) else FAIL
+        got = read_gemma_value(buf, m.end())
+        if got is PARTIAL_VALUE:
+            return FAIL if final else NEED
+        if got is None:
+            return FAIL
+        args, end = got  # type: ignore[misc]
+        end = expect_tag(buf, end, TOOL_CALL_END, final)
+        if end is None:
+            return NEED
+        if end < 0:
+            return FAIL
+        s.calls.append(ToolCall(m.group(1), args))
+        return end
+
+    def lark(self, g: Lark) -> str:
+        req, r = g.req, _Rules(g.req)
+        alts = []
+        for k, f in enumerate(req.functions):
+            args = r.dict(f["parameters"], 0) if isinstance(f["parameters"], dict) else r.generic_dict()
+            alts.append(r.add(f"f{k}", f"{lark_str(f['name'])} {args}"))
+        g.rules.extend(r.rules)
+        return f'{req.lit(TOOL_CALL)} "call:" ({" | ".join(alts)}) {req.lit(TOOL_CALL_END)}'
+
+    def start(self) -> tuple[str, bool]:
+        return regex.escape(TOOL_CALL), False
+
+
+CALL = Call()
+
+
 def build_gemma4_grammar(req: GrammarRequest, think: ThinkTags | None) -> ToolGrammar:
     """The tool-call grammar of Gemma 4 (``think``: the reasoning block a required grammar may start with)."""
-    r = _Rules(req)
-    alts = []
-    for k, f in enumerate(req.functions):
-        args = r.dict(f["parameters"], 0) if isinstance(f["parameters"], dict) else r.generic_dict()
-        alts.append(r.add(f"f{k}", f"{lark_str(f['name'])} {args}"))
+    g = Lark(req)
+    call = CALL.lark(g)
     prefix, extra = reasoning_prefix(req, think)
-    rules = [
-        f"start: {prefix} {req.calls('call')}",
-        f'call: {req.lit(TOOL_CALL)} "call:" ({" | ".join(alts)}) {req.lit(TOOL_CALL_END)}',
-        *r.rules,
-        *extra,
-    ]
+    rules = [f"start: {prefix} {req.calls('call')}", f"call: {call}", *g.rules, *extra]
     return ToolGrammar(assemble(rules), call_triggers_gemma4(req), Gemma4Format.preserved)
 
 
