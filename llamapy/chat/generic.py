@@ -36,7 +36,6 @@ RESPOND_IN_JSON = (
     "Respond in JSON format, either with `tool_call` (a request to call tools) or with `response` reply to "
     "the user's request"
 )
-_RESPONSE = regex.compile(r'\s*\{\s*"response"\s*:\s*"')
 _CHARS = regex.compile(r'(?:[^"\\]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*')
 _HIGH_SURROGATE = regex.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}$")
 _ESCAPE_PREFIX = regex.compile(r"\\(?:u[0-9a-fA-F]{0,4})?")
@@ -48,7 +47,10 @@ class JsonAnswer(Node):
     ``{"tool_call": call}`` or (a call not required) ``{"response": "..."}``, a call ``{"name",
     "arguments"}`` (and an ``id``). The parser also takes the other two call keys whatever the request,
     extra keys, and a ``response`` of any JSON value (content: a string as it is, another value as indented
-    JSON); model-made ids (``call_1___``) are dropped, not being unique."""
+    JSON); model-made ids (``call_1___``) are dropped, not being unique. ``response``: the start of an
+    answer whose ``response`` string the parser streams as it is decoded."""
+
+    response = regex.compile(r'\s*\{\s*"response"\s*:\s*"')
 
     def parse(self, s: Scan, i: int) -> int | None:
         got = read_json(s.buf, i, s.json_cache)
@@ -130,7 +132,7 @@ class GenericParser(StreamParser):
                 if final:
                     self._mode = "raw"
                 return final
-            m = _RESPONSE.match(buf, partial=not final)
+            m = ANSWER.response.match(buf, partial=not final)
             if m is not None and m.partial:
                 return False
             if m is not None:
