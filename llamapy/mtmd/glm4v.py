@@ -9,7 +9,7 @@
   (HF's ``grid_sample(mode="bicubic", align_corners=False, padding_mode="border")``, llama.cpp's
   ``resize_position_embeddings(GGML_SCALE_MODE_BICUBIC)``: half-pixel centres, the cubic convolution kernel
   with a = -0.75, taps clamped at the border): sixteen ``get_rows`` taps with constant indices and weights.
-- Blocks: RMSNorm, fused qkv (no bias), 2-D vision rope (``qwen2vl.vision_rope``), bidirectional attention,
+- Blocks: RMSNorm, fused qkv (no bias; or q, k, v apart), 2-D vision rope (``qwen2vl.vision_rope``), bidirectional attention,
   RMSNorm, SwiGLU; then ``v.post_ln`` (RMSNorm).
 - Merger: the 2 x 2 downsample convolution ``mm.patch_merger`` (weight ``[out, E, 2, 2]`` + bias) as one
   matrix over the four consecutive patches, ``mm.model.fc`` (no bias), LayerNorm ``mm.post_norm`` (eps 1e-5),
@@ -70,8 +70,12 @@ def _load(m: ClipModel, t: TensorLoader) -> None:
     hp.extra["pos_side"] = side
     for il in range(hp.n_layer):
         b = f"v.blk.{il}."
-        t(b + "attn_qkv.weight", (3 * e, e))
-        t(b + "attn_qkv.bias", (3 * e,), required=False)
+        if t(b + "attn_qkv.weight", (3 * e, e), required=False) is not None:  # the converter's fused qkv
+            t(b + "attn_qkv.bias", (3 * e,), required=False)
+        else:  # or q, k, v apart (clip.cpp's build_vit takes either)
+            for n in ("attn_q", "attn_k", "attn_v"):
+                t(b + n + ".weight", (e, e))
+                t(b + n + ".bias", (e,), required=False)
         t(b + "attn_out.weight", (e, e))
         t(b + "attn_out.bias", (e,), required=False)
         t(b + "ln1.weight", (e,))
@@ -167,11 +171,19 @@ def _build(m: ClipModel, inp_raw: Tensor) -> Tensor:
     for il in range(hp.n_layer):
         b = f"v.blk.{il}."
         cur = _norm(x, w[b + "ln1.weight"], None, hp.eps, rms=True)
-        qkv = _linear(cur, w[b + "attn_qkv.weight"], w.get(b + "attn_qkv.bias"))  # [P, 3E]
-        q, k, v = (
-            ops.reshape(ops.cont(ops.view(qkv, (n_pos, e), qkv.strides, 4 * e * i)), (n_pos, nh, dh))
-            for i in range(3)
-        )
+        if b + "attn_qkv.weight" in w:
+            qkv = _linear(cur, w[b + "attn_qkv.weight"], w.get(b + "attn_qkv.bias"))  # [P, 3E]
+            q, k, v = (
+                ops.reshape(ops.cont(ops.view(qkv, (n_pos, e), qkv.strides, 4 * e * i)), (n_pos, nh, dh))
+                for i in range(3)
+            )
+        else:
+            q, k, v = (
+                ops.reshape(
+                    _linear(cur, w[f"{b}attn_{n}.weight"], w.get(f"{b}attn_{n}.bias")), (n_pos, nh, dh)
+                )
+                for n in "qkv"
+            )
         q, k = vision_rope(q, pos_rc, rope_ff), vision_rope(k, pos_rc, rope_ff)
         a = ops.flash_attn_ext(q, k, v, None, 1.0 / math.sqrt(dh), name=f"kqv_out-{il}")
         a = _linear(ops.reshape(a, (n_pos, e)), w[b + "attn_out.weight"], w.get(b + "attn_out.bias"))

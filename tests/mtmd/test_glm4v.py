@@ -253,6 +253,11 @@ def test_mutations_break_the_match(g4v: TinyGlm4v) -> None:
     t = g4v.mm_tensors()
     t["mm.patch_merger.weight"] = np.ascontiguousarray(t["mm.patch_merger.weight"].transpose(0, 1, 3, 2))
     assert _rel(ClipModel(g4v.mmproj(t, "swapped.gguf")).encode(px), ref) > 1e-2
+    t = g4v.mm_tensors()  # q, k, v apart instead of the fused qkv: the same result
+    for il in range(2):
+        for n, part in zip("qkv", np.split(t.pop(f"v.blk.{il}.attn_qkv.weight"), 3), strict=True):
+            t[f"v.blk.{il}.attn_{n}.weight"] = np.ascontiguousarray(part)
+    assert _rel(ClipModel(g4v.mmproj(t, "split.gguf")).encode(px), ref) < 1e-5
     cubic = glm4v._cubic
     try:
         glm4v._cubic = lambda f: np.stack([np.zeros_like(f), 1 - f, f, np.zeros_like(f)])  # bilinear
