@@ -169,10 +169,13 @@ class TinyGlm4v:
                 out[f"{_MM[mod]}.{kind}"] = w
         return out
 
-    def mmproj(self, tensors: dict | None = None, name: str = "mmproj.gguf") -> Path:
+    def mmproj(
+        self, tensors: dict | None = None, name: str = "mmproj.gguf", ftype: GGMLType = GGMLType.F32
+    ) -> Path:
         v = self.cfg.vision_config
         md = {
-            "general.name": "tiny-glm4v-mmproj", "general.file_type": 0, "clip.has_vision_encoder": True,
+            "general.name": "tiny-glm4v-mmproj", "general.file_type": hf_tiny.FILE_TYPES[ftype],
+            "clip.has_vision_encoder": True,
             "clip.projector_type": "glm4v", "clip.vision.image_size": v.image_size,
             "clip.vision.patch_size": v.patch_size, "clip.vision.embedding_length": v.hidden_size,
             "clip.vision.feed_forward_length": v.intermediate_size, "clip.vision.block_count": v.depth,
@@ -181,7 +184,7 @@ class TinyGlm4v:
             "clip.vision.attention.layer_norm_epsilon": float(v.rms_norm_eps), "clip.use_silu": True,
             "clip.vision.image_mean": MEAN, "clip.vision.image_std": STD,
         }  # fmt: skip
-        return convert.write_mmproj(self.tmp / name, md, tensors or self.mm_tensors(), GGMLType.F32)
+        return convert.write_mmproj(self.tmp / name, md, tensors or self.mm_tensors(), ftype)
 
     # -- HF side
     def patchify(self, px: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,6 +246,8 @@ def test_image_embeddings_match_hf(g4v: TinyGlm4v) -> None:
         got = cm.encode(px)
         assert got.shape == ((h // 16) * (w // 16), 64)
         assert _rel(got, g4v.features(px)) < 1e-4
+    f16 = ClipModel(g4v.mmproj(name="mmproj-f16.gguf", ftype=GGMLType.F16))  # as the converter stores it
+    assert _rel(f16.encode(px), g4v.features(px)) < 3e-3  # the weights' F16 rounding: ~7e-4
 
 
 def test_mutations_break_the_match(g4v: TinyGlm4v) -> None:
