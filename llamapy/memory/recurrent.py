@@ -83,14 +83,20 @@ class RSInputs(GraphInput):
         return ops.get_rows(buf, self.idx)
 
     def write(self, buf: Tensor, rows: Tensor) -> Tensor:
-        """Store ``rows`` F32[n_seqs, row] (the new states) into the streams' slots; the node joins the
-        graph's writes (run after every read of this ubatch)."""
+        """Store ``rows`` (the new states: F32[n_seqs, row], or any shape and strides of ``n_seqs`` rows
+        in order) into the streams' slots; the node joins the graph's writes (run after every read of
+        this ubatch)."""
         if self.slot0 is not None:
-            t = ops.cpy(rows, self._rows_view(buf))
-        elif self.w_dst is not None:
+            return self._keep(ops.cpy(rows, ops.reshape(self._rows_view(buf), rows.shape)))
+        if rows.ndim != 2 or not rows.is_contiguous():
+            rows = ops.reshape(ops.cont(rows), (self.n_seqs, buf.shape[1]))
+        if self.w_dst is not None:
             t = ops.set_rows(buf, ops.get_rows(rows, self.w_src), self.w_dst)
         else:
             t = ops.set_rows(buf, rows, self.idx)
+        return self._keep(t)
+
+    def _keep(self, t: Tensor) -> Tensor:
         self.writes.append(t)
         return t
 

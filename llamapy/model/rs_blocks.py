@@ -92,7 +92,7 @@ def build_conv(g: GraphBuilder, x: Tensor, kernel: Tensor, il: int) -> Tensor:
     state = ops.reshape(rs.read(buf), (n_s, k - 1, ch))
     sx = g.cb(ops.concat(state, ops.reshape(x, (n_s, n_t, ch)), axis=1), "conv_input", il)
     last = ops.view(sx, (n_s, k - 1, ch), sx.strides, offset=4 * n_t * ch)
-    rs.write(buf, ops.reshape(ops.cont(last), (n_s, (k - 1) * ch)))
+    rs.write(buf, last)  # (in place: copied straight from sx)
     return g.cb(ops.ssm_conv(sx, kernel), "conv_output_raw", il)
 
 
