@@ -110,10 +110,10 @@ def test_plan_groups_pairs_by_expert():
     bad, order, starts, active = moe_plan(iv, 5, 2)
     assert bad == -1
     assert list(starts) == [0, 2, 3, 3, 6, 6]
-    assert list(order) == [1, 5, 3, 0, 2, 4]
+    assert list(order) == [1, 4, 3, 0, 2, 5]
     assert list(active) == [0, 1]  # expert 3 has 3 pairs > 2: left to the tile path; 2 and 4 have none
-    assert moe_plan(np.array([[1, 7]], np.int32), 5, 2)[0] == 7
-    assert moe_plan(np.array([[-2, 1]], np.int32), 5, 2)[0] == -2
+    assert moe_plan(np.array([[1, 7]], np.int32), 5, 2)[0] == 1  # the pair, not the id
+    assert moe_plan(np.array([[0, 1], [-1, 1]], np.int32), 5, 2)[0] == 2
 
 
 @pytest.mark.parametrize("t", [T.Q4_K, T.Q4_0])

@@ -77,6 +77,11 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     return step_tiles
 
 
+#: ``mul_mat_id`` of the k-quants runs ``moe_kernels`` (every active expert in one call); False: the
+#: per-expert loop below for every type (A/B benchmarks: ``benchmarks/results/moe_cputime.md``)
+MOE_FUSED = True
+
+
 @_compiler("mul_mat_id")
 def _mul_mat_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     """Experts: group the (token, slot) pairs by expert and run each expert's rows as one mul_mat."""
@@ -93,26 +98,60 @@ def _mul_mat_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     from .blas import gemm_nt
 
     threads = _threads(be)
+    max_rows = matvec_max_rows(name, MATVEC_MAX_TOKENS)
+
+    def bad_id(e: int) -> ComputeError:
+        return ComputeError(f"mul_mat_id {nm!r}: expert id {int(e)} not in 0..{E - 1}")
+
+    def tiles(e: int, sel: np.ndarray) -> None:
+        """Expert ``e``'s pairs ``sel`` (flat t * U + u) as one dequantized expert + sgemm."""
+        U = ids.shape[1]
+        t_idx, u_idx = sel // U, sel % U
+        x = np.ascontiguousarray(B[t_idx, u_idx if B.shape[1] > 1 else 0], dtype=np.float32)
+        y = np.empty((x.shape[0], N), np.float32)
+        gemm_nt(x, np.ascontiguousarray(_expert_f32(a.type, A[e])), y, threads)
+        out[t_idx, u_idx] = y
+
+    if MOE_FUSED and kern is not None and out.flags.c_contiguous:
+        from .moe_kernels import MOE
+
+        moe = MOE.get(name)
+        if moe is not None:
+            be.need(moe)
+            out2 = out.reshape(-1, N)
+            direct = B.dtype == np.float32 and B.flags.c_contiguous
+
+            def step_fused() -> None:
+                x = B if direct else np.ascontiguousarray(B, dtype=np.float32)
+                bad = moe(A, x, ids, out2, f16, max_rows)
+                if bad >= 0:
+                    raise bad_id(ids.reshape(-1)[bad])
+                if ids.size > max_rows:  # experts with more pairs than the kernel takes: tiles
+                    flat = ids.reshape(-1)
+                    counts = np.bincount(flat, minlength=E)
+                    for e in np.flatnonzero(counts > max_rows):
+                        tiles(int(e), np.flatnonzero(flat == e))
+
+            return step_fused
 
     def step() -> None:
         T_, U = ids.shape
         flat = ids.reshape(-1)
         if flat.size and (flat.min() < 0 or flat.max() >= E):
-            bad = flat[(flat < 0) | (flat >= E)][0]
-            raise ComputeError(f"mul_mat_id {nm!r}: expert id {int(bad)} not in 0..{E - 1}")
+            raise bad_id(flat[(flat < 0) | (flat >= E)][0])
         order = np.argsort(flat, kind="stable")
         experts, starts = np.unique(flat[order], return_index=True)
         ends = list(starts[1:]) + [flat.size]
         for e, s0, s1 in zip(experts, starts, ends, strict=True):
             sel = order[s0:s1]
-            t_idx, u_idx = sel // U, sel % U
-            x = np.ascontiguousarray(B[t_idx, u_idx if B.shape[1] > 1 else 0], dtype=np.float32)
-            y = np.empty((x.shape[0], N), np.float32)
-            if kern is not None and x.shape[0] <= matvec_max_rows(name, MATVEC_MAX_TOKENS):
+            if kern is not None and sel.size <= max_rows:
+                t_idx, u_idx = sel // U, sel % U
+                x = np.ascontiguousarray(B[t_idx, u_idx if B.shape[1] > 1 else 0], dtype=np.float32)
+                y = np.empty((x.shape[0], N), np.float32)
                 mk.matvec_kernel(name, x.shape[0])(A[e], x, y, f16)
+                out[t_idx, u_idx] = y
             else:
-                gemm_nt(x, np.ascontiguousarray(_expert_f32(a.type, A[e])), y, threads)
-            out[t_idx, u_idx] = y
+                tiles(int(e), sel)
 
     return step
 

@@ -7,8 +7,8 @@ ran a mat-vec kernel per active expert: for one decoded token of Qwen3-30B-A3B t
 (768x2048 Q4_K, ~0.9 MB), so launch, dispatch and the threads' wait at each region's end weighed as much
 as the arithmetic. Here one call:
 
-1. groups the (token, slot) pairs by expert (a counting sort of ``ids``; an id outside ``0..E-1`` is
-   returned, and the caller raises before anything is computed);
+1. groups the (token, slot) pairs by expert (a counting sort of ``ids``; the first pair with an id
+   outside ``0..E-1`` is returned, and the caller raises before anything is computed);
 2. quantizes the distinct activation rows to ``Q8_K`` once (``b[T, 1, K]``: one row per token, shared
    by its experts), in parallel over the rows;
 3. runs every (row group, expert) item in one ``prange``, group-major, so the two threads split every
@@ -22,7 +22,7 @@ with more than ``max_rows`` pairs are skipped (the caller runs them as dequantiz
 
 Call: ``MOE[type](w, x, ids, out, f16, max_rows) -> bad`` with ``w`` ``uint8[E, N, row_bytes]``, ``x``
 ``float32[T, 1 or U, K]`` (C-contiguous), ``ids`` ``int[T, U]``, ``out`` ``float32[T * U, N]``; ``bad`` is
--1, or the first expert id out of range (nothing written).
+-1, or the first pair ``t * U + u`` whose id is out of range (nothing written).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from .simd import vzero
 @njit(cache=True)
 def moe_plan(ids, E, max_rows):
     """Group the pairs ``p = t * U + u`` by expert: ``order[starts[e]:starts[e + 1]]`` are expert ``e``'s
-    pairs, ascending; ``active`` the experts with 1..``max_rows`` pairs. ``bad``: -1 or the first id
-    (in pair order) out of ``0..E-1``."""
+    pairs, ascending; ``active`` the experts with 1..``max_rows`` pairs. ``bad``: -1 or the first pair
+    whose id is out of ``0..E-1``."""
     T, U = ids.shape
     P = T * U
     counts = np.zeros(E + 1, np.int64)
@@ -50,7 +50,7 @@ def moe_plan(ids, E, max_rows):
         for u in range(U):
             e = ids[t, u]
             if e < 0 or e >= E:
-                return np.int64(e), counts, counts, counts
+                return np.int64(t * U + u), counts, counts, counts
             counts[e + 1] += 1
     for e in range(E):
         counts[e + 1] += counts[e]
