@@ -33,14 +33,15 @@ def experts(t: T, E: int, N: int, K: int):
 
 
 def run(outs, feeds, be, fused=True):
-    old = matmul_steps.MOE_FUSED
-    matmul_steps.MOE_FUSED = fused
+    """``fused``: every batch through the fused kernel (also past ``MOE_FUSED_MAX_TOKENS``)."""
+    old = matmul_steps.MOE_FUSED, matmul_steps.MOE_FUSED_MAX_TOKENS
+    matmul_steps.MOE_FUSED, matmul_steps.MOE_FUSED_MAX_TOKENS = fused, 1 << 30
     try:
         s = Scheduler([be])
         s.compute(Graph(outs), feeds)
         return [np.array(s.get(o)) for o in outs]
     finally:
-        matmul_steps.MOE_FUSED = old
+        matmul_steps.MOE_FUSED, matmul_steps.MOE_FUSED_MAX_TOKENS = old
 
 
 def graph(t: T, E: int, N: int, K: int, iv: np.ndarray):

@@ -80,6 +80,11 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
 #: ``mul_mat_id`` of the k-quants runs ``moe_kernels`` (every active expert in one call); False: the
 #: per-expert loop below for every type (A/B benchmarks: ``benchmarks/results/moe_cputime.md``)
 MOE_FUSED = True
+#: batches of at most this many tokens run the fused kernel (which decodes the weight again per pair, as
+#: the one-row kernels, and quantizes every activation row); more (prompts): the per-expert loop, whose
+#: batch kernels decode each block once per 4-8 rows. pp64, Qwen3-30B-A3B shape, CPU s: loop 0.67, fused
+#: for all 0.75, fused for experts of 1-2 pairs + loop 0.80 (benchmarks/results/moe_cputime.md)
+MOE_FUSED_MAX_TOKENS = 4
 
 
 @_compiler("mul_mat_id")
@@ -103,14 +108,30 @@ def _mul_mat_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     def bad_id(e: int) -> ComputeError:
         return ComputeError(f"mul_mat_id {nm!r}: expert id {int(e)} not in 0..{E - 1}")
 
-    def tiles(e: int, sel: np.ndarray) -> None:
-        """Expert ``e``'s pairs ``sel`` (flat t * U + u) as one dequantized expert + sgemm."""
+    def expert(e: int, sel: np.ndarray) -> None:
+        """Expert ``e``'s pairs ``sel`` (flat t * U + u): a mat-vec kernel for up to ``max_rows`` of them
+        (2+ rows: the batch kernels, each weight block decoded once per 4 or 8 rows), else the expert
+        dequantized + sgemm."""
         U = ids.shape[1]
         t_idx, u_idx = sel // U, sel % U
         x = np.ascontiguousarray(B[t_idx, u_idx if B.shape[1] > 1 else 0], dtype=np.float32)
         y = np.empty((x.shape[0], N), np.float32)
-        gemm_nt(x, np.ascontiguousarray(_expert_f32(a.type, A[e])), y, threads)
+        if kern is not None and sel.size <= max_rows:
+            mk.matvec_kernel(name, x.shape[0])(A[e], x, y, f16)
+        else:
+            gemm_nt(x, np.ascontiguousarray(_expert_f32(a.type, A[e])), y, threads)
         out[t_idx, u_idx] = y
+
+    def step() -> None:
+        T_, U = ids.shape
+        flat = ids.reshape(-1)
+        if flat.size and (flat.min() < 0 or flat.max() >= E):
+            raise bad_id(flat[(flat < 0) | (flat >= E)][0])
+        order = np.argsort(flat, kind="stable")
+        experts, starts = np.unique(flat[order], return_index=True)
+        ends = list(starts[1:]) + [flat.size]
+        for e, s0, s1 in zip(experts, starts, ends, strict=True):
+            expert(int(e), order[s0:s1])
 
     if MOE_FUSED and kern is not None and out.flags.c_contiguous:
         from .moe_kernels import MOE
@@ -122,36 +143,19 @@ def _mul_mat_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
             direct = B.dtype == np.float32 and B.flags.c_contiguous
 
             def step_fused() -> None:
+                if ids.shape[0] > MOE_FUSED_MAX_TOKENS:
+                    return step()
                 x = B if direct else np.ascontiguousarray(B, dtype=np.float32)
                 bad = moe(A, x, ids, out2, f16, max_rows)
                 if bad >= 0:
                     raise bad_id(ids.reshape(-1)[bad])
-                if ids.size > max_rows:  # experts with more pairs than the kernel takes: tiles
+                if ids.size > max_rows:  # experts with more pairs than the mat-vec kernels take: tiles
                     flat = ids.reshape(-1)
                     counts = np.bincount(flat, minlength=E)
                     for e in np.flatnonzero(counts > max_rows):
-                        tiles(int(e), np.flatnonzero(flat == e))
+                        expert(int(e), np.flatnonzero(flat == e))
 
             return step_fused
-
-    def step() -> None:
-        T_, U = ids.shape
-        flat = ids.reshape(-1)
-        if flat.size and (flat.min() < 0 or flat.max() >= E):
-            raise bad_id(flat[(flat < 0) | (flat >= E)][0])
-        order = np.argsort(flat, kind="stable")
-        experts, starts = np.unique(flat[order], return_index=True)
-        ends = list(starts[1:]) + [flat.size]
-        for e, s0, s1 in zip(experts, starts, ends, strict=True):
-            sel = order[s0:s1]
-            if kern is not None and sel.size <= max_rows:
-                t_idx, u_idx = sel // U, sel % U
-                x = np.ascontiguousarray(B[t_idx, u_idx if B.shape[1] > 1 else 0], dtype=np.float32)
-                y = np.empty((x.shape[0], N), np.float32)
-                mk.matvec_kernel(name, x.shape[0])(A[e], x, y, f16)
-                out[t_idx, u_idx] = y
-            else:
-                tiles(int(e), sel)
 
     return step
 
