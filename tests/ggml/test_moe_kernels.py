@@ -124,3 +124,21 @@ def test_expert_id_out_of_range_is_a_compute_error(t, bad):
     outs, feeds = graph(t, 4, 5, 256, iv)
     with pytest.raises(ComputeError, match=f"expert id {bad} not in 0..3"):
         run(outs, feeds, CPU, True)
+
+
+@pytest.mark.parametrize("Tn", [1, 3])
+def test_float_experts_batched_matmul(Tn):
+    """F32 experts (the router's one-hot gather) for a few tokens: one batched matmul over the pairs."""
+    E, K, U = 8, 8, 3
+    iv = np.stack([RNG.choice(E, U, replace=False) for _ in range(Tn)])
+    a = ops.weight("onehot", T.F32, (E, 1, E), np.eye(E, dtype=np.float32).reshape(E, 1, E))
+    b = ops.new_tensor(T.F32, (Tn, 1, K))
+    ids = ops.new_tensor(T.I32, (Tn, U))
+    probs = RNG.random((Tn, 1, K)).astype(np.float32)
+    feeds = {b: probs, ids: iv.astype(np.int32)}
+    (got,) = run([ops.mul_mat_id(a, b, ids)], feeds, CPU)
+    np.testing.assert_array_equal(got[:, :, 0], np.take_along_axis(probs[:, 0], iv, axis=1))
+    bad = iv.copy()
+    bad[-1, -1] = E
+    with pytest.raises(ComputeError, match=f"expert id {E} not in"):
+        run([ops.mul_mat_id(a, b, ids)], {b: probs, ids: bad.astype(np.int32)}, CPU)

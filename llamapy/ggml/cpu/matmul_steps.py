@@ -133,6 +133,21 @@ def _mul_mat_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         for e, s0, s1 in zip(experts, starts, ends, strict=True):
             expert(int(e), order[s0:s1])
 
+    if MOE_FUSED and a.type == GGMLType.F32 and out.flags.c_contiguous:
+        # float experts (the router's one-hot gather of the chosen experts' probabilities): one batched
+        # matmul over the pairs for a few tokens instead of a copy + sgemm launch per expert
+        out3 = out.reshape(-1, N, 1)
+
+        def step_f32() -> None:
+            if ids.shape[0] > MOE_FUSED_MAX_TOKENS:
+                return step()
+            flat = ids.reshape(-1)
+            if flat.size and (flat.min() < 0 or flat.max() >= E):
+                raise bad_id(flat[(flat < 0) | (flat >= E)][0])
+            x = np.broadcast_to(B, ids.shape + (K,)).reshape(-1, K, 1)
+            np.matmul(A[flat], x, out=out3)
+
+        return step_f32
     if MOE_FUSED and kern is not None and out.flags.c_contiguous:
         from .moe_kernels import MOE
 
