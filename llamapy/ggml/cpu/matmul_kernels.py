@@ -17,7 +17,13 @@ activations, with half the vector operations); their batch kernels multiply the 
 k-quants (``kquant_kernels``; Q2_K and Q3_K in ``kquant_lo_kernels``) multiply activations quantized to
 8 bits, as llama.cpp does; IQ4_NL and IQ4_XS (``iq4_kernels``) the floats, through a table lookup.
 ``MATVEC`` holds all; a type without a batch kernel runs its ``MATVEC`` kernel for any number of rows
-(each weight block decoded again per row). This file holds the tables and ``matvec_kernel``.
+(each weight block decoded again per row). This file holds the one table (``KERNELS``, its columns
+``MATVEC`` / ``MATVEC_BATCH`` / ``MATVEC_BATCH8``) and ``matvec_kernel``.
+
+Each kernel is a loop template specialized for one type's block function, so a loop is written once:
+``q16_kernels._matvec`` (16-bit activations), ``kquant_kernels.matvec_k`` (8-bit activations, the
+k-quants), ``rowgroups.matvec_float`` (float activations, IQ4 and MXFP4), and ``batch_template``'s
+``batch4`` / ``batch8`` / ``kbatch4`` for the batches (block decoders in ``blocks32`` and ``kquant_blocks``).
 
 How the kernels are built (numbers: AVX2 VM, ``benchmarks/bench_matvec.py``):
 - values are ``simd.F32x8`` vectors: each row keeps eight partial sums in a register across all its
@@ -80,35 +86,34 @@ class KernelTable(MutableMapping):
 #: (``q16_kernels``; their batch kernels multiply the float activations)
 Q16_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"})
 
-MATVEC = KernelTable({
-    "Q4_0": "q16_kernels:mm16_q4_0", "Q4_1": "q16_kernels:mm16_q4_1", "Q5_0": "q16_kernels:mm16_q5_0",
-    "Q5_1": "q16_kernels:mm16_q5_1", "Q8_0": "q16_kernels:mm16_q8_0",
-    "Q2_K": "kquant_lo_kernels:mm_q2_k", "Q3_K": "kquant_lo_kernels:mm_q3_k",
-    "Q4_K": "kquant_kernels:mm_q4_k", "Q5_K": "kquant_kernels:mm_q5_k", "Q6_K": "kquant_kernels:mm_q6_k",
-    "IQ4_NL": "iq4_kernels:mm_iq4_nl", "IQ4_XS": "iq4_kernels:mm_iq4_xs",
-    "MXFP4": "mxfp4_kernels:mm_mxfp4",
-})  # fmt: skip
-
-#: small-batch kernels (2 to ``backend.MATVEC_MAX_TOKENS`` rows): each weight block decoded once per 4 rows
-MATVEC_BATCH = KernelTable({
-    "Q4_0": "batch_kernels:mmb_q4_0", "Q4_1": "batch_kernels:mmb_q4_1", "Q5_0": "batch_kernels:mmb_q5_0",
-    "Q5_1": "batch_kernels:mmb_q5_1", "Q8_0": "batch_kernels:mmb_q8_0",
-    "Q2_K": "batch_kernels:mmb_q2_k", "Q3_K": "batch_kernels:mmb_q3_k",
-    "Q4_K": "batch_kernels:mmb_q4_k", "Q5_K": "batch_kernels:mmb_q5_k", "Q6_K": "batch_kernels:mmb_q6_k",
-    "IQ4_NL": "batch_kernels:mmb_iq4_nl", "IQ4_XS": "batch_kernels:mmb_iq4_xs",
-    "MXFP4": "batch_kernels:mmb_mxfp4",
-})  # fmt: skip
-
-
 #: from this many rows on, the float-activation types decode each block once per 8 rows, scaled (mmb8_*)
 BATCH8_MIN_ROWS = 5
-MATVEC_BATCH8 = KernelTable({
-    "Q4_0": "batch_kernels:mmb8_q4_0", "Q4_1": "batch_kernels:mmb8_q4_1",
-    "Q5_0": "batch_kernels:mmb8_q5_0", "Q5_1": "batch_kernels:mmb8_q5_1",
-    "Q8_0": "batch_kernels:mmb8_q8_0",
-    "IQ4_NL": "batch_kernels:mmb8_iq4_nl", "IQ4_XS": "batch_kernels:mmb8_iq4_xs",
-    "MXFP4": "batch_kernels:mmb8_mxfp4",
-})  # fmt: skip
+
+#: the one dispatch table: type -> its kernel for one activation row (``MATVEC``: one-row loops of
+#: ``q16_kernels``, ``kquant_kernels``, ``kquant_lo_kernels``, ``iq4_kernels``, ``mxfp4_kernels``), for
+#: 2 to 4 rows per pass (``MATVEC_BATCH``) and for 8 rows per pass from ``BATCH8_MIN_ROWS`` rows
+#: (``MATVEC_BATCH8``; None: the 4-row kernel goes on); the batch kernels are ``batch_kernels``' wrappers
+#: of the ``batch_template`` loops. Entries are ``module:name``, imported on first use.
+KERNELS: dict[str, tuple[str, str, str | None]] = {
+    "Q4_0": ("q16_kernels:mm16_q4_0", "batch_kernels:mmb_q4_0", "batch_kernels:mmb8_q4_0"),
+    "Q4_1": ("q16_kernels:mm16_q4_1", "batch_kernels:mmb_q4_1", "batch_kernels:mmb8_q4_1"),
+    "Q5_0": ("q16_kernels:mm16_q5_0", "batch_kernels:mmb_q5_0", "batch_kernels:mmb8_q5_0"),
+    "Q5_1": ("q16_kernels:mm16_q5_1", "batch_kernels:mmb_q5_1", "batch_kernels:mmb8_q5_1"),
+    "Q8_0": ("q16_kernels:mm16_q8_0", "batch_kernels:mmb_q8_0", "batch_kernels:mmb8_q8_0"),
+    "Q2_K": ("kquant_lo_kernels:mm_q2_k", "batch_kernels:mmb_q2_k", None),
+    "Q3_K": ("kquant_lo_kernels:mm_q3_k", "batch_kernels:mmb_q3_k", None),
+    "Q4_K": ("kquant_kernels:mm_q4_k", "batch_kernels:mmb_q4_k", None),
+    "Q5_K": ("kquant_kernels:mm_q5_k", "batch_kernels:mmb_q5_k", None),
+    "Q6_K": ("kquant_kernels:mm_q6_k", "batch_kernels:mmb_q6_k", None),
+    "IQ4_NL": ("iq4_kernels:mm_iq4_nl", "batch_kernels:mmb_iq4_nl", "batch_kernels:mmb8_iq4_nl"),
+    "IQ4_XS": ("iq4_kernels:mm_iq4_xs", "batch_kernels:mmb_iq4_xs", "batch_kernels:mmb8_iq4_xs"),
+    "MXFP4": ("mxfp4_kernels:mm_mxfp4", "batch_kernels:mmb_mxfp4", "batch_kernels:mmb8_mxfp4"),
+}
+
+#: the table's columns, by row count (views that import on lookup)
+MATVEC = KernelTable({t: k[0] for t, k in KERNELS.items()})
+MATVEC_BATCH = KernelTable({t: k[1] for t, k in KERNELS.items()})
+MATVEC_BATCH8 = KernelTable({t: k[2] for t, k in KERNELS.items() if k[2] is not None})
 
 
 def matvec_kernel(name: str, m: int):  # type: ignore[no-untyped-def]
