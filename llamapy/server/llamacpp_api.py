@@ -44,6 +44,17 @@ async def native_params(req: NativeCompletionRequest, m: ModelEntry) -> tuple[Ge
     return gp, settings
 
 
+def _down(m: Any) -> str | None:
+    """Why a loaded model cannot answer (its context's ``health()``, e.g. a Ray pipeline that lost a
+    stage), or None."""
+    _, backend = m.ready()
+    check = getattr(getattr(backend, "ctx", None), "health", None)
+    if not callable(check):
+        return None
+    h = check()
+    return None if h.get("ok", True) else str(h.get("error") or "unavailable")
+
+
 def add_routes(app: FastAPI, state: ServerState) -> None:
     s = state.settings
 
@@ -51,7 +62,10 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/health")
     async def health(request: Request) -> JSONResponse:
         if state.router is None or request.query_params.get("model"):
-            await state.pick(request)
+            down = _down(await state.pick(request))
+            if down:  # a pipeline that lost a stage: answered at once, with what went wrong
+                err = {"code": 503, "message": f"the model is down: {down}", "type": "unavailable_error"}
+                return JSONResponse({"error": err}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/props")
