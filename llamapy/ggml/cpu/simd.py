@@ -305,10 +305,21 @@ def bitcast_f32(typingctx, v):  # type: ignore[no-untyped-def]
     return types.float32(v), codegen
 
 
+#: LLVM's locality of the weight prefetches: 2 is ``prefetcht1`` (into L2). Into L1 (3, ``prefetcht0``)
+#: each of the ~9 lines a 4-row block pass asks for holds one of L1's few miss buffers until it arrives,
+#: so the rows ahead arrive late: a one-row decode from DRAM (AMD EPYC Zen 4 class, one thread,
+#: ``benchmarks/matvec_dram.py``) read Q4_K at 8.5-14.6 GB/s and Q6_K at 8.2-11.6 with t0, 12.9-17.8
+#: and 12.5-21.9 with t1; the whole Qwen2.5-1.5B-shaped Q4_K_M decode went from 113-116 to 84-94 ms per
+#: token (``benchmarks/tg_cputime.py``). A model that fits in L3 (SmolLM2-135M) lost ~7 % (10.2-10.7 ->
+#: 11.3-11.6 ms per token): its lines come from L3, where t0's shorter wait mattered more.
+PREFETCH_LOCALITY = 2
+
+
 @intrinsic
 def prefetch(typingctx, arr, idx):  # type: ignore[no-untyped-def]
-    """Hint the CPU to fetch the cache line of ``arr.flat[idx]`` (a C-contiguous 1-D array) for reading.
-    Never faults, even out of bounds; the kernels still keep ``idx`` in bounds."""
+    """Hint the CPU to fetch the cache line of ``arr.flat[idx]`` (a C-contiguous 1-D array) for reading,
+    into L2 (``PREFETCH_LOCALITY``). Never faults, even out of bounds; the kernels still keep ``idx`` in
+    bounds."""
     if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
         return None
 
@@ -320,7 +331,7 @@ def prefetch(typingctx, arr, idx):  # type: ignore[no-untyped-def]
         i32 = ir.IntType(32)
         fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, PREFETCH_LOCALITY), ir.Constant(i32, 1)])
         return context.get_dummy_value()
 
     return types.void(arr, idx), codegen
