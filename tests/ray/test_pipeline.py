@@ -257,7 +257,9 @@ def _kill_mid_decode(pc: PipelineContext) -> None:
     import ray
 
     out: dict[str, Any] = {}
-    long = Batch.from_tokens(list(range(100, 164)), pos0=0)
+    # 240 tokens = 30 micro-batches of 8 over 3 stages: about 1 s on a quiet machine (64 tokens were done
+    # before the kill there), so the kill 0.1 s in lands mid-prompt
+    long = Batch.from_tokens(list(range(100, 340)), pos0=0)
 
     def go() -> None:
         try:
@@ -270,7 +272,7 @@ def _kill_mid_decode(pc: PipelineContext) -> None:
     th = threading.Thread(target=go)
     t0 = time.monotonic()
     th.start()
-    time.sleep(0.3)
+    time.sleep(0.1)
     ray.kill(pc.stages[1])
     th.join(60)
     dt = time.monotonic() - t0
