@@ -492,3 +492,8 @@ class Context:
 
     def reset_timings(self) -> None:
         self._t = {"t_p_eval": 0.0, "n_p_eval": 0, "t_eval": 0.0, "n_eval": 0}
+
+    def health(self) -> dict[str, Any]:
+        """``{"ok": bool, "error": reason or None}``: a local context can always answer (a Ray pipeline's
+        context overrides this with the state of its stages)."""
+        return {"ok": True, "error": None}

@@ -51,6 +51,10 @@ class Backend(Protocol):
 
     def info(self) -> dict[str, Any]: ...
 
+    def health(self) -> str | None:
+        """Why the loaded model cannot answer now (e.g. a Ray pipeline that lost a stage), or None."""
+        ...
+
     def fim_tokens(self) -> Any:
         """The :class:`llamapy.api.infill.FimTokens` of the vocabulary (``FimError`` without them)."""
         ...
@@ -287,6 +291,10 @@ class ContextBackend:
             "size": os.path.getsize(self.model_path),
             "n_vocab": self.n_vocab,
         }
+
+    def health(self) -> str | None:
+        h = self.ctx.health()
+        return None if h.get("ok", True) else str(h.get("error") or "unavailable")
 
     def info(self) -> dict[str, Any]:
         m = self.model

@@ -48,11 +48,7 @@ def _down(m: Any) -> str | None:
     """Why a loaded model cannot answer (its context's ``health()``, e.g. a Ray pipeline that lost a
     stage), or None."""
     _, backend = m.ready()
-    check = getattr(getattr(backend, "ctx", None), "health", None)
-    if not callable(check):
-        return None
-    h = check()
-    return None if h.get("ok", True) else str(h.get("error") or "unavailable")
+    return backend.health()
 
 
 def add_routes(app: FastAPI, state: ServerState) -> None:

@@ -219,6 +219,9 @@ class FakeBackend:
 
         return ChatTemplate(FAKE_TEMPLATE, "<s>", "</s>", name="fake template")
 
+    def health(self) -> str | None:
+        return None
+
     def info(self) -> dict[str, Any]:
         return {
             "n_vocab": self.n_vocab,
