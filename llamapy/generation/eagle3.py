@@ -38,7 +38,6 @@ shared batch) verifies them: output identical to decoding without a draft.
 from __future__ import annotations
 
 import copy
-import math
 import os
 from typing import Any
 
@@ -46,8 +45,8 @@ import numpy as np
 
 from ..ggml import ops
 from ..ggml.quants import dequantize
-from .draft_model import DraftModelError, confident_top
-from .speculative import LlamaDraftModel
+from .draft_model import DraftModelError
+from .hidden_draft import Features, HiddenDraftModel, HiddenStateDraft
 
 EAGLE3_ARCH = "eagle3"
 
@@ -96,7 +95,7 @@ def build_eagle3(arch: Any, g: Any) -> Any:
     return Outputs(g.cb(g.mm(arch.head_output, out), "result_output"), embd=x)
 
 
-class Eagle3Head:
+class Eagle3Head(HiddenDraftModel):
     """A loaded EAGLE-3 head for ``target`` (a loaded ``llamapy.model.Model``): what
     :class:`~llamapy.context.Context` needs (``impl``, ``hparams``, ``vocab``...) plus ``fc``, ``d2t``,
     the token embedding rows and the extract layers. Raises :class:`Eagle3Error` when it does not fit."""
@@ -128,13 +127,17 @@ class Eagle3Head:
                 f"{p}: the EAGLE-3 head reads hidden states of size {n_tgt} (eagle3.target_hidden_size), "
                 f"the target model's are {thp.n_embd}: this head was trained for another model"
             )
-        layers = md.raw("extract_layers")
+        layers = md.raw("target_layers")  # (llama.cpp's converter; earlier files: extract_layers)
+        layers = md.raw("extract_layers") if layers is None else layers
         layers = [int(v) for v in np.asarray(layers).reshape(-1)] if layers is not None else []
         if len(layers) != 3:
-            raise Eagle3Error(f"{p}: eagle3.extract_layers must hold 3 target layers, got {layers}")
+            raise Eagle3Error(
+                f"{p}: eagle3.target_layers (extract_layers) must hold 3 target layers, got {layers}"
+            )
         if any(not 0 <= k < int(thp.n_layer) for k in layers):
             raise Eagle3Error(
-                f"{p}: eagle3.extract_layers {layers} are not all layers of the target ({thp.n_layer} layers)"
+                f"{p}: eagle3.target_layers (extract_layers) {layers} are not all layers of the target "
+                f"({thp.n_layer} layers)"
             )
         self.extract_layers = layers
         self.norm_before_residual = bool(md.boolean("norm_before_residual", False))
@@ -204,7 +207,7 @@ class Eagle3Head:
                 f"{p}: the token embeddings are {emb.shape[-1]} wide, the head's hidden size is {n} (a head "
                 "without its own token_embd must have the target's hidden size)"
             )
-        self._embd_type, self._embd_rows = emb.ggml_type, emb.array()
+        self._set_embeddings(emb)
         hp = copy.deepcopy(hp)
         hp.n_vocab = n_draft
         hp.n_deepstack_layers = 1  # an embeddings input of 2 n_embd: [embed(t) | g]
@@ -223,26 +226,6 @@ class Eagle3Head:
         self.impl = impl
         self.arch = EAGLE3_ARCH
         self.metadata = loader.metadata
-        self.load_time_s = 0.0
-
-    @property
-    def n_vocab(self) -> int:
-        return self.hparams.n_vocab
-
-    @property
-    def n_ctx_train(self) -> int:
-        return self.hparams.n_ctx_train
-
-    @property
-    def n_embd(self) -> int:
-        return self.hparams.n_embd
-
-    def embed(self, tokens: list[int]) -> np.ndarray:
-        """F32[len(tokens), n_embd]: the token embedding rows the head reads."""
-        out = np.empty((len(tokens), self.hparams.n_embd), dtype=np.float32)
-        for i, t in enumerate(tokens):
-            out[i] = dequantize(self._embd_rows[t], self._embd_type).reshape(-1)
-        return out
 
 
 class FeatureTap:
@@ -307,7 +290,7 @@ class FeatureTap:
         return self.store.setdefault(int(seq_id), {})
 
 
-class Eagle3Draft(LlamaDraftModel):
+class Eagle3Draft(HiddenStateDraft):
     """Draft with an EAGLE-3 head (see the module docstring). ``head`` is a path or an
     :class:`Eagle3Head` (server slots share one); ``model`` the loaded target. :meth:`bind` attaches it
     to the target's :class:`~.sequence.TokenSequence` (``generate`` does), :meth:`attach` to a context
@@ -315,6 +298,7 @@ class Eagle3Draft(LlamaDraftModel):
     stopping before a guess under ``p_min`` 0.75 among the head's top 10."""
 
     spec_type = "eagle3"
+    error = Eagle3Error
 
     def __init__(
         self,
@@ -327,42 +311,22 @@ class Eagle3Draft(LlamaDraftModel):
         n_batch: int = 512,
         n_threads: int | None = None,
     ) -> None:
-        from ..context import ContextParams
-
-        if int(n_draft) < 1 or not 0 <= int(n_min) <= int(n_draft):
-            raise Eagle3Error(f"need 1 <= n_draft and 0 <= n_min <= n_draft, got {n_draft}, {n_min}")
-        if not 0.0 <= float(p_min) <= 1.0 or math.isnan(float(p_min)):
-            raise Eagle3Error(f"p_min must be between 0 and 1, got {p_min}")
+        self.check_params(n_draft, n_min, p_min)
         if not isinstance(head, Eagle3Head):
             if model is None:
                 raise Eagle3Error(
                     "an EAGLE-3 head drafts from a target model's hidden states: give the model"
                 )
             head = Eagle3Head(head, model)
+        self._setup(head, n_draft, n_min, p_min, n_ctx, n_batch, n_threads)
         self.head = head
-        self.n_draft, self.n_min, self.p_min = int(n_draft), int(n_min), float(p_min)
-        self.n_embd = head.n_embd
-        self._params = ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(n_batch, 512),
-                                     n_threads=n_threads, embeddings=True, pooling_type=0)  # fmt: skip
-        self.ctx: Any = None
         self.tap: FeatureTap | None = None
         self.seq_id = 0
-        self.tokens: list[int] = []  # positions the head's cache holds
-        self.n_drafted = 0
-        self.n_calls = 0
         self.n_accepted = 0
 
     @property
     def vocab(self) -> Any:
         return self.head.vocab
-
-    def _context(self, n_ctx: int) -> None:
-        from ..context import Context
-
-        if self.ctx is None or n_ctx > self.ctx.n_ctx:
-            self._params.n_ctx = max(int(n_ctx), int(self._params.n_ctx))
-            self.ctx = Context(self.head, self._params)  # type: ignore[arg-type]
-            self.tokens = []
 
     def attach(self, target_ctx: Any, seq_id: int = 0, n_ctx: int | None = None) -> None:
         """Read the hidden states of sequence ``seq_id`` of ``target_ctx``."""
@@ -374,69 +338,11 @@ class Eagle3Draft(LlamaDraftModel):
         """Attach to the target's :class:`TokenSequence` (``generate`` calls this)."""
         self.attach(seq.ctx, seq.seq_id, int(seq.n_ctx))
 
-    def _rows(self, tokens: list[int], gs: list[np.ndarray]) -> np.ndarray:
-        return np.concatenate([self.head.embed(tokens), np.stack(gs)], axis=1)
+    def _features(self) -> Features | None:
+        return None if self.tap is None else self.tap.seq(self.seq_id)  # (not attached: no features)
 
-    def _decode(self, rows: np.ndarray, pos0: int) -> None:
-        from ..batch import Batch
-
-        for i in range(0, len(rows), self.ctx.n_batch):
-            self.ctx.decode(Batch.from_embd(rows[i : i + self.ctx.n_batch], pos0=pos0 + i))
-
-    def __call__(self, input_ids: np.ndarray, /, **kwargs: object) -> np.ndarray:
-        ids = [int(t) for t in np.asarray(input_ids).reshape(-1)]
-        self.n_calls += 1
-        none = np.zeros(0, dtype=np.intc)
-        if self.tap is None or self.ctx is None:
-            return none  # not attached to a target context: no features
-        feats = self.tap.seq(self.seq_id)
-        P = len(ids) - 1  # the sampled token's position
-        last = feats.get(P - 1)
-        n_vocab = int(self.head.target.n_vocab)
-        if (
-            P < 1
-            or last is None
-            or last[0] != ids[P - 1]
-            or len(ids) + self.n_draft >= self.ctx.n_ctx
-            or any(not 0 <= t < n_vocab for t in ids)
-        ):
-            return none
-        # catch the head's cache up on the confirmed tokens: row p = [embed(t_p) | g_{p-1}]
-        n = 0
-        for a, b in zip(self.tokens, ids[:P], strict=False):
-            if a != b:
-                break
-            n += 1
-        self.ctx.memory.seq_rm(0, n, -1)
-        del self.tokens[n:]
-        zeros = np.zeros(self.n_embd, np.float32)
-        todo_g: list[np.ndarray] = []
-        for p in range(n, P):
-            prev = feats.get(p - 1)
-            todo_g.append(prev[1] if prev is not None and p and prev[0] == ids[p - 1] else zeros)
-        todo_t = ids[n:P]
-        self.tokens.extend(todo_t)
-        for q in [q for q in feats if q < P - 1]:  # only g_{P-1} on is read again
-            del feats[q]
-        out: list[int] = []
-        rows = self._rows([*todo_t, ids[P]], [*todo_g, last[1]])
-        pos0 = P - len(todo_t)
-        while True:
-            self._decode(rows, pos0)
-            best = confident_top(self.ctx.get_logits()[-1], self.p_min)
-            if best is None:
-                break
-            tok = int(self.head.d2t[best])
-            out.append(tok)
-            if len(out) >= self.n_draft:
-                break
-            rows = self._rows([tok], [np.array(self.ctx.get_embeddings()[-1], dtype=np.float32)])
-            pos0 = P + len(out)
-        self.ctx.memory.seq_rm(0, P, -1)  # the drafts' entries: dropped
-        if len(out) < self.n_min:
-            out = []
-        self.n_drafted += len(out)
-        return np.asarray(out, dtype=np.intc)
+    def _to_target(self, best: int) -> int:
+        return int(self.head.d2t[best])
 
 
 __all__ = ["EAGLE3_ARCH", "Eagle3Draft", "Eagle3Error", "Eagle3Head", "FeatureTap", "build_eagle3",

@@ -27,16 +27,13 @@ Verification is the loop's: output identical to decoding without a draft.
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any
 
 import numpy as np
 
 from ..errors import LlamapyError
 from ..ggml import ops
-from ..ggml.quants import dequantize
-from .draft_model import confident_top
-from .speculative import LlamaDraftModel
+from .hidden_draft import Features, HiddenDraftModel, HiddenStateDraft
 
 MTP_ARCHS = ("glm4moe", "deepseek2", "qwen35", "qwen35moe")
 
@@ -103,7 +100,7 @@ def build_mtp(arch: Any, g: Any) -> Any:
     return Outputs(g.cb(logits, "result_output"), embd=x)
 
 
-class MtpModel:
+class MtpModel(HiddenDraftModel):
     """A one-layer model over the target's MTP block (what :class:`~llamapy.context.Context` needs:
     ``impl``, ``hparams``, ``vocab``...). ``layer`` picks among several MTP blocks (default the first)."""
 
@@ -156,39 +153,16 @@ class MtpModel:
         self.impl = impl
         self.arch = arch
         self.metadata = target.metadata
-        self.load_time_s = 0.0
-        emb = target.impl.w["token_embd.weight"]
-        self._embd_type = emb.type
-        self._embd_rows = loader.tensor_index["token_embd.weight"].array()
-        blk_embd = loader.tensor_index.get(prefix + "nextn.embed_tokens.weight")
-        if blk_embd is not None:
-            self._embd_type, self._embd_rows = blk_embd.ggml_type, blk_embd.array()
-
-    @property
-    def n_vocab(self) -> int:
-        return self.hparams.n_vocab
-
-    @property
-    def n_ctx_train(self) -> int:
-        return self.hparams.n_ctx_train
-
-    @property
-    def n_embd(self) -> int:
-        return self.hparams.n_embd
-
-    def embed(self, tokens: list[int]) -> np.ndarray:
-        """F32[len(tokens), n_embd]: the token embedding rows the MTP block reads."""
-        out = np.empty((len(tokens), self.hparams.n_embd), dtype=np.float32)
-        for i, t in enumerate(tokens):
-            out[i] = dequantize(self._embd_rows[t], self._embd_type).reshape(-1)
-        return out
+        own = loader.tensor_index.get(prefix + "nextn.embed_tokens.weight")
+        self._set_embeddings(own if own is not None else loader.tensor_index["token_embd.weight"])
 
 
-class MtpDraft(LlamaDraftModel):
+class MtpDraft(HiddenStateDraft):
     """Draft with the target model's own MTP layer (see the module docstring)."""
 
     spec_type = "mtp"
     needs_hidden = True
+    error = MtpError
 
     def __init__(
         self,
@@ -200,33 +174,18 @@ class MtpDraft(LlamaDraftModel):
         n_batch: int = 512,
         n_threads: int | None = None,
     ) -> None:
-        from ..context import Context, ContextParams
-
-        if int(n_draft) < 1 or not 0 <= int(n_min) <= int(n_draft):
-            raise MtpError(f"need 1 <= n_draft and 0 <= n_min <= n_draft, got {n_draft}, {n_min}")
-        if not 0.0 <= float(p_min) <= 1.0 or math.isnan(float(p_min)):
-            raise MtpError(f"p_min must be between 0 and 1, got {p_min}")
-        self.n_draft, self.n_min, self.p_min = int(n_draft), int(n_min), float(p_min)
-        self.mtp = model if isinstance(model, MtpModel) else MtpModel(model)  # (slots share one)
-        self.n_embd = self.mtp.n_embd
-        self._params = ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(n_batch, 512),
-                                     n_threads=n_threads, embeddings=True, pooling_type=0)  # fmt: skip
-        self.ctx = Context(self.mtp, self._params)  # type: ignore[arg-type]
-        self.tokens: list[int] = []  # positions the MTP cache holds, computed from the target's h
-        self.hidden: dict[int, tuple[int, np.ndarray]] = {}  # target position -> (token, h row)
-        self.n_drafted = 0
-        self.n_calls = 0
+        self.check_params(n_draft, n_min, p_min)  # (before the MTP layer is loaded)
+        mtp = model if isinstance(model, MtpModel) else MtpModel(model)  # (slots share one)
+        self._setup(mtp, n_draft, n_min, p_min, n_ctx, n_batch, n_threads)
+        self.mtp = mtp
+        self.hidden: Features = {}  # target position -> (token, h row)
+        self._context(n_ctx)
 
     # -- the target's side -------------------------------------------------------------------------
     def bind(self, seq: Any) -> None:
         """Have ``seq`` (the target's :class:`TokenSequence`) report its hidden states here (the MTP
         cache grows to the target's context first)."""
-        if int(seq.n_ctx) > self.ctx.n_ctx:
-            from ..context import Context
-
-            self._params.n_ctx = int(seq.n_ctx)
-            self.ctx = Context(self.mtp, self._params)  # type: ignore[arg-type]
-            self.tokens = []
+        self._context(int(seq.n_ctx))
         seq.set_hidden_tap(self.observe)
 
     def observe(self, pos0: int, tokens: list[int], h: np.ndarray | None) -> None:
@@ -240,75 +199,8 @@ class MtpDraft(LlamaDraftModel):
         for i, t in enumerate(tokens):
             self.hidden[pos0 + i] = (int(t), np.array(h[i], dtype=np.float32))
 
-    # -- drafting ----------------------------------------------------------------------------------
-    def _rows(self, tokens: list[int], hs: list[np.ndarray]) -> np.ndarray:
-        return np.concatenate([self.mtp.embed(tokens), np.stack(hs)], axis=1)
-
-    def _decode(self, rows: np.ndarray, pos0: int) -> None:
-        """Decode ``rows`` from ``pos0`` (in ``n_batch`` pieces); the last row's outputs are kept."""
-        from ..batch import Batch
-
-        for i in range(0, len(rows), self.ctx.n_batch):
-            self.ctx.decode(Batch.from_embd(rows[i : i + self.ctx.n_batch], pos0=pos0 + i))
-
-    def _catch_up(self, ids: list[int]) -> tuple[list[int], list[np.ndarray]]:
-        """The rows that bring the MTP cache to positions ``0..len(ids)-1`` of ``ids``, from the first
-        position it does not hold yet (returned undecoded: the caller decodes them together with the
-        first draft row). Each pairs ``t_p`` with the target's ``h_{p-1}``; zeros where that is not
-        known (position 0, as llama.cpp; a prefix the target reused rather than evaluated; a server
-        prompt's rows without an output)."""
-        n = 0
-        for a, b in zip(self.tokens, ids, strict=False):
-            if a != b:
-                break
-            n += 1
-        self.ctx.memory.seq_rm(0, n, -1)
-        del self.tokens[n:]
-        zeros = np.zeros(self.n_embd, np.float32)
-        todo_h: list[np.ndarray] = []
-        for p in range(n, len(ids)):
-            prev = self.hidden.get(p - 1)
-            todo_h.append(prev[1] if prev is not None and p and prev[0] == ids[p - 1] else zeros)
-        todo_t = ids[n:]
-        self.tokens.extend(todo_t)
-        for p in [p for p in self.hidden if p < len(ids) - 1]:  # only h_{P-1} on is read again
-            del self.hidden[p]
-        return todo_t, todo_h
-
-    def __call__(self, input_ids: np.ndarray, /, **kwargs: object) -> np.ndarray:
-        ids = [int(t) for t in np.asarray(input_ids).reshape(-1)]
-        self.n_calls += 1
-        P = len(ids) - 1  # the sampled token's position
-        last = self.hidden.get(P - 1)
-        n_vocab = self.mtp.n_vocab
-        if (
-            P < 1
-            or last is None
-            or last[0] != ids[P - 1]
-            or len(ids) + self.n_draft >= self.ctx.n_ctx
-            or any(not 0 <= t < n_vocab for t in ids)
-        ):
-            return np.zeros(0, dtype=np.intc)
-        todo_t, todo_h = self._catch_up(ids[:P])
-        out: list[int] = []
-        # the catch-up rows and the first draft row (the sampled token with the target's h_{P-1}) in one batch
-        rows = self._rows([*todo_t, ids[P]], [*todo_h, last[1]])
-        pos0 = P - len(todo_t)
-        while True:
-            self._decode(rows, pos0)
-            best = confident_top(self.ctx.get_logits()[-1], self.p_min)
-            if best is None:
-                break
-            out.append(best)
-            if len(out) >= self.n_draft:
-                break
-            rows = self._rows([best], [np.array(self.ctx.get_embeddings()[-1], dtype=np.float32)])
-            pos0 = P + len(out)
-        self.ctx.memory.seq_rm(0, P, -1)  # the drafts' entries are not the target's: drop them
-        if len(out) < self.n_min:
-            out = []
-        self.n_drafted += len(out)
-        return np.asarray(out, dtype=np.intc)
+    def _features(self) -> Features:
+        return self.hidden
 
 
 def has_mtp(model: Any) -> bool:

@@ -25,10 +25,14 @@ def write_head(
     nkv: int = 2,
     ff: int = 128,
     n_vocab: int = 256,
+    llamacpp_layout: bool = False,
+    extra_md: dict | None = None,
 ) -> Path:
     """A random head of hidden size ``n`` (``nh`` heads, ``nkv`` KV heads) for a target of hidden size
     ``n_tgt`` and ``n_vocab`` tokens, drafting over ``n_draft`` of them (``d2t``); ``tensors`` replace
-    the random ones by name."""
+    the random ones by name. ``llamacpp_layout``: the names llama.cpp's converter writes
+    (``eagle3.target_layers``, ``blk.0.attn_norm_2.weight``) in place of the older ``extract_layers`` /
+    ``hidden_norm``; ``extra_md`` more keys (a tokenizer, for llama.cpp)."""
     rng = np.random.default_rng(seed)
     hd = n // nh
     N = n
@@ -53,6 +57,8 @@ def write_head(
         "d2t": np.sort(rng.choice(n_vocab, n_draft, replace=False)).astype(np.int64),
     }
     t.update(tensors or {})
+    if llamacpp_layout:
+        t["blk.0.attn_norm_2.weight"] = t.pop("blk.0.hidden_norm.weight")
     w = GGUFWriter(path, arch="eagle3")
     md = {
         "eagle3.block_count": 1, "eagle3.context_length": 256, "eagle3.embedding_length": n,
@@ -61,7 +67,10 @@ def write_head(
         "eagle3.rope.freq_base": 10000.0, "eagle3.target_hidden_size": n_tgt,
     }  # fmt: skip
     w.add_metadata(md, int_type=GGUFValueType.UINT32)
-    w.add_metadata({"eagle3.extract_layers": [int(k) for k in layers]}, int_type=GGUFValueType.INT32)
+    key = "eagle3.target_layers" if llamacpp_layout else "eagle3.extract_layers"
+    w.add_metadata({key: [int(k) for k in layers]}, int_type=GGUFValueType.INT32)
+    if extra_md:
+        w.add_metadata(extra_md, int_type=GGUFValueType.UINT32)
     for name, arr in t.items():
         if name == "d2t":
             w.add_tensor(name, np.ascontiguousarray(arr, np.int64), ggml_type=GGMLType.I64)

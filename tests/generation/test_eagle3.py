@@ -92,7 +92,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "hybrid": hybrid,
         "chain": chain,
         "head": write_head(root / "head.gguf"),
-        "exact": write_head(root / "exact.gguf", n_draft=hf_tiny.N_VOCAB, tensors=exact),
+        # (in llama.cpp's converter layout: eagle3.target_layers, blk.0.attn_norm_2; the others in the
+        # earlier one: extract_layers, hidden_norm)
+        "exact": write_head(
+            root / "exact.gguf", n_draft=hf_tiny.N_VOCAB, tensors=exact, llamacpp_layout=True
+        ),
         "wide": write_head(root / "wide.gguf", n_tgt=96),
         "deep": write_head(root / "deep.gguf", layers=(1, 2, 4)),
         "f": f,
