@@ -33,7 +33,7 @@ if [ "${LLAMACPP_ARCH:-native}" = avx2 ]; then
         -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON)
 fi
-read -r -a TOOLS <<< "${LLAMACPP_TOOLS:-llama-bench llama-cli llama-completion llama-server llama-perplexity llama-embedding llama-speculative llama-lookup llama-mtmd-cli}"
+read -r -a TOOLS <<< "${LLAMACPP_TOOLS:-llama-bench llama-cli llama-completion llama-server llama-perplexity llama-embedding llama-speculative llama-speculative-simple llama-lookup llama-mtmd-cli}"
 have_all=1
 for t in "${TOOLS[@]}"; do [ -x "$dest/$BUILD/bin/$t" ] || have_all=0; done
 if [ "$have_all" = 1 ] && [ "$(cat "$dest/$BUILD/flags" 2>/dev/null)" = "${FLAGS[*]}" ]; then
