@@ -16,7 +16,7 @@ import numpy as np
 
 from ..types import GGMLType
 from . import _kquantize as _kq
-from . import _rowq
+from . import _rowk, _rowq
 from .base import BlockQuant, f16, register
 
 QK_K = 256
@@ -85,7 +85,7 @@ class Q3_K(BlockQuant):
 
     @classmethod
     def quantize_blocks(cls, x, qw=None, sigma2=None):
-        return _kq.quantize_q3_k(x, qw)
+        return _rowk.quantize_q3_k(x, qw)
 
 
 def _q4k_like(blocks: np.ndarray, q: np.ndarray) -> np.ndarray:
