@@ -88,6 +88,7 @@ def _arr3(md: MetaReader, key: str, where: str) -> tuple[float, float, float]:
 def load_hparams(metadata: dict[str, Any], where: str) -> ClipHParams:
     """The vision hyper-parameters of an mmproj file's metadata (``clip.vision.*``)."""
     from . import (  # noqa: F401  (register them)
+        gemma3nv,
         gemma4v,
         glm4v,
         internvl,

@@ -41,6 +41,7 @@ MEDIA_MARKER = "<__media__>"  # mtmd_default_marker()
 # projector type -> (text before the image, text after it)
 _IMAGE_WRAP = {
     "gemma3": ("<start_of_image>", "<end_of_image>"),
+    "gemma3nv": ("<start_of_image>", "<end_of_image>"),  # Gemma 3n: MobileNetV5, 256 tokens (gemma3nv.py)
     "idefics3": ("<fake_token_around_image><global-img>", "<fake_token_around_image>"),  # one global image
     "pixtral": ("", "[IMG_END]"),  # [IMG_BREAK] rows are inside the embeddings (pixtral.py)
     "internvl": ("<img>", "</img>"),  # the tiles, then the overview, back to back (internvl.pieces)
