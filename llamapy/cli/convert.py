@@ -43,6 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--vocab-only", action="store_true", help="write the vocabulary and metadata only")
     p.add_argument(
+        "--mmproj",
+        action="store_true",
+        help="write the vision projector (mmproj-<Name>-<TYPE>.gguf) of a vision-language checkpoint",
+    )
+    p.add_argument(
         "--split-max-size", type=_size, default=0, metavar="N", help="at most N bytes a split (K, M, G)"
     )
     p.add_argument("--dry-run", action="store_true", help="print the tensors and sizes, write nothing")
@@ -76,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         split_max_size=args.split_max_size,
         imatrix=args.imatrix,
         base_model=args.base,
+        mmproj=args.mmproj,
         progress=None if args.quiet else say,
     )
     total = 0

@@ -435,6 +435,7 @@ def convert(
     split_max_size: int = 0,
     imatrix: str | os.PathLike | None = None,
     base_model: str | os.PathLike | None = None,
+    mmproj: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> ConvertResult:
     """Convert the checkpoint in ``hf_dir`` to GGUF at ``out`` (a file, or a directory for llama.cpp's
@@ -443,7 +444,14 @@ def convert(
     with auto, then quantized by ``llamapy.quantize.quantize_file`` with ``imatrix``). Raises
     :class:`ConvertError` on bad input; nothing is left at ``out`` then. A PEFT LoRA adapter directory
     (``adapter_config.json``) becomes a GGUF LoRA (``base_model``: the base model's directory, for its
-    config.json)."""
+    config.json). ``mmproj``: the vision projector's mmproj file instead (``llamapy.convert.mmproj``)."""
+    if mmproj:
+        from .mmproj import convert_mmproj
+
+        if vocab_only or split_max_size:
+            raise ConvertError("--mmproj writes one whole file: not with --vocab-only or --split-max-size")
+        t = str(outtype).strip().lower()
+        return convert_mmproj(hf_dir, out, t, dry_run, force, model_name, metadata_file, progress)
     if (Path(hf_dir) / "adapter_config.json").is_file():  # a PEFT LoRA adapter
         from .lora import convert_lora
 
@@ -728,13 +736,16 @@ def _split_groups(plan: _Plan, max_size: int) -> list[list[int]]:
 
 
 def _write(
-    ctx: Context,
+    ctx: Context | None,
     kv: Any,
     plan: _Plan,
     tensors: dict[str, SafeTensor],
     parts: list[tuple[Path, list[int]]],
     progress: Callable[[str], None] | None,
+    produce: Callable[[], Iterator[tuple[str, np.ndarray]]] | None = None,
 ) -> None:
+    """Write the splits ``parts`` of ``plan``; the tensors come from ``produce`` (default: the text
+    model's mapping of ``tensors``)."""
     from ..gguf import GGUFValueType
     from ..gguf.writer import GGUFWriter
 
@@ -759,7 +770,8 @@ def _write(
                 w.add_tensor_info(name, shape, t)
             writers.append(w)
         owner = {i: si for si, (_p, g) in enumerate(parts) for i in g}
-        for i, (name, data) in enumerate(_iter_converted(ctx, tensors)):
+        gen = produce() if produce is not None else _iter_converted(ctx, tensors)
+        for i, (name, data) in enumerate(gen):
             pname, shape, t, _k = plan[i]
             if name != pname or _shape(data) != shape:
                 raise ConvertError(f"tensor {name!r} changed between passes")

@@ -1,0 +1,221 @@
+"""Tiny vision-language checkpoint directories for ``llamapy convert --mmproj`` (test-only: torch, transformers).
+
+``make_mm_dir(case, root)`` builds the transformers model of ``MM_CASES[case]`` (the configs of
+``tests/mtmd``: 32-wide vision towers, 3 layers: llama.cpp maps ``mm.N`` only for N below the block count), sets every weight from NumPy's seeded generator (so the
+bytes do not depend on torch's RNG), saves it with ``save_pretrained`` in the Hub's layout (Gemma 3's
+``vision_tower.vision_model.``, which transformers 5 saves without) and writes the processor's config.
+``MmDir.features(pixels)`` is transformers' image embeddings of a preprocessed ``F32[3, H, W]``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+N_VOCAB = 300
+CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+
+
+def _text(**kw: Any) -> dict[str, Any]:
+    d = dict(vocab_size=N_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=2,
+             eos_token_id=1)  # fmt: skip
+    d.update(kw)
+    return d
+
+
+def _siglip(**kw: Any) -> dict[str, Any]:
+    d = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, image_size=64,
+             patch_size=8, num_channels=3, layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh")  # fmt: skip
+    d.update(kw)
+    return d
+
+
+def _gemma3() -> Any:
+    import transformers
+
+    return transformers.Gemma3Config(
+        text_config=_text(head_dim=16, sliding_window=512), vision_config=_siglip(vision_use_head=False),
+        mm_tokens_per_image=16, boi_token_index=4, eoi_token_index=5, image_token_index=6, tie_word_embeddings=True,
+    )  # fmt: skip
+
+
+def _idefics3() -> Any:
+    import transformers
+
+    return transformers.Idefics3Config(
+        text_config=_text(),
+        vision_config=_siglip(),
+        scale_factor=2,
+        image_token_id=6,
+        tie_word_embeddings=False,
+    )
+
+
+def _qwen2vl(v25: bool) -> Any:
+    import transformers
+
+    text = _text(rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    ids = dict(image_token_id=6, video_token_id=7, vision_start_token_id=8, vision_end_token_id=9)
+    if v25:
+        vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=8, spatial_merge_size=2,
+                      temporal_patch_size=2, window_size=112, out_hidden_size=64, fullatt_block_indexes=[1],
+                      hidden_act="silu")  # fmt: skip
+        return transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
+    vision = dict(depth=3, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2, patch_size=8, spatial_merge_size=2,
+                  temporal_patch_size=2, hidden_act="quick_gelu")  # fmt: skip
+    return transformers.Qwen2VLConfig(text_config=text, vision_config=vision, **ids)
+
+
+def _mistral3() -> Any:
+    import transformers
+
+    vision = dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
+                  head_dim=16, patch_size=8, image_size=64, hidden_act="silu")  # fmt: skip
+    return transformers.Mistral3Config(
+        text_config=_text(head_dim=16, rms_norm_eps=1e-5), vision_config=vision, image_token_index=4,
+        spatial_merge_size=2, projector_hidden_act="gelu_pytorch_tanh", multimodal_projector_bias=True,
+        vision_feature_layer=-1,
+    )  # fmt: skip
+
+
+def _lfm2vl() -> Any:
+    import transformers
+
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, patch_size=16,
+                  num_patches=16, vision_use_head=False, layer_norm_eps=1e-6)  # fmt: skip
+    text = _text(model_type="lfm2", layer_types=["full_attention"], conv_L_cache=3)
+    return transformers.Lfm2VlConfig(
+        vision_config=vision, text_config=text, image_token_id=6, projector_hidden_size=48,
+        projector_hidden_act="gelu_pytorch_tanh", downsample_factor=2,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MmCase:
+    name: str
+    config: Callable[[], Any]
+    model_cls: str
+    preproc: dict[str, Any]
+    hub_rename: tuple[tuple[str, str], ...] = ()  # (prefix, replacement) of the saved names
+    tokenizer_config: dict[str, Any] | None = None
+
+
+MM_CASES: dict[str, MmCase] = {
+    c.name: c
+    for c in [
+        MmCase("gemma3", _gemma3, "Gemma3ForConditionalGeneration",
+               {"image_mean": [0.5] * 3, "image_std": [0.5] * 3, "image_seq_length": 16},
+               (("vision_tower.", "vision_tower.vision_model."),)),
+        MmCase("idefics3", _idefics3, "Idefics3ForConditionalGeneration",
+               {"image_mean": [0.5] * 3, "image_std": [0.5] * 3, "size": {"longest_edge": 64}}),
+        MmCase("qwen2.5vl", lambda: _qwen2vl(True), "Qwen2_5_VLForConditionalGeneration",
+               {"image_mean": CLIP_MEAN, "image_std": CLIP_STD}),
+        MmCase("qwen2vl", lambda: _qwen2vl(False), "Qwen2VLForConditionalGeneration",
+               {"image_mean": CLIP_MEAN, "image_std": CLIP_STD}),
+        MmCase("mistral3", _mistral3, "Mistral3ForConditionalGeneration",
+               {"image_mean": CLIP_MEAN, "image_std": CLIP_STD},
+               tokenizer_config={"added_tokens_decoder": {"5": {"content": "[IMG_BREAK]", "special": True}}}),
+        MmCase("lfm2vl", _lfm2vl, "Lfm2VlForConditionalGeneration", {"image_mean": [0.5] * 3, "image_std": [0.5] * 3},
+               (("model.vision_tower.", "model.vision_tower.vision_model."),)),
+    ]
+}  # fmt: skip
+
+
+def _fill(model: Any, seed: int) -> None:
+    """Every parameter from NumPy's generator: vectors around 1 (norm weights) or 0 (biases), position
+    embeddings 0.5 sigma, matrices fan-in scaled (q/k twice, so attention is not uniform)."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            shape = tuple(p.shape)
+            x = rng.standard_normal(shape).astype(np.float32)
+            if len(shape) == 1:
+                base = 0.0 if ("bias" in name or "soft_emb_norm" in name) else 1.0
+                x = base + 0.1 * x
+            elif "position_embedding" in name or "pos_embed" in name or "embed_tokens" in name:
+                x = 0.5 * x
+            else:
+                gain = 2.0 if name.endswith(("q_proj.weight", "k_proj.weight", "qkv.weight")) else 1.0
+                x = x * np.float32(gain / math.sqrt(int(np.prod(shape[1:]))))
+            p.copy_(torch.from_numpy(x))
+
+
+@dataclass
+class MmDir:
+    case: MmCase
+    path: Path
+    hf: Any
+
+    def features(self, px: np.ndarray) -> np.ndarray:
+        """transformers' image embeddings ``[n_tokens, n_embd_text]`` of a preprocessed ``F32[3, H, W]``."""
+        import torch
+
+        m, name = self.hf.model, self.case.name
+        n_embd = self.hf.config.text_config.hidden_size
+        with torch.no_grad():
+            if name == "gemma3":
+                out = m.get_image_features(pixel_values=torch.from_numpy(px[None]))
+            elif name == "idefics3":
+                out = m.get_image_features(pixel_values=torch.from_numpy(px[None, None]))
+            elif name.startswith("qwen2"):
+                c, h, w = px.shape
+                p, t, s = 8, 2, 2  # patch, temporal patch, merge: HF's patchify of one frame repeated
+                x = np.repeat(px[None], t, axis=0).reshape(1, t, c, h // p // s, s, p, w // p // s, s, p)
+                x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(h // p * (w // p), c * t * p * p)
+                out = m.get_image_features(
+                    torch.from_numpy(np.ascontiguousarray(x)), torch.tensor([[1, h // p, w // p]])
+                )
+            elif name == "mistral3":
+                out = m.get_image_features(
+                    pixel_values=torch.from_numpy(px[None]), image_sizes=torch.tensor([px.shape[1:]])
+                )
+            elif name == "lfm2vl":
+                p = 16
+                nh, nw = px.shape[1] // p, px.shape[2] // p
+                pt = px.reshape(3, nh, p, nw, p).transpose(1, 3, 2, 4, 0).reshape(1, nh * nw, -1)
+                out = m.get_image_features(pixel_values=torch.from_numpy(np.ascontiguousarray(pt)),
+                                           spatial_shapes=torch.tensor([[nh, nw]]),
+                                           pixel_attention_mask=torch.ones(1, nh * nw, dtype=torch.long))  # fmt: skip
+            else:
+                raise KeyError(name)
+        out = getattr(out, "pooler_output", out)
+        if isinstance(out, (list, tuple)):
+            out = torch.cat([o.reshape(-1, n_embd) for o in out])
+        return np.asarray(out, dtype=np.float32).reshape(-1, n_embd)
+
+
+def make_mm_dir(case: MmCase, root: Path, seed: int = 0) -> MmDir:
+    """The checkpoint directory of ``case`` under ``root`` (made once per root) and the model itself."""
+    import torch
+    import transformers
+    from safetensors.numpy import load_file, save_file
+
+    cfg = case.config()
+    for c in (cfg, cfg.text_config, cfg.vision_config):
+        c._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = getattr(transformers, case.model_cls)(cfg).to(torch.float32).eval()
+    _fill(model, seed)
+    if case.name.startswith("qwen2"):  # llama.cpp's merger GELU is ggml's tanh one (HF's: erf)
+        model.model.visual.merger.mlp[1] = torch.nn.GELU(approximate="tanh")
+    d = root / f"tiny-{case.name}"
+    if not (d / "config.json").is_file():
+        model.save_pretrained(d)
+        st = d / "model.safetensors"
+        sd = load_file(str(st))
+        for old, new in case.hub_rename:
+            sd = {(new + k[len(old) :] if k.startswith(old) else k): v for k, v in sd.items()}
+        save_file(sd, str(st), metadata={"format": "pt"})
+        (d / "preprocessor_config.json").write_text(json.dumps(case.preproc))
+        if case.tokenizer_config is not None:
+            (d / "tokenizer_config.json").write_text(json.dumps(case.tokenizer_config))
+    return MmDir(case, d, model)
