@@ -321,10 +321,16 @@ def _glu(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     else:
         a2, pa, b2, pb = A, None, B, None
     out = _rows(arrays[id(node)])
+    kind = GLU_KIND[node.op]
+    if pa is None and pb is None:  # a few rows (decode): one serial call, no parallel launch
+        from .plan_steps import glu_step
+
+        fast = glu_step(a2, b2, kind, out, be.need)
+        if fast is not None:
+            return fast
     _, ok = _kernels()
     kern = ok.glu_rows
     be.need(kern)
-    kind = GLU_KIND[node.op]
 
     def step() -> None:
         if pa is not None:
@@ -482,6 +488,12 @@ def _set_rows(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     be.need(check)
     t = node.type
     nm = node.name
+    if t in (GGMLType.F16, GGMLType.F32):  # K/V cache rows: one kernel call (check and convert)
+        from .plan_steps import set_rows_step
+
+        fast = set_rows_step(out, S, idx, n, nm, be.need)
+        if fast is not None:
+            return fast
 
     def step() -> None:
         i = check(idx, n)

@@ -1,0 +1,85 @@
+"""Cheaper steps for the small ops of a decode token (the kernels are in ``plan_kernels``): each is one
+serial Numba call where the general step makes several NumPy calls or a parallel launch. The CPU
+backend asks these builders first; None means "use the general step". Results are bit-identical to the
+general steps (tests/ggml/test_plan_steps.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..backend import ComputeError, Step
+
+__all__ = ["ENABLED", "GLU_SERIAL_MAX", "glu_step", "set_rows_step"]
+
+#: False: the backend builds the general steps (tests compare the two, byte for byte)
+ENABLED = True
+
+#: gated units over at most this many elements run serially (one decode row of a 0.5B-7B model's FFN is
+#: 1.5k-19k; a parallel launch costs ~2 us on an idle machine and far more on a busy one)
+GLU_SERIAL_MAX = 1 << 15
+
+
+def _row_view(arr: np.ndarray, rows: int, width: int) -> np.ndarray | None:
+    """``arr`` as a C-contiguous [rows, width] view, else None."""
+    if not arr.flags.c_contiguous or arr.size != rows * width:
+        return None
+    return arr.reshape(rows, width)
+
+
+def set_rows_step(
+    out: np.ndarray, src: np.ndarray, idx: np.ndarray, n: int, name: str, need: Callable[..., None]
+) -> Step | None:
+    """``out[idx] = src`` (K/V cache rows) as one kernel call: ``out`` float16 or float32 rows, ``src``
+    float32, ``idx`` one id per row. None when the arrays are of another form."""
+    if not ENABLED:
+        return None
+    if idx.ndim != 1 or idx.dtype.kind not in "iu" or out.ndim != 2 or src.dtype != np.float32:
+        return None
+    if out.strides[1] != out.itemsize or out.dtype not in (np.float16, np.float32):
+        return None
+    T, D = idx.shape[0], out.shape[1]
+    S = _row_view(src, T, D)
+    if S is None:
+        return None
+    from . import plan_kernels as pk
+
+    def bad(i: int) -> ComputeError:
+        return ComputeError(f"set_rows {name!r}: row index {int(idx[i])} (at {i}) not in 0..{n - 1}")
+
+    if out.dtype == np.float32:
+        same = pk.set_rows_same
+        need(same)
+
+        def step_same() -> None:
+            i = same(S, idx, out, n)
+            if i >= 0:
+                raise bad(i)
+
+        return step_same
+    kern = pk.set_rows_f16
+    need(kern)
+    bits, out16 = S.view(np.uint32), out.view(np.uint16)
+
+    def step_f16() -> None:
+        i = kern(bits, idx, out16, n)
+        if i >= 0:
+            raise bad(i)
+        if i == -2:  # a NaN: NumPy's conversion (and its NaN payloads) for the whole write
+            out[idx] = S
+
+    return step_f16
+
+
+def glu_step(
+    a: np.ndarray, b: np.ndarray, kind: int, out: np.ndarray, need: Callable[..., None]
+) -> Step | None:
+    """``glu_rows`` serially when the rows are few (a decode token); None otherwise."""
+    if not ENABLED or a.size > GLU_SERIAL_MAX:
+        return None
+    from .plan_kernels import glu_rows_serial
+
+    need(glu_rows_serial)
+    return lambda: glu_rows_serial(a, b, kind, out)

@@ -1,0 +1,97 @@
+"""The decode fast steps of the CPU backend (``cpu/plan_steps.py``): the same bytes as the general
+steps, the errors of the general steps, and actually used for decode-shaped graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llamapy.ggml import GGMLType as T
+from llamapy.ggml import Graph, Scheduler, ops
+from llamapy.ggml.backend import ComputeError
+from llamapy.ggml.cpu import plan_steps
+from llamapy.ggml.cpu.backend import CPUBackend
+
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+RNG = np.random.default_rng(7)
+
+
+def _build(kv_type: T, n_rows: int, width: int, ffn: int):
+    """K/V-cache writes of ``n_rows`` rows and a swiglu + geglu over [n_rows, ffn]."""
+    cache = ops.buffer(f"cache_{kv_type.name}_{n_rows}_{width}", kv_type, (8, width))
+    src = ops.new_tensor(T.F32, (n_rows, width))
+    idx = ops.new_tensor(T.I32, (n_rows,))
+    a, b = ops.new_tensor(T.F32, (n_rows, ffn)), ops.new_tensor(T.F32, (n_rows, ffn))
+    wr = ops.set_rows(cache, src, idx)
+    outs = [ops.cont(ops.view(wr, (8, width))), ops.swiglu(a, b), ops.geglu(a, b)]
+    return cache, Graph(outs), (src, idx, a, b)
+
+
+def _run(enabled: bool, kv_type: T, n_rows: int, feeds_v, width=64, ffn=96):
+    plan_steps.ENABLED = enabled
+    try:
+        cache, g, (src, idx, a, b) = _build(kv_type, n_rows, width, ffn)
+        cache.data[...] = 0
+        s = Scheduler([CPUBackend(1)])
+        sv, iv, av, bv = feeds_v
+        s.compute(g, {src: sv, idx: iv, a: av, b: bv})
+        names = [getattr(st, "__qualname__", "") for st in s._last.steps]
+        return [s.get(o).tobytes() for o in g.outputs], names
+    finally:
+        plan_steps.ENABLED = True
+
+
+def _feeds(n_rows: int, width=64, ffn=96, special=False):
+    sv = (RNG.standard_normal((n_rows, width)) * 3).astype(np.float32)
+    if special:  # overflow to inf, subnormal halves, exact ties, signed zeros
+        flat = sv.reshape(-1)
+        flat[:8] = [7e4, -7e4, 65519.0, 65520.0, 2.0**-25, 3 * 2.0**-26, 2.0**-20 + 2.0**-31, -0.0]
+    iv = RNG.permutation(8)[:n_rows].astype(np.int32)
+    av = (RNG.standard_normal((n_rows, ffn)) * 6).astype(np.float32)
+    bv = RNG.standard_normal((n_rows, ffn)).astype(np.float32)
+    return sv, iv, av, bv
+
+
+@pytest.mark.parametrize("kv_type", [T.F16, T.F32])
+@pytest.mark.parametrize("n_rows", [1, 3])
+def test_fast_steps_same_bytes_and_used(kv_type, n_rows):
+    feeds = _feeds(n_rows, special=True)
+    fast, names = _run(True, kv_type, n_rows, feeds)
+    slow, slow_names = _run(False, kv_type, n_rows, feeds)
+    assert fast == slow
+    want = "step_f16" if kv_type == T.F16 else "step_same"
+    assert any(want in n for n in names), names
+    assert sum("glu_step" in n for n in names) == 2, names
+    assert not any("step_f16" in n or "step_same" in n or "glu_step" in n for n in slow_names)
+
+
+def test_nan_falls_back_to_numpy():
+    feeds = _feeds(2)
+    feeds[0].reshape(-1)[5] = np.float32("nan")
+    feeds[0].reshape(-1)[70] = -np.float32("nan")
+    fast, _ = _run(True, T.F16, 2, feeds)
+    slow, _ = _run(False, T.F16, 2, feeds)
+    assert fast == slow
+
+
+@pytest.mark.parametrize("kv_type", [T.F16, T.F32])
+def test_bad_row_index_is_an_error_and_writes_nothing(kv_type):
+    feeds = _feeds(2)
+    feeds[1][:] = [3, 8]
+    cache, g, (src, idx, a, b) = _build(kv_type, 2, 64, 96)
+    cache.data[...] = 0
+    s = Scheduler([CPUBackend(1)])
+    with pytest.raises(ComputeError, match=r"row index 8 \(at 1\) not in 0..7"):
+        s.compute(g, dict(zip((src, idx, a, b), feeds, strict=True)))
+    assert not cache.data.any()
+    names = [getattr(st, "__qualname__", "") for st in s._cache[g].steps]
+    assert any("step_f16" in n or "step_same" in n for n in names), names
+
+
+def test_large_glu_keeps_the_parallel_kernel():
+    n = plan_steps.GLU_SERIAL_MAX // 96 + 1
+    a, b = ops.new_tensor(T.F32, (n, 96)), ops.new_tensor(T.F32, (n, 96))
+    g = Graph([ops.swiglu(a, b)])
+    s = Scheduler([CPUBackend(1)])
+    s.compute(g, {a: np.ones((n, 96), np.float32), b: np.ones((n, 96), np.float32)})
+    assert not any("glu_step" in getattr(st, "__qualname__", "") for st in s._last.steps)
