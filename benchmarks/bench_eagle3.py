@@ -12,8 +12,8 @@ No packaged model has an EAGLE-3 head, so two setups (both greedy, output checke
 - SmolLM2-135M with a random head (576 wide, 1024 draft tokens, HF's extract layers 2/15/27,
   ``p_min`` 0: it drafts every step, almost nothing is accepted): the cost of drafting on a real model.
 
-llama.cpp side by side: its EAGLE-3 path is ``llama-speculative`` / ``llama-server`` with ``--eagle3``
-heads; the llama-cpp-python build here (``benchmarks/build_llamacpp.sh``) ships neither, so no column.
+llama.cpp side by side (its ``llama-speculative-simple --spec-type draft-eagle3`` on the same SmolLM2 and a
+head in its converter's layout): benchmarks/bench_spec_vs_llamacpp.py.
 Writes benchmarks/results/speculative_eagle3.md with the machine line.
 """
 
@@ -150,7 +150,7 @@ def main() -> int:
         "- synthetic: a random llama "
         f"({a.layers} layers x {a.hidden}, vocabulary 256, F32, outputs zeroed: next token = f(token)) with "
         "the head built to predict it, 64-token prompt; SmolLM2: a random head (p_min 0), 24-token prompt",
-        "- llama.cpp: no column (the llama-cpp-python build has no llama-speculative / llama-server)",
+        "- llama.cpp side by side: benchmarks/bench_spec_vs_llamacpp.py (speculative_vs_llamacpp.md)",
         "",
         "| setup | no draft t/s | EAGLE-3 n_draft 1 | EAGLE-3 n_draft 3 | identical |",
         "| --- | --- | --- | --- | --- |",
