@@ -8,9 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llamapy.ggml.quants import _kquantize, _rowk
+from llamapy.ggml.quants import _kquantize, _rowk, _rowq
 
-TYPES = {"Q3_K": _rowk.quantize_q3_k}
+TYPES = {
+    "Q3_K": _rowk.quantize_q3_k,
+    "Q4_K": _rowk.quantize_q4_k,
+    "Q5_K": _rowk.quantize_q5_k,
+    "Q6_K": _rowq.quantize_q6_k,
+}
 
 
 def _blocks(n: int = 600, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:

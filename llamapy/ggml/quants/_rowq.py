@@ -143,65 +143,89 @@ def q4_1_kernel(x, out, dd, nmax5):
 
 
 @njit(cache=True, inline="always")
-def _qx16(x, b, o, qw, has_qw, L):
-    """``make_qx_quants(16, 32, x + o, L + o, 1, qw)`` (L holds l + 32)."""
-    nmax = 32
-    fmax = F(32)
-    mx = F(0)
-    amax = F(0)
-    for i in range(16):
-        ax = abs(x[b, o + i])
-        if ax > amax:
-            amax = ax
-            mx = x[b, o + i]
-    if amax < GROUP_MAX_EPS:
-        for i in range(16):
-            L[o + i] = 0
-        return F(0)
-    iscale = -fmax / mx
-    sumlx = F(0)
-    suml2 = F(0)
-    for i in range(16):
-        xi = x[b, o + i]
-        li = max(-nmax, min(nmax - 1, _nearest_int(iscale * xi)))
-        L[o + i] = li + nmax
-        wi = qw[b, o + i] if has_qw else xi * xi
-        lf = F(li)
-        sumlx += wi * xi * lf
-        suml2 += wi * lf * lf
-    scale = sumlx / suml2 if suml2 != F(0) else F(0)
-    best = scale * sumlx
+def _qx_lanes(xt, wt, G, nmax, scale, bisc, st):
+    """``make_qx_quants(n, nmax, x, L, 1, w)`` of ``G`` groups at once, one per SIMD lane (``xt[i, g]``
+    element ``i`` of group ``g``; each lane does the C loop's float32 operations in its order, so the
+    same bits): ``scale[g]`` and ``bisc[g]``, the iscale whose levels
+    ``nmax + clamp(nearest_int(bisc * x))`` C leaves in L. A group with max |x| < GROUP_MAX_EPS gets
+    scale 0 (C leaves its levels 0: the caller checks ``st[0, g]``, its max |x|, against GROUP_MAX_EPS).
+    ``st`` float32[6, G] scratch."""
+    n = xt.shape[0]
+    fmax = F(nmax)
+    amax = st[0]
+    mx = st[1]
+    sumlx = st[2]
+    suml2 = st[3]
+    best = st[4]
+    isc = st[5]
+    for g in range(G):
+        amax[g] = F(0)
+        mx[g] = F(0)
+    for i in range(n):
+        for g in range(G):
+            ax = abs(xt[i, g])
+            c = ax > amax[g]
+            amax[g] = ax if c else amax[g]
+            mx[g] = xt[i, g] if c else mx[g]
+    for g in range(G):
+        mx[g] = mx[g] if amax[g] >= GROUP_MAX_EPS else F(1)
+        bisc[g] = -fmax / mx[g]
+        sumlx[g] = F(0)
+        suml2[g] = F(0)
+    for i in range(n):
+        for g in range(G):
+            xi = xt[i, g]
+            lf = F(max(-nmax, min(nmax - 1, _nearest_int(bisc[g] * xi))))
+            wi = wt[i, g]
+            sumlx[g] += wi * xi * lf
+            suml2[g] += wi * lf * lf
+    for g in range(G):
+        s = sumlx[g] / suml2[g] if suml2[g] != F(0) else F(0)
+        scale[g] = s
+        best[g] = s * sumlx[g]
     for k in range(-9, 10):
         if k == 0:
             continue
-        isc = -(fmax + F(0.1) * F(k)) / mx
-        sumlx = F(0)
-        suml2 = F(0)
-        for i in range(16):
-            xi = x[b, o + i]
-            li = max(-nmax, min(nmax - 1, _nearest_int(isc * xi)))
-            wi = qw[b, o + i] if has_qw else xi * xi
-            lf = F(li)
-            sumlx += wi * xi * lf
-            suml2 += wi * lf * lf
-        if suml2 > F(0) and sumlx * sumlx > best * suml2:
-            for i in range(16):
-                L[o + i] = nmax + max(-nmax, min(nmax - 1, _nearest_int(isc * x[b, o + i])))
-            scale = sumlx / suml2
-            best = scale * sumlx
-    return scale
+        for g in range(G):
+            isc[g] = -(fmax + F(0.1) * F(k)) / mx[g]
+            sumlx[g] = F(0)
+            suml2[g] = F(0)
+        for i in range(n):
+            for g in range(G):
+                xi = xt[i, g]
+                lf = F(max(-nmax, min(nmax - 1, _nearest_int(isc[g] * xi))))
+                wi = wt[i, g]
+                sumlx[g] += wi * xi * lf
+                suml2[g] += wi * lf * lf
+        for g in range(G):
+            upd = suml2[g] > F(0) and sumlx[g] * sumlx[g] > best[g] * suml2[g]
+            s = sumlx[g] / suml2[g]
+            scale[g] = s if upd else scale[g]
+            best[g] = s * sumlx[g] if upd else best[g]
+            bisc[g] = isc[g] if upd else bisc[g]
+    for g in range(G):
+        scale[g] = F(0) if amax[g] < GROUP_MAX_EPS else scale[g]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def q6_k_kernel(x, qw, has_qw, out, dd):
     L = np.empty(256, np.int32)
+    xt = np.empty((16, 16), np.float32)
+    wt = np.empty((16, 16), np.float32)
     scales = np.empty(16, np.float32)
+    bisc = np.empty(16, np.float32)
+    st = np.empty((6, 16), np.float32)
     for b in range(x.shape[0]):
+        for g in range(16):
+            for i in range(16):
+                v = x[b, 16 * g + i]
+                xt[i, g] = v
+                wt[i, g] = qw[b, 16 * g + i] if has_qw else v * v
+        _qx_lanes(xt, wt, 16, 32, scales, bisc, st)
         max_scale = F(0)
         max_abs = F(0)
         for ib in range(16):
-            s = _qx16(x, b, 16 * ib, qw, has_qw, L)
-            scales[ib] = s
+            s = scales[ib]
             if abs(s) > max_abs:
                 max_abs = abs(s)
                 max_scale = s
@@ -210,6 +234,10 @@ def q6_k_kernel(x, qw, has_qw, out, dd):
                 out[b, i] = 0
             dd[b, 0] = F(0)
             continue
+        for g in range(16):
+            z = st[0, g] < GROUP_MAX_EPS
+            for i in range(16):
+                L[16 * g + i] = 0 if z else 32 + max(-32, min(31, _nearest_int(bisc[g] * xt[i, g])))
         iscale = F(-128) / max_scale
         d = F(1) / iscale
         dd[b, 0] = d

@@ -114,7 +114,7 @@ class Q4_K(BlockQuant):
 
     @classmethod
     def quantize_blocks(cls, x, qw=None, sigma2=None):
-        return _kq.quantize_q4_k(x, qw)
+        return _rowk.quantize_q4_k(x, qw)
 
 
 @register(GGMLType.Q5_K)
@@ -131,7 +131,7 @@ class Q5_K(BlockQuant):
 
     @classmethod
     def quantize_blocks(cls, x, qw=None, sigma2=None):
-        return _kq.quantize_q5_k(x, qw)
+        return _rowk.quantize_q5_k(x, qw)
 
 
 @register(GGMLType.Q6_K)
