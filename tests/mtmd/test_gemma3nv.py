@@ -204,3 +204,14 @@ def test_preprocessing_matches_hf(hw: tuple[int, int]) -> None:
     want = proc(images=[data], return_tensors="np")["pixel_values"][0]
     assert got.shape == want.shape == (3, SIZE, SIZE)
     assert np.abs(got - want).max() < 1e-6
+
+
+def test_f16_mmproj_as_the_converter_stores_it(
+    gemma3n: TinyGemma3n, pixels: np.ndarray, hf_feats: np.ndarray, tmp_path: Path
+) -> None:
+    """F16 conv kernels (strided tap views of 2-byte rows) and the F16 input projection."""
+    path = convert.write_mmproj(tmp_path / "f16.gguf", gemma3n.metadata(), gemma3n.mm_tensors(), GGMLType.F16)
+    cm = ClipModel(path)
+    assert cm.w["v.blk.2.2.attn.key.down_conv.weight"].type == GGMLType.F16
+    assert cm.w["mm.input_projection.weight"].type == GGMLType.F16
+    assert _rel(cm.encode(pixels), hf_feats) < 1e-2  # F16 rounding of every kernel (measured 3.7e-3)
