@@ -74,7 +74,14 @@ def mmproj_modalities(path: str | os.PathLike) -> tuple[bool, bool]:
         md = ModelLoader(os.fspath(path)).metadata
     except ModelLoadError as e:
         raise MtmdError(f"cannot load mmproj: {e}") from None
-    return bool(md.get("clip.has_vision_encoder", False)), bool(md.get("clip.has_audio_encoder", False))
+    has_vision, has_audio = (
+        bool(md.get("clip.has_vision_encoder", False)),
+        bool(md.get("clip.has_audio_encoder", False)),
+    )
+    vtype = md.get("clip.projector_type") or md.get("clip.vision.projector_type")
+    if has_vision and vtype == "gemma3nv":
+        has_audio = False  # Gemma 3n's audio half (gemma3na) is not read, as llama.cpp skips it
+    return has_vision, has_audio
 
 
 def load_audio_hparams(metadata: dict[str, Any], where: str) -> AudioHParams:

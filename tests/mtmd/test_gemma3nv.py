@@ -168,6 +168,26 @@ def test_logits_with_an_image_match_hf(gemma3n: TinyGemma3n) -> None:
     assert _rel(ctx.get_logits()[-1], out.logits[0, -1].numpy()) < 1e-4
 
 
+def test_mmproj_with_the_audio_half_as_the_converter_writes_it(gemma3n: TinyGemma3n, tmp_path: Path) -> None:
+    """The real file has both halves (clip.vision/audio.projector_type gemma3nv/gemma3na, no clip.projector_type);
+    the audio half is skipped as llama.cpp skips it: images work, audio is a typed error."""
+    from llamapy.mtmd.audio import AudioBitmap, AudioError
+
+    md = gemma3n.metadata()
+    del md["clip.projector_type"]
+    md.update({"clip.vision.projector_type": "gemma3nv", "clip.audio.projector_type": "gemma3na",
+               "clip.has_audio_encoder": True, "clip.audio.num_mel_bins": 128})  # fmt: skip
+    t = gemma3n.mm_tensors()
+    t["a.conformer.0.attn_q.weight"] = np.zeros((8, 8), np.float32)
+    t["mm.a.input_projection.weight"] = np.zeros((64, 8), np.float32)
+    mt = MtmdContext(
+        gemma3n.write_mmproj(tmp_path / "both.gguf", md=md, tensors=t), Model.load(gemma3n.text_path)
+    )
+    assert mt.audio is None and mt.clip is not None and mt.clip.hparams.projector_type == "gemma3nv"
+    with pytest.raises(AudioError, match="no audio encoder"):
+        mt.tokenize("hear <__media__>", [AudioBitmap(np.zeros(16000, np.float32))])
+
+
 def test_same_padding_mutation_and_bad_mmproj(
     gemma3n: TinyGemma3n, pixels: np.ndarray, hf_feats: np.ndarray, tmp_path: Path
 ) -> None:
