@@ -69,6 +69,10 @@ class Projector:
     modify: Modify | None = None  # yields HF-named pairs (mapped after) or GGUF-named ones (v.*, mm.*)
     force: Force | None = None  # a forced type before MmprojModel's (None: none)
     prepare: Callable[[MmCtx], None] | None = None  # the vision config fix-ups of the class's __init__
+    # text-model tensors the projector needs (name suffixes), kept although MmprojModel drops every
+    # ``language_model.`` name: llama.cpp's LlavaVisionModel means to copy [IMG_BREAK]'s embedding (its
+    # modify_tensors does) but since that filter it never sees it, and its clip.cpp then refuses the file
+    keep_text: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,7 +316,7 @@ PROJECTORS: dict[str, Projector] = {
         Projector(("Qwen2VLModel", "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"),
                   _qwen2vl_params, _qwen2vl_filter, _qwen2vl_modify, _position_f32, _qwen2vl_prepare),
         Projector(("LlavaForConditionalGeneration", "Mistral3ForConditionalGeneration"), _llava_params,
-                  _llava_filter, _llava_modify, None, _llava_prepare),
+                  _llava_filter, _llava_modify, None, _llava_prepare, ("embed_tokens.weight",)),
         Projector(("Lfm2VlForConditionalGeneration",), _lfm2_params, _lfm2_filter, _lfm2_modify, None,
                   _lfm2_prepare),
     )
@@ -384,7 +388,9 @@ def _hf_names(proj: Projector, tensors: dict[str, SafeTensor]) -> Iterator[tuple
     """filter_tensors: the projector's own, then MmprojModel's (no ``language_model.``), then ModelBase's."""
     for name, st in tensors.items():
         new = proj.filter(name)
-        if new is None or "language_model." in new:
+        if new is None or (
+            "language_model." in new and not (proj.keep_text and new.endswith(proj.keep_text))
+        ):
             continue
         new = new.replace("e_score_correction_bias", "e_score_correction.bias")
         yield new, st
@@ -409,6 +415,11 @@ class _MmMapper:
                 new = self.names.get_name(pat.sub(rep, name, count=1), try_suffixes=(".weight", ".bias"))
         if new is None:
             raise ConvertError(f"cannot map tensor {name!r} to an mmproj GGUF name")
+        m = re.match(r"^[va]\.blk\.(\d+)\.", new)
+        if m and int(m.group(1)) >= self.ctx.block_count:
+            raise ConvertError(
+                f"tensor {name!r} is of layer {m.group(1)}, but config.json says {self.ctx.block_count} layers"
+            )
         return new
 
     def __call__(self, name: str, data: np.ndarray, bid: int | None) -> Iterator[tuple[str, str, np.ndarray]]:

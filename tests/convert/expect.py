@@ -64,6 +64,18 @@ RUNS: list[tuple[str, str, tuple[str, ...]]] = [
 LORA_RUNS: list[tuple[str, str]] = [("llama-spm", "f32"), ("llama", "q8_0")]
 
 
+# mmproj of the vision-language checkpoints (mm_dirs.MM_CASES): (case, --outtype), by convert_hf_to_gguf.py --mmproj
+MM_RUNS: list[tuple[str, str]] = [
+    ("gemma3", "f16"),
+    ("gemma3", "q8_0"),
+    ("idefics3", "f16"),
+    ("qwen2.5vl", "f16"),
+    ("qwen2vl", "f16"),
+    ("mistral3", "bf16"),
+    ("lfm2vl", "f16"),
+]
+
+
 def run_id(case: str, outtype: str, flags: tuple[str, ...]) -> str:
     return "-".join([case, outtype, *(f.strip("-") for f in flags)])
 
@@ -142,6 +154,7 @@ def differences(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
 
 def main(sdist: str, only: list[str]) -> None:
     from tests.convert.hf_dirs import CASES, make_hf_dir, make_lora_dir
+    from tests.convert.mm_dirs import MM_CASES, make_mm_dir
 
     EXPECT_DIR.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,6 +180,18 @@ def main(sdist: str, only: list[str]) -> None:
                 json.dumps(desc, indent=1) + "\n"
             )
             print(run_id(case, outtype, flags), desc["file_sha256"])
+        for case, outtype in MM_RUNS:
+            rid = f"mmproj-{case}-{outtype}"
+            if only and rid not in only:
+                continue
+            md = make_mm_dir(MM_CASES[case], root)
+            out = root / f"{rid}.gguf"
+            cmd = [sys.executable, "convert_hf_to_gguf.py", str(md.path), "--mmproj", "--outfile", str(out),
+                   "--outtype", outtype]  # fmt: skip
+            subprocess.run(cmd, cwd=sdist, check=True, capture_output=True)
+            desc = describe(out)
+            (EXPECT_DIR / f"{rid}.json").write_text(json.dumps(desc, indent=1) + "\n")
+            print(rid, desc["file_sha256"])
         for case, outtype in LORA_RUNS:
             rid = f"lora-{case}-{outtype}"
             if only and rid not in only:

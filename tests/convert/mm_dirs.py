@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 N_VOCAB = 300
+IMG_BREAK = 5  # Mistral 3's [IMG_BREAK] id in its tokenizer_config.json
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 
 
@@ -89,7 +90,7 @@ def _lfm2vl() -> Any:
     import transformers
 
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, patch_size=16,
-                  num_patches=16, vision_use_head=False, layer_norm_eps=1e-6)  # fmt: skip
+                  num_patches=256, vision_use_head=False, layer_norm_eps=1e-6)  # fmt: skip
     text = _text(model_type="lfm2", layer_types=["full_attention"], conv_L_cache=3)
     return transformers.Lfm2VlConfig(
         vision_config=vision, text_config=text, image_token_id=6, projector_hidden_size=48,
@@ -156,7 +157,8 @@ class MmDir:
     hf: Any
 
     def features(self, px: np.ndarray) -> np.ndarray:
-        """transformers' image embeddings ``[n_tokens, n_embd_text]`` of a preprocessed ``F32[3, H, W]``."""
+        """transformers' image embeddings ``[n_tokens, n_embd_text]`` of a preprocessed ``F32[3, H, W]``, laid out as
+        llama.cpp's projector gives them."""
         import torch
 
         m, name = self.hf.model, self.case.name
@@ -190,7 +192,15 @@ class MmDir:
         out = getattr(out, "pooler_output", out)
         if isinstance(out, (list, tuple)):
             out = torch.cat([o.reshape(-1, n_embd) for o in out])
-        return np.asarray(out, dtype=np.float32).reshape(-1, n_embd)
+        feats = np.asarray(out, dtype=np.float32).reshape(-1, n_embd)
+        if name == "mistral3":  # llama.cpp's layout: [IMG_BREAK]'s embedding after every row but the last
+            nx, ny = px.shape[2] // 16, px.shape[1] // 16
+            brk = m.language_model.embed_tokens.weight[IMG_BREAK].detach().numpy()[None]
+            rows = [feats[r * nx : (r + 1) * nx] for r in range(ny)]
+            feats = np.concatenate(
+                [x for r, row in enumerate(rows) for x in ([row, brk] if r < ny - 1 else [row])]
+            )
+        return feats
 
 
 def make_mm_dir(case: MmCase, root: Path, seed: int = 0) -> MmDir:

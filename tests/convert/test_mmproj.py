@@ -1,0 +1,144 @@
+"""``llamapy convert --mmproj`` on tiny vision-language checkpoints (``mm_dirs``):
+
+- the file equals what llama.cpp's ``convert_hf_to_gguf.py --mmproj`` writes from the same directory
+  (its sha256, else the key/tensor differences; ``tests/data/convert/mmproj-*.json``, ``expect.py``);
+- llamapy's mtmd loads the converted F32 mmproj and its image embeddings match transformers';
+- bad input: ``error: ...``, exit 1, nothing left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llamapy.cli import main
+from llamapy.convert import convert
+from tests.convert.expect import EXPECT_DIR, MM_RUNS, describe, differences
+from tests.convert.mm_dirs import MM_CASES, MmDir, make_mm_dir
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+TOL = 1e-3  # max |ours - hf| / max |hf|, as tests/mtmd's projector tests
+RNG = np.random.default_rng(11)
+
+
+@pytest.fixture(scope="session")
+def mm_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mm")
+
+
+_DIRS: dict[str, MmDir] = {}
+
+
+@pytest.fixture(scope="session")
+def mm_dir(mm_root: Path):
+    def get(name: str) -> MmDir:
+        if name not in _DIRS:
+            _DIRS[name] = make_mm_dir(MM_CASES[name], mm_root)
+        return _DIRS[name]
+
+    return get
+
+
+@pytest.mark.parametrize(("case", "outtype"), MM_RUNS, ids=[f"{c}-{t}" for c, t in MM_RUNS])
+def test_same_file_as_llama_cpp(mm_dir, tmp_path: Path, case: str, outtype: str) -> None:
+    want = json.loads((EXPECT_DIR / f"mmproj-{case}-{outtype}.json").read_text())
+    out = tmp_path / "mmproj.gguf"
+    assert (
+        main(["convert", str(mm_dir(case).path), "--mmproj", "-o", str(out), "--outtype", outtype, "-q"]) == 0
+    )
+    got = describe(out)
+    if case == "mistral3":
+        # one tensor more than llama.cpp's: the [IMG_BREAK] embedding its LlavaVisionModel means to copy (and its
+        # clip.cpp requires) but no longer sees, its language_model.* filter dropping the embeddings first
+        brk = next(t for t in got["tensors"] if t[0] == "v.token_embd.img_break")
+        assert brk[1:3] == [[64], "F32"]
+        got["tensors"].remove(brk)
+        del got["metadata"]["general.size_label"], want["metadata"]["general.size_label"]  # 48K, 47K
+        got["file_sha256"] = want["file_sha256"]  # (so the bytes cannot equal)
+    diff = differences(got, want)
+    assert not diff, "\n".join(diff)
+    assert got["file_sha256"] == want["file_sha256"]
+
+
+# (case, image height, width): sizes the projector takes whole (no resize in the comparison)
+EMBD_RUNS = [("gemma3", 64, 64), ("idefics3", 64, 64), ("qwen2.5vl", 64, 96), ("qwen2vl", 32, 64),
+             ("mistral3", 48, 64), ("lfm2vl", 64, 64)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "h", "w"), EMBD_RUNS, ids=[r[0] for r in EMBD_RUNS])
+def test_image_embeddings_match_transformers(mm_dir, tmp_path: Path, case: str, h: int, w: int) -> None:
+    from llamapy.mtmd import ClipModel
+
+    md = mm_dir(case)
+    out = tmp_path / "mmproj-f32.gguf"
+    convert(md.path, out, "f32", mmproj=True)
+    px = RNG.uniform(-1, 1, (3, h, w)).astype(np.float32)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ref = md.features(px)
+    finally:
+        torch.set_num_threads(n)
+    got = np.asarray(ClipModel(out).encode(px), dtype=np.float32)
+    assert got.shape == ref.shape
+    err = float(np.abs(got - ref).max() / np.abs(ref).max())
+    assert err < TOL, f"{case}: max |diff| / max |hf| = {err:.2e}"
+
+
+def test_default_name_and_dry_run(mm_dir, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = mm_dir("gemma3").path
+    assert main(["convert", str(d), "--mmproj", "-o", str(tmp_path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "v.blk.0.attn_q.weight" in out and "mm.input_projection.weight" in out
+    assert f"would write {tmp_path}/mmproj-" in out and out.rstrip().endswith("MiB of tensor data")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _fails(args: list[str], out_dir: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    before = sorted(out_dir.iterdir())
+    assert main(["convert", *args, "--mmproj", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert sorted(out_dir.iterdir()) == before, "a file was left behind"
+    return err
+
+
+def test_errors(mm_dir, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = mm_dir("qwen2.5vl").path
+    capsys.readouterr()  # (save_pretrained's progress bar)
+    out = tmp_path / "out"
+    out.mkdir()
+    o = str(out / "mm.gguf")
+
+    d = shutil.copytree(src, tmp_path / "arch")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "architectures": ["FancyVLForConditionalGeneration"]}))
+    assert "'FancyVLForConditionalGeneration'" in _fails([str(d), "-o", o], out, capsys)
+
+    d = shutil.copytree(src, tmp_path / "novision")
+    (d / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "vision_config"}))
+    assert "vision_config" in _fails([str(d), "-o", o], out, capsys)
+
+    d = shutil.copytree(src, tmp_path / "nopre")
+    (d / "preprocessor_config.json").unlink()
+    assert "image_mean" in _fails([str(d), "-o", o], out, capsys)
+
+    d = shutil.copytree(src, tmp_path / "depth")
+    (d / "config.json").write_text(json.dumps({**cfg, "vision_config": {**cfg["vision_config"], "depth": 1}}))
+    assert "config.json says 1 layers" in _fails([str(d), "-o", o], out, capsys)
+
+    d = shutil.copytree(src, tmp_path / "trunc")
+    st = d / "model.safetensors"
+    st.write_bytes(st.read_bytes()[:-1000])
+    assert "truncated" in _fails([str(d), "-o", o], out, capsys)
+
+    assert "q4_k_m" in _fails([str(src), "-o", o, "--outtype", "q4_k_m"], out, capsys)
+    (out / "mm.gguf").write_bytes(b"keep")
+    assert "--force" in _fails([str(src), "-o", o], out, capsys)
+    assert (out / "mm.gguf").read_bytes() == b"keep"
