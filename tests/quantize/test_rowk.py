@@ -8,13 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llamapy.ggml.quants import _kquantize, _rowk, _rowq
+from llamapy.ggml.quants import _iquantize, _kquantize, _rowk, _rowq
 
 TYPES = {
     "Q3_K": _rowk.quantize_q3_k,
     "Q4_K": _rowk.quantize_q4_k,
     "Q5_K": _rowk.quantize_q5_k,
     "Q6_K": _rowq.quantize_q6_k,
+    "IQ4_XS": _rowq.quantize_iq4_xs,
 }
 
 
@@ -44,6 +45,18 @@ def test_numba_kquant_equals_numpy(name: str, weighted: bool):
     x, qw = _blocks()
     w = qw if weighted else None
     got = TYPES[name](x, w)
-    want = getattr(_kquantize, f"quantize_{name.lower()}")(x, w)
+    ref = _iquantize if name.startswith("IQ") else _kquantize
+    want = getattr(ref, f"quantize_{name.lower()}")(x, w)
     bad = np.flatnonzero((got != want).any(axis=1))
     assert got.shape == want.shape and bad.size == 0, f"{name}: blocks {bad[:10].tolist()} differ"
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_numba_iq4_nl_equals_numpy(weighted: bool):
+    x, qw = _blocks(123)  # 984 blocks of 32: the last pass of 16 lanes is short
+    x, qw = x.reshape((-1, 32)), qw.reshape((-1, 32))
+    w = qw if weighted else None
+    got = _rowq.quantize_iq4_nl(x, w)
+    want = _iquantize.quantize_iq4_nl(x, w)
+    bad = np.flatnonzero((got != want).any(axis=1))
+    assert bad.size == 0, f"blocks {bad[:10].tolist()} differ"

@@ -23,7 +23,7 @@ from . import iq_tables as T
 
 F = np.float32
 GROUP_MAX_EPS = F(1e-15)
-_IQ4_VALUES = T.KVALUES_IQ4NL.astype(np.int32)
+_IQ4_VALUES = T.KVALUES_IQ4NL.astype(np.float32)
 
 
 @njit(cache=True, inline="always")
@@ -272,104 +272,139 @@ def q6_k_kernel(x, qw, has_qw, out, dd):
 
 
 @njit(cache=True, inline="always")
-def _best_index(vals, x):
-    """ggml's ``best_index_int8(16, values, x)``."""
-    if x <= F(vals[0]):
-        return 0
-    if x >= F(vals[15]):
-        return 15
-    ml = 0
-    mu = 15
-    while mu - ml > 1:
-        mav = (ml + mu) // 2
-        if x < F(vals[mav]):
-            mu = mav
-        else:
-            ml = mav
-    return mu - 1 if x - F(vals[mu - 1]) < F(vals[mu]) - x else mu
+def _best_index(vf, al):
+    """ggml's ``best_index_int8(16, values, al)`` as (index, value), without branches: the values are
+    sorted, so the binary search's upper bound is the first value above ``al``; then C's nearer-of-two
+    test in float32. ``vf``: the 16 values as float32."""
+    lo = vf[0]
+    hi = vf[1]
+    idx = 0
+    for k in range(1, 15):
+        c = vf[k] <= al
+        lo = vf[k] if c else lo
+        hi = vf[k + 1] if c else hi
+        idx += 1 if c else 0
+    if al - lo < hi - al:
+        return idx, lo
+    return idx + 1, hi
 
 
 @njit(cache=True, inline="always")
-def _iq4_scale(x, b, o, weight, vals, ntry):
-    """The per-32 scale search of ``quantize_row_iq4_nl_impl`` (``weight`` holds the 32 weights)."""
-    amax = F(0)
-    mx = F(0)
-    for j in range(32):
-        ax = abs(x[b, o + j])
-        if ax > amax:
-            amax = ax
-            mx = x[b, o + j]
-    if amax < GROUP_MAX_EPS:
-        return F(0)
-    v0 = F(vals[0])
-    d = -mx / v0 if ntry > 0 else mx / v0
-    idv = F(1) / d
-    sumqx = F(0)
-    sumq2 = F(0)
-    for j in range(32):
-        xj = x[b, o + j]
-        q = F(vals[_best_index(vals, idv * xj)])
-        w = weight[j]
-        sumqx += w * q * xj
-        sumq2 += w * q * q
-    d = sumqx / sumq2 if sumq2 > 0 else F(0)
-    best = d * sumqx
+def _iq4_lanes(xt, wt, G, vf, ntry, dv, st):
+    """The per-32 scale search of ``quantize_row_iq4_nl_impl`` for ``G`` groups at once, one per SIMD
+    lane (``xt[i, g]``; each lane the C loop's float32 operations in order): ``dv[g]``, 0 for a group
+    with max |x| < GROUP_MAX_EPS. ``st`` float32[6, G] scratch."""
+    amax = st[0]
+    mx = st[1]
+    sumqx = st[2]
+    sumq2 = st[3]
+    best = st[4]
+    idv = st[5]
+    for g in range(G):
+        amax[g] = F(0)
+        mx[g] = F(0)
+    for i in range(32):
+        for g in range(G):
+            ax = abs(xt[i, g])
+            c = ax > amax[g]
+            amax[g] = ax if c else amax[g]
+            mx[g] = xt[i, g] if c else mx[g]
+    for g in range(G):
+        mx[g] = mx[g] if amax[g] >= GROUP_MAX_EPS else F(1)
+        d = -mx[g] / vf[0] if ntry > 0 else mx[g] / vf[0]
+        idv[g] = F(1) / d
+        sumqx[g] = F(0)
+        sumq2[g] = F(0)
+    for i in range(32):
+        for g in range(G):
+            xj = xt[i, g]
+            q = _best_index(vf, idv[g] * xj)[1]
+            w = wt[i, g]
+            sumqx[g] += w * q * xj
+            sumq2[g] += w * q * q
+    for g in range(G):
+        d = sumqx[g] / sumq2[g] if sumq2[g] > F(0) else F(0)
+        dv[g] = d
+        best[g] = d * sumqx[g]
     for itry in range(-ntry, ntry + 1):
-        idv = F(itry + vals[0]) / mx
-        sumqx = F(0)
-        sumq2 = F(0)
-        for j in range(32):
-            xj = x[b, o + j]
-            q = F(vals[_best_index(vals, idv * xj)])
-            w = weight[j]
-            sumqx += w * q * xj
-            sumq2 += w * q * q
-        if sumq2 > 0 and sumqx * sumqx > best * sumq2:
-            d = sumqx / sumq2
-            best = d * sumqx
-    return d
+        for g in range(G):
+            idv[g] = (F(itry) + vf[0]) / mx[g]
+            sumqx[g] = F(0)
+            sumq2[g] = F(0)
+        for i in range(32):
+            for g in range(G):
+                xj = xt[i, g]
+                q = _best_index(vf, idv[g] * xj)[1]
+                w = wt[i, g]
+                sumqx[g] += w * q * xj
+                sumq2[g] += w * q * q
+        for g in range(G):
+            upd = sumq2[g] > F(0) and sumqx[g] * sumqx[g] > best[g] * sumq2[g]
+            d = sumqx[g] / sumq2[g]
+            dv[g] = d if upd else dv[g]
+            best[g] = d * sumqx[g] if upd else best[g]
+    for g in range(G):
+        dv[g] = F(0) if amax[g] < GROUP_MAX_EPS else dv[g]
 
 
-@njit(cache=True, nogil=True)
-def iq4_kernel(x, qw, has_qw, vals, out, dd, xs):
-    """IQ4_NL blocks of 32 (``xs`` False: ``x[nb, 32]``) or IQ4_XS super-blocks of 256 (``x[nb, 256]``)."""
+@njit(cache=True, nogil=True, error_model="numpy")
+def iq4_kernel(x, qw, has_qw, vf, out, dd, xs):
+    """IQ4_NL blocks of 32 (``xs`` False: ``x[nb, 32]``) or IQ4_XS super-blocks of 256 (``x[nb, 256]``);
+    the scale searches of 16 groups of 32 at a time."""
     nsub = 8 if xs else 1
     n = 32 * nsub
     qo = 8 if xs else 2  # offset of qs in the block
-    weight = np.empty(32, np.float32)
-    scales = np.empty(8, np.float32)
+    nb = x.shape[0]
+    ng = nb * nsub
+    G = 16
+    scl = np.empty(ng, np.float32)
+    sig = np.empty(nb, np.float32)
+    xt = np.empty((32, G), np.float32)
+    wt = np.empty((32, G), np.float32)
+    dv = np.empty(G, np.float32)
+    st = np.empty((6, G), np.float32)
     L = np.zeros(256, np.int32)
-    for b in range(x.shape[0]):
-        sigma2 = F(0)
-        for j in range(n):
-            sigma2 += x[b, j] * x[b, j]
-        sigma2 *= F(2) / F(n)
-        max_scale = F(0)
-        amax_scale = F(0)
-        for ib in range(nsub):
-            o = 32 * ib
-            for j in range(32):
-                xj = x[b, o + j]
+    if has_qw:
+        for b in range(nb):
+            sigma2 = F(0)
+            for j in range(n):
+                sigma2 += x[b, j] * x[b, j]
+            sigma2 *= F(2) / F(n)
+            sig[b] = sigma2
+    for c0 in range(0, ng, G):
+        for g in range(G):
+            gi = min(c0 + g, ng - 1)  # a short last pass repeats its last group
+            b = gi // nsub
+            o = 32 * (gi % nsub)
+            for i in range(32):
+                v = x[b, o + i]
+                xt[i, g] = v
                 if has_qw:
-                    weight[j] = qw[b, o + j] * np.sqrt(sigma2 + xj * xj)
+                    wt[i, g] = qw[b, o + i] * np.sqrt(sig[b] + v * v)
                 else:
-                    weight[j] = xj * xj
-            d = _iq4_scale(x, b, o, weight, vals, 7)
-            scales[ib] = d
-            if abs(d) > amax_scale:
-                amax_scale = abs(d)
-                max_scale = d
+                    wt[i, g] = v * v
+        _iq4_lanes(xt, wt, G, vf, 7, dv, st)
+        for g in range(min(G, ng - c0)):
+            scl[c0 + g] = dv[g]
+    for b in range(nb):
         if xs:
+            max_scale = F(0)
+            amax_scale = F(0)
+            for ib in range(8):
+                d = scl[8 * b + ib]
+                if abs(d) > amax_scale:
+                    amax_scale = abs(d)
+                    max_scale = d
             d = -max_scale / F(32)
             dd[b, 0] = d
             idv = F(1) / d if d != 0 else F(0)
             sh = 0
             for ib in range(8):
-                l = max(-32, min(31, _nearest_int(idv * scales[ib])))
+                l = max(-32, min(31, _nearest_int(idv * scl[8 * b + ib])))
                 dl = d * F(l)
                 idl = F(1) / dl if dl != 0 else F(0)
                 for j in range(32):
-                    L[32 * ib + j] = _best_index(vals, idl * x[b, 32 * ib + j])
+                    L[32 * ib + j] = _best_index(vf, idl * x[b, 32 * ib + j])[0]
                 l += 32
                 if ib % 2 == 0:
                     out[b, 4 + ib // 2] = np.uint8(l & 15)
@@ -379,11 +414,11 @@ def iq4_kernel(x, qw, has_qw, vals, out, dd, xs):
             out[b, 2] = np.uint8(sh & 255)
             out[b, 3] = np.uint8((sh >> 8) & 255)
         else:
-            s0 = scales[0]
+            s0 = scl[b]
             dd[b, 0] = s0
             idv = F(1) / s0 if s0 != 0 else F(0)
             for j in range(32):
-                L[j] = _best_index(vals, idv * x[b, j])
+                L[j] = _best_index(vf, idv * x[b, j])[0]
         for i in range(nsub):
             for j in range(16):
                 out[b, qo + 16 * i + j] = np.uint8(L[32 * i + j] | (L[32 * i + 16 + j] << 4))
