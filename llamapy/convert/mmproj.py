@@ -208,6 +208,66 @@ def _position_f32(ctx: MmCtx, name: str, new: str) -> GGMLType | None:
     return GGMLType.F32 if ".position_embd." in new else None
 
 
+def _qwen3vl_prepare(ctx: MmCtx) -> None:
+    hv = ctx.hv
+    if "image_size" not in hv:  # from the position table's side
+        hv["image_size"] = int(hv.get("num_position_embeddings", 2304) ** 0.5 * hv.get("patch_size", 16))
+    hv["num_attention_heads"] = hv.get("num_heads")
+    hv["num_hidden_layers"] = hv.get("depth")
+    deep = [False] * int(hv["num_hidden_layers"] or 0)
+    for i in hv.get("deepstack_visual_indexes", []):
+        deep[i] = True
+    ctx.state["deepstack"] = deep
+
+
+def _qwen3vl_params(ctx: MmCtx, kv: Any) -> None:
+    import gguf
+
+    kv.add_clip_projector_type(gguf.VisionProjectorType.QWEN3VL)
+    kv.add_vision_use_gelu(True)
+    if (merge := ctx.hv.get("spatial_merge_size")) is not None:
+        kv.add_vision_spatial_merge_size(int(merge))
+    kv.add_vision_attention_layernorm_eps(ctx.global_config.get("text_config", {}).get("rms_norm_eps", 1e-6))
+    if ctx.state["deepstack"]:
+        kv.add_vision_is_deepstack_layers(ctx.state["deepstack"])
+
+
+def _qwen3vl_filter(name: str) -> str | None:
+    if name.startswith(("lm_head.", "mtp.")):
+        return None
+    if name.startswith("model.visual."):
+        name = name.replace("model.visual.", "visual.", 1)
+    return name if name.startswith("visual.") else None
+
+
+def _qwen3vl_modify(
+    ctx: MmCtx, name: str, data: np.ndarray, bid: int | None
+) -> Iterable[tuple[str, np.ndarray]]:
+    if name.startswith("visual.deepstack_merger_list."):
+        j, rest = name.split(".", 3)[2:]
+        idx = ctx.hv.get("deepstack_visual_indexes", [])[int(j)]
+        part, suffix = rest.split(".", 1)
+        kind = {"norm": "norm", "linear_fc1": "fc1", "linear_fc2": "fc2"}.get(part)
+        if kind is None:
+            raise ValueError(f"unexpected deepstack tensor {name}")
+        yield f"v.deepstack.{idx}.{kind}.{suffix}", data
+    elif name.startswith("visual.merger."):
+        part, tail = name.split(".", 2)[2].split(".", 1)
+        new = {"linear_fc1": "mm.0", "linear_fc2": "mm.2", "norm": "v.post_ln"}.get(part)
+        if new is None:
+            raise ValueError(f"unexpected merger tensor {name}")
+        yield f"{new}.{tail}", data
+    elif name == "visual.patch_embed.proj.weight":  # the Conv3D as two Conv2D kernels
+        if data.ndim != 5 or data.shape[2] != 2:
+            raise ValueError("only a temporal_patch_size of 2 is supported")
+        yield "v.patch_embd.weight", data[:, :, 0]
+        yield "v.patch_embd.weight.1", data[:, :, 1]
+    elif name == "visual.patch_embed.proj.bias":
+        yield "v.patch_embd.bias", data
+    else:
+        yield name, data
+
+
 def _llava_prepare(ctx: MmCtx) -> None:
     if ctx.hv.get("model_type") != "pixtral":
         raise ConvertError(
@@ -317,6 +377,9 @@ PROJECTORS: dict[str, Projector] = {
                   _qwen2vl_params, _qwen2vl_filter, _qwen2vl_modify, _position_f32, _qwen2vl_prepare),
         Projector(("LlavaForConditionalGeneration", "Mistral3ForConditionalGeneration"), _llava_params,
                   _llava_filter, _llava_modify, None, _llava_prepare, ("embed_tokens.weight",)),
+        Projector(("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+                   "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"), _qwen3vl_params,
+                  _qwen3vl_filter, _qwen3vl_modify, None, _qwen3vl_prepare),
         Projector(("Lfm2VlForConditionalGeneration",), _lfm2_params, _lfm2_filter, _lfm2_modify, None,
                   _lfm2_prepare),
     )

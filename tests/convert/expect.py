@@ -71,6 +71,7 @@ MM_RUNS: list[tuple[str, str]] = [
     ("idefics3", "f16"),
     ("qwen2.5vl", "f16"),
     ("qwen2vl", "f16"),
+    ("qwen3vl", "f16"),
     ("mistral3", "bf16"),
     ("lfm2vl", "f16"),
 ]

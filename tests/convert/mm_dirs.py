@@ -74,6 +74,20 @@ def _qwen2vl(v25: bool) -> Any:
     return transformers.Qwen2VLConfig(text_config=text, vision_config=vision, **ids)
 
 
+def _qwen3vl() -> Any:
+    import transformers
+
+    text = _text(
+        head_dim=16,
+        rope_scaling={"rope_type": "default", "mrope_section": [3, 3, 2], "mrope_interleaved": True},
+    )
+    vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=8, spatial_merge_size=2,
+                  temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16, deepstack_visual_indexes=[0, 1],
+                  hidden_act="gelu_pytorch_tanh")  # fmt: skip
+    return transformers.Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=6, video_token_id=7,
+                                      vision_start_token_id=8, vision_end_token_id=9, tie_word_embeddings=False)  # fmt: skip
+
+
 def _mistral3() -> Any:
     import transformers
 
@@ -120,6 +134,7 @@ MM_CASES: dict[str, MmCase] = {
                {"image_mean": CLIP_MEAN, "image_std": CLIP_STD}),
         MmCase("qwen2vl", lambda: _qwen2vl(False), "Qwen2VLForConditionalGeneration",
                {"image_mean": CLIP_MEAN, "image_std": CLIP_STD}),
+        MmCase("qwen3vl", _qwen3vl, "Qwen3VLForConditionalGeneration", {"image_mean": [0.5] * 3, "image_std": [0.5] * 3}),
         MmCase("mistral3", _mistral3, "Mistral3ForConditionalGeneration",
                {"image_mean": CLIP_MEAN, "image_std": CLIP_STD},
                tokenizer_config={"added_tokens_decoder": {"5": {"content": "[IMG_BREAK]", "special": True}}}),
@@ -176,6 +191,15 @@ class MmDir:
                 out = m.get_image_features(
                     torch.from_numpy(np.ascontiguousarray(x)), torch.tensor([[1, h // p, w // p]])
                 )
+            elif name == "qwen3vl":
+                c, h, w = px.shape
+                p, s = 8, 2
+                x = np.stack([px, px]).reshape(2, c, h // p // s, s, p, w // p // s, s, p)
+                x = x.transpose(2, 5, 3, 6, 1, 0, 4, 7).reshape(h // p * (w // p), c * 2 * p * p)
+                r = m.get_image_features(pixel_values=torch.from_numpy(np.ascontiguousarray(x)),
+                                         image_grid_thw=torch.tensor([[1, h // p, w // p]]))  # fmt: skip
+                parts = [r.pooler_output[0]] + [f[0] for f in r.deepstack_features]  # [main | deepstack...]
+                return np.concatenate([t.numpy() for t in parts], axis=1)
             elif name == "mistral3":
                 out = m.get_image_features(
                     pixel_values=torch.from_numpy(px[None]), image_sizes=torch.tensor([px.shape[1:]])
@@ -217,6 +241,9 @@ def make_mm_dir(case: MmCase, root: Path, seed: int = 0) -> MmDir:
     _fill(model, seed)
     if case.name.startswith("qwen2"):  # llama.cpp's merger GELU is ggml's tanh one (HF's: erf)
         model.model.visual.merger.mlp[1] = torch.nn.GELU(approximate="tanh")
+    if case.name == "qwen3vl":
+        for mg in [model.model.visual.merger, *model.model.visual.deepstack_merger_list]:
+            mg.act_fn = torch.nn.GELU(approximate="tanh")
     d = root / f"tiny-{case.name}"
     if not (d / "config.json").is_file():
         model.save_pretrained(d)
