@@ -268,6 +268,27 @@ def _qwen3vl_modify(
         yield name, data
 
 
+def _glm4v_params(ctx: MmCtx, kv: Any) -> None:
+    import gguf
+
+    kv.add_clip_projector_type(gguf.VisionProjectorType.GLM4V)
+    act = str(ctx.hv.get("hidden_act", "")).lower()
+    if act == "gelu":
+        kv.add_vision_use_gelu(True)
+    elif act == "silu":
+        kv.add_vision_use_silu(True)
+    kv.add_vision_attention_layernorm_eps(ctx.hv.get("rms_norm_eps", 1e-5))
+
+
+def _glm4v_modify(
+    ctx: MmCtx, name: str, data: np.ndarray, bid: int | None
+) -> Iterable[tuple[str, np.ndarray]]:
+    if name.startswith("visual.merger."):  # the common map (not Qwen3-VL's merger names)
+        yield name, data
+    else:
+        yield from _qwen3vl_modify(ctx, name, data, bid)
+
+
 def _llava_prepare(ctx: MmCtx) -> None:
     if ctx.hv.get("model_type") != "pixtral":
         raise ConvertError(
@@ -380,6 +401,8 @@ PROJECTORS: dict[str, Projector] = {
         Projector(("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"), _qwen3vl_params,
                   _qwen3vl_filter, _qwen3vl_modify, None, _qwen3vl_prepare),
+        Projector(("Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration", "GlmOcrForConditionalGeneration"),
+                  _glm4v_params, _qwen3vl_filter, _glm4v_modify, None, _qwen3vl_prepare),
         Projector(("Lfm2VlForConditionalGeneration",), _lfm2_params, _lfm2_filter, _lfm2_modify, None,
                   _lfm2_prepare),
     )

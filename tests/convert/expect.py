@@ -72,6 +72,7 @@ MM_RUNS: list[tuple[str, str]] = [
     ("qwen2.5vl", "f16"),
     ("qwen2vl", "f16"),
     ("qwen3vl", "f16"),
+    ("glm4v", "f16"),
     ("mistral3", "bf16"),
     ("lfm2vl", "f16"),
 ]

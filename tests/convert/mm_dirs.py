@@ -88,6 +88,23 @@ def _qwen3vl() -> Any:
                                       vision_start_token_id=8, vision_end_token_id=9, tie_word_embeddings=False)  # fmt: skip
 
 
+def _glm4v() -> Any:
+    import transformers
+
+    rope = {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "mrope_section": [2, 3, 3],
+    }
+    text = _text(num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-5, rope_parameters=rope)
+    vision = dict(depth=3, hidden_size=32, num_heads=2, intermediate_size=48, out_hidden_size=64, patch_size=8,
+                  image_size=32, spatial_merge_size=2, temporal_patch_size=2, rms_norm_eps=1e-5, hidden_act="silu")  # fmt: skip
+    return transformers.Glm4vConfig(text_config=text, vision_config=vision, image_token_id=6, image_start_token_id=4,
+                                    image_end_token_id=5, video_token_id=7, video_start_token_id=8,
+                                    video_end_token_id=9)  # fmt: skip
+
+
 def _mistral3() -> Any:
     import transformers
 
@@ -135,6 +152,7 @@ MM_CASES: dict[str, MmCase] = {
         MmCase("qwen2vl", lambda: _qwen2vl(False), "Qwen2VLForConditionalGeneration",
                {"image_mean": CLIP_MEAN, "image_std": CLIP_STD}),
         MmCase("qwen3vl", _qwen3vl, "Qwen3VLForConditionalGeneration", {"image_mean": [0.5] * 3, "image_std": [0.5] * 3}),
+        MmCase("glm4v", _glm4v, "Glm4vForConditionalGeneration", {"image_mean": CLIP_MEAN, "image_std": CLIP_STD}),
         MmCase("mistral3", _mistral3, "Mistral3ForConditionalGeneration",
                {"image_mean": CLIP_MEAN, "image_std": CLIP_STD},
                tokenizer_config={"added_tokens_decoder": {"5": {"content": "[IMG_BREAK]", "special": True}}}),
@@ -183,7 +201,7 @@ class MmDir:
                 out = m.get_image_features(pixel_values=torch.from_numpy(px[None]))
             elif name == "idefics3":
                 out = m.get_image_features(pixel_values=torch.from_numpy(px[None, None]))
-            elif name.startswith("qwen2"):
+            elif name.startswith("qwen2") or name == "glm4v":
                 c, h, w = px.shape
                 p, t, s = 8, 2, 2  # patch, temporal patch, merge: HF's patchify of one frame repeated
                 x = np.repeat(px[None], t, axis=0).reshape(1, t, c, h // p // s, s, p, w // p // s, s, p)

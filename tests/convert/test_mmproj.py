@@ -67,7 +67,7 @@ def test_same_file_as_llama_cpp(mm_dir, tmp_path: Path, case: str, outtype: str)
 
 
 # (case, image height, width): sizes the projector takes whole (no resize in the comparison)
-EMBD_RUNS = [("gemma3", 64, 64), ("idefics3", 64, 64), ("qwen2.5vl", 64, 96), ("qwen2vl", 32, 64), ("qwen3vl", 48, 64),
+EMBD_RUNS = [("gemma3", 64, 64), ("idefics3", 64, 64), ("qwen2.5vl", 64, 96), ("qwen2vl", 32, 64), ("qwen3vl", 48, 64), ("glm4v", 32, 48),
              ("mistral3", 48, 64), ("lfm2vl", 64, 64)]  # fmt: skip
 
 
