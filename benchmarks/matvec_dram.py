@@ -32,6 +32,9 @@ def main() -> None:
     ap.add_argument("--shapes", default=SHAPES, help="TYPE:NxK comma list")
     ap.add_argument("--total-mb", type=float, default=400.0, help="bytes of weight copies cycled through")
     ap.add_argument("--wall", action="store_true")
+    ap.add_argument(
+        "--l1", action="store_true", help="also the *_l1 kernels (prefetch into L1), interleaved per sweep"
+    )
     a = ap.parse_args()
 
     import numba
@@ -50,7 +53,11 @@ def main() -> None:
     for spec in a.shapes.split(","):
         t, nk = spec.split(":")
         n, k = (int(v) for v in nk.split("x"))
-        kern = mk.MATVEC[t]
+        kerns = {"": mk.MATVEC[t]}
+        if a.l1:
+            from llamapy.ggml.cpu.matmul_steps import matvec_l1
+
+            kerns = {" t1": mk.MATVEC[t], " t0": matvec_l1(t)}
         tile_rows = min(n, 4096)
         tile = quantize(rng.standard_normal((tile_rows, k)).astype(np.float32), GGMLType[t])
         tile = np.ascontiguousarray(tile).view(np.uint8).reshape(tile_rows, -1)
@@ -61,18 +68,23 @@ def main() -> None:
             w[:, r0 : r0 + tile_rows] = tile[: min(tile_rows, n - r0)]
         x = rng.standard_normal((1, k)).astype(np.float32)
         out = np.empty((1, n), np.float32)
-        kern(w[0], x, out, mk.F16_TABLE)
-        cpu, wall = [], []
+        for kern in kerns.values():
+            kern(w[0], x, out, mk.F16_TABLE)
+        cpu: dict[str, list[float]] = {v: [] for v in kerns}
+        wall: dict[str, list[float]] = {v: [] for v in kerns}
         for _ in range(3):
-            c, t0 = time.process_time(), time.perf_counter()
-            for r in range(reps):
-                kern(w[r], x, out, mk.F16_TABLE)
-            cpu.append((time.process_time() - c) / reps)
-            wall.append((time.perf_counter() - t0) / reps)
-        line = f"{spec:22} {nbytes / 1e6:8.2f} {min(cpu) * 1e6:12.1f} {nbytes / min(cpu) / 1e9:9.1f}"
-        if a.wall:
-            line += f" {min(wall) * 1e6:9.1f} {nbytes / min(wall) / 1e9:6.1f}"
-        print(line, flush=True)
+            for v, kern in kerns.items():
+                c, t0 = time.process_time(), time.perf_counter()
+                for r in range(reps):
+                    kern(w[r], x, out, mk.F16_TABLE)
+                cpu[v].append((time.process_time() - c) / reps)
+                wall[v].append((time.perf_counter() - t0) / reps)
+        for v in kerns:
+            best = min(cpu[v])
+            line = f"{spec + v:22} {nbytes / 1e6:8.2f} {best * 1e6:12.1f} {nbytes / best / 1e9:9.1f}"
+            if a.wall:
+                line += f" {min(wall[v]) * 1e6:9.1f} {nbytes / min(wall[v]) / 1e9:6.1f}"
+            print(line, flush=True)
         del w
     print(f"# load average after {os.getloadavg()}")
 

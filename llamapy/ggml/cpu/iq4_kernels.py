@@ -33,7 +33,7 @@ from ..quants.layouts import (
     IQ4_XS_SCALES_L,
 )
 from .isimd import HAVE_AVX2
-from .rowgroups import f16at, matvec_float
+from .rowgroups import f16at, matvec_float, matvec_float_pf, prefetch_bytes_l1
 from .simd import V8, _is_bytes, _ptr, f32x8, u16at, vfma, vload, vmul, vsplat
 
 _I8 = ir.IntType(8)
@@ -119,3 +119,13 @@ def mm_iq4_nl(w, x, out, f16):
 @njit(parallel=True, cache=True, fastmath=True)
 def mm_iq4_xs(w, x, out, f16):
     matvec_float(w, x, out, f16, _xs_row, IQ4_XS_BYTES, 256)
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def mm_iq4_nl_l1(w, x, out, f16):
+    matvec_float_pf(w, x, out, f16, _nl_row, IQ4_NL_BYTES, 32, prefetch_bytes_l1)
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def mm_iq4_xs_l1(w, x, out, f16):
+    matvec_float_pf(w, x, out, f16, _xs_row, IQ4_XS_BYTES, 256, prefetch_bytes_l1)

@@ -39,7 +39,7 @@ from ..quants.layouts import (
 from .hsimd import hwiden, imadd_pair
 from .isimd import bload, bnib, bq5, bq6, iadd, ib8, ikscales, ilane, iload, imadd, imul, itof, izero
 from .layouts import ROWS_PER_PASS
-from .rowgroups import PREFETCH_ROWS, f16at, prefetch_bytes, rows4, store4
+from .rowgroups import PREFETCH_ROWS, f16at, prefetch_bytes, prefetch_bytes_l1, rows4, store4
 from .simd import vfma, vsplat, vzero
 
 QK_K = 256
@@ -168,9 +168,15 @@ def _q6k_row(acc, wr, o, xq, x0, d8, bsv, bs16, f16):
 # per-32 byte sums as a vector, ``bs16``: the row's per-16 byte sums; each takes what it needs, LLVM
 # drops the other). Not ``fastmath``: a function that a fastmath kernel compiles as its callee gets the
 # kernel's flags (measured: the quantizer then lost its NaN test). The vector intrinsics carry their
-# own fast flags.
+# own fast flags. ``pfb`` is the prefetch (``rowgroups.prefetch_bytes``: into L2, or ``prefetch_bytes_l1``
+# for the ``*_l1`` kernels).
 @njit(inline="always")
 def matvec_k(w, x, out, f16, row, bbytes):
+    matvec_k_pf(w, x, out, f16, row, bbytes, prefetch_bytes)
+
+
+@njit(inline="always")
+def matvec_k_pf(w, x, out, f16, row, bbytes, pfb):
     N, rb = w.shape
     nb = rb // bbytes
     wf = w.reshape(-1)
@@ -183,7 +189,7 @@ def matvec_k(w, x, out, f16, row, bbytes):
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
             for b in range(nb):
                 if m == 0:
-                    prefetch_bytes(wf, pf + b * ROWS_PER_PASS * bbytes, ROWS_PER_PASS * bbytes, N * rb)
+                    pfb(wf, pf + b * ROWS_PER_PASS * bbytes, ROWS_PER_PASS * bbytes, N * rb)
                 o, x0, d8 = b * bbytes, b * QK_K, xd[m, b]
                 bsv = iload(b32m, b * 8)
                 a0 = row(a0, w0, o, xqm, x0, d8, bsv, b16m, f16)
@@ -207,3 +213,19 @@ def mm_q5_k(w, x, out, f16):
 @njit(parallel=True, cache=True)
 def mm_q6_k(w, x, out, f16):
     matvec_k(w, x, out, f16, _q6k_row, Q6_K_BYTES)
+
+
+# The same kernels with the weight prefetched into L1 (for models mostly in L3: ``matmul_steps``).
+@njit(parallel=True, cache=True)
+def mm_q4_k_l1(w, x, out, f16):
+    matvec_k_pf(w, x, out, f16, _q4k_row, Q4_K_BYTES, prefetch_bytes_l1)
+
+
+@njit(parallel=True, cache=True)
+def mm_q5_k_l1(w, x, out, f16):
+    matvec_k_pf(w, x, out, f16, _q5k_row, Q5_K_BYTES, prefetch_bytes_l1)
+
+
+@njit(parallel=True, cache=True)
+def mm_q6_k_l1(w, x, out, f16):
+    matvec_k_pf(w, x, out, f16, _q6k_row, Q6_K_BYTES, prefetch_bytes_l1)

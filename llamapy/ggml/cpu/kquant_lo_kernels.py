@@ -53,8 +53,8 @@ from .isimd import (
     itof,
     izero,
 )
-from .kquant_kernels import matvec_k
-from .rowgroups import f16at
+from .kquant_kernels import matvec_k, matvec_k_pf
+from .rowgroups import f16at, prefetch_bytes_l1
 from .simd import _is_bytes, _ptr, vfma, vsplat
 
 _I8 = ir.IntType(8)
@@ -195,3 +195,13 @@ def mm_q2_k(w, x, out, f16):
 @njit(parallel=True, cache=True)
 def mm_q3_k(w, x, out, f16):
     matvec_k(w, x, out, f16, _q3k_row, Q3_K_BYTES)
+
+
+@njit(parallel=True, cache=True)
+def mm_q2_k_l1(w, x, out, f16):
+    matvec_k_pf(w, x, out, f16, _q2k_row, Q2_K_BYTES, prefetch_bytes_l1)
+
+
+@njit(parallel=True, cache=True)
+def mm_q3_k_l1(w, x, out, f16):
+    matvec_k_pf(w, x, out, f16, _q3k_row, Q3_K_BYTES, prefetch_bytes_l1)

@@ -4,7 +4,10 @@ dequantized tiles + sgemm in the shared thread pool for many), ``mul_mat_id`` (e
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import glob
+from collections.abc import Callable, MutableMapping
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +25,82 @@ from .backend import (
     _threads,
     matvec_max_rows,
 )
+
+# -- weight prefetch: into L1 or L2 -------------------------------------------------------------------
+#: the one-row kernels that prefetch the rows ahead into L1 (``prefetcht0``) instead of L2 (``prefetcht1``)
+MATVEC_L1_NAMES = {
+    "Q4_0": "q16_kernels:mm16_q4_0_l1", "Q4_1": "q16_kernels:mm16_q4_1_l1",
+    "Q5_0": "q16_kernels:mm16_q5_0_l1", "Q5_1": "q16_kernels:mm16_q5_1_l1",
+    "Q8_0": "q16_kernels:mm16_q8_0_l1", "Q2_K": "kquant_lo_kernels:mm_q2_k_l1",
+    "Q3_K": "kquant_lo_kernels:mm_q3_k_l1", "Q4_K": "kquant_kernels:mm_q4_k_l1",
+    "Q5_K": "kquant_kernels:mm_q5_k_l1", "Q6_K": "kquant_kernels:mm_q6_k_l1",
+    "IQ4_NL": "iq4_kernels:mm_iq4_nl_l1", "IQ4_XS": "iq4_kernels:mm_iq4_xs_l1",
+}  # fmt: skip
+_MATVEC_L1: MutableMapping[str, Any] | None = None
+
+#: a weight whose whole buffer (the mapped model file it is a view of) has from ``L1_PREFETCH_MIN_BYTES`` to
+#: ``L1_PREFETCH_MAX_BYTES`` bytes runs the ``*_l1`` kernels (None: ``L1_PREFETCH_L3_TIMES`` times the L3
+#: size, 256 MiB on a 32 MiB L3). Into L1 is faster when many lines come from L3, into L2 when they come
+#: from DRAM (``simd.PREFETCH_LOCALITY``). Measured (``benchmarks/prefetch_ab.py``,
+#: ``benchmarks/matvec_dram.py --l1``; benchmarks/results/prefetch_locality.md): SmolLM2-135M (98 MB) 7-10 %
+#: faster with t0 on a quiet machine; from DRAM the k-quant kernels read 12.7 vs 11.0 GB per CPU-second
+#: (Q4_K) and 15.8 vs 10.0 (Q6_K) with t1, the 32-element types equal. Below the minimum (test-sized
+#: models, a fraction of a millisecond per token) the L2 kernels run: one compiled variant, not two.
+L1_PREFETCH_MAX_BYTES: int | None = None
+L1_PREFETCH_MIN_BYTES = 16 << 20
+L1_PREFETCH_L3_TIMES = 8
+_L3_DEFAULT = 32 << 20
+
+
+@functools.cache
+def _l3_bytes() -> int:
+    """The size of the last-level cache (Linux sysfs; 32 MiB where it cannot be read)."""
+
+    best = 0
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(f"{d}/level") as f:
+                level = int(f.read())
+            with open(f"{d}/size") as f:
+                text = f.read().strip().upper()
+        except (OSError, ValueError):
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        try:
+            size = int(text.rstrip("KMG")) * mult
+        except ValueError:
+            continue
+        if level >= 3 and size > best:
+            best = size
+    return best or _L3_DEFAULT
+
+
+def _buffer_bytes(arr: np.ndarray) -> int:
+    """The bytes of the buffer ``arr`` is a view of (a weight: its mapped model file)."""
+    b: Any = arr
+    while getattr(b, "base", None) is not None:
+        b = b.base
+    try:
+        return memoryview(b).nbytes
+    except TypeError:
+        return arr.nbytes
+
+
+def prefetch_into_l1(A: np.ndarray) -> bool:
+    """Whether the one-row kernel of the weight ``A`` should prefetch into L1 (its model is small)."""
+    limit = L1_PREFETCH_MAX_BYTES
+    if limit is None:
+        limit = L1_PREFETCH_L3_TIMES * _l3_bytes()
+    return L1_PREFETCH_MIN_BYTES <= _buffer_bytes(A) <= limit
+
+
+def matvec_l1(name: str):  # type: ignore[no-untyped-def]
+    """The one-row kernel of type ``name`` that prefetches into L1 (None: the type has none)."""
+    global _MATVEC_L1
+    if _MATVEC_L1 is None:
+        mk, _ = _kernels()
+        _MATVEC_L1 = mk.KernelTable(MATVEC_L1_NAMES)
+    return _MATVEC_L1.get(name)
 
 
 # -- matmul ---------------------------------------------------------------------------------------
@@ -51,6 +130,8 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         return step_f32
     if name in mk.MATVEC and M <= matvec_max_rows(name, MATVEC_MAX_TOKENS) and A.flags.c_contiguous:
         kern = mk.matvec_kernel(name, M)
+        if M == 1 and prefetch_into_l1(A):
+            kern = matvec_l1(name) or kern
         be.need(kern)
         f16 = mk.F16_TABLE
         if pre is None:

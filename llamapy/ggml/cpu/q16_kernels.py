@@ -40,7 +40,7 @@ from ..quants.layouts import (
 from .hsimd import hload, hmadd, hnib, hq5, hwiden, quantize_rows_q16
 from .isimd import itof, izero
 from .layouts import ROWS_PER_PASS
-from .rowgroups import PREFETCH_ROWS, f16at, prefetch_bytes, rows4
+from .rowgroups import PREFETCH_ROWS, f16at, prefetch_bytes, prefetch_bytes_l1, rows4
 from .simd import vfma, vhsum, vsplat, vzero
 
 
@@ -83,8 +83,10 @@ def _blk_q8_0(acc, c, wr, o, xa, xb, d, xsum, f16):
 
 
 # -- the loop -----------------------------------------------------------------------------------------
+# ``pfb``: the prefetch of the rows ahead, ``rowgroups.prefetch_bytes`` (into L2) or, in the ``*_l1``
+# kernels (models mostly in L3: ``matmul_steps`` chooses), ``prefetch_bytes_l1``.
 @njit(inline="always")
-def _matvec(w, x, out, f16, blk, bbytes):
+def _matvec(w, x, out, f16, blk, bbytes, pfb):
     N, rb = w.shape
     nb = rb // bbytes
     M = x.shape[0]
@@ -102,7 +104,7 @@ def _matvec(w, x, out, f16, blk, bbytes):
             c0 = c1 = c2 = c3 = np.float32(0.0)
             for b in range(nb):
                 if m == 0:
-                    prefetch_bytes(wf, pf + b * ROWS_PER_PASS * bbytes, ROWS_PER_PASS * bbytes, N * rb)
+                    pfb(wf, pf + b * ROWS_PER_PASS * bbytes, ROWS_PER_PASS * bbytes, N * rb)
                 o = b * bbytes
                 xa, xb, d, xsum = hload(xqm, b * 32), hload(xqm, b * 32 + 16), xd[m, b], xs[m, b]
                 a0, c0 = blk(a0, c0, w0, o, xa, xb, d, xsum, f16)
@@ -122,24 +124,49 @@ def _matvec(w, x, out, f16, blk, bbytes):
 
 @njit(parallel=True, cache=True)
 def mm16_q4_0(w, x, out, f16):
-    _matvec(w, x, out, f16, _blk_q4_0, Q4_0_BYTES)
+    _matvec(w, x, out, f16, _blk_q4_0, Q4_0_BYTES, prefetch_bytes)
 
 
 @njit(parallel=True, cache=True)
 def mm16_q4_1(w, x, out, f16):
-    _matvec(w, x, out, f16, _blk_q4_1, Q4_1_BYTES)
+    _matvec(w, x, out, f16, _blk_q4_1, Q4_1_BYTES, prefetch_bytes)
 
 
 @njit(parallel=True, cache=True)
 def mm16_q5_0(w, x, out, f16):
-    _matvec(w, x, out, f16, _blk_q5_0, Q5_0_BYTES)
+    _matvec(w, x, out, f16, _blk_q5_0, Q5_0_BYTES, prefetch_bytes)
 
 
 @njit(parallel=True, cache=True)
 def mm16_q5_1(w, x, out, f16):
-    _matvec(w, x, out, f16, _blk_q5_1, Q5_1_BYTES)
+    _matvec(w, x, out, f16, _blk_q5_1, Q5_1_BYTES, prefetch_bytes)
 
 
 @njit(parallel=True, cache=True)
 def mm16_q8_0(w, x, out, f16):
-    _matvec(w, x, out, f16, _blk_q8_0, Q8_0_BYTES)
+    _matvec(w, x, out, f16, _blk_q8_0, Q8_0_BYTES, prefetch_bytes)
+
+
+@njit(parallel=True, cache=True)
+def mm16_q4_0_l1(w, x, out, f16):
+    _matvec(w, x, out, f16, _blk_q4_0, Q4_0_BYTES, prefetch_bytes_l1)
+
+
+@njit(parallel=True, cache=True)
+def mm16_q4_1_l1(w, x, out, f16):
+    _matvec(w, x, out, f16, _blk_q4_1, Q4_1_BYTES, prefetch_bytes_l1)
+
+
+@njit(parallel=True, cache=True)
+def mm16_q5_0_l1(w, x, out, f16):
+    _matvec(w, x, out, f16, _blk_q5_0, Q5_0_BYTES, prefetch_bytes_l1)
+
+
+@njit(parallel=True, cache=True)
+def mm16_q5_1_l1(w, x, out, f16):
+    _matvec(w, x, out, f16, _blk_q5_1, Q5_1_BYTES, prefetch_bytes_l1)
+
+
+@njit(parallel=True, cache=True)
+def mm16_q8_0_l1(w, x, out, f16):
+    _matvec(w, x, out, f16, _blk_q8_0, Q8_0_BYTES, prefetch_bytes_l1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..._numba import njit, prange
 from .layouts import ROWS_PER_PASS
-from .simd import prefetch, u16at, vhsum, vzero
+from .simd import prefetch, prefetch_l1, u16at, vhsum, vzero
 
 #: rows ahead of the current group whose bytes are prefetched (the hardware prefetcher alone leaves
 #: a large mat-vec at ~40 % of the bus)
@@ -26,6 +26,15 @@ def prefetch_bytes(wf, p, nbytes, total):
     if p + nbytes <= total:
         for c in range(0, nbytes, 64):
             prefetch(wf, p + c)
+
+
+@njit(inline="always")
+def prefetch_bytes_l1(wf, p, nbytes, total):
+    """As ``prefetch_bytes``, into L1 (``prefetcht0``): the ``*_l1`` kernels, for weights that mostly
+    come from L3 (small models; ``matmul_steps`` chooses)."""
+    if p + nbytes <= total:
+        for c in range(0, nbytes, 64):
+            prefetch_l1(wf, p + c)
 
 
 @njit(inline="always")
@@ -48,10 +57,17 @@ def store4(out, m, g, N, a0, a1, a2, a3):
 
 @njit(inline="always")
 def matvec_float(w, x, out, f16, row, bbytes, belems):
+    """``matvec_float_pf`` with the prefetch into L2 (``prefetch_bytes``)."""
+    matvec_float_pf(w, x, out, f16, row, bbytes, belems, prefetch_bytes)
+
+
+@njit(inline="always")
+def matvec_float_pf(w, x, out, f16, row, bbytes, belems, pfb):
     """The loop of the one-row kernels that multiply float activations (IQ4_NL, IQ4_XS, MXFP4), written
     once: ``prange`` over groups of four weight rows, the rows ``PREFETCH_ROWS`` ahead prefetched, each
     row's ``F32x8`` accumulator summed horizontally at the end. ``row(acc, wr, o, xm, xe, f16) -> acc``
-    is the type's block at byte ``o`` of the weight row ``wr`` against ``xm[xe:xe + belems]``."""
+    is the type's block at byte ``o`` of the weight row ``wr`` against ``xm[xe:xe + belems]``; ``pfb`` is
+    ``prefetch_bytes`` or ``prefetch_bytes_l1``."""
     N, rb = w.shape
     nb = rb // bbytes
     wf = w.reshape(-1)
@@ -63,7 +79,7 @@ def matvec_float(w, x, out, f16, row, bbytes, belems):
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
             for b in range(nb):
                 if m == 0:
-                    prefetch_bytes(wf, pf + b * ROWS_PER_PASS * bbytes, ROWS_PER_PASS * bbytes, N * rb)
+                    pfb(wf, pf + b * ROWS_PER_PASS * bbytes, ROWS_PER_PASS * bbytes, N * rb)
                 o, xe = b * bbytes, b * belems
                 a0 = row(a0, w0, o, xm, xe, f16)
                 a1 = row(a1, w1, o, xm, xe, f16)

@@ -34,6 +34,7 @@ from numba.extending import intrinsic, models, register_model
 __all__ = [
     "bitcast_f32",
     "prefetch",
+    "prefetch_l1",
     "f32x8",
     "vzero",
     "vload",
@@ -311,27 +312,41 @@ def bitcast_f32(typingctx, v):  # type: ignore[no-untyped-def]
 #: ``benchmarks/matvec_dram.py``) read Q4_K at 8.5-14.6 GB/s and Q6_K at 8.2-11.6 with t0, 12.9-17.8
 #: and 12.5-21.9 with t1; the whole Qwen2.5-1.5B-shaped Q4_K_M decode went from 113-116 to 84-94 ms per
 #: token (``benchmarks/tg_cputime.py``). A model that fits in L3 (SmolLM2-135M) lost ~7 % (10.2-10.7 ->
-#: 11.3-11.6 ms per token): its lines come from L3, where t0's shorter wait mattered more.
+#: 11.3-11.6 ms per token): its lines come from L3, where t0's shorter wait mattered more. Such models run
+#: the ``*_l1`` kernel variants (``prefetch_l1``), chosen per weight by its model's size in
+#: ``matmul_steps`` (``L1_PREFETCH_MAX_BYTES``).
 PREFETCH_LOCALITY = 2
+#: the locality of ``prefetch_l1``: 3 is ``prefetcht0`` (into L1)
+PREFETCH_LOCALITY_L1 = 3
 
 
-@intrinsic
-def prefetch(typingctx, arr, idx):  # type: ignore[no-untyped-def]
-    """Hint the CPU to fetch the cache line of ``arr.flat[idx]`` (a C-contiguous 1-D array) for reading,
-    into L2 (``PREFETCH_LOCALITY``). Never faults, even out of bounds; the kernels still keep ``idx`` in
-    bounds."""
-    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
-        return None
+def _prefetch_intrinsic(locality: int, name: str, where: str):  # type: ignore[no-untyped-def]
+    def prefetch(typingctx, arr, idx):  # type: ignore[no-untyped-def]
+        if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
+            return None
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        i = context.cast(builder, args[1], signature.args[1], types.intp)
-        i8p = ir.IntType(8).as_pointer()
-        ptr = builder.bitcast(builder.gep(ary.data, [i]), i8p)
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, PREFETCH_LOCALITY), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            i = context.cast(builder, args[1], signature.args[1], types.intp)
+            i8p = ir.IntType(8).as_pointer()
+            ptr = builder.bitcast(builder.gep(ary.data, [i]), i8p)
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+            builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, locality), ir.Constant(i32, 1)])
+            return context.get_dummy_value()
 
-    return types.void(arr, idx), codegen
+        return types.void(arr, idx), codegen
+
+    prefetch.__doc__ = (
+        f"Hint the CPU to fetch the cache line of ``arr.flat[idx]`` (a C-contiguous 1-D array) for "
+        f"reading, {where}. Never faults, even out of bounds; the kernels still keep ``idx`` in bounds."
+    )
+    prefetch.__name__ = prefetch.__qualname__ = name
+    return intrinsic(prefetch)
+
+
+#: a cache-line hint into L2 (``PREFETCH_LOCALITY``: ``prefetcht1``)
+prefetch = _prefetch_intrinsic(PREFETCH_LOCALITY, "prefetch", "into L2 (``prefetcht1``)")
+#: a cache-line hint into L1 (``PREFETCH_LOCALITY_L1``: ``prefetcht0``)
+prefetch_l1 = _prefetch_intrinsic(PREFETCH_LOCALITY_L1, "prefetch_l1", "into L1 (``prefetcht0``)")
