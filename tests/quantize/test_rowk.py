@@ -11,6 +11,7 @@ import pytest
 from llamapy.ggml.quants import _iquantize, _kquantize, _rowk, _rowq
 
 TYPES = {
+    "Q2_K": _rowk.quantize_q2_k,
     "Q3_K": _rowk.quantize_q3_k,
     "Q4_K": _rowk.quantize_q4_k,
     "Q5_K": _rowk.quantize_q5_k,

@@ -246,10 +246,11 @@ def quantize_q3_k(x: np.ndarray, qw: np.ndarray | None) -> np.ndarray:
 
 
 @njit(cache=True, inline="always")
-def _qkx_lanes(xt, wt, G, nmax, rmin, rdelta, nstep, v3, Lt, la, scale, mn, st):
+def _qkx_lanes(xt, wt, G, nmax, rmin, rdelta, nstep, v3, Lt, la, scale, mn, st, mad=False):
     """``make_qkx2_quants`` (``v3`` False) / ``make_qkx3_quants`` (True) of ``G`` groups of ``xt.shape[0]``
-    with weights ``wt``: ``scale[g]``, ``mn[g]`` (the min, not negated: C's ``*the_min = -min``) and
-    ``Lt[i, g]``. ``la`` is scratch like ``Lt``; ``st`` float32[8, G] scratch."""
+    with weights ``wt`` (``nstep >= 1``; ``mad``: C's ``use_mad``): ``scale[g]``, ``mn[g]`` (the min, not
+    negated: C's ``*the_min = -min``) and ``Lt[i, g]``. ``la`` is scratch like ``Lt``; ``st`` float32[8, G]
+    scratch."""
     n = xt.shape[0]
     fmax = F(nmax)
     mx = st[0]
@@ -291,7 +292,7 @@ def _qkx_lanes(xt, wt, G, nmax, rmin, rdelta, nstep, v3, Lt, la, scale, mn, st):
             l = max(0, min(nmax, _nearest_int(isc[g] * (v - mn[g]))))
             Lt[i, g] = l
             diff = scale[g] * F(l) + mn[g] - v
-            best[g] += wt[i, g] * (diff * diff)
+            best[g] += wt[i, g] * (abs(diff) if mad else diff * diff)
     for g in range(G):
         sw[g] = sw[g] if sl[g] == F(0) else F(np.nan)  # a flat group never updates: D is nan
     for step in range(nstep + 1):
@@ -324,7 +325,7 @@ def _qkx_lanes(xt, wt, G, nmax, rmin, rdelta, nstep, v3, Lt, la, scale, mn, st):
         for i in range(n):
             for g in range(G):
                 diff = sl[g] * F(la[i, g]) + sxl[g] - xt[i, g]
-                sl2[g] += wt[i, g] * (diff * diff)
+                sl2[g] += wt[i, g] * (abs(diff) if mad else diff * diff)
         any_upd = False
         for g in range(G):
             upd = isc[g] != F(0) and sl2[g] < best[g]
@@ -552,3 +553,104 @@ def quantize_q5_k(x: np.ndarray, qw: np.ndarray | None) -> np.ndarray:
     w, has = _weights(qw, x)
     q45_k_kernel(x, w, has, out, dd, True)
     return _finish(out, dd, (0, 2))
+
+
+# ---- Q2_K -------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def q2_k_kernel(x, qw, has_qw, out, dd):
+    xt = np.empty((16, 16), np.float32)
+    wt = np.empty((16, 16), np.float32)
+    Lt = np.empty((16, 16), np.int32)
+    la = np.empty((16, 16), np.int32)
+    scale = np.empty(16, np.float32)
+    mn = np.empty(16, np.float32)
+    mins = np.empty(16, np.float32)
+    st = np.empty((8, 16), np.float32)
+    sw = np.empty(16, np.float32)
+    Ls = np.empty(16, np.int32)
+    Lm = np.empty(16, np.int32)
+    L = np.empty(256, np.int32)
+    for b in range(x.shape[0]):
+        if has_qw:
+            sumx2 = F(0)
+            for j in range(256):
+                sumx2 += x[b, j] * x[b, j]
+            sigma2 = sumx2 / F(256)
+            for j in range(16):
+                s = F(0)
+                for i in range(16):
+                    v = x[b, 16 * j + i]
+                    wv = qw[b, 16 * j + i] * np.float32(np.sqrt(sigma2 + v * v))
+                    xt[i, j] = v
+                    wt[i, j] = wv
+                    s += wv
+                sw[j] = s
+            _qkx_lanes(xt, wt, 16, 3, F(-0.9), F(0.05), 36, True, Lt, la, scale, mn, st, False)
+        else:
+            for j in range(16):
+                for i in range(16):
+                    v = x[b, 16 * j + i]
+                    xt[i, j] = v
+                    wt[i, j] = abs(v)
+            _qkx_lanes(xt, wt, 16, 3, F(-0.5), F(0.1), 15, False, Lt, la, scale, mn, st, True)
+        for j in range(16):
+            mins[j] = -mn[j]
+            for i in range(16):
+                L[16 * j + i] = Lt[i, j]
+        if has_qw:
+            d = _qp(scale, 16, 15, sw, Ls)
+            dm = _qp(mins, 16, 15, sw, Lm)
+            for j in range(16):
+                out[b, j] = np.uint8((Ls[j] | (Lm[j] << 4)) & 255)
+        else:
+            max_scale = F(0)
+            max_min = F(0)
+            for j in range(16):
+                if scale[j] > max_scale:
+                    max_scale = scale[j]
+                if mins[j] > max_min:
+                    max_min = mins[j]
+            if max_scale > F(0):
+                isc = F(15) / max_scale
+                for j in range(16):
+                    out[b, j] = np.uint8(_nearest_int(isc * scale[j]) & 255)
+                d = max_scale / F(15)
+            else:
+                for j in range(16):
+                    out[b, j] = 0
+                d = F(0)
+            if max_min > F(0):
+                isc = F(15) / max_min
+                for j in range(16):
+                    out[b, j] |= np.uint8((_nearest_int(isc * mins[j]) << 4) & 255)
+                dm = max_min / F(15)
+            else:
+                dm = F(0)
+        dd[b, 0] = d
+        dd[b, 1] = dm
+        dh = _f16r(d)
+        mh = _f16r(dm)
+        for j in range(16):
+            sc = np.int32(out[b, j])
+            dj = dh * F(sc & 15)
+            if dj == F(0):
+                continue
+            dmj = mh * F(sc >> 4)
+            for i in range(16):
+                l = _nearest_int((x[b, 16 * j + i] + dmj) / dj)
+                L[16 * j + i] = max(0, min(3, l))
+        for h in range(2):
+            for l in range(32):
+                j = 128 * h + l
+                out[b, 16 + 32 * h + l] = np.uint8(
+                    L[j] | (L[j + 32] << 2) | (L[j + 64] << 4) | (L[j + 96] << 6)
+                )
+
+
+def quantize_q2_k(x: np.ndarray, qw: np.ndarray | None) -> np.ndarray:
+    x, out, dd = _prep(x, 84, 2)
+    w, has = _weights(qw, x)
+    q2_k_kernel(x, w, has, out, dd)
+    return _finish(out, dd, (80, 82))

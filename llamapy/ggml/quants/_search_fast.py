@@ -10,8 +10,61 @@ from __future__ import annotations
 import numpy as np
 
 from ..._numba import njit
+from ._rowk import _qkx_lanes
+from ._rowq import GROUP_MAX_EPS, _qx_lanes
 
 F = np.float32
+LANES = 16
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def qkx_lanes_kernel(x, w, nmax, rmin, rdelta, nstep, use_mad, version, scale_out, min_out, L):  # noqa: ANN001
+    """``qkx_kernel`` for ``nstep >= 1``, 16 groups per pass, one per SIMD lane (``_rowk._qkx_lanes``)."""
+    ng, n = x.shape
+    xt = np.empty((n, LANES), np.float32)
+    wt = np.empty((n, LANES), np.float32)
+    Lt = np.empty((n, LANES), np.int32)
+    la = np.empty((n, LANES), np.int32)
+    sc = np.empty(LANES, np.float32)
+    mn = np.empty(LANES, np.float32)
+    st = np.empty((8, LANES), np.float32)
+    for c0 in range(0, ng, LANES):
+        for g in range(LANES):
+            gi = min(c0 + g, ng - 1)  # a short last pass repeats its last group
+            for i in range(n):
+                xt[i, g] = x[gi, i]
+                wt[i, g] = w[gi, i]
+        _qkx_lanes(xt, wt, LANES, nmax, rmin, rdelta, nstep, version == 3, Lt, la, sc, mn, st, use_mad)
+        for g in range(min(LANES, ng - c0)):
+            scale_out[c0 + g] = sc[g]
+            min_out[c0 + g] = -mn[g]
+            for i in range(n):
+                L[c0 + g, i] = Lt[i, g]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def qx_lanes_kernel(x, w, nmax, scale_out, L):  # noqa: ANN001
+    """``qx_kernel`` for ``rmse_type >= 1`` (weights ``w`` given or made by the caller), 16 groups per
+    pass, one per SIMD lane (``_rowq._qx_lanes``)."""
+    ng, n = x.shape
+    xt = np.empty((n, LANES), np.float32)
+    wt = np.empty((n, LANES), np.float32)
+    sc = np.empty(LANES, np.float32)
+    bisc = np.empty(LANES, np.float32)
+    st = np.empty((6, LANES), np.float32)
+    for c0 in range(0, ng, LANES):
+        for g in range(LANES):
+            gi = min(c0 + g, ng - 1)
+            for i in range(n):
+                xt[i, g] = x[gi, i]
+                wt[i, g] = w[gi, i]
+        _qx_lanes(xt, wt, LANES, nmax, sc, bisc, st)
+        for g in range(min(LANES, ng - c0)):
+            scale_out[c0 + g] = sc[g]
+            z = st[0, g] < GROUP_MAX_EPS
+            for i in range(n):
+                li = max(-nmax, min(nmax - 1, _nearest_int(bisc[g] * xt[i, g])))
+                L[c0 + g, i] = 0 if z else li + nmax
 
 
 @njit(cache=True, inline="always")
@@ -192,7 +245,8 @@ def make_qkx_quants(
     sc = np.empty(ng, F)
     mn = np.empty(ng, F)
     L = np.empty(x.shape, np.uint8)
-    qkx_kernel(x, w, int(nmax), F(rmin), F(rdelta), int(nstep), bool(use_mad), int(version), sc, mn, L)
+    kern = qkx_lanes_kernel if nstep >= 1 else qkx_kernel
+    kern(x, w, int(nmax), F(rmin), F(rdelta), int(nstep), bool(use_mad), int(version), sc, mn, L)
     return sc[:, None], mn[:, None], L
 
 
@@ -205,5 +259,18 @@ def make_qx_quants(
     ng = x.shape[0]
     sc = np.empty(ng, F)
     L = np.empty(x.shape, np.int8)
-    qx_kernel(x, q, qw is not None, int(nmax), int(rmse_type), sc, L)
+    if rmse_type >= 1:
+        if qw is not None:
+            w = q
+        elif rmse_type == 1:
+            w = x * x
+        elif rmse_type == 2:
+            w = np.ones_like(x)
+        elif rmse_type == 3:
+            w = np.abs(x)
+        else:
+            w = np.sqrt(np.abs(x))
+        qx_lanes_kernel(x, np.ascontiguousarray(w, dtype=F), int(nmax), sc, L)
+    else:
+        qx_kernel(x, q, qw is not None, int(nmax), int(rmse_type), sc, L)
     return sc[:, None], L

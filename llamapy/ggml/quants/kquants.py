@@ -64,7 +64,7 @@ class Q2_K(BlockQuant):
 
     @classmethod
     def quantize_blocks(cls, x, qw=None, sigma2=None):
-        return _kq.quantize_q2_k(x, qw)
+        return _rowk.quantize_q2_k(x, qw)
 
 
 @register(GGMLType.Q3_K)
