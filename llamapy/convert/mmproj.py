@@ -51,7 +51,7 @@ class MmCtx:
                 return self.hv[k]
         if optional:
             return None
-        raise ConvertError(f"config.json: vision_config has none of {keys}")
+        raise ConvertError(f"config.json: the encoder's config has none of {keys}")
 
 
 Filter = Callable[[str], "str | None"]
@@ -73,6 +73,7 @@ class Projector:
     # ``language_model.`` name: llama.cpp's LlavaVisionModel means to copy [IMG_BREAK]'s embedding (its
     # modify_tensors does) but since that filter it never sees it, and its clip.cpp then refuses the file
     keep_text: tuple[str, ...] = ()
+    audio: bool = False  # an audio encoder (audio_config / whisper_config), no vision one
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,6 +290,46 @@ def _glm4v_modify(
         yield from _qwen3vl_modify(ctx, name, data, bid)
 
 
+def _whisper_prepare(ctx: MmCtx) -> None:
+    hv = ctx.hv
+    if "hidden_size" not in hv and "intermediate_size" not in hv:
+        hv["hidden_size"] = hv["d_model"]
+        hv["intermediate_size"] = hv["encoder_ffn_dim"]
+        hv["num_attention_heads"] = hv["encoder_attention_heads"]
+
+
+def _whisper_params(ctx: MmCtx, kv: Any) -> None:
+    import gguf
+
+    kv.add_clip_projector_type(gguf.VisionProjectorType.QWEN2A)
+    kv.add_audio_num_mel_bins(ctx.hv["num_mel_bins"])
+    kv.add_audio_attention_layernorm_eps(ctx.hv.get("layer_norm_eps", 1e-5))
+
+
+def _voxtral_params(ctx: MmCtx, kv: Any) -> None:
+    import gguf
+
+    _whisper_params(ctx, kv)
+    kv.add_clip_projector_type(gguf.VisionProjectorType.VOXTRAL)  # (overwrites qwen2a in its place)
+    kv.add_audio_stack_factor(4)  # intermediate_size // hidden_size
+
+
+def _whisper_filter(name: str) -> str | None:
+    return "audio." + name if name.startswith("multi_modal_projector") else name
+
+
+def _whisper_modify(
+    ctx: MmCtx, name: str, data: np.ndarray, bid: int | None
+) -> Iterable[tuple[str, np.ndarray]]:
+    if "conv1.bias" in name or "conv2.bias" in name:
+        data = data[:, None]
+    yield name, data
+
+
+def _conv_f16(ctx: MmCtx, name: str, new: str) -> GGMLType | None:
+    return GGMLType.F16 if ".conv" in name and ".weight" in name else None
+
+
 def _llava_prepare(ctx: MmCtx) -> None:
     if ctx.hv.get("model_type") != "pixtral":
         raise ConvertError(
@@ -403,6 +444,10 @@ PROJECTORS: dict[str, Projector] = {
                   _qwen3vl_filter, _qwen3vl_modify, None, _qwen3vl_prepare),
         Projector(("Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration", "GlmOcrForConditionalGeneration"),
                   _glm4v_params, _qwen3vl_filter, _glm4v_modify, None, _qwen3vl_prepare),
+        Projector(("Qwen2AudioForConditionalGeneration",), _whisper_params, _whisper_filter, _whisper_modify,
+                  _conv_f16, _whisper_prepare, audio=True),
+        Projector(("VoxtralForConditionalGeneration",), _voxtral_params, _whisper_filter, _whisper_modify,
+                  _conv_f16, _whisper_prepare, audio=True),
         Projector(("Lfm2VlForConditionalGeneration",), _lfm2_params, _lfm2_filter, _lfm2_modify, None,
                   _lfm2_prepare),
     )
@@ -414,9 +459,17 @@ PROJECTORS: dict[str, Projector] = {
 # MmprojModel
 
 
-def _common_params(ctx: MmCtx, kv: Any) -> None:
-    """MmprojModel.set_gguf_parameters (vision)."""
+def _common_params(ctx: MmCtx, kv: Any, audio: bool) -> None:
+    """MmprojModel.set_gguf_parameters."""
     kv.add_file_type(ctx.file_type)
+    if audio:
+        kv.add_clip_has_audio_encoder(True)
+        kv.add_audio_projection_dim(ctx.n_embd_text)
+        kv.add_audio_embedding_length(ctx.vparam(["hidden_size"]))
+        kv.add_audio_feed_forward_length(ctx.vparam(["intermediate_size"]))
+        kv.add_audio_block_count(ctx.vparam(_N_BLOCK_KEYS))
+        kv.add_audio_head_count(ctx.vparam(["num_attention_heads"]))
+        return
     kv.add_clip_has_vision_encoder(True)
     kv.add_vision_projection_dim(ctx.n_embd_text)
     kv.add_vision_image_size(ctx.vparam(["image_size"]))
@@ -460,9 +513,12 @@ def mmproj_context(d: Path, hp: dict[str, Any], proj: Projector, file_type: int,
     n_embd_text = text.get("hidden_size", text.get("n_embd", 0))
     if not n_embd_text:
         raise ConvertError("config.json: no hidden_size of the text model")
-    hv = hp.get("vision_config")
+    key = ("whisper_config" if "whisper_config" in hp else "audio_config") if proj.audio else "vision_config"
+    hv = hp.get(key)
     if not isinstance(hv, dict):
-        raise ConvertError("config.json: no vision_config (not a vision-language checkpoint)")
+        raise ConvertError(
+            f"config.json: no {key} (not a {'speech' if proj.audio else 'vision'}-language checkpoint)"
+        )
     ctx = MmCtx(d, copy.deepcopy(hp), dict(hv), _preprocessor_config(d), n_embd_text, file_type, qtype)
     if proj.prepare is not None:
         proj.prepare(ctx)
@@ -637,7 +693,7 @@ def convert_mmproj(
         kv.add_type(gguf.GGUFType.MMPROJ)
         meta.set_gguf_meta_model(kv)
         try:
-            _common_params(ctx, kv)
+            _common_params(ctx, kv, proj.audio)
             proj.params(ctx, kv)
         except ConvertError:
             raise

@@ -129,6 +129,25 @@ def _lfm2vl() -> Any:
     )  # fmt: skip
 
 
+def _qwen2audio() -> Any:
+    import transformers
+
+    audio = dict(d_model=32, encoder_layers=3, encoder_attention_heads=2, encoder_ffn_dim=64, num_mel_bins=80,
+                 max_source_positions=1500)  # fmt: skip
+    return transformers.Qwen2AudioConfig(
+        audio_config=audio, text_config=_text(model_type="qwen2"), audio_token_index=6
+    )
+
+
+def _voxtral() -> Any:
+    import transformers
+
+    audio = dict(hidden_size=32, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2, num_mel_bins=128,
+                 max_source_positions=1500)  # fmt: skip
+    return transformers.VoxtralConfig(audio_config=audio, text_config=_text(model_type="llama", head_dim=16),
+                                      audio_token_id=6)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class MmCase:
     name: str
@@ -153,6 +172,8 @@ MM_CASES: dict[str, MmCase] = {
                {"image_mean": CLIP_MEAN, "image_std": CLIP_STD}),
         MmCase("qwen3vl", _qwen3vl, "Qwen3VLForConditionalGeneration", {"image_mean": [0.5] * 3, "image_std": [0.5] * 3}),
         MmCase("glm4v", _glm4v, "Glm4vForConditionalGeneration", {"image_mean": CLIP_MEAN, "image_std": CLIP_STD}),
+        MmCase("qwen2audio", _qwen2audio, "Qwen2AudioForConditionalGeneration", {}),
+        MmCase("voxtral", _voxtral, "VoxtralForConditionalGeneration", {}),
         MmCase("mistral3", _mistral3, "Mistral3ForConditionalGeneration",
                {"image_mean": CLIP_MEAN, "image_std": CLIP_STD},
                tokenizer_config={"added_tokens_decoder": {"5": {"content": "[IMG_BREAK]", "special": True}}}),
@@ -180,6 +201,10 @@ def _fill(model: Any, seed: int) -> None:
             else:
                 gain = 2.0 if name.endswith(("q_proj.weight", "k_proj.weight", "qkv.weight")) else 1.0
                 x = x * np.float32(gain / math.sqrt(int(np.prod(shape[1:]))))
+                if name.endswith(
+                    ("conv1.weight", "conv2.weight")
+                ):  # the audio convs as the file stores them (F16)
+                    x = x.astype(np.float16).astype(np.float32)
             p.copy_(torch.from_numpy(x))
 
 
@@ -201,7 +226,7 @@ class MmDir:
                 out = m.get_image_features(pixel_values=torch.from_numpy(px[None]))
             elif name == "idefics3":
                 out = m.get_image_features(pixel_values=torch.from_numpy(px[None, None]))
-            elif name.startswith("qwen2") or name == "glm4v":
+            elif name in ("qwen2vl", "qwen2.5vl", "glm4v"):
                 c, h, w = px.shape
                 p, t, s = 8, 2, 2  # patch, temporal patch, merge: HF's patchify of one frame repeated
                 x = np.repeat(px[None], t, axis=0).reshape(1, t, c, h // p // s, s, p, w // p // s, s, p)
@@ -218,6 +243,12 @@ class MmDir:
                                          image_grid_thw=torch.tensor([[1, h // p, w // p]]))  # fmt: skip
                 parts = [r.pooler_output[0]] + [f[0] for f in r.deepstack_features]  # [main | deepstack...]
                 return np.concatenate([t.numpy() for t in parts], axis=1)
+            elif name in ("qwen2audio", "voxtral"):  # px: a log-mel window [n_mel, 3000]
+                base = getattr(self.hf, "model", self.hf)
+                h = base.audio_tower(torch.from_numpy(px[None])).last_hidden_state
+                if name == "voxtral":  # 4 frames per token
+                    h = h.reshape(-1, self.hf.config.audio_config.intermediate_size)
+                return base.multi_modal_projector(h).reshape(-1, n_embd).numpy()
             elif name == "mistral3":
                 out = m.get_image_features(
                     pixel_values=torch.from_numpy(px[None]), image_sizes=torch.tensor([px.shape[1:]])
@@ -252,12 +283,13 @@ def make_mm_dir(case: MmCase, root: Path, seed: int = 0) -> MmDir:
     from safetensors.numpy import load_file, save_file
 
     cfg = case.config()
-    for c in (cfg, cfg.text_config, cfg.vision_config):
-        c._attn_implementation = "eager"
+    for c in (cfg, cfg.text_config, getattr(cfg, "vision_config", None), getattr(cfg, "audio_config", None)):
+        if c is not None:
+            c._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = getattr(transformers, case.model_cls)(cfg).to(torch.float32).eval()
     _fill(model, seed)
-    if case.name.startswith("qwen2"):  # llama.cpp's merger GELU is ggml's tanh one (HF's: erf)
+    if case.name in ("qwen2vl", "qwen2.5vl"):  # llama.cpp's merger GELU is ggml's tanh one (HF's: erf)
         model.model.visual.merger.mlp[1] = torch.nn.GELU(approximate="tanh")
     if case.name == "qwen3vl":
         for mg in [model.model.visual.merger, *model.model.visual.deepstack_merger_list]:

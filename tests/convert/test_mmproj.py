@@ -91,6 +91,28 @@ def test_image_embeddings_match_transformers(mm_dir, tmp_path: Path, case: str, 
     assert err < TOL, f"{case}: max |diff| / max |hf| = {err:.2e}"
 
 
+@pytest.mark.parametrize(("case", "n_mel"), [("qwen2audio", 80), ("voxtral", 128)])
+def test_audio_embeddings_match_transformers(mm_dir, tmp_path: Path, case: str, n_mel: int) -> None:
+    from llamapy.mtmd.audio_encoder import AudioModel
+
+    md = mm_dir(case)
+    out = tmp_path / "mmproj-f32.gguf"
+    convert(md.path, out, "f32", mmproj=True)
+    mel = RNG.uniform(-1, 1, (n_mel, 3000)).astype(np.float32)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ref = md.features(mel)
+    finally:
+        torch.set_num_threads(n)
+    am = AudioModel(out)
+    assert am.hparams.projector_type == {"qwen2audio": "qwen2a", "voxtral": "voxtral"}[case]
+    got = np.asarray(am.encode(mel), dtype=np.float32)
+    assert got.shape == ref.shape
+    err = float(np.abs(got - ref).max() / np.abs(ref).max())
+    assert err < TOL, f"{case}: max |diff| / max |hf| = {err:.2e}"
+
+
 def test_default_name_and_dry_run(mm_dir, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = mm_dir("gemma3").path
     assert main(["convert", str(d), "--mmproj", "-o", str(tmp_path), "--dry-run"]) == 0
