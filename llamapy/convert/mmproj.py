@@ -330,6 +330,41 @@ def _conv_f16(ctx: MmCtx, name: str, new: str) -> GGMLType | None:
     return GGMLType.F16 if ".conv" in name and ".weight" in name else None
 
 
+def _llama4_params(ctx: MmCtx, kv: Any) -> None:
+    import gguf
+
+    kv.add_clip_projector_type(gguf.VisionProjectorType.LLAMA4)
+    kv.add_vision_attention_layernorm_eps(ctx.hv["norm_eps"])
+    kv.add_vision_projector_scale_factor(int(1.0 / ctx.hv["pixel_shuffle_ratio"]))
+    if ctx.hv.get("hidden_act") != "gelu":
+        raise ConvertError(
+            f"config.json: Llama 4 vision hidden_act {ctx.hv.get('hidden_act')!r} (gelu expected)"
+        )
+    kv.add_vision_use_gelu(True)
+
+
+def _llama4_filter(name: str) -> str | None:
+    if "multi_modal_projector" not in name and "vision_model" not in name:
+        return None
+    if "positional_embedding_vlm" in name and ".weight" not in name:
+        name += ".weight"
+    return name
+
+
+def _llama4_modify(
+    ctx: MmCtx, name: str, data: np.ndarray, bid: int | None
+) -> Iterable[tuple[str, np.ndarray]]:
+    if "multi_modal_projector.linear_1" in name:  # one fully connected layer despite its name
+        yield "mm.model.fc.weight", data
+    elif bid is not None and ".post_attention_layernorm." in name:
+        # the FFN's pre-norm (clip.cpp's ln2). gguf-py's map lists this HF name for Gemma 4's attn_post_norm
+        # too, and that later entry wins: llama.cpp's converter writes v.blk.N.attn_post_norm, which
+        # clip.cpp then runs after attention, with no norm before the FFN
+        yield f"v.blk.{bid}.ln2.{name.rsplit('.', 1)[1]}", data
+    else:
+        yield name, data
+
+
 def _llava_prepare(ctx: MmCtx) -> None:
     if ctx.hv.get("model_type") != "pixtral":
         raise ConvertError(
@@ -448,6 +483,7 @@ PROJECTORS: dict[str, Projector] = {
                   _conv_f16, _whisper_prepare, audio=True),
         Projector(("VoxtralForConditionalGeneration",), _voxtral_params, _whisper_filter, _whisper_modify,
                   _conv_f16, _whisper_prepare, audio=True),
+        Projector(("Llama4ForConditionalGeneration",), _llama4_params, _llama4_filter, _llama4_modify),
         Projector(("Lfm2VlForConditionalGeneration",), _lfm2_params, _lfm2_filter, _lfm2_modify, None,
                   _lfm2_prepare),
     )

@@ -73,6 +73,7 @@ MM_RUNS: list[tuple[str, str]] = [
     ("qwen2vl", "f16"),
     ("qwen3vl", "f16"),
     ("glm4v", "f16"),
+    ("llama4", "f16"),
     ("qwen2audio", "f16"),
     ("voxtral", "f32"),
     ("mistral3", "bf16"),

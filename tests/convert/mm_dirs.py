@@ -148,6 +148,20 @@ def _voxtral() -> Any:
                                       audio_token_id=6)  # fmt: skip
 
 
+def _llama4() -> Any:
+    import transformers
+
+    from tests.model import hf_tiny
+
+    text = dict(hf_tiny._common(**hf_tiny.FAMILIES["llama4"].config_kw))
+    text.update(vocab_size=N_VOCAB, pad_token_id=0, bos_token_id=2, eos_token_id=1, num_hidden_layers=1)
+    vision = dict(hidden_size=32, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2, image_size=32,
+                  patch_size=4, vision_output_dim=48, projector_input_dim=48, projector_output_dim=48,
+                  pixel_shuffle_ratio=0.5, norm_eps=1e-5, hidden_act="gelu",
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0})  # fmt: skip
+    return transformers.Llama4Config(vision_config=vision, text_config=text, image_token_index=6)
+
+
 @dataclass(frozen=True)
 class MmCase:
     name: str
@@ -174,6 +188,7 @@ MM_CASES: dict[str, MmCase] = {
         MmCase("glm4v", _glm4v, "Glm4vForConditionalGeneration", {"image_mean": CLIP_MEAN, "image_std": CLIP_STD}),
         MmCase("qwen2audio", _qwen2audio, "Qwen2AudioForConditionalGeneration", {}),
         MmCase("voxtral", _voxtral, "VoxtralForConditionalGeneration", {}),
+        MmCase("llama4", _llama4, "Llama4ForConditionalGeneration", {"image_mean": [0.5] * 3, "image_std": [0.5] * 3}),
         MmCase("mistral3", _mistral3, "Mistral3ForConditionalGeneration",
                {"image_mean": CLIP_MEAN, "image_std": CLIP_STD},
                tokenizer_config={"added_tokens_decoder": {"5": {"content": "[IMG_BREAK]", "special": True}}}),
@@ -219,7 +234,7 @@ class MmDir:
         llama.cpp's projector gives them."""
         import torch
 
-        m, name = self.hf.model, self.case.name
+        m, name = getattr(self.hf, "model", self.hf), self.case.name
         n_embd = self.hf.config.text_config.hidden_size
         with torch.no_grad():
             if name == "gemma3":
@@ -249,6 +264,9 @@ class MmDir:
                 if name == "voxtral":  # 4 frames per token
                     h = h.reshape(-1, self.hf.config.audio_config.intermediate_size)
                 return base.multi_modal_projector(h).reshape(-1, n_embd).numpy()
+            elif name == "llama4":
+                v = self.hf.vision_model(torch.from_numpy(px[None])).last_hidden_state
+                out = self.hf.multi_modal_projector(v.reshape(-1, v.shape[-1]))
             elif name == "mistral3":
                 out = m.get_image_features(
                     pixel_values=torch.from_numpy(px[None]), image_sizes=torch.tensor([px.shape[1:]])
@@ -287,10 +305,19 @@ def make_mm_dir(case: MmCase, root: Path, seed: int = 0) -> MmDir:
         if c is not None:
             c._attn_implementation = "eager"
     torch.manual_seed(seed)
-    model = getattr(transformers, case.model_cls)(cfg).to(torch.float32).eval()
+    model = getattr(transformers, case.model_cls)(cfg)
+    if case.name != "llama4":  # (.to() would drop Llama 4's complex rope table; it is F32 already)
+        model = model.to(torch.float32)
+    model.eval()
     _fill(model, seed)
     if case.name in ("qwen2vl", "qwen2.5vl"):  # llama.cpp's merger GELU is ggml's tanh one (HF's: erf)
         model.model.visual.merger.mlp[1] = torch.nn.GELU(approximate="tanh")
+    if case.name == "llama4":  # llama.cpp's ViT and adapter GELU are ggml's (tanh); HF's: erf
+        from transformers.models.llama4 import modeling_llama4 as ml4
+
+        for mod in model.vision_model.modules():
+            if isinstance(mod, (ml4.Llama4VisionMLP, ml4.Llama4VisionMLP2)):
+                mod.activation_fn = torch.nn.GELU(approximate="tanh")
     if case.name == "qwen3vl":
         for mg in [model.model.visual.merger, *model.model.visual.deepstack_merger_list]:
             mg.act_fn = torch.nn.GELU(approximate="tanh")
