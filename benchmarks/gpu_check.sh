@@ -43,10 +43,13 @@ export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 if [ "$SMOKE" = 1 ]; then
     export NUMBA_ENABLE_CUDASIM=1
     TOTAL="${GPU_CHECK_TOTAL_S:-600}"
-    MODELS=(tiny-smollm2:Q4_K_M tiny-qwen:Q4_K_M tiny-smollm2:Q8_0)
+    MODELS=(tiny-smollm2:Q4_K_M tiny-smollm2:Q8_0 tiny-qwen:Q4_K_M) # [0], [1]: a Q4_K_M and a Q8_0 file
     PYTEST_SEL=(tests/ggml/cuda/test_cuda_replay.py::test_bad_index_on_a_replayed_run_still_raises)
-    TESTS_Q4="pp32,tg4,tg4@64"
-    TESTS_Q8="tg4"
+    # <= 8 tokens: no tiled GEMM (a Python thread per CUDA thread there); the simulator runs a kernel
+    # as Python, so few tokens: the point is that every path runs, not the numbers
+    SPEED=("tiny-smollm2:Q4_K_M=pp4,tg2,tg2@8")
+    AGREE=(tiny-qwen:Q4_K_M tiny-smollm2:Q8_0)
+    PROMPT=3 AGREE_DECODE=2 AGREE_NGL=1,all+out GRAPH_DECODE=2 BUDGET=300
     REPS=1
     PIP="echo [smoke: not run] pip"
 else
@@ -60,8 +63,19 @@ else
     PYTEST_SEL=(tests/ggml/cuda
         --deselect tests/ggml/cuda/test_cuda_models.py::test_smollm2_real_file_on_a_gpu
         --deselect tests/ggml/cuda/test_cuda_models.py::test_gemma3_real_file_on_a_gpu)
-    TESTS_Q4="pp512,tg128,tg128@4096"
-    TESTS_Q8="pp512,tg128"
+    SPEED=()
+    for m in "${MODELS[@]}"; do # every Q4_K_M file first, then the Q8_0 ones
+        case $m in *Q4_K_M) SPEED+=("$m=pp512,tg128,tg128@4096") ;; esac
+    done
+    for m in "${MODELS[@]}"; do
+        case $m in *Q8_0) SPEED+=("$m=pp512,tg128") ;; esac
+    done
+    AGREE=()
+    for m in "${MODELS[@]}"; do # every Q4_K_M file and one Q8_0 one
+        case $m in *Q4_K_M) AGREE+=("$m") ;; esac
+    done
+    AGREE+=("${MODELS[1]}")
+    PROMPT=16 AGREE_DECODE=4 AGREE_NGL=half,all,all+out GRAPH_DECODE=12 BUDGET=""
     PIP="$PY -m pip"
 fi
 MODELDIR="$WORK/models"
@@ -190,13 +204,13 @@ export -f setup
 export PY PIP WHL ROOT WORK
 gpu_line >"$WORK/gpu.txt" 2>&1
 summary
-phase setup "${GPU_CHECK_B_SETUP:-60}" "$OUT/setup.log" bash -c setup
+phase setup "${GPU_CHECK_B_SETUP:-${BUDGET:-60}}" "$OUT/setup.log" bash -c setup
 gpu_line >"$WORK/gpu.txt" 2>&1 # again: now with what setup installed
 
 # -- the models (and the CPU kernels compiled in the background meanwhile) ---------------------------
 files=()
 for m in "${MODELS[@]}"; do files+=("$m"); done
-phase models "${GPU_CHECK_B_MODELS:-90}" "$OUT/setup.log" "$PY" -m benchmarks.gpu_check.models "$MODELDIR" "${files[@]}"
+phase models "${GPU_CHECK_B_MODELS:-${BUDGET:-90}}" "$OUT/setup.log" "$PY" -m benchmarks.gpu_check.models "$MODELDIR" "${files[@]}"
 if want models || want agree; then
     { ls -la "$MODELDIR" 2>&1 | sed 's/^/    /'; } >"$WORK/sections/models.md"
     echo >>"$WORK/sections/models.md"
@@ -204,14 +218,14 @@ if want models || want agree; then
 fi
 warm_pid=""
 if want agree && [ -f "$(model "${MODELS[0]}")" ]; then # the CPU reference's kernels, while pytest runs
-    timeout -k 5 240 "$PY" -m benchmarks.gpu_check.agree warm --md "$WORK/warm.md" \
+    timeout -k 5 240 "$PY" -m benchmarks.gpu_check.agree warm --prompt $PROMPT --md "$WORK/warm.md" \
         "$(model "${MODELS[0]}")" "$(model "${MODELS[1]}")" >"$WORK/warm.log" 2>&1 &
     warm_pid=$!
 fi
 
 # -- correctness ----------------------------------------------------------------------------------------
 read -r -a pytest_args <<<"${GPU_CHECK_PYTEST_ARGS:--x}"
-phase pytest "${GPU_CHECK_B_PYTEST:-140}" "$OUT/pytest.log" "$PY" -m pytest -q -rs -p no:cacheprovider \
+phase pytest "${GPU_CHECK_B_PYTEST:-${BUDGET:-140}}" "$OUT/pytest.log" "$PY" -m pytest -q -rs -p no:cacheprovider \
     --durations=15 "${pytest_args[@]}" "${PYTEST_SEL[@]}"
 if want pytest; then
     tail -40 "$OUT/pytest.log" | grep -E '^(FAILED|ERROR)|passed|failed|error' | tail -12 \
@@ -222,22 +236,16 @@ if [ -n "$warm_pid" ]; then
     { echo "== CPU kernel warm-up (background)"; cat "$WORK/warm.log"; } >>"$OUT/setup.log"
 fi
 agree_files=()
-for m in "${MODELS[@]}"; do
-    case $m in *Q4_K_M) agree_files+=("$(model "$m")") ;; esac
-done
-agree_files+=("$(model "${MODELS[1]}")") # one Q8_0 file
-phase agree "${GPU_CHECK_B_AGREE:-75}" "$OUT/agree.log" "$PY" -m benchmarks.gpu_check.agree agree \
-    --md "$WORK/sections/agree.md" --deadline $((T0 + TOTAL - 150)) "${agree_files[@]}"
-phase graph "${GPU_CHECK_B_GRAPH:-35}" "$OUT/graph.log" "$PY" -m benchmarks.gpu_check.agree graph \
-    --md "$WORK/sections/graph.md" "$(model "${MODELS[0]}")"
+for m in "${AGREE[@]}"; do agree_files+=("$(model "$m")"); done
+phase agree "${GPU_CHECK_B_AGREE:-${BUDGET:-75}}" "$OUT/agree.log" "$PY" -m benchmarks.gpu_check.agree agree \
+    --prompt $PROMPT --decode $AGREE_DECODE --ngl $AGREE_NGL --md "$WORK/sections/agree.md" --deadline $((T0 + TOTAL - 150)) "${agree_files[@]}"
+phase graph "${GPU_CHECK_B_GRAPH:-${BUDGET:-35}}" "$OUT/graph.log" "$PY" -m benchmarks.gpu_check.agree graph \
+    --prompt $PROMPT --decode $GRAPH_DECODE --md "$WORK/sections/graph.md" "$(model "${MODELS[0]}")"
 
 # -- speed: whatever time is left -----------------------------------------------------------------------
 plan=()
-for m in "${MODELS[@]}"; do
-    case $m in *Q4_K_M) plan+=("$(model "$m")=$TESTS_Q4") ;; esac
-done
-for m in "${MODELS[@]}"; do
-    case $m in *Q8_0) plan+=("$(model "$m")=$TESTS_Q8") ;; esac
+for s in "${SPEED[@]}"; do
+    plan+=("$(model "${s%%=*}")=${s#*=}")
 done
 phase speed "$(left)" "$OUT/speed.log" "$PY" -m benchmarks.gpu_check.speed --jsonl "$OUT/speed.jsonl" \
     --md "$WORK/sections/speed.md" -r "$REPS" --deadline $(($(date +%s) + $(left) - 40)) "${plan[@]}"

@@ -1,7 +1,7 @@
 """Correctness phases of the GPU check, on the shaped random-weight files (``models.py``).
 
 ``agree``: each file at ``-ngl`` half / all layers / all + output against ``-ngl 0`` (the CPU): a
-16-token prompt (the GEMM path), then 4 greedy decodes fed to every run (the mat-vec path). The bounds
+16-token prompt (the GEMM path: more than ``GEMM_MIN_TOKENS``), then 4 greedy decodes fed to every run (the mat-vec path). The bounds
 are tests/ggml/cuda/test_cuda_models.py's ``real_check``: logit differences max < 2.0 and mean < 0.3,
 and the same top-1 token wherever the CPU's top-2 margin exceeds 0.1.
 
@@ -59,23 +59,29 @@ def decode_rows(model: Any, ngl: int, prompt: list[int], feed: list[int] | None,
     return c, np.concatenate(rows), toks
 
 
+N_PROMPT = len(PROMPT)  # --prompt: the smoke run's is 6 (the simulator's tiled GEMM is far too slow)
+
+
 def _prompt(model: Any) -> list[int]:
-    return [t % model.n_vocab for t in PROMPT]
+    return [t % model.n_vocab for t in PROMPT[:N_PROMPT]]
 
 
-def agree_file(path: Path, sim: bool) -> tuple[bool, list[str]]:
+def agree_file(
+    path: Path, sim: bool, n_decode: int = 4, ngls: list[str] | None = None
+) -> tuple[bool, list[str]]:
     from llamapy.model import Model
 
     model = Model.load(path)
     n_layer = model.hparams.n_layer
     prompt = _prompt(model)
     t0 = time.perf_counter()
-    _, ref, toks = decode_rows(model, 0, prompt, None, 4)
+    _, ref, toks = decode_rows(model, 0, prompt, None, n_decode)
     t_cpu = time.perf_counter() - t0
     top2 = np.sort(ref, axis=-1)[:, -2:]
     sure = top2[:, 1] - top2[:, 0] > MARGIN
     lines, ok = [], True
-    for ngl in sorted({max(1, n_layer // 2), n_layer, -1}):
+    named = {"half": max(1, n_layer // 2), "all": n_layer, "all+out": -1}
+    for ngl in dict.fromkeys(named[n] if n in named else int(n) for n in ngls or ["half", "all", "all+out"]):
         t0 = time.perf_counter()
         c, got, _ = decode_rows(model, ngl, prompt, toks, 0)
         dt = time.perf_counter() - t0
@@ -96,7 +102,9 @@ def agree_file(path: Path, sim: bool) -> tuple[bool, list[str]]:
     return ok, lines
 
 
-def run_agree(files: list[Path], deadline: float, sim: bool) -> tuple[bool, list[str]]:
+def run_agree(
+    files: list[Path], deadline: float, sim: bool, n_decode: int = 4, ngls: list[str] | None = None
+) -> tuple[bool, list[str]]:
     out = [
         "| file | -ngl | device | max abs diff | mean abs diff | max / max|ref| | top-1 same | s (CPU / split) | |",
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
@@ -107,7 +115,7 @@ def run_agree(files: list[Path], deadline: float, sim: bool) -> tuple[bool, list
             out.append(f"\nout of time: not checked: {', '.join(p.name for p in files[i:])}")
             break
         try:
-            good, lines = agree_file(f, sim)
+            good, lines = agree_file(f, sim, n_decode, ngls)
         except Exception as e:
             traceback.print_exc()
             good, lines = False, [f"| {f.name} | | | | | | | | **ERROR** {type(e).__name__}: {e} |"]
@@ -176,7 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--md", type=Path, required=True, help="write the Markdown section here")
     ap.add_argument("--deadline", type=float, default=float("inf"), help="Unix time: start no new file after")
+    ap.add_argument(
+        "--ngl", default="half,all,all+out", help="agree: -ngl values (numbers, half, all, all+out)"
+    )
+    ap.add_argument("--decode", type=int, default=None, help="decoded tokens (agree: 4, graph: 12)")
+    ap.add_argument("--prompt", type=int, default=len(PROMPT), help=f"prompt tokens (at most {len(PROMPT)})")
     a = ap.parse_args(argv)
+    global N_PROMPT
+    N_PROMPT = max(1, min(a.prompt, len(PROMPT)))
     from llamapy.ggml.cuda.device import simulator
 
     sim = simulator()
@@ -191,9 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                 decode_rows(model, 0, _prompt(model), None, 1)
                 lines.append(f"CPU warm-up on {f.name}: {time.perf_counter() - t0:.1f} s")
         elif a.what == "agree":
-            ok, lines = run_agree(a.files, a.deadline, sim)
+            ok, lines = run_agree(a.files, a.deadline, sim, a.decode or 4, a.ngl.split(","))
         else:
-            ok, lines = run_graph(a.files[0])
+            ok, lines = run_graph(a.files[0], a.decode or 12)
     except Exception as e:
         traceback.print_exc()
         ok, lines = False, [f"**ERROR** {type(e).__name__}: {e}"]

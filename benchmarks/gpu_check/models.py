@@ -35,11 +35,12 @@ SHAPES: dict[str, dict[str, Any]] = {
                          head_dim=128, tied=True),
     "qwen2.5-7b": dict(_QWEN2, n_vocab=152064, n_embd=3584, n_layer=28, n_ff=18944, n_head=28, n_head_kv=4,
                        head_dim=128, tied=False),
-    # the smoke run's (simulator) stand-ins: the same layouts and type fallbacks at toy size
-    "tiny-smollm2": dict(_LLAMA, n_vocab=256, n_embd=96, n_layer=4, n_ff=256, n_head=3, n_head_kv=1,
+    # the smoke run's (simulator) stand-ins: toy sizes, the same layouts; rows of 32 take the fallbacks,
+    # ffn_down's rows of 256 Q4_K / Q6_K
+    "tiny-smollm2": dict(_LLAMA, n_vocab=64, n_embd=32, n_layer=2, n_ff=256, n_head=2, n_head_kv=1,
                          head_dim=32, tied=True),
-    "tiny-qwen": dict(_QWEN2, n_vocab=512, n_embd=256, n_layer=2, n_ff=256, n_head=4, n_head_kv=2,
-                      head_dim=64, tied=False),
+    "tiny-qwen": dict(_QWEN2, n_vocab=64, n_embd=32, n_layer=2, n_ff=256, n_head=2, n_head_kv=1,
+                      head_dim=32, tied=False),
 }  # fmt: skip
 
 FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}  # llama.cpp, rows not a multiple of 256
