@@ -7,14 +7,15 @@ have. llama.cpp runs its ``llama-speculative-simple`` (benchmarks/build_llamacpp
 
 Setups (each also without a draft, as the baseline):
 
-- ``draft``: SmolLM2-135M F16 (real weights) as the target, SmolLM2-135M-Instruct Q4_1 as the draft
+- ``draft``: SmolLM2-135M Q8_0 (real weights; quantized from the F16 file by llama-quantize, one file for
+  both tools) as the target, SmolLM2-135M-Instruct Q4_1 as the draft
   (``-md``; both are real files with one vocabulary), ``n_draft`` 8, ``p_min`` 0.75.
 - ``ngram``: ``--spec-type ngram-simple`` and ``ngram-map-k`` on the same target (key 3, draft 8), a
   getters/setters prompt that repeats itself.
 - ``mtp``: a synthetic glm4moe file (random weights, 4 trunk layers, hidden 256, one MTP layer; a
   256-token byte vocabulary so llama.cpp can tokenize) with output projections scaled by 0.35: the MTP
   layer predicts the model's next token unless the context changes it. ``--spec-type draft-mtp``, n_draft 3.
-- ``eagle3``: SmolLM2 F16 with a random EAGLE-3 head written as llama.cpp's converter writes one
+- ``eagle3``: SmolLM2 Q8_0 with a random EAGLE-3 head written as llama.cpp's converter writes one
   (``eagle3.target_layers``, ``blk.0.attn_norm_2``, the target's tokenizer): acceptance near 0, the cost
   of drafting.
 
@@ -51,13 +52,16 @@ PROMPT = (
         f"def get_{n}(self):\n    return self._{n}\n\ndef set_{n}(self, value):\n    self._{n} = value\n\n"
         for n in ("name", "age", "email")
     )
-    + "def get_phone(self):\n"
-)
+    + "def get_phone(self):"
+)  # (no newline at the end: llama.cpp's -f drops it, the two tools then see the same tokens)
 MTP_PROMPT = "Thequickbrownfoxjumpsoverthelazydog" * 2  # bytes (no spaces: the byte vocabulary's SPM)
 # llama-speculative-simple refuses --spec-type none: its no-draft baseline is an n-gram draft whose key
 # (1024 tokens) never matches, so every round decodes one token, as without a draft
 NO_DRAFT = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1024"]
-EOS_BYTE = 255  # never sampled on either side (llama.cpp --ignore-eos; llamapy masks it)
+EOS_BYTE = 255
+SMOL_Q8 = (
+    Path.home() / ".cache/llamapy/bench/smollm2-135m-q8_0.gguf"
+)  # never sampled on either side (llama.cpp --ignore-eos; llamapy masks it)
 
 
 @dataclass
@@ -149,7 +153,7 @@ def _llamapy_once(model: Any, make_draft: Any, prompt: list[int], n: int, thread
 
 def llamapy(model: Any, make_draft: Any, prompt: list[int], n: int, threads: int, vocab: Any,
             mask: int | None = None) -> tuple[Result, list[int]]:  # fmt: skip
-    _llamapy_once(model, make_draft, prompt, 4, threads, vocab, mask)  # warm-up: kernels, graphs
+    _llamapy_once(model, make_draft, prompt, n, threads, vocab, mask)  # warm-up: kernels, graphs (all shapes)
     one, cpu_1, wall_1, _ = _llamapy_once(model, make_draft, prompt, 1, threads, vocab, mask)
     out, cpu_n, wall_n, draft = _llamapy_once(model, make_draft, prompt, n, threads, vocab, mask)
     r = Result(n_gen=len(out))
@@ -158,6 +162,14 @@ def llamapy(model: Any, make_draft: Any, prompt: list[int], n: int, threads: int
     if draft is not None:
         r.drafted, r.accepted = int(draft.n_drafted), int(getattr(draft, "n_accepted", 0))
     return r, out
+
+
+def primed(draft: Any, prompt: list[int]) -> Any:
+    """A draft model that has read the prompt (before the clock starts, as llama.cpp's draft does while
+    the prompt is encoded; its first guesses are dropped)."""
+    draft(np.asarray(prompt, dtype=np.intc))
+    draft.n_drafted = draft.n_calls = 0
+    return draft
 
 
 # -- files ------------------------------------------------------------------------------------------
@@ -227,13 +239,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", type=int, default=48)
     ap.add_argument("-t", "--threads", type=int, default=1)
-    ap.add_argument("--target", default=str(Path.home() / ".cache/llamapy/bench/smollm2-135m-f16.gguf"))
+    ap.add_argument(
+        "--target", default=str(SMOL_Q8), help="(default: made from the F16 file by llama-quantize)"
+    )
     ap.add_argument("--draft", default="smollm2-135m-instruct")
     ap.add_argument("--only", default="draft,ngram,mtp,eagle3")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/speculative_vs_llamacpp.md"))
     a = ap.parse_args()
     only = set(a.only.split(","))
     bin_dir = llamacpp_bin("avx2")
+    if a.target == str(SMOL_Q8) and not SMOL_Q8.exists():
+        f16 = SMOL_Q8.with_name("smollm2-135m-f16.gguf")  # (benchmarks/tg_cputime.py's SmolLM2-135M F16)
+        subprocess.run([str(bin_dir / "llama-quantize"), str(f16), str(SMOL_Q8), "Q8_0"], check=True,
+                       capture_output=True)  # fmt: skip
     tmp = Path(tempfile.mkdtemp(prefix="bench_spec_vs_"))
     prompt_file = tmp / "prompt.txt"
     prompt_file.write_text(PROMPT)
@@ -279,23 +297,24 @@ def main() -> int:
         vocab = target.vocab
         prompt = list(vocab.tokenize(PROMPT, add_special=True))
         common = ["-m", a.target, "-f", str(prompt_file), *base]
-        plain = compare("SmolLM2 F16, no draft", target, prompt, [*common, *NO_DRAFT], None,
+        plain = compare("SmolLM2 Q8_0, no draft", target, prompt, [*common, *NO_DRAFT], None,
                         vocab, None)  # fmt: skip
         if "draft" in only:
             from llamapy.generation.draft_model import LlamaModelDraft
 
             dpath = str(hub.resolve_model(a.draft))
             dmodel = Model.load(dpath)
-            compare("SmolLM2 F16 + draft SmolLM2-Instruct Q4_1 (n_draft 8, p_min 0.75)", target, prompt,
+            compare("SmolLM2 Q8_0 + draft SmolLM2-Instruct Q4_1 (n_draft 8, p_min 0.75)", target, prompt,
                     [*common, "-md", dpath, "--spec-type", "draft-simple", "--spec-draft-n-max", "8",
                      "--spec-draft-p-min", "0.75"],
-                    lambda: LlamaModelDraft(dmodel, n_draft=8, p_min=0.75, n_ctx=1024, n_threads=a.threads),
+                    lambda: primed(LlamaModelDraft(dmodel, n_draft=8, p_min=0.75, n_ctx=1024,
+                                                   n_threads=a.threads), prompt),
                     vocab, plain)  # fmt: skip
         if "ngram" in only:
             from llamapy.generation.speculative import make_spec_draft
 
             for name, key in (("ngram-simple", "simple"), ("ngram-map-k", "map-k")):
-                compare(f"SmolLM2 F16, {name} (key 3, draft 8)", target, prompt,
+                compare(f"SmolLM2 Q8_0, {name} (key 3, draft 8)", target, prompt,
                         [*common, "--spec-type", name, f"--spec-ngram-{key}-size-n", "3",
                          f"--spec-ngram-{key}-size-m", "8"],
                         lambda name=name: make_spec_draft(name, size_n=3, size_m=8), vocab, plain)  # fmt: skip
@@ -304,7 +323,7 @@ def main() -> int:
 
             hpath = eagle3_head_file(tmp, target)
             head = Eagle3Head(hpath, target)
-            compare("SmolLM2 F16 + random EAGLE-3 head (n_draft 3, p_min 0)", target, prompt,
+            compare("SmolLM2 Q8_0 + random EAGLE-3 head (n_draft 3, p_min 0)", target, prompt,
                     [*common, "-md", str(hpath), "--spec-type", "draft-eagle3", "--spec-draft-n-max", "3",
                      "--spec-draft-p-min", "0"],
                     lambda: Eagle3Draft(head, target, n_draft=3, p_min=0.0, n_ctx=1024, n_threads=a.threads),
