@@ -34,7 +34,7 @@ from benchmarks.harness import llamacpp_bin  # noqa: E402
 
 BIN = llamacpp_bin("avx2")
 STORE = Path.home() / ".cache/llamapy"
-MIXES = "Q8_0,Q4_K_M,Q5_K_M,Q6_K,IQ4_XS,IQ2_XXS+imatrix"
+MIXES = "Q8_0,Q4_K_M,Q5_K_M,Q6_K,Q3_K_S,Q2_K,IQ4_XS,IQ2_XXS+imatrix"
 
 
 def machine() -> str:

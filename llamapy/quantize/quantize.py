@@ -43,6 +43,7 @@ GGML_QNT_VERSION = 2
 _TOKEN_EMBD_NAMES = ("token_embd.weight", "per_layer_token_embd.weight")
 # elements a worker quantizes at a time (whole rows, never across an expert)
 _CHUNK_ELEMS = 1 << 18
+_MIN_CHUNK_ELEMS = 1 << 15
 
 
 Progress = Callable[[str], None]
@@ -464,7 +465,7 @@ def _write(
                     f"missing importance matrix for tensor {p.name} in a very low-bit quantization"
                 )
             t1 = time.perf_counter()
-            data = _quantize_tensor(ti, p, im, pool)
+            data = _quantize_tensor(ti, p, im, pool, nthreads)
             writers[k].write_tensor_data(data, p.name)
             say(head + f"converting to {p.dst_type.name.lower()} .. " + _size_note(p).split(" (")[0]
                 + f" ({time.perf_counter() - t1:.2f} s)")  # fmt: skip
@@ -505,7 +506,7 @@ def _tensor_imatrix(p: TensorPlan, weights: Mapping[str, np.ndarray]) -> np.ndar
 
 
 def _quantize_tensor(
-    ti: TensorInfo, p: TensorPlan, im: np.ndarray | None, pool: ThreadPoolExecutor | None
+    ti: TensorInfo, p: TensorPlan, im: np.ndarray | None, pool: ThreadPoolExecutor | None, workers: int = 1
 ) -> np.ndarray:
     n = ti.ne[0]
     nrows = ti.n_elements // n
@@ -514,7 +515,10 @@ def _quantize_tensor(
     dst_row = _row_size(p.dst_type, n)
     src = ti.data.reshape(nrows, src_row)
     out = np.empty((nrows, dst_row), dtype=np.uint8)
+    # chunks of at most _CHUNK_ELEMS, and at least two per worker when that leaves them _MIN_CHUNK_ELEMS:
+    # a small tensor keeps every worker busy too
     step = max(1, _CHUNK_ELEMS // n)
+    step = max(min(step, -(-rows_per_mat // (2 * workers))), -(-_MIN_CHUNK_ELEMS // n))
     jobs = []
     for r0 in range(0, nrows, rows_per_mat):  # one matrix (expert) at a time: its own imatrix row
         mat = r0 // rows_per_mat
@@ -528,7 +532,7 @@ def _quantize_tensor(
         if ti.ggml_type == GGMLType.F32:
             xf = x.view(np.float32)
         elif ti.ggml_type == GGMLType.F16:
-            xf = f16_to_f32(x)
+            xf = f16_to_f32(x, exact_nan=not TRAITS[p.dst_type].quantized)
         else:
             xf = dequantize(x, ti.ggml_type)
         out[a:b] = quantize(xf.reshape(b - a, n), p.dst_type, w)

@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from ..._numba import njit
+from ..cpu.simd import vh8, vstore
 from . import iq_tables as T
 
 F = np.float32
@@ -435,11 +436,25 @@ def f16_kernel(src, tab, out):
         out[i] = tab[src[i]]
 
 
-def f16_to_f32(raw: np.ndarray) -> np.ndarray:
-    """``uint8[rows, 2n]`` (F16 bytes) -> ``float32[rows, n]`` through a 64 Ki-entry table."""
+@njit(cache=True, nogil=True)
+def f16_kernel_cvt(src, tab, out):
+    """As ``f16_kernel`` through the CPU's half->float conversion, 8 at a time (3x faster; the same bits
+    except a signaling NaN, which comes out quiet)."""
+    n = src.size
+    n8 = n - n % 8
+    for i in range(0, n8, 8):
+        vstore(out, i, vh8(src, i))
+    for i in range(n8, n):
+        out[i] = tab[src[i]]
+
+
+def f16_to_f32(raw: np.ndarray, exact_nan: bool = True) -> np.ndarray:
+    """``uint8[rows, 2n]`` (F16 bytes) -> ``float32[rows, n]`` through a 64 Ki-entry table, or
+    (``exact_nan`` False: for a quantized destination, where NaN is an error anyway) the CPU's
+    conversion."""
     src = np.ascontiguousarray(raw).view("<u2")
     out = np.empty(src.shape, F)
-    f16_kernel(src.reshape(-1), F16_TABLE, out.reshape(-1))
+    (f16_kernel if exact_nan else f16_kernel_cvt)(src.reshape(-1), F16_TABLE, out.reshape(-1))
     return out
 
 
