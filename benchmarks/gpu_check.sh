@@ -21,7 +21,7 @@
 # Knobs: OUT (default ./gpu_check_out), PYTHON (python3), GPU_CHECK_WHL (.whl), GPU_CHECK_WORK (where the
 # models go; default $TMPDIR/llamapy-gpu-check, reused when current), GPU_CHECK_TOTAL_S (480),
 # GPU_CHECK_PHASES (setup,models,pytest,agree,graph,speed: a second run can skip some),
-# GPU_CHECK_PYTEST_ARGS (-x), GPU_CHECK_REPS (3), GPU_CHECK_B_<PHASE> (seconds: SETUP 60, MODELS 90,
+# GPU_CHECK_PYTEST_ARGS (-x), GPU_CHECK_REPS (2), GPU_CHECK_B_<PHASE> (seconds: SETUP 60, MODELS 90,
 # PYTEST 140, AGREE 75, GRAPH 35; speed gets the rest).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +34,7 @@ OUT="${OUT:-$ROOT/gpu_check_out}"
 WHL="${GPU_CHECK_WHL:-$ROOT/.whl}"
 WORK="${GPU_CHECK_WORK:-${TMPDIR:-/tmp}/llamapy-gpu-check}"
 PHASES=",${GPU_CHECK_PHASES:-setup,models,pytest,agree,graph,speed},"
-REPS="${GPU_CHECK_REPS:-3}"
+REPS="${GPU_CHECK_REPS:-2}"
 mkdir -p "$OUT" "$WORK/sections"
 rm -f "$WORK"/sections/*.md "$WORK/phases.md" "$WORK/warm.log" "$OUT/speed.jsonl"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # llamapy and benchmarks/ even if the install fails
@@ -230,15 +230,17 @@ phase pytest "${GPU_CHECK_B_PYTEST:-${BUDGET:-140}}" "$OUT/pytest.log" "$PY" -m 
 if want pytest; then
     tail -40 "$OUT/pytest.log" | grep -E '^(FAILED|ERROR)|passed|failed|error' | tail -12 \
         | sed 's/^/    /' >"$WORK/sections/pytest.md"
-fi
-if [ -n "$warm_pid" ]; then
-    wait "$warm_pid" 2>/dev/null
-    { echo "== CPU kernel warm-up (background)"; cat "$WORK/warm.log"; } >>"$OUT/setup.log"
+    if ! grep -qE 'passed|failed|error' "$WORK/sections/pytest.md"; then # cut short: its last lines
+        { echo "no pytest summary line (cut short?); the log ends:"; echo; tail -15 "$OUT/pytest.log" \
+            | sed 's/^/    /'; } >"$WORK/sections/pytest.md"
+    fi
 fi
 agree_files=()
 for m in "${AGREE[@]}"; do agree_files+=("$(model "$m")"); done
-phase agree "${GPU_CHECK_B_AGREE:-${BUDGET:-75}}" "$OUT/agree.log" "$PY" -m benchmarks.gpu_check.agree agree \
-    --prompt $PROMPT --decode $AGREE_DECODE --ngl $AGREE_NGL --md "$WORK/sections/agree.md" --deadline $((T0 + TOTAL - 150)) "${agree_files[@]}"
+b_agree="${GPU_CHECK_B_AGREE:-${BUDGET:-75}}" # no new file is started in its last 40%
+phase agree "$b_agree" "$OUT/agree.log" "$PY" -m benchmarks.gpu_check.agree agree --prompt $PROMPT \
+    --decode $AGREE_DECODE --ngl $AGREE_NGL --md "$WORK/sections/agree.md" \
+    --deadline $(($(date +%s) + b_agree * 6 / 10)) "${agree_files[@]}"
 phase graph "${GPU_CHECK_B_GRAPH:-${BUDGET:-35}}" "$OUT/graph.log" "$PY" -m benchmarks.gpu_check.agree graph \
     --prompt $PROMPT --decode $GRAPH_DECODE --md "$WORK/sections/graph.md" "$(model "${MODELS[0]}")"
 
@@ -249,6 +251,11 @@ for s in "${SPEED[@]}"; do
 done
 phase speed "$(left)" "$OUT/speed.log" "$PY" -m benchmarks.gpu_check.speed --jsonl "$OUT/speed.jsonl" \
     --md "$WORK/sections/speed.md" -r "$REPS" --deadline $(($(date +%s) + $(left) - 40)) "${plan[@]}"
+if [ -n "$warm_pid" ]; then # the background CPU warm-up: done long ago, normally
+    kill "$warm_pid" 2>/dev/null
+    wait "$warm_pid" 2>/dev/null
+    { echo "== CPU kernel warm-up (background)"; cat "$WORK/warm.log"; } >>"$OUT/setup.log"
+fi
 summary
 echo "gpu_check: $(($(date +%s) - T0)) s; results in $OUT:" >&2
 cat "$WORK/phases.md" >&2

@@ -103,8 +103,14 @@ def agree_file(
 
 
 def run_agree(
-    files: list[Path], deadline: float, sim: bool, n_decode: int = 4, ngls: list[str] | None = None
+    files: list[Path],
+    deadline: float,
+    sim: bool,
+    n_decode: int = 4,
+    ngls: list[str] | None = None,
+    md: Path | None = None,
 ) -> tuple[bool, list[str]]:
+    """Every file in turn; the section so far is in ``md`` after each (the run may be cut short)."""
     out = [
         "| file | -ngl | device | max abs diff | mean abs diff | max / max|ref| | top-1 same | s (CPU / split) | |",
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
@@ -122,6 +128,8 @@ def run_agree(
         ok &= good
         out += lines
         print("\n".join(lines), flush=True)
+        if md is not None:
+            md.write_text("\n".join(out) + "\n")
     return ok, out
 
 
@@ -206,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                 decode_rows(model, 0, _prompt(model), None, 1)
                 lines.append(f"CPU warm-up on {f.name}: {time.perf_counter() - t0:.1f} s")
         elif a.what == "agree":
-            ok, lines = run_agree(a.files, a.deadline, sim, a.decode or 4, a.ngl.split(","))
+            ok, lines = run_agree(a.files, a.deadline, sim, a.decode or 4, a.ngl.split(","), a.md)
         else:
             ok, lines = run_graph(a.files[0], a.decode or 12)
     except Exception as e:

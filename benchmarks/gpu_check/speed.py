@@ -104,7 +104,14 @@ def run(
     with jsonl.open("a") as jf:
         jf.write(json.dumps({"copy_rate": cr}) + "\n")
         for f, tests in plan:
-            wb, params, facts = model_bytes(f)
+            try:
+                wb, params, facts = model_bytes(f)
+            except Exception as e:
+                ok = False
+                rows.append(
+                    f"| {f.name} | {','.join(tests)} | **ERROR** {type(e).__name__}: {str(e)[:200]} | | | | | |"
+                )
+                continue
             for spec in tests:
                 if time.time() > deadline:
                     rows.append(f"| {f.name} | {spec} | out of time: not run | | | | | |")
