@@ -197,6 +197,16 @@ def main(sdist: str, only: list[str]) -> None:
             desc = describe(out)
             (EXPECT_DIR / f"{rid}.json").write_text(json.dumps(desc, indent=1) + "\n")
             print(rid, desc["file_sha256"])
+        if not only or "nomic-bert-f16" in only:  # (no transformers class: its own directory maker)
+            from tests.convert.hf_dirs import make_nomic_bert_dir
+
+            out = root / "nomic-bert-f16.gguf"
+            cmd = [sys.executable, "convert_hf_to_gguf.py", str(make_nomic_bert_dir(root)), "--outfile", str(out),
+                   "--outtype", "f16"]  # fmt: skip
+            subprocess.run(cmd, cwd=sdist, check=True, capture_output=True)
+            desc = describe(out)
+            (EXPECT_DIR / "nomic-bert-f16.json").write_text(json.dumps(desc, indent=1) + "\n")
+            print("nomic-bert-f16", desc["file_sha256"])
         for case, outtype in LORA_RUNS:
             rid = f"lora-{case}-{outtype}"
             if only and rid not in only:

@@ -747,3 +747,38 @@ def make_lora_dir(base: Path, root: Path, name: str = "lora", r: int = 4, alpha:
     }
     (d / "adapter_config.json").write_text(json.dumps(cfg, indent=2))
     return d
+
+
+def make_nomic_bert_dir(root: Path) -> Path:
+    """A tiny nomic-embed-text v1.5 checkpoint (``NomicBertModel``, remote code: no transformers class), its
+    config.json and tensor names as the Hub's, with the WordPiece tokenizer of the ``bert`` case."""
+    from safetensors.numpy import save_file
+
+    d = root / "nomic-bert"
+    if (d / "config.json").exists():
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    n_vocab = _write_tokenizer("wordpiece", d, root)
+    e, ff, n_layer = 64, 96, 2
+    cfg = dict(architectures=["NomicBertModel"], model_type="nomic_bert", activation_function="swiglu",
+               causal=False, layer_norm_epsilon=1e-12, max_trained_positions=2048, mlp_fc1_bias=False,
+               mlp_fc2_bias=False, n_embd=e, n_head=4, n_inner=ff, n_layer=n_layer, n_positions=8192,
+               prenorm=False, qkv_proj_bias=False, rotary_emb_base=1000, rotary_emb_fraction=1.0,
+               rotary_emb_interleaved=False, rotary_emb_scale_base=None, rotary_scaling_factor=None,
+               type_vocab_size=2, vocab_size=n_vocab, use_rms_norm=False)  # fmt: skip
+    shapes: dict[str, tuple[int, ...]] = {
+        "embeddings.word_embeddings.weight": (n_vocab, e),
+        "embeddings.token_type_embeddings.weight": (2, e),
+        "emb_ln.weight": (e,),
+        "emb_ln.bias": (e,),
+    }
+    for il in range(n_layer):
+        p = f"encoder.layers.{il}."
+        shapes |= {p + "attn.Wqkv.weight": (3 * e, e), p + "attn.out_proj.weight": (e, e),
+                   p + "mlp.fc11.weight": (ff, e), p + "mlp.fc12.weight": (ff, e), p + "mlp.fc2.weight": (e, ff),
+                   p + "norm1.weight": (e,), p + "norm1.bias": (e,), p + "norm2.weight": (e,),
+                   p + "norm2.bias": (e,)}  # fmt: skip
+    state = random_state(Case("nomic-bert", "NomicBertConfig"), shapes, False)
+    save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    return d

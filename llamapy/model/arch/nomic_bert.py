@@ -14,6 +14,8 @@ from ...ggml.tensor import Tensor
 from ...ggml.types import GGMLType
 from ..blocks import GraphBuilder, Outputs, TensorLoader
 from ..encoder_blocks import BertArchitecture, BertLayout, build_bert, load_bert_tensors, read_encoder_hparams
+from ..hf import HFConvert
+from ..hf_shared import bert_params, bert_tensor
 from ..hparams import ROPE_NEOX, HParams, MetaReader
 from . import register
 
@@ -75,3 +77,35 @@ class NomicBert(BertArchitecture):
 
     def build(self, g: GraphBuilder) -> Outputs:
         return build_bert(self, g)
+
+
+def _nomic_hparams(hp: dict) -> dict:
+    """NomicBertModel.__init__: the trained context as n_positions, and the layout it converts."""
+    from ...convert.errors import ConvertError
+
+    if hp.get("moe_every_n_layers"):
+        raise ConvertError("nomic-bert-moe (moe_every_n_layers) checkpoints are not converted yet")
+    npos, mtp = hp.get("n_positions"), hp.get("max_trained_positions", 2048)
+    if (npos, mtp) == (8192, 2048):
+        hp = {**hp, "n_positions": 2048}  # nomic-embed-text v1 / v1.5 are trained for 2048 tokens
+    elif (npos, mtp) == (2048, 2048):
+        hp = {**hp, "n_positions": 512}
+    else:
+        raise ConvertError(f"config.json: unrecognized n_positions={npos}, max_trained_positions={mtp}")
+    want = {"activation_function": "swiglu", "causal": False, "qkv_proj_bias": False, "mlp_fc1_bias": False,
+            "mlp_fc2_bias": False, "prenorm": False, "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False,
+            "rotary_emb_scale_base": None}  # fmt: skip
+    for k, v in want.items():
+        if hp.get(k) != v:
+            raise ConvertError(f"config.json: nomic-bert with {k}={hp.get(k)!r} is not supported ({v!r} is)")
+    return hp
+
+
+HF_CONVERT = HFConvert(
+    "nomic-bert",
+    ("NomicBertModel",),
+    vocab="bert",
+    params=bert_params,
+    tensor=bert_tensor,
+    adjust_hparams=_nomic_hparams,
+)
