@@ -46,6 +46,7 @@ def _feeds(n_rows: int, width=64, ffn=96, special=False):
     if special:  # overflow to inf, subnormal halves, exact ties, signed zeros
         flat = sv.reshape(-1)
         flat[:8] = [7e4, -7e4, 65519.0, 65520.0, 2.0**-25, 3 * 2.0**-26, 2.0**-20 + 2.0**-31, -0.0]
+        flat[8:12] = [1 + 2.0**-11, 1 + 3 * 2.0**-11, -(2 + 2.0**-10), 2.0**-24 * 1.5]  # ties to even
     iv = RNG.permutation(8)[:n_rows].astype(np.int32)
     av = (RNG.standard_normal((n_rows, ffn)) * 6).astype(np.float32)
     bv = RNG.standard_normal((n_rows, ffn)).astype(np.float32)
@@ -95,3 +96,32 @@ def test_large_glu_keeps_the_parallel_kernel():
     s = Scheduler([CPUBackend(1)])
     s.compute(g, {a: np.ones((n, 96), np.float32), b: np.ones((n, 96), np.float32)})
     assert not any("glu_step" in getattr(st, "__qualname__", "") for st in s._last.steps)
+
+
+def test_tiny_llama_decode_uses_fast_steps_with_identical_logits(tmp_path):
+    """A model's decode graph takes the fast steps (F16 cache writes, serial swiglu) and its logits are
+    the general steps' bytes, token after token."""
+    from llamapy.batch import Batch
+    from llamapy.context import Context, ContextParams
+    from llamapy.model import Model
+    from tests.model.tiny import tiny_llama
+
+    model = Model.load(tiny_llama(tmp_path / "tiny.gguf", seed=3))
+    logits, names = {}, {}
+    for enabled in (False, True):
+        plan_steps.ENABLED = enabled
+        try:
+            c = Context(model, ContextParams(n_ctx=64, n_threads=1))  # F16 cache (the default)
+            c.decode(Batch.from_tokens([5, 17, 3, 42], pos0=0))
+            rows = [c.get_logits().tobytes()]
+            for i, t in enumerate([8, 21, 33]):
+                c.decode(Batch.from_tokens([t], pos0=4 + i))
+                rows.append(c.get_logits().tobytes())
+        finally:
+            plan_steps.ENABLED = True
+        logits[enabled] = rows
+        names[enabled] = [getattr(s, "__qualname__", "") for s in c.sched._last.steps]
+    assert logits[True] == logits[False]
+    assert sum("step_f16" in n for n in names[True]) >= 2, names[True]  # K and V of each layer
+    assert any("glu_step" in n for n in names[True]), names[True]
+    assert not any("step_f16" in n or "glu_step" in n for n in names[False])
