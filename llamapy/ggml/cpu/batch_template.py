@@ -24,10 +24,15 @@ rows; the first group of each row prefetches the bytes of the row ``PREFETCH_ROW
 
 from __future__ import annotations
 
-import numpy as np
+from ..._numba import njit, prange  # first: it sets NUMBA_CACHE_DIR before Numba is imported
 
-from ..._numba import njit, prange
-from .isimd import izero
+# isort: split
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from .isimd import HAVE_AVX2, I32x8, izero
 from .kquant_kernels import QK_K, _nan_rows, _q8k
 from .rowgroups import PREFETCH_ROWS, prefetch_bytes
 from .simd import vadd, vadd_strict, vfma_strict, vhsum, vload, vmul_strict, vstore, vzero
@@ -163,6 +168,27 @@ def batch8(w, x, out, f16, tab, load, scaled, bbytes, nsub):
             _store8(out, r, m0, a0, a1, a2, a3, a4, a5, a6, a7, n)
 
 
+@intrinsic
+def ibar4(typingctx, s0, s1, s2, s3):  # type: ignore[no-untyped-def]
+    """The four sums unchanged, through an empty ``asm`` that LLVM cannot look into: the products of a
+    run for all rows are done before the next run's start, so the scheduler does not regroup the
+    unrolled runs row by row (which keeps eight unpacked runs and scales alive: spills). Identity
+    where there is no AVX2."""
+    if not all(v == I32x8 for v in (s0, s1, s2, s3)):
+        return None
+    ret = types.UniTuple(I32x8, 4)
+
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        if not HAVE_AVX2:
+            return context.make_tuple(builder, ret, list(args))
+        vt = args[0].type
+        st = ir.LiteralStructType([vt] * 4)
+        r = builder.asm(ir.FunctionType(st, [vt] * 4), "", "=x,=x,=x,=x,0,1,2,3", list(args), True)
+        return context.make_tuple(builder, ret, [builder.extract_value(r, i) for i in range(4)])
+
+    return ret(s0, s1, s2, s3), cg
+
+
 @njit(inline="always")
 def run4(s0, s1, s2, s3, mad, u, k0, k1, xqf, q0, q1, q2, q3, xo, full):
     """One run of 32 weight bytes ``u`` into the integer sums of the group's rows (``xo``: the run's
@@ -172,7 +198,39 @@ def run4(s0, s1, s2, s3, mad, u, k0, k1, xqf, q0, q1, q2, q3, xo, full):
     if full:
         s2 = mad(s2, u, xqf, q2 + xo, k0, k1)
         s3 = mad(s3, u, xqf, q3 + xo, k0, k1)
-    return s0, s1, s2, s3
+    return ibar4(s0, s1, s2, s3)
+
+
+@njit(inline="always")
+def _kblocks(
+    wf, base, pf, prefetch, N, rb, nb, xqf, xd, bsf, f16, head, runs, tail, fin, bbytes, bsn, g, full
+):
+    """One group's pass over the weight row at ``base`` in ``wf``: the four (``full``, a literal: no
+    branch inside the runs) or two rows' float sums."""
+    i0, i1, i2, i3 = g
+    K = nb * QK_K
+    q0, q1, q2, q3 = i0 * K, i1 * K, i2 * K, i3 * K
+    a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+    for b in range(nb):
+        if prefetch:
+            prefetch_bytes(wf, pf + b * bbytes, bbytes, N * rb)
+        o, x0 = base + b * bbytes, b * QK_K
+        h = head(wf, o)
+        z = izero()
+        s0, s1, s2, s3 = runs(z, z, z, z, wf, o, h, xqf, q0, q1, q2, q3, x0, full)
+        t = tail(wf, o, f16, h)
+        jb = b * (QK_K // bsn)
+        a0 = fin(a0, s0, wf, o, t, xd[i0, b], bsf, q0 // bsn + jb)
+        a1 = fin(a1, s1, wf, o, t, xd[i1, b], bsf, q1 // bsn + jb)
+        if full:
+            a2 = fin(a2, s2, wf, o, t, xd[i2, b], bsf, q2 // bsn + jb)
+            a3 = fin(a3, s3, wf, o, t, xd[i3, b], bsf, q3 // bsn + jb)
+    return a0, a1, a2, a3
+
+
+#: weight rows per work item of ``kbatch4``: each group of activation rows runs over all of them while
+#: its bytes are in L1 (before: over one weight row, so every weight row streamed all the activations)
+KROWS = 8
 
 
 @njit(inline="always")
@@ -181,28 +239,25 @@ def kbatch4(w, x, out, f16, head, runs, tail, fin, bbytes, bsn):
     M, nb = x.shape[0], rb // bbytes
     wf = w.reshape(-1)
     xq, xd, bs16, bs32, ok = _q8k(x)
-    xqf, K = xq.reshape(-1), x.shape[1]
+    xqf = xq.reshape(-1)
     bsf = bs16.reshape(-1) if bsn == 16 else bs32.reshape(-1)
-    for r in prange(N):
-        wr = w[r]
-        pf = (r + PREFETCH_ROWS) * rb
+    for c in prange((N + KROWS - 1) // KROWS):
+        r0 = c * KROWS
+        r1 = min(r0 + KROWS, N)
         for m0 in range(0, M, 4):
             i0, i1, i2, i3, full = _group(m0, M)
-            q0, q1, q2, q3 = i0 * K, i1 * K, i2 * K, i3 * K
-            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            for b in range(nb):
-                if m0 == 0:
-                    prefetch_bytes(wf, pf + b * bbytes, bbytes, N * rb)
-                o, x0 = b * bbytes, b * QK_K
-                h = head(wr, o)
-                z = izero()
-                s0, s1, s2, s3 = runs(z, z, z, z, wr, o, h, xqf, q0, q1, q2, q3, x0, full)
-                t = tail(wr, o, f16, h)
-                jb = b * (QK_K // bsn)
-                a0 = fin(a0, s0, wr, o, t, xd[i0, b], bsf, q0 // bsn + jb)
-                a1 = fin(a1, s1, wr, o, t, xd[i1, b], bsf, q1 // bsn + jb)
+            g = (i0, i1, i2, i3)
+            for r in range(r0, r1):
+                base, pf = r * rb, (r + PREFETCH_ROWS) * rb
                 if full:
-                    a2 = fin(a2, s2, wr, o, t, xd[i2, b], bsf, q2 // bsn + jb)
-                    a3 = fin(a3, s3, wr, o, t, xd[i3, b], bsf, q3 // bsn + jb)
-            _store(out, r, i0, i1, i2, i3, a0, a1, a2, a3, full)
+                    a0, a1, a2, a3 = _kblocks(
+                        wf, base, pf, m0 == 0, N, rb, nb, xqf, xd, bsf, f16,
+                        head, runs, tail, fin, bbytes, bsn, g, True,
+                    )  # fmt: skip
+                else:
+                    a0, a1, a2, a3 = _kblocks(
+                        wf, base, pf, m0 == 0, N, rb, nb, xqf, xd, bsf, f16,
+                        head, runs, tail, fin, bbytes, bsn, g, False,
+                    )  # fmt: skip
+                _store(out, r, i0, i1, i2, i3, a0, a1, a2, a3, full)
     _nan_rows(out, ok)
