@@ -1,7 +1,11 @@
 """Where a decode token's CPU time goes besides the mat-vec kernels: the scheduler's step loop, Numba
 dispatch, the small ops, and the work outside the graph (batch checks, KV bookkeeping, inputs, logits).
 
-    python benchmarks/decode_overhead.py MODEL.gguf [--threads 1] [--tokens 40]
+    python benchmarks/decode_overhead.py MODEL.gguf [--threads 1] [--tokens 40] [--ab]
+
+``--ab``: instead, two contexts on the model in one process, one built with the general steps
+(``cpu/plan_steps.ENABLED = False``) and one with the fast steps, tokens alternating between them: the
+paired CPU-time difference per token, and whether their logits are the same bytes.
 
 All figures are CPU time (``time.thread_time`` of the decoding thread, ``time.process_time`` of the
 process, which with 2 threads includes the worker's spinning): the machine may be shared. Per-step
@@ -35,7 +39,10 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=40)
+    ap.add_argument("--ab", action="store_true")
     a = ap.parse_args()
+    if a.ab:
+        return _ab(os.path.expanduser(a.model), a.threads, a.tokens)
 
     import llamapy.context as C
     from llamapy.batch import Batch
@@ -143,6 +150,43 @@ def main() -> None:
             pass
     print(f"bare loop over the steps: {(tc() - t) / 200 * 1e6:.1f} us/token")
     _dispatch_costs()
+
+
+def _ab(path: str, threads: int, n: int) -> None:
+    from llamapy.batch import Batch
+    from llamapy.context import Context, ContextParams
+    from llamapy.ggml.cpu import plan_steps
+    from llamapy.model import Model
+
+    model = Model.load(path)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, model.n_vocab, 8)
+    ctxs = {}
+    for name, enabled in (("general", False), ("fast", True)):
+        plan_steps.ENABLED = enabled
+        c = Context(model, ContextParams(n_ctx=512, n_threads=threads))
+        c.decode(Batch.from_tokens(prompt, pos0=0))
+        c.decode(Batch.from_tokens([1], pos0=8))
+        ctxs[name] = c
+    plan_steps.ENABLED = True
+    cpu: dict[str, list[float]] = {k: [] for k in ctxs}
+    same = True
+    for i in range(n):
+        tok = int(rng.integers(0, model.n_vocab))
+        for name, c in list(ctxs.items())[:: 1 if i % 2 == 0 else -1]:
+            t = time.thread_time()
+            c.decode(Batch.from_tokens([tok], pos0=9 + i))
+            cpu[name].append(time.thread_time() - t)
+        same = same and ctxs["general"].get_logits().tobytes() == ctxs["fast"].get_logits().tobytes()
+    print(f"# {machine_line()}; load average {os.getloadavg()}")
+    print(f"# {path}, {threads} thread(s), {n} tokens each; logits identical every token: {same}")
+    for k, v in cpu.items():
+        print(f"{k:8s} decoding-thread CPU ms/token: {_ms(v)}")
+    d = [x - y for x, y in zip(cpu["general"], cpu["fast"], strict=True)]
+    print(
+        f"paired difference general - fast: median {statistics.median(d) * 1e3:.3f} ms/token, "
+        f"mean {statistics.mean(d) * 1e3:.3f}"
+    )
 
 
 def _dispatch_costs() -> None:
