@@ -51,37 +51,38 @@ def quantize_rows_q8_k(x, xq, xd, bs16, bs32):
     float32[M, K // 256], sums of each 16 bytes ``bs16`` and each 32 bytes ``bs32`` (int32). Not
     ``fastmath``: the rounding is ggml's, so the bytes match ``quantize(x, Q8_K)``. Returns whether
     each row is finite (a super-block with an inf or NaN is quantized as zeros: the kernels, which
-    may assume finite floats, then write NaN for that row)."""
+    may assume finite floats, then write NaN for that row).
+
+    The absolute maximum and its first position come from one integer max over ``|bits| << 8 |
+    (255 - j)`` (the float bits without the sign order as the values do; equal maxima: the first wins,
+    as ggml; NaN and inf bits are above every finite one), which vectorizes where a float max with a
+    branch per element does not: 3.3 -> 2.4 us per 1536-element row, 11.6 -> 6.0 per 8960 (CPU)."""
     M, K = x.shape
     ok = np.ones(M, np.bool_)
+    xb = x.view(np.int32)
     for m in range(M):
         for b in range(K // QK_K):
             x0 = b * QK_K
-            amax = np.float32(0.0)
-            mx = np.float32(0.0)
-            finite = True
+            key = np.int64(0)
             for j in range(QK_K):
-                v = x[m, x0 + j]
-                a = abs(v)
-                if not a < np.inf:
-                    finite = False
-                if a > amax:  # the first of equal maxima, as ggml
-                    amax = a
-                    mx = v
-            if amax == 0 or not finite:
+                key = max(key, (np.int64(xb[m, x0 + j] & 0x7FFFFFFF) << 8) | (255 - j))
+            abits = key >> 8
+            finite = abits < 0x7F800000  # the bits of inf; NaN's are above
+            if abits == 0 or not finite:
                 ok[m] = ok[m] and finite
                 xd[m, b] = np.float32(0.0)
                 xq[m, x0 : x0 + QK_K] = 0
             else:
+                mx = x[m, x0 + 255 - (key & 255)]
                 iscale = np.float32(-127.0) / mx
                 for j in range(QK_K):
                     q = np.rint(iscale * x[m, x0 + j])
-                    xq[m, x0 + j] = np.int8(min(np.float32(127.0), q))
+                    xq[m, x0 + j] = np.int8(q if q < np.float32(127.0) else np.float32(127.0))
                 xd[m, b] = np.float32(1.0) / iscale
             for j in range(16):
-                s = 0
+                s = np.int32(0)
                 for i in range(16):
-                    s += xq[m, x0 + 16 * j + i]
+                    s += np.int32(xq[m, x0 + 16 * j + i])
                 bs16[m, 16 * b + j] = s
             for j in range(8):
                 bs32[m, 8 * b + j] = bs16[m, 16 * b + 2 * j] + bs16[m, 16 * b + 2 * j + 1]
