@@ -59,8 +59,23 @@ def test_l3_size_is_read_or_defaulted():
 def test_every_type_with_a_one_row_kernel_has_an_l1_variant():
     from llamapy.ggml.cpu import matmul_kernels as mk
 
-    assert set(ms.MATVEC_L1_NAMES) == set(mk.MATVEC) - {"MXFP4"}
+    blocks = {
+        "Q4_0",
+        "Q4_1",
+        "Q5_0",
+        "Q5_1",
+        "Q8_0",
+        "Q2_K",
+        "Q3_K",
+        "Q4_K",
+        "Q5_K",
+        "Q6_K",
+        "IQ4_NL",
+        "IQ4_XS",
+    }
+    assert set(ms.MATVEC_L1_NAMES) == blocks
     assert all(t.name in mk.MATVEC for t in ALL_L1_TYPES)
+    assert ms.matvec_l1("MXFP4") is None  # no variant: the L2 kernel runs
 
 
 @pytest.mark.parametrize("lo, hi, l1", [(0, None, True), (0, 0, False), (None, None, False)])
