@@ -72,6 +72,8 @@ def test_every_type_with_a_one_row_kernel_has_an_l1_variant():
         "Q6_K",
         "IQ4_NL",
         "IQ4_XS",
+        "F16",
+        "BF16",
     }
     assert set(ms.MATVEC_L1_NAMES) == blocks
     assert all(t.name in mk.MATVEC for t in ALL_L1_TYPES)

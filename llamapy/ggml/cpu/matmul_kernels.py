@@ -15,7 +15,8 @@ The one-row kernels of the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
 to 16 bits per block and multiply in integers (``q16_kernels``: as close to the float product as float
 activations, with half the vector operations); their batch kernels multiply the float activations. The
 k-quants (``kquant_kernels``; Q2_K and Q3_K in ``kquant_lo_kernels``) multiply activations quantized to
-8 bits, as llama.cpp does; IQ4_NL and IQ4_XS (``iq4_kernels``) the floats, through a table lookup.
+8 bits, as llama.cpp does; IQ4_NL and IQ4_XS (``iq4_kernels``) the floats, through a table lookup;
+F16 and BF16 (``f16_kernels``) the floats, each weight element widened in registers.
 ``MATVEC`` holds all; a type without a batch kernel runs its ``MATVEC`` kernel for any number of rows
 (each weight block decoded again per row). This file holds the one table (``KERNELS``, its columns
 ``MATVEC`` / ``MATVEC_BATCH`` / ``MATVEC_BATCH8``) and ``matvec_kernel``.
@@ -108,11 +109,13 @@ KERNELS: dict[str, tuple[str, str, str | None]] = {
     "IQ4_NL": ("iq4_kernels:mm_iq4_nl", "batch_kernels:mmb_iq4_nl", "batch_kernels:mmb8_iq4_nl"),
     "IQ4_XS": ("iq4_kernels:mm_iq4_xs", "batch_kernels:mmb_iq4_xs", "batch_kernels:mmb8_iq4_xs"),
     "MXFP4": ("mxfp4_kernels:mm_mxfp4", "batch_kernels:mmb_mxfp4", "batch_kernels:mmb8_mxfp4"),
+    "F16": ("f16_kernels:mm_f16", None, None),
+    "BF16": ("f16_kernels:mm_bf16", None, None),
 }
 
 #: the table's columns, by row count (views that import on lookup)
 MATVEC = KernelTable({t: k[0] for t, k in KERNELS.items()})
-MATVEC_BATCH = KernelTable({t: k[1] for t, k in KERNELS.items()})
+MATVEC_BATCH = KernelTable({t: k[1] for t, k in KERNELS.items() if k[1] is not None})
 MATVEC_BATCH8 = KernelTable({t: k[2] for t, k in KERNELS.items() if k[2] is not None})
 
 

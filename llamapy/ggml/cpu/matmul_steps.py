@@ -35,6 +35,7 @@ MATVEC_L1_NAMES = {
     "Q3_K": "kquant_lo_kernels:mm_q3_k_l1", "Q4_K": "kquant_kernels:mm_q4_k_l1",
     "Q5_K": "kquant_kernels:mm_q5_k_l1", "Q6_K": "kquant_kernels:mm_q6_k_l1",
     "IQ4_NL": "iq4_kernels:mm_iq4_nl_l1", "IQ4_XS": "iq4_kernels:mm_iq4_xs_l1",
+    "F16": "f16_kernels:mm_f16_l1", "BF16": "f16_kernels:mm_bf16_l1",
 }  # fmt: skip
 _MATVEC_L1: MutableMapping[str, Any] | None = None
 
