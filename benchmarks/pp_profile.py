@@ -28,7 +28,7 @@ from llamapy.model import Model  # noqa: E402
 def group(fn: str, name: str) -> str:
     if name.startswith(("mmb8_", "mmb_", "mm_")):
         return f"mat-mul in-register {name.split('_', 1)[1]}"
-    if "quants" in fn and ("dequant" in name or name.startswith(("_dq", "dq_"))):
+    if "quants" in fn and ("dequant" in name or fn.endswith("fast.py")):
         return f"tile dequantize {name}"
     if name == "_gemm_nt":
         return "mat-mul sgemm (tiles)"
@@ -47,8 +47,14 @@ def profile(ctx: Context, toks: np.ndarray) -> tuple[float, float, dict[str, flo
     ctx.memory.seq_rm(0, 0, -1)
     st = pstats.Stats(pr)
     groups: dict[str, float] = defaultdict(float)
+    other = []
     for (fn, _, name), (_, _, tt, _, _) in st.stats.items():  # type: ignore[attr-defined]
-        groups[group(fn, name)] += tt
+        gname = group(fn, name)
+        groups[gname] += tt
+        if gname == "other":
+            other.append((tt, f"{Path(fn).name}:{name}"))
+    for tt, nm in sorted(other, reverse=True)[:6]:
+        groups[f"(other) {nm}"] = tt
     return cpu, wall, groups
 
 
@@ -68,7 +74,7 @@ def main() -> None:
         print(f"\npp{n}: cpu {cpu:.3f} s, wall {wall:.3f} s, {n / wall:.1f} t/s wall, ", end="")
         print(f"{n * T / cpu:.1f} t/s cpu-equivalent ({T} threads)")
         print(f"| pp{n} op group | CPU s | share |\n| --- | ---: | ---: |")
-        for k, v in sorted(groups.items(), key=lambda kv: -kv[1]):
+        for k, v in sorted(groups.items(), key=lambda kv: (kv[0].startswith("(other)"), -kv[1])):
             if v >= 0.0005:
                 print(f"| {k} | {v:.3f} | {100 * v / cpu:.1f}% |")
         del ctx

@@ -36,9 +36,10 @@ MATVEC_MAX_TOKENS = 16
 #: tile to floats costs more than it saves up to ~128 rows; the 32-element types multiply floats and
 #: meet sgemm near 48. CPU time per call, one thread, 8960x1536 (benchmarks/results/matvec_rows.md):
 #: at 64 rows Q4_K 2.0x, Q5_K 1.65x, Q6_K 1.36x, Q2_K/Q3_K ~2x faster than tiles; at 32 rows Q4_0
-#: 1.5x, Q8_0 1.75x, IQ4_XS 1.5x; at 512 rows the tiles win (Q4_K 0.97x, Q6_K 0.66x).
+#: 1.5x, Q8_0 1.75x, IQ4_XS 1.5x; at 512 rows the tiles win (Q4_K 0.97x, Q6_K 0.66x). Q4_K 256: after
+#: the spill-free kbatch4 (benchmarks/results/pp_kernels.md) it is 1.31x / 1.18x at 256 rows.
 MATVEC_MAX_ROWS = {
-    "Q2_K": 128, "Q3_K": 128, "Q4_K": 128, "Q5_K": 128, "Q6_K": 96,
+    "Q2_K": 128, "Q3_K": 128, "Q4_K": 256, "Q5_K": 128, "Q6_K": 96,
     "Q4_0": 32, "Q4_1": 32, "Q8_0": 32, "IQ4_NL": 32, "IQ4_XS": 32,
 }  # fmt: skip
 
