@@ -9,6 +9,10 @@ model over tests/data/quantize/gpl-3-head.txt (2 chunks of 128).
 
     python benchmarks/quantize_vs_llamacpp.py [--threads 2] [--reps 3] [--mixes Q8_0,Q4_K_M,...]
         [--out benchmarks/results/quantize_vs_llamacpp.md]
+
+On a tree others are editing, set ``NUMBA_CACHE_DIR`` to a fixed directory: the default cache directory
+follows a digest of the kernel sources (llamapy/_numba.py), so an edit elsewhere meanwhile would make a
+timed run recompile every kernel.
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ def warm_up() -> None:
         "    quantize(x, T[t]) if t[:2] != 'IQ' or t.startswith('IQ4') else None\n"
         "from llamapy.ggml.quants._rowq import f16_to_f32\n"
         "f16_to_f32(np.zeros((2, 8), np.uint8))\n"
+        "f16_to_f32(np.zeros((2, 8), np.uint8), exact_nan=False)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..ggml.quants import QuantError, dequantize, quantize
-from ..ggml.quants._rowq import f16_to_f32
+from ..ggml.quants._rowq import F16_TABLE, f16_kernel, f16_kernel_cvt
 from ..ggml.types import TRAITS, GGMLType
 from ..gguf.constants import GGUFValueType
 from ..gguf.reader import GGUFError, GGUFReader, TensorInfo
@@ -426,6 +427,7 @@ def _write(
     writers: list[GGUFWriter] = []
     nthreads = nthreads if nthreads and nthreads > 0 else (os.cpu_count() or 1)
     pool = ThreadPoolExecutor(max_workers=nthreads) if nthreads > 1 else None
+    out_buf: list[np.ndarray] = []
     from .._numba import numba, set_num_threads
 
     numba_threads = numba.get_num_threads()
@@ -465,7 +467,7 @@ def _write(
                     f"missing importance matrix for tensor {p.name} in a very low-bit quantization"
                 )
             t1 = time.perf_counter()
-            data = _quantize_tensor(ti, p, im, pool, nthreads)
+            data = _quantize_tensor(ti, p, im, pool, nthreads, out_buf)
             writers[k].write_tensor_data(data, p.name)
             say(head + f"converting to {p.dst_type.name.lower()} .. " + _size_note(p).split(" (")[0]
                 + f" ({time.perf_counter() - t1:.2f} s)")  # fmt: skip
@@ -505,8 +507,32 @@ def _tensor_imatrix(p: TensorPlan, weights: Mapping[str, np.ndarray]) -> np.ndar
     return w.reshape(n_mat, p.ne[0])
 
 
+_SCRATCH = threading.local()
+
+
+def _f32_scratch(n: int) -> np.ndarray:
+    """This thread's float32 buffer of ``n`` values (reused: F16 input converted chunk by chunk)."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.size < n:
+        buf = _SCRATCH.buf = np.empty(n, np.float32)
+    return buf[:n]
+
+
+def _out_buffer(holder: list[np.ndarray], nbytes: int) -> np.ndarray:
+    """``nbytes`` of the buffer kept in ``holder`` (grown when too small): every tensor's output reuses the
+    same memory (written before the next tensor starts), so its pages are faulted in once, not per tensor."""
+    if not holder or holder[0].size < nbytes:
+        holder[:] = [np.empty(nbytes, np.uint8)]
+    return holder[0][:nbytes]
+
+
 def _quantize_tensor(
-    ti: TensorInfo, p: TensorPlan, im: np.ndarray | None, pool: ThreadPoolExecutor | None, workers: int = 1
+    ti: TensorInfo,
+    p: TensorPlan,
+    im: np.ndarray | None,
+    pool: ThreadPoolExecutor | None,
+    workers: int = 1,
+    holder: list[np.ndarray] | None = None,
 ) -> np.ndarray:
     n = ti.ne[0]
     nrows = ti.n_elements // n
@@ -514,7 +540,7 @@ def _quantize_tensor(
     src_row = _row_size(ti.ggml_type, n)
     dst_row = _row_size(p.dst_type, n)
     src = ti.data.reshape(nrows, src_row)
-    out = np.empty((nrows, dst_row), dtype=np.uint8)
+    out = _out_buffer([] if holder is None else holder, nrows * dst_row).reshape(nrows, dst_row)
     # chunks of at most _CHUNK_ELEMS, and at least two per worker when that leaves them _MIN_CHUNK_ELEMS:
     # a small tensor keeps every worker busy too
     step = max(1, _CHUNK_ELEMS // n)
@@ -532,7 +558,10 @@ def _quantize_tensor(
         if ti.ggml_type == GGMLType.F32:
             xf = x.view(np.float32)
         elif ti.ggml_type == GGMLType.F16:
-            xf = f16_to_f32(x, exact_nan=not TRAITS[p.dst_type].quantized)
+            xf = _f32_scratch((b - a) * n)
+            # the CPU's half->float for a quantized destination (NaN is an error there), else the table
+            kern = f16_kernel_cvt if TRAITS[p.dst_type].quantized else f16_kernel
+            kern(np.ascontiguousarray(x).reshape(-1).view("<u2"), F16_TABLE, xf)
         else:
             xf = dequantize(x, ti.ggml_type)
         out[a:b] = quantize(xf.reshape(b - a, n), p.dst_type, w)
