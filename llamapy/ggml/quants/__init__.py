@@ -9,10 +9,12 @@
   parallel over rows, for the hot types; NumPy otherwise). Used by the CPU backend for large-batch matmul.
 
 One codec class per type (``QUANTS[t]``), grouped in ``legacy`` (Q4_0..Q8_1, plain types), ``kquants``
-(Q2_K..Q8_K), ``iquants`` (IQ*, TQ*, MXFP4); the quantizers live beside them (``_search`` holds
-llama.cpp's scale searches, ``_kquantize``, ``_iquantize``, and the Numba lattice searches ``_iq3``,
-``_iq2``, ``_iq1``), the Numba dequantize kernels in ``fast`` (MXFP4's in ``mxfp4``), the i-quant grids
-in ``iq_tables``.
+(Q2_K..Q8_K), ``iquants`` (IQ*, TQ*, MXFP4); the quantizers live beside them: the Numba row quantizers
+``_rowq`` (Q4_0..Q8_0, Q6_K, IQ4_NL/XS) and ``_rowk`` (Q2_K..Q5_K), whose scale searches run one group per
+SIMD lane; ``_search`` (llama.cpp's scale searches, NumPy, with ``_search_fast`` in Numba), ``_kquantize``
+and ``_iquantize`` (the NumPy versions, the references the tests hold the Numba ones to), and the Numba
+lattice searches ``_iq3``, ``_iq2``, ``_iq1``; the Numba dequantize kernels in ``fast`` (MXFP4's in
+``mxfp4``), the i-quant grids in ``iq_tables``.
 Every type llama.cpp can quantize is quantizable here (IQ2_XXS, IQ2_XS and IQ1_S need an imatrix, as
 in llama.cpp); the integer types are not.
 """
