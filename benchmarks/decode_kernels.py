@@ -23,38 +23,15 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness import machine_line  # noqa: E402
+from benchmarks.harness import machine_line, read_kernel  # noqa: E402
 
 
 def read_rate(threads: int, mib: int = 512, reps: int = 5) -> tuple[float, float]:
     """(GB per CPU-second, GB/s wall) of a parallel streaming read with wide accumulators and a
-    prefetch (as ``harness.read_bandwidth``), best of ``reps``."""
-    import numba
-
+    prefetch (``harness.read_kernel``), best of ``reps``."""
     from llamapy._numba import set_num_threads
-    from llamapy.ggml.cpu.simd import prefetch
 
-    @numba.njit(parallel=True, fastmath=True, cache=False)
-    def _read(a: Any) -> float:  # pragma: no cover - compiled
-        n = a.shape[0]
-        chunks = 256
-        acc = np.zeros((chunks, 64), np.float32)
-        step = (n + chunks - 1) // chunks
-        flat = a.reshape(-1)
-        for c in numba.prange(chunks):
-            loc = np.zeros(64, np.float32)
-            end = min(n, (c + 1) * step)
-            for i in range(c * step, end):
-                k = min(i + 8, n - 1) * 64
-                prefetch(flat, k)
-                prefetch(flat, k + 16)
-                prefetch(flat, k + 32)
-                prefetch(flat, k + 48)
-                for j in range(64):
-                    loc[j] += a[i, j]
-            acc[c] = loc
-        return acc.sum()
-
+    _read = read_kernel(8)
     set_num_threads(threads)
     a = np.ones((mib * 2**20 // 256, 64), dtype=np.float32)
     _read(a[:64])

@@ -318,48 +318,54 @@ def run_json(cmd: Sequence[str], env: dict[str, str] | None = None, timeout: flo
 # -- bandwidth and bytes per token ----------------------------------------------------------------------
 
 
-def read_bandwidth(threads: int = 2, mib: int = 1024, reps: int = 5) -> float:
-    """GB/s (1e9 bytes/s) of a ``threads``-thread read over ``mib`` MiB, best of ``reps``: 64 independent
-    float32 accumulators per thread (8 AVX2 lanes x 8, so the adds never wait on each other), with and
-    without a software prefetch 2 KiB ahead (the mat-vec kernels prefetch; a VM's hardware prefetcher
-    alone may not reach the limit), the faster of the two. The limit a decode's bytes per token is held
-    against, so it must not be a latency-bound loop (a serial sum here gave 12 GB/s where the mat-vec
-    kernels read 22-26)."""
+def read_kernel(ahead: int) -> Any:
+    """A compiled parallel streaming read of a ``float32[rows, 64]`` array: 64 independent accumulators per
+    thread (8 AVX2 lanes x 8, so the adds never wait on each other), with a software prefetch ``ahead`` rows
+    (of 256 B) ahead, none for 0."""
     import numba
     import numpy as np
 
-    from llamapy._numba import set_num_threads
     from llamapy.ggml.cpu.simd import prefetch
 
-    def make(ahead: int) -> Any:
-        @numba.njit(parallel=True, fastmath=True, cache=False)
-        def _read(a: Any) -> float:  # pragma: no cover - compiled
-            n = a.shape[0]
-            chunks = 256
-            acc = np.zeros((chunks, 64), np.float32)
-            step = (n + chunks - 1) // chunks
-            flat = a.reshape(-1)
-            for c in numba.prange(chunks):
-                loc = np.zeros(64, np.float32)
-                end = min(n, (c + 1) * step)
-                for i in range(c * step, end):
-                    if ahead:
-                        k = min(i + ahead, n - 1) * 64
-                        prefetch(flat, k)
-                        prefetch(flat, k + 16)
-                        prefetch(flat, k + 32)
-                        prefetch(flat, k + 48)
-                    for j in range(64):
-                        loc[j] += a[i, j]
-                acc[c] = loc
-            return acc.sum()
+    @numba.njit(parallel=True, fastmath=True, cache=False)
+    def _read(a: Any) -> float:  # pragma: no cover - compiled
+        n = a.shape[0]
+        chunks = 256
+        acc = np.zeros((chunks, 64), np.float32)
+        step = (n + chunks - 1) // chunks
+        flat = a.reshape(-1)
+        for c in numba.prange(chunks):
+            loc = np.zeros(64, np.float32)
+            end = min(n, (c + 1) * step)
+            for i in range(c * step, end):
+                if ahead:
+                    k = min(i + ahead, n - 1) * 64
+                    prefetch(flat, k)
+                    prefetch(flat, k + 16)
+                    prefetch(flat, k + 32)
+                    prefetch(flat, k + 48)
+                for j in range(64):
+                    loc[j] += a[i, j]
+            acc[c] = loc
+        return acc.sum()
 
-        return _read
+    return _read
+
+
+def read_bandwidth(threads: int = 2, mib: int = 1024, reps: int = 5) -> float:
+    """GB/s (1e9 bytes/s) of a ``threads``-thread read over ``mib`` MiB, best of ``reps``: ``read_kernel``
+    with and without a software prefetch 2 KiB ahead (the mat-vec kernels prefetch; a VM's hardware
+    prefetcher alone may not reach the limit), the faster of the two. The limit a decode's bytes per token
+    is held against, so it must not be a latency-bound loop (a serial sum here gave 12 GB/s where the
+    mat-vec kernels read 22-26)."""
+    import numpy as np
+
+    from llamapy._numba import set_num_threads
 
     set_num_threads(threads)
     a = np.ones((mib * 2**20 // 256, 64), dtype=np.float32)
     best = float("inf")
-    for fn in (make(0), make(8)):  # 8 rows of 256 B: 2 KiB ahead
+    for fn in (read_kernel(0), read_kernel(8)):  # 8 rows of 256 B: 2 KiB ahead
         fn(a[:64])
         best = min(best, *(_timed(fn, a) for _ in range(reps)))
     return a.nbytes / best / 1e9
