@@ -149,6 +149,18 @@ def _load_hparams(d: Path) -> dict[str, Any]:
     return hp
 
 
+def _checkpoint(hf_dir: str | os.PathLike) -> tuple[Path, dict[str, Any], str]:
+    """The checkpoint directory, its ``config.json`` and the first of its ``architectures``."""
+    d = Path(hf_dir)
+    if not d.is_dir():
+        raise ConvertError(f"{d}: not a directory")
+    hp = _load_hparams(d)
+    archs = hp.get("architectures") or []
+    if not isinstance(archs, list) or not archs:
+        raise ConvertError(f"{d / 'config.json'}: no 'architectures' entry")
+    return d, hp, str(archs[0])
+
+
 def _make_context(
     d: Path, hp: dict[str, Any], decl: HFConvert, file_type: int, names: list[str] | None = None
 ) -> Context:
@@ -500,18 +512,12 @@ def _convert(
     import gguf
 
     logging.getLogger("gguf").setLevel(logging.ERROR)
-    d = Path(hf_dir)
-    if not d.is_dir():
-        raise ConvertError(f"{d}: not a directory")
-    hp = _load_hparams(d)
-    archs = hp.get("architectures") or []
-    if not isinstance(archs, list) or not archs:
-        raise ConvertError(f"{d / 'config.json'}: no 'architectures' entry")
+    d, hp, arch0 = _checkpoint(hf_dir)
     fams = hf_families()
-    decl = fams.get(str(archs[0]))
+    decl = fams.get(arch0)
     if decl is None:
         raise ConvertError(
-            f"architecture {archs[0]!r} (config.json 'architectures') cannot be converted: llamapy converts "
+            f"architecture {arch0!r} (config.json 'architectures') cannot be converted: llamapy converts "
             f"{', '.join(sorted(fams))}"
         )
     if out is not None and not Path(out).is_dir() and Path(out).exists() and not force and not dry_run:

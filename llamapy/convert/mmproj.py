@@ -663,17 +663,10 @@ def convert_mmproj(
     """The mmproj GGUF of the vision-language checkpoint in ``hf_dir`` (``llamapy convert --mmproj``)."""
     import gguf
 
-    from .convert import OUTTYPES, ConvertResult, _guess_outtype, _load_hparams, _param_counts, _write
+    from .convert import OUTTYPES, ConvertResult, _checkpoint, _guess_outtype, _param_counts, _write
 
     logging.getLogger("gguf").setLevel(logging.ERROR)
-    d = Path(hf_dir)
-    if not d.is_dir():
-        raise ConvertError(f"{d}: not a directory")
-    hp = _load_hparams(d)
-    archs = hp.get("architectures") or []
-    if not isinstance(archs, list) or not archs:
-        raise ConvertError(f"{d / 'config.json'}: no 'architectures' entry")
-    arch = str(archs[0])
+    d, hp, arch = _checkpoint(hf_dir)
     vc = hp.get("vision_config")
     if isinstance(vc, dict) and vc.get("architectures"):
         arch = str(vc["architectures"][0])
