@@ -96,6 +96,7 @@ def load_hparams(metadata: dict[str, Any], where: str) -> ClipHParams:
         lfm2,
         llama4,
         llava,
+        minicpmv,
         minicpmv4_6,
         pixtral,
         qwen2vl,

@@ -228,10 +228,11 @@ class MtmdContext:
         hp = self.clip.hparams
         beg, end = self.image_wrap
         longest = int(self.clip.metadata.get("clip.vision.preproc_image_size") or 0)
-        if hp.projector_type in ("internvl", "lfm2", "llama4", "minicpmv4_6"):  # tiles (<module>.pieces)
-            from . import internvl, lfm2, llama4, minicpmv4_6
+        if hp.projector_type in ("internvl", "lfm2", "llama4", "minicpmv4_6", "resampler"):  # tiles (.pieces)
+            from . import internvl, lfm2, llama4, minicpmv, minicpmv4_6
 
-            mods = {"internvl": internvl, "lfm2": lfm2, "llama4": llama4, "minicpmv4_6": minicpmv4_6}
+            mods = {"internvl": internvl, "lfm2": lfm2, "llama4": llama4, "minicpmv4_6": minicpmv4_6,
+                    "resampler": minicpmv}  # fmt: skip
             mod = mods[hp.projector_type]
             return [beg, *self._frame_chunks(bmp, mod.pieces(bmp, hp)), end]
         if hp.projector_type != "idefics3" or longest <= 0:
