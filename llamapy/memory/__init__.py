@@ -112,6 +112,8 @@ class Memory:
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
         self.n_head_kv = list(getattr(hp, "n_head_kv", ()))  # per layer, for the K-shift
+        # llama_non_causal_type SWA_ONLY (Gemma 4): the full-attention cache stays causal when the context is not
+        self.non_causal_swa_only = getattr(hp, "non_causal_type", "all") == "swa_only"
 
     @property
     def nbytes(self) -> int:
@@ -240,7 +242,8 @@ class Memory:
         attention over the cache is not causal (``Context.set_causal_attn``)."""
         out: list[GraphInput] = []
         for ci, c in enumerate(self.caches):
-            ki = c.build_input(inp.n_tokens, ci, causal)
+            cc = None if causal is False and self.non_causal_swa_only and c.n_swa == 0 else causal
+            ki = c.build_input(inp.n_tokens, ci, cc)
             out.append(ki)
             for ls in c.layers:
                 inp.kv[ls.il] = ki

@@ -206,6 +206,8 @@ class HParams:
     n_ff_shexp: int = 0  # the shared expert's feed-forward size (0: n_ff)
     expert_weights_norm: bool = False
     causal_attn: bool = True
+    # llama_non_causal_type: which caches turn non-causal under set_causal_attn(False) ("swa_only": Gemma 4)
+    non_causal_type: str = "all"
     pooling_type: int = PoolingType.NONE
     n_cls_out: int = 1  # outputs of a rank head (classifier.output_labels)
     f_max_alibi_bias: float = 0.0  # ALiBi (jina-bert-v2): the encoder mask holds -|i - j|

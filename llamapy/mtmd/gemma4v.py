@@ -16,9 +16,16 @@ E]``, as HF's ``embedding_projection``).
 
 Preprocessing is llama.cpp's ``mtmd_image_preprocessor_dyn_size`` with ``set_limit_image_tokens(70, 1120)``: sides
 multiples of ``patch_size * k`` keeping the aspect ratio (``qwen2vl.smart_resize``), bicubic, fitted and centred on
-black. Tokens: ``<|image>`` ... ``<image|>``. The image's tokens are decoded causally, as llama.cpp does for the
-E2B / E4B models and HF's config (``use_bidirectional_attention=None``) states; the larger models' bidirectional
-attention over the image (HF: on the sliding-window layers only) is not reproduced.
+black. Tokens: ``<|image>`` ... ``<image|>``.
+
+The image's tokens see each other (``hparams.extra["non_causal"]``, llama.cpp's ``mtmd_decode_use_non_causal``)
+unless the text model is 1536 or 2560 wide (E2B, E4B: HF's ``use_bidirectional_attention=None``; the others
+have ``"vision"``). Then the image is decoded in one ubatch with ``set_causal_attn(False)``, which Gemma 4's
+``non_causal_type = "swa_only"`` (llama.cpp's ``LLAMA_NON_CAUSAL_TYPE_SWA_ONLY``) applies to the sliding-window
+cache only: sliding layers ``AND(window, OR(causal, same image))``, full-attention layers causal, as HF's
+``create_masks_for_vision_model``. An image of more tokens than ``n_ubatch`` (or the ``n_batch`` it is decoded
+with) is an ``MtmdError`` naming both (llama.cpp asserts ``n_ubatch >= n_tokens`` and aborts): split, its first
+tokens would not see its last ones.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ __all__ = ["GEMMA4V", "preprocess"]
 GEMMA4V = "gemma4v"
 MIN_TOKENS, MAX_TOKENS = 70, 1120  # llama.cpp's set_limit_image_tokens(70, 1120)
 ROPE_BASE = 100.0
+CAUSAL_N_EMBD = (1536, 2560)  # E2B, E4B: HF's use_bidirectional_attention None (the others: "vision")
 _CLAMPS = ("input_min", "input_max", "output_min", "output_max")
 
 
@@ -116,6 +124,8 @@ def _load(m: ClipModel, t: TensorLoader) -> None:
         raise MtmdError(f"{m.path}: tensor 'mm.input_projection.weight' has shape {_shape(proj)}; "
                         f"expected (n_embd of the text model, {e})")  # fmt: skip
     m._n_mmproj_embd = proj.shape[0]
+    # mtmd_decode_use_non_causal: E2B (1536 wide) and E4B (2560) decode images causally, the others not
+    hp.extra["non_causal"] = proj.shape[0] not in CAUSAL_N_EMBD
 
 
 # -- graph ------------------------------------------------------------------------------------------

@@ -163,7 +163,9 @@ class MtmdContext:
 
     @property
     def decode_use_non_causal(self) -> bool:
-        return self.clip is not None and self.clip.projector.non_causal
+        return self.clip is not None and bool(
+            self.clip.hparams.extra.get("non_causal", self.clip.projector.non_causal)
+        )
 
     # -- images and audio -----------------------------------------------------------------------------
     def bitmap_from_bytes(self, data: bytes, where: str = "image") -> Bitmap | AudioBitmap:

@@ -4,6 +4,8 @@ Gemma4ForConditionalGeneration, with a Gemma 4 text model (the MoE case: no per-
 
 from __future__ import annotations
 
+import dataclasses
+import types
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -42,7 +44,7 @@ class TinyGemma4V:
     def __init__(self, tmp: Path, seed: int = 0) -> None:
         text = dict(hf_tiny._common(**TEXT.config_kw))
         text.update(vocab_size=convert.N_VOCAB, pad_token_id=0, bos_token_id=2, eos_token_id=1,
-                    use_bidirectional_attention=None)  # fmt: skip
+                    use_bidirectional_attention="vision")  # fmt: skip
         vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=2, head_dim=16, patch_size=P, pooling_kernel_size=K,
                       position_embedding_size=64, use_clipped_linears=True, standardize=True, rms_norm_eps=1e-6,
@@ -180,11 +182,33 @@ def test_logits_with_an_image_match_hf(gemma4v: TinyGemma4V) -> None:
     want = model.vocab.tokenize(f"what is <|image>{'<|image|>' * img.n_tokens}<image|> this",
                                 add_special=True, parse_special=True)  # fmt: skip
     assert ids == want
-    ctx = Context(model, n_ctx=256, n_batch=32, n_ubatch=32, type_k="f32", type_v="f32")
+    assert mt.decode_use_non_causal  # a text model not 1536 / 2560 wide (E2B / E4B): llama.cpp's rule
+    # the whole image in one ubatch (non-causal)
+    ctx = Context(model, n_ctx=256, n_batch=img.n_tokens, n_ubatch=img.n_tokens, type_k="f32", type_v="f32")
     mt.eval_chunks(ctx, chunks, 0)
+    mm = torch.tensor([[int(i == IMG) for i in ids]])  # HF's mm_token_type_ids: 1 on the image's soft tokens
     with torch.no_grad():
-        out = gemma4v.hf(input_ids=torch.tensor([ids]), **gemma4v.hf_inputs(img.pixels))
-    assert _rel(ctx.get_logits()[-1], out.logits[0, -1].numpy()) < 1e-4
+        out = gemma4v.hf(input_ids=torch.tensor([ids]), mm_token_type_ids=mm, **gemma4v.hf_inputs(img.pixels))
+        causal = gemma4v.hf(input_ids=torch.tensor([ids]), **gemma4v.hf_inputs(img.pixels))
+    want = out.logits[0, -1].numpy()
+    assert _rel(causal.logits[0, -1].numpy(), want) > 1e-2  # the image's bidirectional attention matters here
+    assert _rel(ctx.get_logits()[-1], want) < 1e-4
+    # the old behaviour (the image decoded causally) is HF's causal run, not its bidirectional one
+    ctx = Context(model, n_ctx=256, n_batch=img.n_tokens, n_ubatch=img.n_tokens, type_k="f32", type_v="f32")
+    mt.eval_chunks(ctx, [dataclasses.replace(c, non_causal=False) if c is img else c for c in chunks], 0)
+    assert _rel(ctx.get_logits()[-1], want) > 1e-2
+    assert _rel(ctx.get_logits()[-1], causal.logits[0, -1].numpy()) < 1e-4
+    # Gemma 4's rule (llama_non_causal_type SWA_ONLY, HF's create_masks_for_vision_model): only the
+    # sliding-window cache turns non-causal; the full-attention one stays causal. (This tiny model cannot show
+    # it in its logits: its one full layer before the KV-shared ones feeds only the image's own later states.)
+    inp = types.SimpleNamespace(n_tokens=4, kv={})
+    kinds = {c.n_swa > 0: c.build_input(4, 0, False).causal for c in ctx.memory.caches}
+    got = {ki.cache.n_swa > 0: ki.causal for ki in ctx.memory.build_inputs(inp, False)}
+    assert got == {True: False, False: True} and kinds == {True: False, False: False}
+    # an image larger than a ubatch: a clear error (llama.cpp asserts n_ubatch >= n_tokens and aborts)
+    ctx = Context(model, n_ctx=256, n_batch=32, n_ubatch=32, type_k="f32", type_v="f32")
+    with pytest.raises(MtmdError, match=f"image of {img.n_tokens} tokens needs non-causal attention"):
+        mt.eval_chunks(ctx, chunks, 0)
 
 
 def test_rope_axis_mutation_and_bad_mmproj(gemma4v: TinyGemma4V, tmp_path: Path) -> None:
@@ -201,6 +225,12 @@ def test_rope_axis_mutation_and_bad_mmproj(gemma4v: TinyGemma4V, tmp_path: Path)
                 gemma4v.hf_features(px)) > 1e-4  # fmt: skip
     with pytest.raises(MtmdError, match="multiple of 12"):
         ClipModel(gemma4v.mmproj_path).encode(np.zeros((3, 36, 40), np.float32))
+    t = gemma4v.mm_tensors()  # an E2B-wide projection (1536): llama.cpp decodes its images causally
+    t["mm.input_projection.weight"] = np.zeros((1536, 32), np.float32)
+    assert (
+        ClipModel(gemma4v.write_mmproj(tmp_path / "e2b.gguf", tensors=t)).hparams.extra["non_causal"] is False
+    )
+    assert ClipModel(gemma4v.mmproj_path).hparams.extra["non_causal"] is True
     t = gemma4v.mm_tensors()
     t["v.position_embd.weight"] = t["v.position_embd.weight"][0]
     with pytest.raises(MtmdError, match="position_embd"):

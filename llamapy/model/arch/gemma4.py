@@ -29,6 +29,7 @@ class Gemma4(Architecture):
         hp.rope_type = ROPE_NEOX
         hp.f_attention_scale = 1.0
         hp.n_swa = md.u32("attention.sliding_window", 512) or 0
+        hp.non_causal_type = "swa_only"  # an image's bidirectional attention: sliding-window layers only
         hp.swa_layers = swa_pattern(md, hp.n_layer, 6)
         hp.rope_freq_base_swa = md.f32("rope.freq_base_swa", 10000.0)
         hp.rope_freq_scale_swa = 1.0
