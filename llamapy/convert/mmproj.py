@@ -490,6 +490,10 @@ PROJECTORS: dict[str, Projector] = {
     for a in p.hf_archs
 }  # fmt: skip
 
+from .mmproj_gemma import GEMMA_PROJECTORS  # noqa: E402 - Gemma 3n / 4 (their module imports this one)
+
+PROJECTORS.update(GEMMA_PROJECTORS)
+
 
 # ---------------------------------------------------------------------------------------------
 # MmprojModel
@@ -670,11 +674,13 @@ def convert_mmproj(
     vc = hp.get("vision_config")
     if isinstance(vc, dict) and vc.get("architectures"):
         arch = str(vc["architectures"][0])
-    proj = PROJECTORS.get(arch)
+    from . import mmproj_more
+
+    proj = mmproj_more.resolve(arch, hp) or PROJECTORS.get(arch)
     if proj is None:
         raise ConvertError(
             f"architecture {arch!r} (config.json 'architectures'): llamapy writes the mmproj of "
-            f"{', '.join(sorted(PROJECTORS))}"
+            f"{', '.join(sorted({*PROJECTORS, *mmproj_more.PROJECTORS_MORE}))}"
         )
     if out is not None and not Path(out).is_dir() and Path(out).exists() and not force and not dry_run:
         raise ConvertError(f"{out} exists (use --force to overwrite it)")

@@ -160,7 +160,8 @@ def _build(m: ClipModel, inp_raw: Tensor) -> Tensor:
     x = patch_embed(m, inp_raw)
     n_p = x.shape[0]
     x = ops.concat(ops.reshape(w["v.class_embd"], (1, e)), x, axis=0)  # the class token first (HF)
-    x = ops.add(x, w["v.position_embd.weight"], name="pos_embed")
+    # (llama.cpp's converter keeps HF's [1, n + 1, e] table: 3-D in its files)
+    x = ops.add(x, ops.reshape(w["v.position_embd.weight"], (n_p + 1, e)), name="pos_embed")
     n = n_p + 1
     for il in range(hp.n_layer):
         b = f"v.blk.{il}."

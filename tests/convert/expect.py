@@ -78,6 +78,7 @@ MM_RUNS: list[tuple[str, str]] = [
     ("voxtral", "f32"),
     ("mistral3", "bf16"),
     ("lfm2vl", "f16"),
+    ("internvl", "f16"),
 ]
 
 

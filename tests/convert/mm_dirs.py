@@ -162,6 +162,24 @@ def _llama4() -> Any:
     return transformers.Llama4Config(vision_config=vision, text_config=text, image_token_index=6)
 
 
+def _llava15() -> Any:
+    import transformers
+
+    vision = dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                  num_attention_heads=2, image_size=32, patch_size=8, projection_dim=32)  # fmt: skip
+    return transformers.LlavaConfig(text_config=_text(), vision_config=vision, image_token_index=6,
+                                    projector_hidden_act="gelu", image_seq_length=16)  # fmt: skip
+
+
+def _internvl() -> Any:  # 4 layers: llama.cpp maps its mlp1.3 (mm.model.mlp.3) only below the block count
+    import transformers
+
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2, image_size=[32, 32],
+                  patch_size=[8, 8], attention_bias=True, hidden_act="gelu", layer_norm_eps=1e-6)  # fmt: skip
+    return transformers.InternVLConfig(vision_config=vision, text_config=_text(model_type="qwen2"), image_token_id=6,
+                                       downsample_ratio=0.5, projector_hidden_act="gelu", tie_word_embeddings=False)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class MmCase:
     name: str
@@ -170,6 +188,7 @@ class MmCase:
     preproc: dict[str, Any]
     hub_rename: tuple[tuple[str, str], ...] = ()  # (prefix, replacement) of the saved names
     tokenizer_config: dict[str, Any] | None = None
+    config_patch: dict[str, Any] | None = None  # merged into the saved config.json (the Hub's extra keys)
 
 
 MM_CASES: dict[str, MmCase] = {
@@ -194,6 +213,13 @@ MM_CASES: dict[str, MmCase] = {
                tokenizer_config={"added_tokens_decoder": {"5": {"content": "[IMG_BREAK]", "special": True}}}),
         MmCase("lfm2vl", _lfm2vl, "Lfm2VlForConditionalGeneration", {"image_mean": [0.5] * 3, "image_std": [0.5] * 3},
                (("model.vision_tower.", "model.vision_tower.vision_model."),)),
+        MmCase("llava15", _llava15, "LlavaForConditionalGeneration", {"image_mean": CLIP_MEAN, "image_std": CLIP_STD}),
+        # (the Hub's Intern-S1 layout: InternVisionModel in vision_config.architectures, llama.cpp's key, and
+        # model.vision_tower. names, where transformers 5 saves vision_tower.: llama.cpp's filter drops those)
+        MmCase("internvl", _internvl, "InternVLForConditionalGeneration",
+               {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]},
+               (("vision_tower.", "model.vision_tower."), ("multi_modal_projector.", "model.multi_modal_projector.")),
+               config_patch={"vision_config": {"architectures": ["InternVisionModel"]}, "max_dynamic_patch": 6}),
     ]
 }  # fmt: skip
 
@@ -267,6 +293,8 @@ class MmDir:
             elif name == "llama4":
                 v = self.hf.vision_model(torch.from_numpy(px[None])).last_hidden_state
                 out = self.hf.multi_modal_projector(v.reshape(-1, v.shape[-1]))
+            elif name in ("llava15", "internvl"):
+                out = m.get_image_features(pixel_values=torch.from_numpy(px[None]))
             elif name == "mistral3":
                 out = m.get_image_features(
                     pixel_values=torch.from_numpy(px[None]), image_sizes=torch.tensor([px.shape[1:]])
@@ -318,6 +346,12 @@ def make_mm_dir(case: MmCase, root: Path, seed: int = 0) -> MmDir:
         for mod in model.vision_model.modules():
             if isinstance(mod, (ml4.Llama4VisionMLP, ml4.Llama4VisionMLP2)):
                 mod.activation_fn = torch.nn.GELU(approximate="tanh")
+    if case.name in ("llava15", "internvl"):  # llama.cpp's GELUs are ggml's (tanh); the configs say erf
+        tanh = torch.nn.GELU(approximate="tanh")
+        model.model.multi_modal_projector.act = tanh
+        if case.name == "internvl":
+            for layer in model.model.vision_tower.encoder.layer:
+                layer.mlp.activation_fn = tanh
     if case.name == "qwen3vl":
         for mg in [model.model.visual.merger, *model.model.visual.deepstack_merger_list]:
             mg.act_fn = torch.nn.GELU(approximate="tanh")
@@ -330,6 +364,11 @@ def make_mm_dir(case: MmCase, root: Path, seed: int = 0) -> MmDir:
             sd = {(new + k[len(old) :] if k.startswith(old) else k): v for k, v in sd.items()}
         save_file(sd, str(st), metadata={"format": "pt"})
         (d / "preprocessor_config.json").write_text(json.dumps(case.preproc))
+        if case.config_patch is not None:
+            cj = json.loads((d / "config.json").read_text())
+            for k, v in case.config_patch.items():
+                cj[k] = {**cj[k], **v} if isinstance(v, dict) else v
+            (d / "config.json").write_text(json.dumps(cj, indent=2))
         if case.tokenizer_config is not None:
             (d / "tokenizer_config.json").write_text(json.dumps(case.tokenizer_config))
     return MmDir(case, d, model)

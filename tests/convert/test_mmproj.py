@@ -75,7 +75,7 @@ def test_same_file_as_llama_cpp(mm_dir, tmp_path: Path, case: str, outtype: str)
 
 # (case, image height, width): sizes the projector takes whole (no resize in the comparison)
 EMBD_RUNS = [("gemma3", 64, 64), ("idefics3", 64, 64), ("qwen2.5vl", 64, 96), ("qwen2vl", 32, 64), ("qwen3vl", 48, 64), ("glm4v", 32, 48), ("llama4", 32, 32),
-             ("mistral3", 48, 64), ("lfm2vl", 64, 64)]  # fmt: skip
+             ("mistral3", 48, 64), ("lfm2vl", 64, 64), ("llava15", 32, 32), ("internvl", 32, 32)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("case", "h", "w"), EMBD_RUNS, ids=[r[0] for r in EMBD_RUNS])
@@ -118,6 +118,46 @@ def test_audio_embeddings_match_transformers(mm_dir, tmp_path: Path, case: str, 
     assert got.shape == ref.shape
     err = float(np.abs(got - ref).max() / np.abs(ref).max())
     assert err < TOL, f"{case}: max |diff| / max |hf| = {err:.2e}"
+
+
+def test_llava15_written_as_the_legacy_mlp_projector(mm_dir, tmp_path: Path) -> None:
+    """LLaVA 1.5 (a CLIP tower): a deliberate difference, llama.cpp's convert_hf_to_gguf.py refuses it (its
+    LlavaVisionModel is Pixtral's: "Unsupported model type: clip_vision_model"); llama.cpp's own path is
+    llava_surgery + convert_image_encoder_to_gguf.py, projector type ``mlp``, which is what this writes."""
+    from llamapy.gguf.reader import GGUFReader
+
+    out = tmp_path / "mmproj.gguf"
+    assert (
+        main(["convert", str(mm_dir("llava15").path), "--mmproj", "-o", str(out), "--outtype", "f16", "-q"])
+        == 0
+    )
+    with GGUFReader(out) as r:
+        md = {k: f.value for k, f in r.fields.items()}
+        tensors = {t.name: (list(t.ne), t.ggml_type.name) for t in r}
+    assert md["clip.projector_type"] == "mlp" and md["clip.vision.block_count"] == 3
+    assert "clip.use_gelu" not in md and "clip.vision.feature_layer" not in md  # quick GELU, layer -2
+    assert tensors["v.class_embd"] == ([32], "F32") and tensors["v.patch_embd.weight"] == (
+        [8, 8, 3, 32],
+        "F16",
+    )
+    assert tensors["mm.0.weight"] == ([32, 64], "F16") and tensors["mm.2.weight"] == ([64, 64], "F16")
+    assert {"v.pre_ln.weight", "v.blk.2.ffn_down.weight", "mm.2.bias"} <= set(tensors)
+    assert not any(n.startswith("v.post_ln") for n in tensors)  # (above the feature layer)
+    assert len(tensors) == 5 + 3 * 16 + 4  # class, patch, position, pre-norm; 3 blocks; the projector
+
+
+def test_internvl_by_either_architecture_name(mm_dir, tmp_path: Path) -> None:
+    """transformers' InternVLForConditionalGeneration (no vision_config.architectures, which llama.cpp's converter
+    needs) converts to the same file as the Hub's InternVisionModel config."""
+    src = mm_dir("internvl").path
+    d = shutil.copytree(src, tmp_path / "hf")
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["vision_config"]["architectures"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    convert(src, a, "f16", mmproj=True, model_name="x")
+    convert(d, b, "f16", mmproj=True, model_name="x")
+    assert a.read_bytes() == b.read_bytes()
 
 
 def test_default_name_and_dry_run(mm_dir, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

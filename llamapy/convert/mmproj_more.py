@@ -1,0 +1,197 @@
+"""More ``llamapy convert --mmproj`` projectors (``mmproj.py`` holds the machinery and the first ones):
+LLaVA 1.5 (CLIP + ``mlp``), InternVL, Ultravox (audio), Kimi-K2.5 and MiniCPM-V 4.6, each as llama.cpp's
+converter class writes it (``conversion/internvl.py``, ``ultravox.py``, ``kimivl.py``, ``minicpm.py``),
+or, where it writes nothing, as its loader (``clip.cpp``) and llamapy's ``llamapy.mtmd`` read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from ..ggml.types import GGMLType
+from .errors import ConvertError
+from .mmproj import (
+    _N_BLOCK_KEYS,
+    MmCtx,
+    Projector,
+    _conv_f16,
+    _split_qkv,
+    _whisper_filter,
+    _whisper_modify,
+    _whisper_params,
+    _whisper_prepare,
+)
+
+# ---------------------------------------------------------------------------------------------
+# LLaVA 1.5: a CLIP ViT and the mlp projector. llama.cpp's convert_hf_to_gguf.py takes
+# LlavaForConditionalGeneration for Pixtral only (any other vision model_type is its ValueError);
+# its legacy llava_surgery + convert_image_encoder_to_gguf.py path writes projector type "mlp", which
+# is what this writes from the transformers checkpoint directly: the whole tower (post-layernorm dropped:
+# the feature layer is below it), mm.0 / mm.2, the CLIP keys of MmprojModel.
+
+
+def _llava15_prepare(ctx: MmCtx) -> None:
+    strategy = ctx.global_config.get("vision_feature_select_strategy", "default")
+    if strategy != "default":
+        raise ConvertError(
+            f"config.json: vision_feature_select_strategy {strategy!r}: llamapy (as llama.cpp's mlp projector) "
+            "drops the class token ('default') only"
+        )
+    layers = ctx.global_config.get("vision_feature_layer", -2)
+    layers = [layers] if isinstance(layers, int) else list(layers)
+    n = int(ctx.vparam(["num_hidden_layers"]))
+    ctx.state["feature_layers"] = [x if x >= 0 else n + x + 1 for x in layers]
+    if any(not 0 < x <= n for x in ctx.state["feature_layers"]):
+        raise ConvertError(f"config.json: vision_feature_layer {layers} outside the {n} layers of the tower")
+
+
+def _llava15_params(ctx: MmCtx, kv: Any) -> None:
+    kv.add_clip_projector_type("mlp")
+    kv.add_vision_attention_layernorm_eps(ctx.hv.get("layer_norm_eps", 1e-5))
+    act = ctx.hv.get("hidden_act", "quick_gelu")
+    if act == "gelu":
+        kv.add_vision_use_gelu(True)
+    elif act == "silu":
+        kv.add_vision_use_silu(True)
+    elif act != "quick_gelu":  # (clip.cpp's default FFN op)
+        raise ConvertError(f"config.json: unsupported CLIP hidden_act {act!r}")
+    n = int(ctx.vparam(["num_hidden_layers"]))
+    if ctx.state["feature_layers"] != [n - 1]:  # (HF's default -2: the loaders' default)
+        kv.add_array("clip.vision.feature_layer", ctx.state["feature_layers"])
+
+
+def _llava15_filter(name: str) -> str | None:
+    if name.startswith(("model.vision_tower.", "model.multi_modal_projector.")):  # transformers 5's layout
+        name = name[len("model.") :]
+    if not name.startswith(("vision_tower.", "multi_modal_projector.")) or "post_layernorm" in name:
+        return None
+    return name
+
+
+def _llava15_modify(
+    ctx: MmCtx, name: str, data: np.ndarray, bid: int | None
+) -> Iterable[tuple[str, np.ndarray]]:
+    if name.startswith("multi_modal_projector.linear_"):
+        i, kind = name[len("multi_modal_projector.linear_") :].split(".", 1)
+        if i not in ("1", "2"):
+            raise ValueError(f"unexpected projector tensor {name}")
+        yield f"mm.{2 * (int(i) - 1)}.{kind}", data
+    else:
+        yield name, data
+
+
+# ---------------------------------------------------------------------------------------------
+# InternVL (InternVisionModel: the vision_config's architectures entry of the Hub's checkpoints, and
+# transformers' own InternVLForConditionalGeneration, which llama.cpp's converter does not take by name)
+
+_INTERNVL_PREFIXES = ("vision_model", "mlp", "model.vision_tower", "model.multi_modal_projector")
+_INTERNS1_NAMES = {
+    "model.multi_modal_projector.layer_norm.bias": "mlp1.0.bias",
+    "model.multi_modal_projector.layer_norm.weight": "mlp1.0.weight",
+    "model.multi_modal_projector.linear_1.bias": "mlp1.1.bias",
+    "model.multi_modal_projector.linear_1.weight": "mlp1.1.weight",
+    "model.multi_modal_projector.linear_2.bias": "mlp1.3.bias",
+    "model.multi_modal_projector.linear_2.weight": "mlp1.3.weight",
+}
+
+
+def _internvl_prepare(ctx: MmCtx) -> None:
+    for k in ("image_size", "patch_size"):
+        if isinstance(ctx.hv.get(k), list):
+            ctx.hv[k] = ctx.hv[k][0]
+
+
+def _internvl_params(ctx: MmCtx, kv: Any) -> None:
+    import gguf
+
+    kv.add_clip_projector_type(gguf.VisionProjectorType.INTERNVL)
+    kv.add_vision_attention_layernorm_eps(ctx.hv["layer_norm_eps"])
+    act = ctx.hv.get("hidden_act")
+    if act == "silu":
+        kv.add_vision_use_silu(True)
+    elif act == "gelu":
+        kv.add_vision_use_gelu(True)
+    else:
+        raise ConvertError(f"config.json: unsupported vision hidden_act {act!r} (gelu or silu)")
+    ratio = ctx.global_config.get("downsample_ratio")
+    if not ratio:
+        raise ConvertError("config.json: no downsample_ratio")
+    kv.add_vision_projector_scale_factor(int(1.0 / ratio))
+    if (lo := ctx.global_config.get("min_dynamic_patch", 0)) > 0:
+        kv.add_vision_preproc_min_tiles(lo)
+    if (hi := ctx.global_config.get("max_dynamic_patch", 0)) > 0:
+        kv.add_vision_preproc_max_tiles(hi)
+
+
+def _internvl_filter(name: str) -> str | None:
+    if name.startswith(("vision_tower.", "multi_modal_projector.")):  # transformers 5's save layout
+        name = "model." + name
+    if not name.startswith(_INTERNVL_PREFIXES):
+        return None
+    name = _INTERNS1_NAMES.get(name, name)
+    if name.startswith("vision_model"):
+        name = "vision_tower." + name
+    if (".ls" in name or ".lambda_" in name or "position_embedding" in name) and not name.endswith(".weight"):
+        name += ".weight"
+    return name
+
+
+def _internvl_modify(
+    ctx: MmCtx, name: str, data: np.ndarray, bid: int | None
+) -> Iterable[tuple[str, np.ndarray]]:
+    if ".qkv." in name:
+        q, k, v = _split_qkv(data)
+        yield name.replace("attn.qkv", "self_attn.q_proj"), q
+        yield name.replace("attn.qkv", "self_attn.k_proj"), k
+        yield name.replace("attn.qkv", "self_attn.v_proj"), v
+    else:
+        yield name, data
+
+
+def _position_f32(ctx: MmCtx, name: str, new: str) -> GGMLType | None:
+    return GGMLType.F32 if ".position_embd." in new else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Ultravox: a Whisper encoder (as Qwen2-Audio's) and a stacking projector
+
+
+def _ultravox_params(ctx: MmCtx, kv: Any) -> None:
+    import gguf
+
+    _whisper_params(ctx, kv)
+    kv.add_clip_projector_type(gguf.VisionProjectorType.ULTRAVOX)  # (overwrites qwen2a in its place)
+    if "stack_factor" not in ctx.global_config:
+        raise ConvertError("config.json: no stack_factor")
+    kv.add_audio_stack_factor(ctx.global_config["stack_factor"])
+
+
+PROJECTORS_MORE: dict[str, Projector] = {
+    a: p
+    for p in (
+        Projector(("InternVisionModel", "InternVLForConditionalGeneration"), _internvl_params, _internvl_filter,
+                  _internvl_modify, _position_f32, _internvl_prepare),
+        Projector(("UltravoxModel",), _ultravox_params, _whisper_filter, _whisper_modify, _conv_f16,
+                  _whisper_prepare, audio=True),
+    )
+    for a in p.hf_archs
+}  # fmt: skip
+
+LLAVA15 = Projector(("LlavaForConditionalGeneration",), _llava15_params, _llava15_filter, _llava15_modify,
+                    None, _llava15_prepare)  # fmt: skip
+
+
+def resolve(arch: str, hp: dict[str, Any]) -> Projector | None:
+    """The projector of ``arch`` where it is one of these (None: look in ``mmproj.PROJECTORS``)."""
+    vc = hp.get("vision_config")
+    if arch == "LlavaForConditionalGeneration" and isinstance(vc, dict):
+        if vc.get("model_type", "clip_vision_model") == "clip_vision_model":
+            return LLAVA15
+        return None
+    return PROJECTORS_MORE.get(arch)
+
+
+__all__ = ["LLAVA15", "PROJECTORS_MORE", "resolve", "_N_BLOCK_KEYS"]
