@@ -129,6 +129,12 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
             gemm_nt(x, A, out2, threads)
 
         return step_f32
+    if a.type == GGMLType.Q4_K:  # repacked 8 rows at a time where it can be (q4k_x8)
+        from .q4k_x8 import mul_mat_step
+
+        step_x8 = mul_mat_step(be, a, A, x, out2, pre)
+        if step_x8 is not None:
+            return step_x8
     if name in mk.MATVEC and M <= matvec_max_rows(name, MATVEC_MAX_TOKENS) and A.flags.c_contiguous:
         kern = mk.matvec_kernel(name, M)
         if M == 1 and prefetch_into_l1(A):

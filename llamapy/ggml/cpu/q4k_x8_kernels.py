@@ -1,0 +1,154 @@
+"""Q4_K weights repacked eight rows at a time, and their mat-vec kernel over Q8_K activations.
+
+The plain Q4_K kernel (``kquant_kernels.mm_q4_k``) keeps each row's partial sums in eight lanes and, per
+row and 256 weights, unpacks the 12 scale bytes, applies each sub-block scale to a register of 32
+products and sums horizontally at the end. As llama.cpp's ``block_q4_Kx8`` does on AVX2, this layout
+puts eight rows side by side so that the eight lanes are the eight rows: per 32 bytes, 4 bytes of each
+row (``x8simd``). The activation bytes are broadcast, the products of a sub-block add up in 16 bits,
+and one ``pmaddwd`` applies the eight rows' scales of that sub-block; the mins are four ``pmaddwd`` per
+super-block; the float scales are one ``vcvtph2ps`` of the rows' eight halves.
+
+One super-block of 8 rows (``X8_BYTES`` = 1184 bytes, the 8 x 144 of Q4_K plus 32): the rows' ``d``
+(8 float16), their ``dmin`` (8 float16), the scales as bytes ``[sub-block j][row r]`` (64), the mins as
+bytes ``[pair p][row r][2]`` (mins of sub-blocks 2p, 2p + 1; 64), then the 1024 quant bytes
+``[chunk c][group g][row r][4]``: bytes ``32c + 4g .. 32c + 4g + 3`` of row r's 128 (low nibbles:
+weights ``64c + 4g ..``, high nibbles: ``64c + 32 + 4g ..``). The scales and mins are decoded from their
+6-bit form once here, not per row and call (``unpack_x8_rows`` encodes them back bit for bit).
+
+The integer sums per row and super-block are the plain kernel's, so the result differs from it only in
+the order of the float additions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..._numba import njit, prange
+from ..quants.layouts import Q4_K_BYTES, Q4_K_DMIN, Q4_K_QS, Q4_K_SCALES
+from .isimd import bnib, itof, izero
+from .kquant_kernels import _nan_rows, _q8k
+from .rowgroups import prefetch_bytes
+from .simd import vfma, vmul, vsplat, vstore, vzero
+from .x8simd import xadd16, xbcast4, xh8, xmaddubs, xmins, xscale, xzero16
+
+QK_K = 256
+#: bytes of one super-block of eight rows
+X8_BYTES = 1184
+X8_D, X8_DMIN, X8_SC, X8_MN, X8_QS = 0, 16, 32, 96, 160
+#: row groups ahead to prefetch (into L2)
+X8_PREFETCH_GROUPS = 2
+
+
+@njit(inline="always")
+def _scale_min(w, o, j):
+    """Sub-block ``j``'s 6-bit scale and min of the Q4_K block at ``o`` (ggml's get_scale_min_k4)."""
+    q = o + Q4_K_SCALES
+    if j < 4:
+        return w[q + j] & 63, w[q + j + 4] & 63
+    return (w[q + j + 4] & 15) | ((w[q + j - 4] >> 6) << 4), (w[q + j + 4] >> 4) | ((w[q + j] >> 6) << 4)
+
+
+@njit(parallel=True, cache=True)
+def repack_x8(A, R):
+    """Q4_K rows ``A`` (uint8[N, nb * 144], N a multiple of 8) into ``R`` (uint8[N // 8, nb * 1184])."""
+    N, rb = A.shape
+    nb = rb // Q4_K_BYTES
+    for grp in prange(N // 8):
+        dst = R[grp]
+        for r in range(8):
+            w = A[grp * 8 + r]
+            for b in range(nb):
+                o, t = b * Q4_K_BYTES, b * X8_BYTES
+                dst[t + X8_D + 2 * r] = w[o]
+                dst[t + X8_D + 2 * r + 1] = w[o + 1]
+                dst[t + X8_DMIN + 2 * r] = w[o + Q4_K_DMIN]
+                dst[t + X8_DMIN + 2 * r + 1] = w[o + Q4_K_DMIN + 1]
+                for j in range(8):
+                    sc, mn = _scale_min(w, o, j)
+                    dst[t + X8_SC + 8 * j + r] = sc
+                    dst[t + X8_MN + 16 * (j // 2) + 2 * r + (j & 1)] = mn
+                for c in range(4):
+                    for g in range(8):
+                        s = o + Q4_K_QS + 32 * c + 4 * g
+                        d = t + X8_QS + 256 * c + 32 * g + 4 * r
+                        for i in range(4):
+                            dst[d + i] = w[s + i]
+
+
+@njit(cache=True)
+def unpack_x8_rows(R, r0, r1, dst):
+    """Rows ``r0`` .. ``r1`` of a repacked weight back in plain Q4_K bytes (``dst``: uint8[r1 - r0,
+    nb * 144]), bit for bit the rows ``repack_x8`` was given."""
+    nb = R.shape[1] // X8_BYTES
+    for row in range(r0, r1):
+        src = R[row // 8]
+        r = row % 8
+        w = dst[row - r0]
+        for b in range(nb):
+            o, t = b * Q4_K_BYTES, b * X8_BYTES
+            w[o] = src[t + X8_D + 2 * r]
+            w[o + 1] = src[t + X8_D + 2 * r + 1]
+            w[o + Q4_K_DMIN] = src[t + X8_DMIN + 2 * r]
+            w[o + Q4_K_DMIN + 1] = src[t + X8_DMIN + 2 * r + 1]
+            q = o + Q4_K_SCALES
+            for k in range(4):
+                sc_lo, sc_hi = src[t + X8_SC + 8 * k + r], src[t + X8_SC + 8 * (k + 4) + r]
+                mn_lo = src[t + X8_MN + 16 * (k // 2) + 2 * r + (k & 1)]
+                mn_hi = src[t + X8_MN + 16 * ((k + 4) // 2) + 2 * r + (k & 1)]
+                w[q + k] = sc_lo | ((sc_hi >> 4) << 6)
+                w[q + k + 4] = mn_lo | ((mn_hi >> 4) << 6)
+                w[q + k + 8] = (sc_hi & 15) | ((mn_hi & 15) << 4)
+            for c in range(4):
+                for g in range(8):
+                    s = t + X8_QS + 256 * c + 32 * g + 4 * r
+                    d = o + Q4_K_QS + 32 * c + 4 * g
+                    for i in range(4):
+                        w[d + i] = src[s + i]
+
+
+@njit(inline="always")
+def _x8_block(w, t, xq, x0, b32, bb):
+    """The integer sums of one super-block (at ``t``) of eight rows: (scaled quant sums, min sums)."""
+    isum = izero()
+    for c in range(4):
+        slo = xzero16()
+        shi = xzero16()
+        for g in range(8):
+            q = t + X8_QS + 256 * c + 32 * g
+            slo = xadd16(slo, xmaddubs(bnib(w, q, False), xbcast4(xq, x0 + 64 * c + 4 * g)))
+            shi = xadd16(shi, xmaddubs(bnib(w, q, True), xbcast4(xq, x0 + 64 * c + 32 + 4 * g)))
+        isum = xscale(isum, slo, w, t + X8_SC + 16 * c)
+        isum = xscale(isum, shi, w, t + X8_SC + 16 * c + 8)
+    msum = izero()
+    for p in range(4):
+        lo = b32[bb + 2 * p] & 0xFFFF
+        hi = b32[bb + 2 * p + 1] << 16
+        msum = xmins(msum, w, t + X8_MN + 16 * p, np.int32(lo | hi))
+    return isum, msum
+
+
+@njit(parallel=True, cache=True)
+def mm_q4_k_x8(R, x, out, f16):
+    """out[m, :] = W @ dequantize(quantize(x[m], Q8_K)) for the repacked Q4_K weight ``R``
+    (uint8[N // 8, nb * 1184]); ``f16`` is unused (the halves convert in-register), kept for the
+    ``MATVEC`` call shape."""
+    G, gb = R.shape
+    nb = gb // X8_BYTES
+    Rf = R.reshape(-1)
+    total = G * gb
+    xq, xd, bs16, bs32, ok = _q8k(x)
+    for grp in prange(G):
+        w = R[grp]
+        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        for m in range(x.shape[0]):
+            xqm, b32m = xq[m], bs32[m]
+            acc = vzero()
+            for b in range(nb):
+                t = b * X8_BYTES
+                if m == 0:
+                    prefetch_bytes(Rf, pf + t, X8_BYTES, total)
+                isum, msum = _x8_block(w, t, xqm, b * QK_K, b32m, b * 8)
+                acc = vfma(acc, vmul(xh8(w, t + X8_D), vsplat(xd[m, b])), itof(isum))
+                acc = vfma(acc, vmul(xh8(w, t + X8_DMIN), vsplat(-xd[m, b])), itof(msum))
+            vstore(out[m], grp * 8, acc)
+    _nan_rows(out, ok)
