@@ -95,7 +95,8 @@ class TinyMiniCPMV:
 
     def _text(self, tmp: Path, fam: hf_tiny.Family, seed: int) -> None:
         kw = hf_tiny._common(**fam.config_kw)
-        kw.update(hidden_size=D, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+        kw.update(hidden_size=D, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                  vocab_size=convert.N_VOCAB, pad_token_id=0, bos_token_id=2, eos_token_id=1)  # fmt: skip
         if "head_dim" in kw:
             kw["head_dim"] = 64
         cfg = getattr(transformers, fam.config_cls)(**kw)
