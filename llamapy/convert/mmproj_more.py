@@ -169,11 +169,75 @@ def _ultravox_params(ctx: MmCtx, kv: Any) -> None:
     kv.add_audio_stack_factor(ctx.global_config["stack_factor"])
 
 
+# ---------------------------------------------------------------------------------------------
+# MiniCPM-V 4.6: SigLIP, the window-attention ViT merger after layer insert_layer_id, the 2x2 downsampling
+# MLP. Its names as gguf-py's map of llama.cpp's tree has them (the gguf package on PyPI predates them).
+
+_MINICPM_BLOCK = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                  "self_attn.out_proj": "attn_out", "layer_norm1": "ln1", "layer_norm2": "ln2",
+                  "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down"}  # fmt: skip
+_MINICPM_MERGER = {"layer_norm1": "ln1", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                   "self_attn.v_proj": "attn_v", "self_attn.out_proj": "attn_out", "pre_norm": "ds_ln",
+                   "linear_1": "ds_ffn_up", "linear_2": "ds_ffn_down"}  # fmt: skip
+_MINICPM_OTHER = {"model.vision_tower.embeddings.patch_embedding": "v.patch_embd",
+                  "model.vision_tower.embeddings.position_embedding": "v.position_embd",
+                  "model.vision_tower.post_layernorm": "v.post_ln", "model.merger.mlp.0.pre_norm": "mm.input_norm",
+                  "model.merger.mlp.0.linear_1": "mm.up", "model.merger.mlp.0.linear_2": "mm.down"}  # fmt: skip
+
+
+def _minicpm_prepare(ctx: MmCtx) -> None:
+    mode = ctx.preproc.get("downsample_mode", "16x")
+    if mode not in ("4x", "16x"):
+        raise ConvertError(f"preprocessor_config.json: unsupported downsample_mode {mode!r} (4x or 16x)")
+    ctx.state["mode"] = mode
+    if (res := ctx.preproc.get("scale_resolution")) is not None:  # the slice's size (clip.cpp's image size)
+        ctx.hv["image_size"] = int(res)
+
+
+def _minicpm_params(ctx: MmCtx, kv: Any) -> None:
+    kv.add_clip_projector_type("minicpmv4_6")
+    kv.add_vision_projector_scale_factor(2 if ctx.state["mode"] == "4x" else 4)
+    kv.add_vision_wa_layer_indexes(
+        [int(ctx.global_config.get("insert_layer_id", ctx.hv.get("insert_layer_id", 6)))]
+    )
+    kv.add_vision_use_gelu(True)
+    kv.add_vision_attention_layernorm_eps(ctx.hv.get("layer_norm_eps", 1e-6))
+
+
+def _minicpm_filter(name: str) -> str | None:
+    return None if name.startswith(("lm_head.", "mtp")) else name
+
+
+def _minicpm_modify(
+    ctx: MmCtx, name: str, data: np.ndarray, bid: int | None
+) -> Iterable[tuple[str, np.ndarray]]:
+    if ".vit_merger." in name and ctx.state["mode"] == "4x":  # (the 4x mode has no ViT merger)
+        return
+    base, kind = name.rsplit(".", 1)
+    layers = "model.vision_tower.encoder.layers."
+    if base.startswith(layers) and bid is not None:
+        mod = base[len(layers) :].split(".", 1)[1]
+        if mod in _MINICPM_BLOCK:
+            yield f"v.blk.{bid}.{_MINICPM_BLOCK[mod]}.{kind}", data
+            return
+    elif base.startswith("model.vision_tower.vit_merger."):
+        mod = base[len("model.vision_tower.vit_merger.") :]
+        if mod in _MINICPM_MERGER:
+            yield f"v.vit_merger.{_MINICPM_MERGER[mod]}.{kind}", data
+            return
+    elif base in _MINICPM_OTHER:
+        yield f"{_MINICPM_OTHER[base]}.{kind}", data
+        return
+    yield name, data  # (the common map, else its error)
+
+
 PROJECTORS_MORE: dict[str, Projector] = {
     a: p
     for p in (
         Projector(("InternVisionModel", "InternVLForConditionalGeneration"), _internvl_params, _internvl_filter,
                   _internvl_modify, _position_f32, _internvl_prepare),
+        Projector(("MiniCPMV4_6ForConditionalGeneration",), _minicpm_params, _minicpm_filter, _minicpm_modify,
+                  None, _minicpm_prepare),
         Projector(("UltravoxModel",), _ultravox_params, _whisper_filter, _whisper_modify, _conv_f16,
                   _whisper_prepare, audio=True),
     )

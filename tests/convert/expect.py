@@ -79,6 +79,7 @@ MM_RUNS: list[tuple[str, str]] = [
     ("mistral3", "bf16"),
     ("lfm2vl", "f16"),
     ("internvl", "f16"),
+    ("minicpmv4_6", "q8_0"),
 ]
 
 

@@ -180,6 +180,19 @@ def _internvl() -> Any:  # 4 layers: llama.cpp maps its mlp1.3 (mm.model.mlp.3) 
                                        downsample_ratio=0.5, projector_hidden_act="gelu", tie_word_embeddings=False)  # fmt: skip
 
 
+def _minicpmv4_6() -> Any:
+    import transformers
+
+    from tests.model import hf_tiny
+
+    text = dict(hf_tiny._common(**hf_tiny.FAMILIES["qwen35"].config_kw))
+    text.update(vocab_size=N_VOCAB, pad_token_id=0, bos_token_id=2, eos_token_id=1, model_type="qwen3_5_text")
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, image_size=32,
+                  patch_size=4, layer_norm_eps=1e-6)  # fmt: skip
+    return transformers.MiniCPMV4_6Config(text_config=text, vision_config=vision, insert_layer_id=1, image_size=48,
+                                          image_token_id=6)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class MmCase:
     name: str
@@ -220,6 +233,8 @@ MM_CASES: dict[str, MmCase] = {
                {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]},
                (("vision_tower.", "model.vision_tower."), ("multi_modal_projector.", "model.multi_modal_projector.")),
                config_patch={"vision_config": {"architectures": ["InternVisionModel"]}, "max_dynamic_patch": 6}),
+        MmCase("minicpmv4_6", _minicpmv4_6, "MiniCPMV4_6ForConditionalGeneration",
+               {"image_mean": [0.5] * 3, "image_std": [0.5] * 3, "scale_resolution": 48}),
     ]
 }  # fmt: skip
 
@@ -293,6 +308,11 @@ class MmDir:
             elif name == "llama4":
                 v = self.hf.vision_model(torch.from_numpy(px[None])).last_hidden_state
                 out = self.hf.multi_modal_projector(v.reshape(-1, v.shape[-1]))
+            elif name == "minicpmv4_6":  # NaViT-packed: the patches row-major in one [3, p, n*p] strip
+                p, (ny, nx) = 4, (px.shape[1] // 4, px.shape[2] // 4)
+                pv = px.reshape(3, ny, p, nx, p).transpose(0, 2, 1, 3, 4).reshape(1, 3, p, ny * nx * p)
+                out = m.get_image_features(pixel_values=torch.from_numpy(np.ascontiguousarray(pv)),
+                                           target_sizes=torch.tensor([[ny, nx]]))  # fmt: skip
             elif name in ("llava15", "internvl"):
                 out = m.get_image_features(pixel_values=torch.from_numpy(px[None]))
             elif name == "mistral3":

@@ -75,7 +75,8 @@ def test_same_file_as_llama_cpp(mm_dir, tmp_path: Path, case: str, outtype: str)
 
 # (case, image height, width): sizes the projector takes whole (no resize in the comparison)
 EMBD_RUNS = [("gemma3", 64, 64), ("idefics3", 64, 64), ("qwen2.5vl", 64, 96), ("qwen2vl", 32, 64), ("qwen3vl", 48, 64), ("glm4v", 32, 48), ("llama4", 32, 32),
-             ("mistral3", 48, 64), ("lfm2vl", 64, 64), ("llava15", 32, 32), ("internvl", 32, 32)]  # fmt: skip
+             ("mistral3", 48, 64), ("lfm2vl", 64, 64), ("llava15", 32, 32), ("internvl", 32, 32),
+             ("minicpmv4_6", 48, 64)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("case", "h", "w"), EMBD_RUNS, ids=[r[0] for r in EMBD_RUNS])
