@@ -83,6 +83,27 @@ def _shape(m: ClipModel, t: TensorLoader, name: str, ndim: int, what: str) -> Te
     return x
 
 
+def _ffn(m: ClipModel, t: TensorLoader, b: str) -> None:
+    """A block's FFN. llama.cpp's legacy MiniCPM-V converter (the only one for this projector) names fc1
+    ``ffn_down`` and fc2 ``ffn_up``; as clip.cpp, a ``ffn_down`` that takes ``n_embd`` inputs is fc1 and
+    the pair is swapped back."""
+    e, f, tl = m.hparams.n_embd, m.hparams.n_ff, t.tensors
+    up, down = t(b + "ffn_up.weight", None), t(b + "ffn_down.weight", None)
+    bu, bd = t(b + "ffn_up.bias", None, required=False), t(b + "ffn_down.bias", None, required=False)
+    if up is not None and down is not None and len(down.shape) == 2 and down.shape[1] == e:
+        tl[b + "ffn_up.weight"], tl[b + "ffn_down.weight"] = down, up
+        for k, x in ((b + "ffn_up.bias", bd), (b + "ffn_down.bias", bu)):
+            tl.pop(k, None)
+            if x is not None:
+                tl[k] = x
+    for k, want in (("ffn_up.weight", (f, e)), ("ffn_up.bias", (f,)), ("ffn_down.weight", (e, f)),
+                    ("ffn_down.bias", (e,))):  # fmt: skip
+        x = tl.get(b + k)
+        if x is not None and tuple(x.shape) != want:
+            raise MtmdError(f"{m.path}: tensor '{b + k}' (or its legacy swapped name) has shape "
+                            f"{tuple(x.shape)}; expected {want}")  # fmt: skip
+
+
 def _load(m: ClipModel, t: TensorLoader) -> None:
     hp, md = m.hparams, m.metadata
     raw = md.get("clip.minicpmv_version", 0)
@@ -114,10 +135,7 @@ def _load(m: ClipModel, t: TensorLoader) -> None:
         for n in ("ln1", "ln2"):
             t(b + n + ".weight", (e,))
             t(b + n + ".bias", (e,))
-        t(b + "ffn_up.weight", (hp.n_ff, e))
-        t(b + "ffn_up.bias", (hp.n_ff,), required=False)
-        t(b + "ffn_down.weight", (e, hp.n_ff))
-        t(b + "ffn_down.bias", (e,), required=False)
+        _ffn(m, t, b)
     t("v.post_ln.weight", (e,), required=False)
     t("v.post_ln.bias", (e,), required=False)
     d = _shape(m, t, R + "query", 2, "(query_num, width)").shape[1]
@@ -135,6 +153,7 @@ def _load(m: ClipModel, t: TensorLoader) -> None:
     if proj.shape[1] != d:
         raise MtmdError(f"{m.path}: tensor '{R}proj.weight' has shape {proj.shape}; expected (N, {d})")
     t(R + "pos_embed_k", None, required=False)  # the converter's 70 x 70 table; the graph computes it
+    t(R + "pos_embed", None, required=False)  # older checkpoints' learned table (unused, as clip.cpp)
     m._n_mmproj_embd = proj.shape[0]
 
 

@@ -169,3 +169,20 @@ def test_position_mutation_and_bad_mmproj(
     t["resampler.query"] = t["resampler.query"][:, :96]
     with pytest.raises(MtmdError, match="multiple of its head size 128"):
         ClipModel(v26.write_mmproj(tmp_path / "d96.gguf", tensors=t))
+
+
+def test_legacy_swapped_ffn_names(v26: TinyMiniCPMV, tmp_path: Path) -> None:
+    """llama.cpp's legacy converter writes fc1 as ffn_down and fc2 as ffn_up; clip.cpp swaps them back."""
+    t = v26.mm_tensors()
+    for il in range(2):
+        b = f"v.blk.{il}.ffn_"
+        for k in ("weight", "bias"):
+            t[f"{b}up.{k}"], t[f"{b}down.{k}"] = t[f"{b}down.{k}"], t[f"{b}up.{k}"]
+    px = RNG.uniform(-1, 1, (3, 40, 24)).astype(np.float32)
+    assert (
+        _rel(ClipModel(v26.write_mmproj(tmp_path / "legacy.gguf", tensors=t)).encode(px), v26.features(px))
+        < 1e-4
+    )
+    t["v.blk.1.ffn_up.weight"] = t["v.blk.1.ffn_up.weight"][:, :-1]
+    with pytest.raises(MtmdError, match="v.blk.1.ffn_"):
+        ClipModel(v26.write_mmproj(tmp_path / "legacy_bad.gguf", tensors=t))
