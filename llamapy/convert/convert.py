@@ -582,7 +582,7 @@ def _iter_converted(ctx: Context, tensors: dict[str, SafeTensor]) -> Iterator[tu
     """Every GGUF tensor in llama.cpp's order, computed from the mapped weights one at a time."""
     mapper = _Mapper(ctx)
     decl = ctx.decl
-    if decl.extra_tensors is not None:
+    if decl.extra_tensors is not None and tensors:  # (none with --vocab-only)
         try:
             yield from decl.extra_tensors(ctx)
         except (KeyError, ValueError, TypeError) as e:
@@ -640,12 +640,19 @@ def _check_shapes(ctx: Context, plan: _Plan) -> None:
             want[f"blk.{il}.attn_norm.weight"] = (n_embd,)
             if n_head and head_dim:
                 want[f"blk.{il}.attn_q.weight"] = (n_head * head_dim, n_embd)
+    # Gemma 4's global layers: global_head_dim, or per_layer_config's head_dim
+    per_layer = ctx.hparams.get("per_layer_config") or {}
+    wide = {c.get("head_dim") for c in per_layer.values() if isinstance(c, dict)}
+    wide.add(ctx.hparams.get("global_head_dim"))
+    wide = {n_head * h for h in wide if isinstance(h, int) and n_head}
     for name, shape, _t, _k in plan:
         w = want.get(name)
         if w is not None and name == "token_embd.weight" and shape[1:] == w[1:] and shape[0] <= w[0]:
             continue  # Gemma 3 drops the rows past the tokenizer's
         if w is not None and name.endswith("attn_q.weight") and shape == (2 * w[0], *w[1:]):
             continue  # q and its output gate in one projection (Qwen3-Next, Qwen3.5)
+        if w is not None and name.endswith("attn_q.weight") and shape[1:] == w[1:] and shape[0] in wide:
+            continue  # Gemma 4's global layers: larger heads
         if w is not None and shape != w:
             raise ConvertError(f"tensor {name!r} has shape {list(shape)}, but config.json implies {list(w)}")
 

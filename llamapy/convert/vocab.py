@@ -291,6 +291,93 @@ def set_vocab_bert(kv: Any, d: Path, vocab_size: int | None, type_vocab_size: in
     return len(tokens)
 
 
+_NAMED_SPECIALS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def _hf_special_tokens(d: Path) -> list[str]:
+    """transformers' ``all_special_tokens`` from tokenizer_config.json: the named ones (``*_token`` keys,
+    the model-specific ones too), then ``extra_special_tokens`` (``additional_special_tokens``)."""
+    cfg = _json(d / "tokenizer_config.json") if (d / "tokenizer_config.json").is_file() else {}
+    out: list[str] = []
+
+    def add(v: Any) -> None:
+        s = v.get("content") if isinstance(v, dict) else v
+        if isinstance(s, str) and s not in out:
+            out.append(s)
+
+    for k in _NAMED_SPECIALS:
+        add(cfg.get(k))
+    extra = cfg.get("extra_special_tokens", cfg.get("additional_special_tokens"))
+    for k, v in cfg.items():
+        if k.endswith("_token") and k not in _NAMED_SPECIALS:
+            add(v)
+    if isinstance(extra, dict):
+        for v in extra.values():
+            add(v)
+    elif isinstance(extra, list):
+        for v in extra:
+            add(v)
+    return out
+
+
+# tokens Gemma4Model.set_vocab keeps rendered (USER_DEFINED) for the chat parser
+_GEMMA4_VISIBLE = {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+                   "<tool_response|>", '<|"|>'}  # fmt: skip
+
+
+def set_vocab_gemma4(kv: Any, d: Path) -> int:
+    """Gemma4Model.set_vocab: gguf-py's ``LlamaHfVocab`` (tokenizer.json, a byte-fallback BPE) read with
+    the tokenizers package: the base vocabulary in id order (``<0xXX>`` BYTE, transformers' special
+    tokens CONTROL, the rest NORMAL), then the added tokens past it (special: CONTROL, else USER_DEFINED),
+    every score -1000; Gemma 4's visible tokens USER_DEFINED; merges and special ids; no space prefix,
+    BOS added."""
+    import re
+
+    path = d / "tokenizer.json"
+    if not path.is_file():
+        raise ConvertError(f"{d}: no tokenizer.json, which Gemma 4 needs")
+    tj = _json(path)
+    m = tj.get("model") if isinstance(tj, dict) else None
+    if (
+        not isinstance(m, dict)
+        or m.get("type") != "BPE"
+        or not m.get("byte_fallback", False)
+        or ((tj.get("decoder") or {}).get("type") != "Sequence")
+    ):
+        raise ConvertError(f"{path.name}: not a byte-fallback BPE tokenizer (Gemma 4's LlamaHfVocab)")
+    tok = _load_bpe(d)
+    vocab: dict[str, int] = tok.get_vocab(with_added_tokens=True)
+    n_base = tok.get_vocab_size(with_added_tokens=False)
+    reverse = {i: t for t, i in vocab.items()}
+    added = sorted(((t.content, i) for i, t in tok.get_added_tokens_decoder().items()), key=lambda x: x[1])
+    added = [(t, i) for t, i in added if i >= n_base]
+    specials = {t: vocab[t] for t in _hf_special_tokens(d) if t in vocab}
+    special_ids = set(specials.values())
+    tokens: list[str] = []
+    types: list[int] = []
+    for i in range(n_base):
+        if i not in reverse:
+            raise ConvertError(f"{path.name}: no token with id {i} in a base vocabulary of {n_base}")
+        t = reverse[i]
+        tokens.append(t)
+        if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", t):
+            types.append(TT_BYTE)
+        else:
+            types.append(TT_CONTROL if i in special_ids else TT_NORMAL)
+    for t, _i in added:
+        tokens.append(t)
+        types.append(TT_CONTROL if t in specials and specials[t] in special_ids else TT_USER_DEFINED)
+    types = [TT_USER_DEFINED if t in _GEMMA4_VISIBLE else ty for t, ty in zip(tokens, types, strict=True)]
+    kv.add_tokenizer_model("gemma4")
+    kv.add_token_list(tokens)
+    kv.add_token_scores([-1000.0] * len(tokens))
+    kv.add_token_types(types)
+    SpecialVocab(d, load_merges=True).add_to_gguf(kv, quiet=True)
+    kv.add_add_space_prefix(False)
+    kv.add_add_bos_token(True)
+    return len(tokens)
+
+
 def _special_types(special: dict[str, str] | None) -> Any:
     base = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
     return None if not special else base + tuple(t for t in special if t not in base)

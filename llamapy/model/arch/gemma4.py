@@ -18,6 +18,7 @@ from ...ggml.tensor import Tensor
 from ...ggml.types import GGMLType
 from ..blocks import GraphBuilder, Outputs, Rope, TensorLoader, Weights, rope_for_layer
 from ..gemma_blocks import kv_shared_attention, per_layer_inputs, read_kv_sharing
+from ..hf import HFConvert
 from ..hparams import ROPE_NEOX, HParams, MetaReader, swa_pattern
 from . import Architecture, register
 
@@ -189,3 +190,114 @@ def moe_ffn(g: GraphBuilder, x: Tensor, h: Tensor, blk: Weights, il: int) -> Ten
     y = ops.mul(y, w)  # [T, k, n_embd]
     out = ops.sum_rows(ops.cont(ops.permute(y, (0, 2, 1))))
     return g.cb(ops.reshape(out, (T, hp.n_embd)), "ffn_moe_out", il)
+
+
+# ---------------------------------------------------------------------------------------------
+# llamapy convert: llama.cpp's Gemma4Model (Gemma3Model's keys and tensors, norms stored as they are)
+
+# TextModel.filter_tensors: the multimodal towers of a Gemma4ForConditionalGeneration checkpoint
+_MM_PARTS = (
+    "visual.",
+    "vision.",
+    "audio.",
+    "vision_",
+    "audio_",
+    "projector.",
+    "patch_embed",
+    "patch_embedding",
+)
+
+
+def _hf_global(ctx, key: str):
+    """``global_head_dim`` / ``num_global_key_value_heads``, else the first full-attention layer's entry of
+    ``per_layer_config``."""
+    hp = ctx.hparams
+    v = hp.get({"head_dim": "global_head_dim", "num_key_value_heads": "num_global_key_value_heads"}[key])
+    if v is None and hp.get("per_layer_config") is not None:
+        types = hp.get("layer_types", [])
+        for il, lc in hp["per_layer_config"].items():
+            if int(il) < len(types) and types[int(il)] == "full_attention" and key in lc:
+                return lc[key]
+    return v
+
+
+def _hf_params(ctx, kv) -> None:
+    """Gemma4Model.set_gguf_parameters: KV sharing, per-layer inputs, the window pattern, the global and
+    sliding-window head sizes, per-layer FFN widths (double-wide on the sharing layers) and KV heads, rope
+    dims (the global head whole: proportional rope through rope_freqs)."""
+    from ..hf_shared import gemma3_params
+
+    gemma3_params(ctx, kv)
+    hp = ctx.hparams
+    n_shared = hp["num_kv_shared_layers"]
+    kv.add_shared_kv_layers(n_shared)
+    kv.add_embedding_length_per_layer_input(hp.get("hidden_size_per_layer_input") or 0)
+    swa = [t == "sliding_attention" for t in hp["layer_types"]]
+    kv.add_sliding_window_pattern(swa)
+    d_full = _hf_global(ctx, "head_dim")
+    if d_full is None:
+        raise KeyError("global_head_dim")
+    d_swa = hp["head_dim"]
+    kv.add_key_length(d_full)
+    kv.add_value_length(d_full)
+    kv.add_key_length_swa(d_swa)
+    kv.add_value_length_swa(d_swa)
+    if (n := ctx.find_hparam(["expert_intermediate_size", "moe_intermediate_size"])) is not None:
+        kv.add_expert_feed_forward_length(n)
+    if hp.get("use_double_wide_mlp", False):
+        n_ff, first = hp["intermediate_size"], ctx.block_count - n_shared
+        kv.add_feed_forward_length([n_ff if il < first else 2 * n_ff for il in range(ctx.block_count)])
+    kv_full, kv_swa = _hf_global(ctx, "num_key_value_heads"), hp.get("num_key_value_heads")
+    if kv_full is not None and kv_swa is not None:
+        kv.add_head_count_kv([kv_swa if s else kv_full for s in swa])
+    kv.add_rope_dimension_count(int(d_full))
+    kv.add_rope_dimension_count_swa(int(d_swa * ctx.rope_parameters.get("partial_rotary_factor", 1.0)))
+
+
+def _hf_rope_freqs(ctx):
+    """Gemma4Model.generate_extra_tensors: proportional rope on the global layers as frequency factors (1
+    for the rotated pairs, 1e30 for the others)."""
+    rp = ctx.hparams["rope_parameters"]["full_attention"]
+    if rp["rope_type"] != "proportional":
+        raise ValueError(f"full_attention rope_type {rp['rope_type']!r} (proportional expected)")
+    d_full = _hf_global(ctx, "head_dim")
+    if d_full is None:
+        raise KeyError("global_head_dim")
+    n_rot = int(d_full * rp["partial_rotary_factor"] / 2)
+    yield "rope_freqs.weight", np.array([1.0] * n_rot + [1e30] * (int(d_full / 2) - n_rot), dtype=np.float32)
+
+
+def _hf_tensor(ctx, name, data, bid):
+    """filter_tensors + modify_tensors: the towers dropped, ``language_model.`` removed, scalars and
+    experts named ``.weight``, the router's scales as ``ffn_gate_inp.scale`` / ``ffn_down_exps.scale``, the
+    embedding rows past the tokenizer's dropped (Gemma3Model)."""
+    if name.startswith(("vit.", "conformer.", "merger.", "resampler.")) or any(p in name for p in _MM_PARTS):
+        return []
+    name = name.replace("language_model.", "")
+    if name.endswith(("per_dim_scale", "layer_scalar")):
+        name += ".weight"
+    if ".experts." in name and not name.endswith(".weight"):
+        name += ".weight"
+    if name.endswith("router.scale"):
+        return [(f"blk.{bid}.ffn_gate_inp.scale", data)]
+    if ".per_expert_scale" in name:
+        return [(f"blk.{bid}.ffn_down_exps.scale", data)]
+    if "embed_tokens.weight" in name:
+        data = data[: ctx.n_vocab_real()]
+    return [(name, data)]
+
+
+def _hf_vocab(ctx, kv) -> None:
+    from ...convert.vocab import set_vocab_gemma4
+
+    set_vocab_gemma4(kv, ctx.dir)
+
+
+HF_CONVERT = HFConvert(
+    "gemma4",
+    ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"),
+    vocab=_hf_vocab,
+    params=_hf_params,
+    tensor=_hf_tensor,
+    extra_tensors=_hf_rope_freqs,
+)
