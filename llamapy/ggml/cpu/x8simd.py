@@ -17,6 +17,7 @@ from __future__ import annotations
 from ... import _numba  # noqa: F401  (first: it sets NUMBA_CACHE_DIR before Numba is imported)
 
 # isort: split
+import llvmlite.binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
@@ -122,6 +123,42 @@ def xmins(typingctx, acc, arr, idx, pair):  # type: ignore[no-untyped-def]
     return I32x8(acc, arr, idx, pair), cg
 
 
+def _host_f16c() -> bool:
+    from numba.core import config
+
+    if config.CPU_FEATURES:
+        feats = config.CPU_FEATURES.split(",")
+        return "+f16c" in feats and "-f16c" not in feats
+    if (config.CPU_NAME or "host") != "host":
+        return False
+    try:
+        return bool(llvm.get_host_cpu_features().get("f16c", False))
+    except RuntimeError:
+        return False
+
+
+#: whether ``xh8`` is LLVM's ``fpext`` from half (one ``vcvtph2ps``); else integer IR (same values: a
+#: target without F16C has no half conversion LLVM can call)
+HAVE_F16C = _host_f16c()
+
+
+def _half_bits_to_float(builder, h):  # type: ignore[no-untyped-def]
+    """<8 x i16> half bits -> <8 x float>, exactly (normals, subnormals, inf, NaN) in integer IR."""
+
+    def c(v):  # type: ignore[no-untyped-def]
+        return ir.Constant(_V8D, [v] * 8)
+
+    x = builder.zext(h, _V8D)
+    sign = builder.shl(builder.and_(x, c(0x8000)), c(16))
+    em = builder.and_(x, c(0x7FFF))
+    sh = builder.shl(em, c(13))
+    # exponent rebias by a multiply by 2^112 (also makes subnormal halves normal floats)
+    f = builder.fmul(builder.bitcast(sh, V8), builder.bitcast(c(0x77800000), V8))
+    special = builder.icmp_unsigned(">=", em, c(0x7C00))
+    fb = builder.select(special, builder.or_(sh, c(0x7F800000)), builder.bitcast(f, _V8D))
+    return builder.bitcast(builder.or_(fb, sign), V8)
+
+
 @intrinsic
 def xh8(typingctx, arr, idx):  # type: ignore[no-untyped-def]
     """The 8 half floats at byte ``idx`` of a byte array, as floats (``vcvtph2ps`` with F16C)."""
@@ -129,8 +166,11 @@ def xh8(typingctx, arr, idx):  # type: ignore[no-untyped-def]
         return None
 
     def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        h8 = ir.VectorType(ir.HalfType(), 8)
-        p = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], h8)
-        return builder.fpext(builder.load(p, align=1), V8)
+        if HAVE_F16C:
+            h8 = ir.VectorType(ir.HalfType(), 8)
+            p = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], h8)
+            return builder.fpext(builder.load(p, align=1), V8)
+        p = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], ir.VectorType(_I16, 8))
+        return _half_bits_to_float(builder, builder.load(p, align=1))
 
     return f32x8(arr, idx), cg

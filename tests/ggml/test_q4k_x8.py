@@ -1,0 +1,197 @@
+"""Q4_K weights repacked eight rows at a time (``q4k_x8``): the layout round-trips bit for bit, the 8-row
+kernel gives the plain kernel's result up to float summation order and ``W @ dequant(quant(x, Q8_K))``
+in float64, non-finite activation rows give NaN rows, and ``mul_mat`` steps (one row, batch kernels,
+dequantized tiles) on a memory-mapped weight agree with the plain path; weights it must not repack
+(rows not a multiple of 8, not a mapped file, switched off) fall back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llamapy.ggml import GGMLType as T
+from llamapy.ggml.cpu import kquant_kernels as kk
+from llamapy.ggml.cpu import matmul_kernels as mk
+from llamapy.ggml.cpu import q4k_x8
+from llamapy.ggml.cpu.backend import CPUBackend
+from llamapy.ggml.cpu.q4k_x8_kernels import mm_q4_k_x8, unpack_x8_rows
+from llamapy.ggml.quants import dequantize, quantize
+from llamapy.ggml.tensor import Tensor
+
+F16 = mk.F16_TABLE
+
+
+def q4k(rows: int, K: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((rows, K)).astype(np.float32) * rng.uniform(0.1, 3, (rows, 1)).astype(np.float32)
+    return np.asarray(quantize(w, T.Q4_K)).reshape(rows, -1)
+
+
+def random_q4k_bytes(rows: int, K: int, seed: int) -> np.ndarray:
+    """Every bit random except the halves (finite): all 6-bit scale/min codes occur."""
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows, K // 256, 144), dtype=np.uint8)
+    h = rng.uniform(-2, 2, (rows, K // 256, 2)).astype("<f2")
+    raw[:, :, 0:4] = h.view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def ref64(raw: np.ndarray, x: np.ndarray) -> np.ndarray:
+    xd = dequantize(quantize(x, T.Q8_K), T.Q8_K).astype(np.float64)
+    return xd @ dequantize(raw, T.Q4_K).astype(np.float64).T
+
+
+@pytest.mark.parametrize("K", [256, 768, 1536])
+def test_repack_round_trips_bit_for_bit(K):
+    raw = random_q4k_bytes(24, K, K)
+    R = q4k_x8.repack(raw)
+    assert R.shape == (3, K // 256 * 1184)
+    back = np.zeros_like(raw)
+    unpack_x8_rows(R, 0, 24, back)
+    np.testing.assert_array_equal(back, raw)
+    part = np.zeros((7, raw.shape[1]), np.uint8)
+    unpack_x8_rows(R, 5, 12, part)  # rows across a group boundary
+    np.testing.assert_array_equal(part, raw[5:12])
+
+
+@pytest.mark.parametrize(("N", "K"), [(8, 256), (24, 768), (64, 1536), (40, 2816)])
+def test_x8_kernel_matches_plain_kernel_and_float64(N, K):
+    raw = random_q4k_bytes(N, K, N + K) if N == 24 else q4k(N, K, N + K)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    plain = np.zeros((3, N), np.float32)
+    kk.mm_q4_k(raw, x, plain, F16)
+    out = np.zeros((3, N), np.float32)
+    mm_q4_k_x8(q4k_x8.repack(raw), x, out, F16)
+    np.testing.assert_allclose(out, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
+    ref = ref64(raw, x)
+    assert float(((out - ref) ** 2).sum() / (ref**2).sum()) < 1e-11
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_x8_kernel_nonfinite_activation_rows_give_nan(bad):
+    raw = q4k(16, 512, 2)
+    x = np.random.default_rng(3).standard_normal((3, 512)).astype(np.float32)
+    x[1, 300] = bad
+    out = np.zeros((3, 16), np.float32)
+    mm_q4_k_x8(q4k_x8.repack(raw), x, out, F16)
+    assert np.isfinite(out[[0, 2]]).all()
+    assert np.isnan(out[1]).all()
+
+
+def test_x8_kernel_integer_sums_are_exact():
+    """d, dmin powers of two and activations Q8_K keeps as integers: every float step is exact, so the
+    result must equal the integer dot product bit for bit (the scale/min pairing, the nibble order)."""
+    rng = np.random.default_rng(9)
+    rows, K = 16, 768
+    raw = random_q4k_bytes(rows, K, 4).reshape(rows, K // 256, 144)
+    d = (np.float16(2.0) ** rng.integers(-8, -2, (rows, K // 256, 2))).astype("<f2")
+    raw[:, :, 0:4] = d.view(np.uint8)
+    raw = raw.reshape(rows, -1)
+    x = rng.integers(-5, 6, (2, K)).astype(np.float32)
+    x[:, ::256] = 127.0  # d8 = -1, xq = -x exactly
+    expect = (x.astype(np.float64) @ dequantize(raw, T.Q4_K).astype(np.float64).T).astype(np.float32)
+    out = np.zeros((2, rows), np.float32)
+    mm_q4_k_x8(q4k_x8.repack(raw), x, out, F16)
+    np.testing.assert_array_equal(out, expect)
+
+
+@pytest.fixture
+def mapped(tmp_path: Path):
+    """(raw, mapped view of the same bytes) for a 48 x 1536 Q4_K weight in a file, at a page offset."""
+    raw = q4k(48, 1536, 5)
+    p = tmp_path / "w.bin"
+    p.write_bytes(b"\0" * 4096 + raw.tobytes())
+    mm = np.memmap(p, mode="r", dtype=np.uint8)
+    return raw, mm[4096:].reshape(raw.shape)
+
+
+def weight_tensor(shape: tuple[int, int]) -> Tensor:
+    return Tensor(T.Q4_K, shape, "none", name="blk.0.ffn_up.weight")
+
+
+@pytest.mark.parametrize("M", [1, 5, 300])
+def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(mapped, M):
+    raw, view = mapped
+    a = weight_tensor((48, 1536))
+    be = CPUBackend(n_threads=2)
+    x = np.random.default_rng(M).standard_normal((M, 1536)).astype(np.float32)
+    out = np.full((M, 48), -1.0, np.float32)
+    step = q4k_x8.mul_mat_step(be, a, view, x, out, None)
+    assert step is not None
+    step()
+    if M == 1:
+        plain = np.zeros((M, 48), np.float32)
+        kk.mm_q4_k(raw, x, plain, F16)
+        np.testing.assert_allclose(out, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
+    elif M <= 256:  # the plain batch kernels on the unpacked rows: the same computation
+        plain = np.zeros((M, 48), np.float32)
+        mk.matvec_kernel("Q4_K", M)(raw, x, plain, F16)
+        np.testing.assert_array_equal(out, plain)
+    else:  # dequantized tiles + sgemm
+        ref = x.astype(np.float64) @ dequantize(raw, T.Q4_K).astype(np.float64).T
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    assert q4k_x8.mul_mat_step(be, a, view, x, out, None) is not None  # cached: no second repack
+    assert q4k_x8._cache[a][1] is q4k_x8._repacked(a, view, False)
+
+
+def test_weights_it_must_not_repack_fall_back(mapped, monkeypatch):
+    raw, view = mapped
+    be = CPUBackend(n_threads=1)
+    x = np.ones((1, 1536), np.float32)
+    out = np.zeros((1, 48), np.float32)
+    a = weight_tensor((48, 1536))
+    assert q4k_x8.mul_mat_step(be, a, raw, x, out, None) is None  # in memory, not a mapped file
+    assert q4k_x8.mul_mat_step(be, a, raw, x, out, None, any_memory=True) is not None
+    odd = weight_tensor((44, 1536))
+    assert q4k_x8.mul_mat_step(be, odd, view[:44], x, out[:, :44], None) is None  # 44 % 8
+    monkeypatch.setattr(q4k_x8, "ENABLED", False)
+    assert q4k_x8.mul_mat_step(be, weight_tensor((48, 1536)), view, x, out, None) is None
+
+
+_GENERIC = """
+import numpy as np
+from llamapy.ggml import GGMLType as T
+from llamapy.ggml.cpu import isimd, q4k_x8, matmul_kernels as mk
+from llamapy.ggml.cpu.q4k_x8_kernels import mm_q4_k_x8
+from llamapy.ggml.quants import dequantize, quantize
+assert not isimd.HAVE_AVX2
+rng = np.random.default_rng(5)
+raw = quantize(rng.standard_normal((16, 768)).astype(np.float32), T.Q4_K).reshape(16, -1)
+x = rng.standard_normal((2, 768)).astype(np.float32)
+out = np.zeros((2, 16), np.float32)
+mm_q4_k_x8(q4k_x8.repack(raw), x, out, mk.F16_TABLE)
+ref = dequantize(quantize(x, T.Q8_K), T.Q8_K).astype(np.float64) @ dequantize(raw, T.Q4_K).T.astype(np.float64)
+err = float(((out - ref) ** 2).sum() / (ref ** 2).sum())
+assert err < 1e-11, err
+from llamapy._numba import njit
+from llamapy.ggml.cpu.simd import vstore
+from llamapy.ggml.cpu.x8simd import HAVE_F16C, xh8
+assert not HAVE_F16C
+
+@njit
+def halves(b, out):
+    for i in range(0, out.size, 8):
+        vstore(out, i, xh8(b, 2 * i))
+
+h = np.array([0, 0x8000, 1, 0x83FF, 0x3C00, 0xC000, 0x7BFF, 0x7C00, 0xFC00, 0x7E00, 0x0400, 0x3555] * 2, np.uint16)
+got = np.zeros(h.size, np.float32)
+halves(h.view(np.uint8), got)
+want = h.view(np.float16).astype(np.float32)
+assert np.array_equal(got, want, equal_nan=True), (got, want)
+assert np.array_equal(np.signbit(got), np.signbit(want))
+print("ok")
+"""
+
+
+def test_x8_kernel_generic_ir_on_a_plain_x86_64_target():
+    """NUMBA_CPU_NAME=generic: no AVX2 (``maddubs``/``maddwd`` as generic IR, halves without F16C)."""
+    env = dict(os.environ, NUMBA_CPU_NAME="generic")
+    env.pop("NUMBA_CPU_FEATURES", None)
+    r = subprocess.run([sys.executable, "-c", _GENERIC], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
