@@ -93,6 +93,7 @@ def load_hparams(metadata: dict[str, Any], where: str) -> ClipHParams:
         glm4v,
         internvl,
         kimik25,
+        kimivl,
         lfm2,
         llama4,
         llava,

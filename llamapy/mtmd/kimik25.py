@@ -22,6 +22,7 @@ them: GLM-5.2-V reuses this tower). HF's image processor needs torchvision and i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from ..model.blocks import TensorLoader
     from .clip import ClipModel
 
-__all__ = ["KIMIK25", "bicubic_matrix", "preprocess"]
+__all__ = ["KIMIK25", "bicubic_matrix", "build_moonvit", "load_moonvit", "merge_factor", "preprocess"]
 
 KIMIK25 = "kimik25"
 MIN_TOKENS, MAX_TOKENS = 2, 4096  # llama.cpp's set_limit_image_tokens(2, 4096) without min/max pixels
@@ -56,15 +57,22 @@ def preprocess(m: ClipModel, bmp: Bitmap, pad: bool) -> np.ndarray:
 
 
 # -- tensors ----------------------------------------------------------------------------------------
-def _load(m: ClipModel, t: TensorLoader) -> None:
-    hp, md = m.hparams, m.metadata
-    k = md.get("clip.vision.projector.scale_factor", 2)
+def merge_factor(m: ClipModel) -> int:
+    """``clip.vision.projector.scale_factor`` (default 2), checked with the head size (a multiple of 4)."""
+    k = m.metadata.get("clip.vision.projector.scale_factor", 2)
     if not isinstance(k, int) or k < 1:
         raise MtmdError(f"{m.path}: clip.vision.projector.scale_factor must be a positive integer, got {k!r}")
-    hp.n_merge = k
+    if (m.hparams.n_embd // m.hparams.n_head) % 4:
+        raise MtmdError(
+            f"{m.path}: head size {m.hparams.n_embd // m.hparams.n_head} is not a multiple of 4 (2-D rope)"
+        )
+    return k
+
+
+def _load(m: ClipModel, t: TensorLoader) -> None:
+    hp, md = m.hparams, m.metadata
+    k = hp.n_merge = merge_factor(m)
     e, p = hp.n_embd, hp.patch_size
-    if (e // hp.n_head) % 4:
-        raise MtmdError(f"{m.path}: head size {e // hp.n_head} is not a multiple of 4 (2-D rope)")
     area = (p * k) ** 2
     lo, hi = md.get("clip.vision.image_min_pixels", 0), md.get("clip.vision.image_max_pixels", 0)
     if isinstance(lo, int) and isinstance(hi, int) and lo > 0 and hi > 0:
@@ -78,6 +86,14 @@ def _load(m: ClipModel, t: TensorLoader) -> None:
         raise MtmdError(f"{m.path}: tensor 'v.position_embd.weight' has shape {getattr(tab, 'shape', None)}; "
                         f"expected (height, width, {e})")  # fmt: skip
     hp.extra["pos_hw"] = (tab.shape[0], tab.shape[1])
+    load_moonvit(m, t)
+
+
+def load_moonvit(m: ClipModel, t: TensorLoader) -> None:
+    """MoonViT's blocks, ``v.post_ln`` and the projector (``mm.input_norm``, ``mm.1``, ``mm.2``): all but the
+    patch embedding and the position table."""
+    hp = m.hparams
+    e, k = hp.n_embd, hp.n_merge
     for il in range(hp.n_layer):
         b = f"v.blk.{il}."
         for n in ("attn_q", "attn_k", "attn_v", "attn_out"):
@@ -135,7 +151,29 @@ def bicubic_matrix(th: int, tw: int, h: int, w: int) -> np.ndarray:
     return np.kron(_bicubic_weights(th, h), _bicubic_weights(tw, w)).astype(np.float32)
 
 
+def _interleaved_to_split(x: Tensor) -> Tensor:
+    """``F32[P, H, d]`` with MoonViT's interleaved rope pairs (pair ``j`` = dims ``2j, 2j+1``: the column's at
+    even ``j``, the row's at odd ``j``, frequency index ``j // 2``) -> ``build_rope_2d``'s split layout (the
+    column's pairs, then the row's). Applied to q and k alike, it leaves their dot products unchanged."""
+    n, nh, d = x.shape
+    t = ops.cont(ops.permute(ops.reshape(x, (n * nh, d // 4, 2, 2)), (0, 2, 1, 3)))
+    return ops.reshape(t, (n, nh, d))
+
+
 def _build(m: ClipModel, inp_raw: Tensor) -> Tensor:
+    return build_moonvit(m, inp_raw, merger_eps=m.hparams.eps)
+
+
+def build_moonvit(
+    m: ClipModel,
+    inp_raw: Tensor,
+    *,
+    merger_eps: float,
+    interleaved_rope: bool = False,
+    act: Callable[[Tensor], Tensor] = ops.gelu,
+) -> Tensor:
+    """The MoonViT graph (see the module docstring). ``interleaved_rope``: q/k rows in the model's own
+    interleaved layout (Kimi-VL files), reordered here to the split one; ``act``: the projector's GELU."""
     hp, w = m.hparams, m.w
     _, h_px, w_px = inp_raw.shape
     p, k, e, nh = hp.patch_size, hp.n_merge, hp.n_embd, hp.n_head
@@ -162,6 +200,8 @@ def _build(m: ClipModel, inp_raw: Tensor) -> Tensor:
         q = ops.reshape(_linear(cur, w[b + "attn_q.weight"], w.get(b + "attn_q.bias")), (n, nh, dh))
         kk = ops.reshape(_linear(cur, w[b + "attn_k.weight"], w.get(b + "attn_k.bias")), (n, nh, dh))
         v = ops.reshape(_linear(cur, w[b + "attn_v.weight"], w.get(b + "attn_v.bias")), (n, nh, dh))
+        if interleaved_rope:
+            q, kk = _interleaved_to_split(q), _interleaved_to_split(kk)
         q, kk = rope_2d(q, pos_w, pos_h, ROPE_BASE), rope_2d(kk, pos_w, pos_h, ROPE_BASE)
         a = ops.flash_attn_ext(q, kk, v, None, 1.0 / math.sqrt(dh), name=f"kqv_out-{il}")
         a = _linear(ops.reshape(a, (n, e)), w[b + "attn_out.weight"], w.get(b + "attn_out.bias"))
@@ -172,9 +212,10 @@ def _build(m: ClipModel, inp_raw: Tensor) -> Tensor:
             x, _linear(cur, w[b + "ffn_down.weight"], w.get(b + "ffn_down.bias")), name=f"layer_out-{il}"
         )
     x = _norm(x, w["v.post_ln.weight"], w["v.post_ln.bias"], hp.eps)
-    x = _norm(x, w["mm.input_norm.weight"], w["mm.input_norm.bias"], hp.eps)  # per patch, before the merge
+    # per patch, before the merge
+    x = _norm(x, w["mm.input_norm.weight"], w["mm.input_norm.bias"], merger_eps)
     x = _unshuffle(x, gh, gw, k)
-    x = ops.gelu(_linear(x, w["mm.1.weight"], w["mm.1.bias"]))
+    x = act(_linear(x, w["mm.1.weight"], w["mm.1.bias"]))
     return _linear(x, w["mm.2.weight"], w["mm.2.bias"])
 
 

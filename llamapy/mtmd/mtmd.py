@@ -49,6 +49,7 @@ _IMAGE_WRAP = {
     "llama4": ("<|image_start|>", "<|image_end|>"),  # tiles, <|image|> + overview (llama4.pieces)
     "gemma4v": ("<|image>", "<image|>"),
     "kimik25": ("<|media_begin|>", "<|media_end|>"),
+    "kimivl": ("<|media_start|>", "<|media_end|>"),
     "glm4v": ("<|begin_of_image|>", "<|end_of_image|>"),  # M-RoPE positions as Qwen-VL
 }
 _MROPE_WRAP = ("<|vision_start|>", "<|vision_end|>")  # Qwen-VL style projectors (Projector.mrope)

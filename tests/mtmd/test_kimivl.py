@@ -1,0 +1,180 @@
+"""Kimi-VL vision (kimivl projector: MoonViT with interleaved 2-D rope, pixel unshuffle 2 x 2, LayerNorm + MLP)
+vs Moonshot AI's own modeling code (tests/mtmd/kimivl_oracle.py: transformers 5.24 has no Kimi-VL class), on a
+tiny random tower written as llama.cpp's converter writes Kimi-VL (q / k as the checkpoint has them)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+
+from llamapy.ggml import ops
+from llamapy.ggml.types import GGMLType
+from llamapy.mtmd import Bitmap, ClipModel, MtmdError
+from llamapy.mtmd import kimik25 as kimik25_mod
+from llamapy.mtmd import kimivl as kimivl_mod
+from llamapy.mtmd.kimik25 import preprocess
+from tests.mtmd import convert
+from tests.mtmd.kimivl_oracle import KimiVLMultiModalProjector, MoonVit
+
+RNG = np.random.default_rng(37)
+P, S, E, NH, K = 4, 6, 32, 2, 2  # patch, position table side, width, heads, merge
+N_TEXT = 64
+_BLOCK = {"norm0": "ln1", "norm1": "ln2", "wo": "attn_out", "mlp.fc0": "ffn_up", "mlp.fc1": "ffn_down"}
+
+
+class TinyKimiVL:
+    def __init__(self, tmp: Path, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.vit = MoonVit(hidden_size=E, num_hidden_layers=2, num_attention_heads=NH, intermediate_size=64,
+                           patch_size=P, init_pos_emb_height=S, init_pos_emb_width=S)  # fmt: skip
+        self.proj = KimiVLMultiModalProjector(E, (K, K), N_TEXT)
+        g = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():  # every weight random, biases and norms included
+            for name, p in [*self.vit.named_parameters(), *self.proj.named_parameters()]:
+                if p.ndim == 1:
+                    p.copy_((0.0 if name.endswith("bias") else 1.0) + torch.randn(p.shape, generator=g) * 0.2)
+                elif "pos_emb" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(int(np.prod(p.shape[1:]))))
+        self.vit.eval()
+        self.proj.eval()
+        self.mmproj_path = self.write_mmproj(tmp / "mmproj.gguf")
+
+    def mm_tensors(self) -> dict[str, np.ndarray]:
+        """As llama.cpp's converter (conversion/kimivl.py) writes them: wqkv split in three, q / k rows kept in
+        the checkpoint's order, the position table flattened to [S*S, E]."""
+        sd = {k: v.detach().numpy().astype(np.float32) for k, v in self.vit.state_dict().items()}
+        out = {"v.patch_embd.weight": sd["patch_embed.proj.weight"], "v.patch_embd.bias": sd["patch_embed.proj.bias"],
+               "v.position_embd.weight": sd["patch_embed.pos_emb.weight"].reshape(S * S, E),
+               "v.post_ln.weight": sd["encoder.final_layernorm.weight"],
+               "v.post_ln.bias": sd["encoder.final_layernorm.bias"]}  # fmt: skip
+        for name, w in sd.items():
+            if not name.startswith("encoder.blocks."):
+                continue
+            il, rest = name[len("encoder.blocks.") :].split(".", 1)
+            mod, kind = rest.rsplit(".", 1)
+            if mod == "wqkv":
+                for n, part in zip(("attn_q", "attn_k", "attn_v"), np.split(w, 3, axis=0), strict=True):
+                    out[f"v.blk.{il}.{n}.{kind}"] = np.ascontiguousarray(part)
+            else:
+                out[f"v.blk.{il}.{_BLOCK[mod]}.{kind}"] = w
+        pj = {k: v.detach().numpy().astype(np.float32) for k, v in self.proj.state_dict().items()}
+        for src, dst in (("pre_norm", "mm.input_norm"), ("linear_1", "mm.1"), ("linear_2", "mm.2")):
+            out[dst + ".weight"], out[dst + ".bias"] = pj[src + ".weight"], pj[src + ".bias"]
+        return out
+
+    @staticmethod
+    def metadata() -> dict[str, Any]:
+        return {
+            "general.name": "tiny-kimivl-mmproj", "general.file_type": 0, "clip.has_vision_encoder": True,
+            "clip.projector_type": "kimivl", "clip.vision.image_size": S * P, "clip.vision.patch_size": P,
+            "clip.vision.embedding_length": E, "clip.vision.feed_forward_length": 64, "clip.vision.block_count": 2,
+            "clip.vision.attention.head_count": NH, "clip.vision.projection_dim": N_TEXT,
+            "clip.vision.attention.layer_norm_epsilon": 1e-5, "clip.vision.image_mean": [0.5] * 3,
+            "clip.vision.image_std": [0.5] * 3, "clip.use_gelu": True, "clip.vision.projector.scale_factor": K,
+        }  # fmt: skip
+
+    def write_mmproj(self, path: Path, md: dict | None = None, tensors: dict | None = None) -> Path:
+        md = self.metadata() if md is None else md
+        return convert.write_mmproj(path, md, self.mm_tensors() if tensors is None else tensors, GGMLType.F32)
+
+    def features(self, px: np.ndarray) -> np.ndarray:
+        """The oracle on ``F32[3, H, W]`` (normalized pixels): patches row-major, each ``(channel, y, x)``."""
+        ny, nx = px.shape[1] // P, px.shape[2] // P
+        pv = px.reshape(3, ny, P, nx, P).transpose(1, 3, 0, 2, 4).reshape(ny * nx, 3, P, P)
+        with torch.no_grad():
+            return self.proj(
+                self.vit(torch.from_numpy(np.ascontiguousarray(pv)), torch.tensor([[ny, nx]]))
+            ).numpy()
+
+
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory: pytest.TempPathFactory) -> TinyKimiVL:
+    return TinyKimiVL(tmp_path_factory.mktemp("kimivl"))
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.mark.parametrize("hw", [(24, 24), (40, 16), (8, 56), (32, 48)])  # the table's size, resized up / down
+def test_image_embeddings_match_the_official_code(kimi: TinyKimiVL, hw: tuple[int, int]) -> None:
+    cm = ClipModel(kimi.mmproj_path)
+    assert cm.hparams.projector_type == "kimivl" and cm.n_mmproj_embd == N_TEXT
+    px = RNG.uniform(-1, 1, (3, *hw)).astype(np.float32)
+    got = cm.encode(px)
+    assert got.shape == (cm.n_output_tokens(hw[1], hw[0]), N_TEXT) == ((hw[0] // 8) * (hw[1] // 8), N_TEXT)
+    assert _rel(got, kimi.features(px)) < 1e-5
+
+
+def test_llamacpp_rope_layout_and_gelu_are_caught(kimi: TinyKimiVL) -> None:
+    """llama.cpp's kimivl graph ropes the checkpoint's interleaved q / k as if split (llama.cpp #15600): without
+    the reorder the embeddings are off; the official code is what llamapy follows."""
+    px = RNG.uniform(-1, 1, (3, 32, 24)).astype(np.float32)
+    want = kimi.features(px)
+    assert _rel(ClipModel(kimi.mmproj_path).encode(px), want) < 1e-5
+    with mock.patch.object(kimik25_mod, "_interleaved_to_split", lambda x: x):
+        bad = ClipModel(kimi.mmproj_path).encode(px)  # (a new model: a built graph is kept per image size)
+    assert _rel(bad, want) > 1e-2
+    # llama.cpp's projector GELU (tanh) for the official erf one: 1.5e-4 off here
+    with mock.patch.object(kimivl_mod, "gelu_erf", ops.gelu):
+        assert _rel(ClipModel(kimi.mmproj_path).encode(px), want) > 2e-5
+
+
+def _llamacpp_size(w: int, h: int, align: int, min_px: int, max_px: int) -> tuple[int, int]:
+    """clip.cpp's img_tool::calc_size_preserved_ratio (mtmd_image_preprocessor_dyn_size), transcribed."""
+    w_bar, h_bar = max(align, round(w / align) * align), max(align, round(h / align) * align)
+    if w_bar * h_bar > max_px:
+        beta = math.sqrt(h * w / max_px)
+        h_bar, w_bar = (
+            max(align, math.floor(h / beta / align) * align),
+            max(align, math.floor(w / beta / align) * align),
+        )
+    elif w_bar * h_bar < min_px:
+        beta = math.sqrt(min_px / (h * w))
+        h_bar, w_bar = math.ceil(h * beta / align) * align, math.ceil(w * beta / align) * align
+    return w_bar, h_bar
+
+
+@pytest.mark.parametrize("hw", [(45, 70), (13, 7), (301, 97), (8, 8)])
+def test_preprocessing_on_odd_sizes(kimi: TinyKimiVL, hw: tuple[int, int]) -> None:
+    """llama.cpp's size rule (8..1024 tokens, sides multiples of patch x merge) on odd sizes; the pixels where no
+    resize is needed are the official processor's (``/ 255``, mean 0.5, std 0.5, nothing cropped)."""
+    cm = ClipModel(kimi.mmproj_path)
+    data = RNG.integers(0, 256, (*hw, 3), dtype=np.uint8)
+    got = preprocess(cm, Bitmap(data), True)
+    a = P * K
+    assert (got.shape[2], got.shape[1]) == _llamacpp_size(hw[1], hw[0], a, 8 * a * a, 1024 * a * a)
+    assert 8 <= cm.n_output_tokens(got.shape[2], got.shape[1]) <= 1024
+    exact = RNG.integers(0, 256, (hw[0] // a * a or a, hw[1] // a * a or a, 3), dtype=np.uint8)
+    if exact.shape[0] * exact.shape[1] >= 8 * a * a:
+        got = preprocess(cm, Bitmap(exact), True)
+        assert np.abs(got - (exact.transpose(2, 0, 1) / 255.0 - 0.5) / 0.5).max() < 1e-6
+
+
+def test_malformed_mmproj_is_a_clear_error(kimi: TinyKimiVL, tmp_path: Path) -> None:
+    t = kimi.mm_tensors()
+    t["v.position_embd.weight"] = t["v.position_embd.weight"].reshape(S, S, E)  # Kimi-K2.5's layout
+    with pytest.raises(MtmdError, match=r"position_embd.*expected \(side \* side, 32\)"):
+        ClipModel(kimi.write_mmproj(tmp_path / "pos3d.gguf", tensors=t))
+    t = kimi.mm_tensors()
+    t["v.position_embd.weight"] = t["v.position_embd.weight"][:35]  # not a square
+    with pytest.raises(MtmdError, match="position_embd"):
+        ClipModel(kimi.write_mmproj(tmp_path / "pos35.gguf", tensors=t))
+    t = kimi.mm_tensors()
+    t["mm.1.weight"] = t["mm.1.weight"][:, :E]  # not the merged width
+    with pytest.raises(MtmdError, match="mm.1.weight"):
+        ClipModel(kimi.write_mmproj(tmp_path / "mm1.gguf", tensors=t))
+    t = kimi.mm_tensors()
+    del t["v.blk.1.attn_k.weight"]
+    with pytest.raises(MtmdError, match="attn_k"):
+        ClipModel(kimi.write_mmproj(tmp_path / "nok.gguf", tensors=t))
+    with pytest.raises(MtmdError, match="multiple of 8"):
+        ClipModel(kimi.mmproj_path).encode(np.zeros((3, 16, 20), np.float32))
