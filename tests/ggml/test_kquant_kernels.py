@@ -14,7 +14,7 @@ import pytest
 from llamapy.ggml import GGMLType as T
 from llamapy.ggml.cpu import kquant_kernels as kk
 from llamapy.ggml.cpu import matmul_kernels as mk
-from llamapy.ggml.quants import quantize
+from llamapy.ggml.quants import dequantize, quantize
 
 KTYPES = [T.Q4_K, T.Q5_K, T.Q6_K]
 
@@ -92,3 +92,40 @@ def test_kquant_matvec_generic_ir_on_a_plain_x86_64_target():
     env = dict(os.environ, NUMBA_CPU_NAME="generic")
     r = subprocess.run([sys.executable, "-c", _GENERIC], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def q6_k_integer_case(rows: int, K: int, seed: int):
+    """Random Q6_K rows (all 6-bit quants, scales -128..127) with power-of-two ``d`` per row, and
+    activations that Q8_K keeps as exact integers (max 127: ``d8`` = -1), so that every partial sum of
+    the kernels is exact in float32 and the result must equal the integer dot product bit for bit."""
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows, K // 256, 210), dtype=np.uint8)
+    raw[:, :, 192:208] = rng.integers(-128, 128, (rows, K // 256, 16)).astype(np.int8).view(np.uint8)
+    d = np.float16(2.0) ** rng.integers(-6, 2, rows).astype(np.float16)
+    raw[:, :, 208:210] = np.repeat(d[:, None], K // 256, 1).astype("<f2").view(np.uint8).reshape(rows, -1, 2)
+    one = raw.copy()
+    one[:, :, 208:210] = np.full((rows, K // 256), 1.0, "<f2").view(np.uint8).reshape(rows, -1, 2)
+    w_int = dequantize(one.reshape(rows, -1), T.Q6_K).astype(np.int64).reshape(rows, K)  # sc * (q - 32)
+    x = rng.integers(-6, 7, (3, K)).astype(np.float32)
+    x[:, ::256] = 127.0  # every block's maximum: iscale -1: xq = -x, d8 = -1, xq * d8 = x
+    expect = (d.astype(np.float64)[None, :] * (x.astype(np.int64) @ w_int.T)).astype(np.float32)
+    return raw.reshape(rows, -1), x, expect
+
+
+def test_q6_k_matvec_integer_sums_are_exact():
+    """Scales' sign and pairing, the six-bit assembly and the -32 offset (done in integers) checked
+    bit for bit on the one-row kernels (both prefetch variants) and the fused experts kernel."""
+    from llamapy.ggml.cpu.moe_kernels import MOE
+
+    raw, x, expect = q6_k_integer_case(13, 768, 11)
+    assert np.abs(expect).max() < 2**24
+    for kern in (kk.mm_q6_k, kk.mm_q6_k_l1):
+        out = np.zeros((3, 13), np.float32)
+        kern(raw, x, out, mk.F16_TABLE)
+        np.testing.assert_array_equal(out, expect)
+    w = np.stack([raw, raw[::-1].copy()])  # two experts
+    ids = np.array([[1], [0], [1]], np.int64)
+    out = np.zeros((3, 13), np.float32)
+    assert MOE["Q6_K"](w, x.reshape(3, 1, -1), ids, out, mk.F16_TABLE, 8) == -1
+    np.testing.assert_array_equal(out[[1]], expect[[1]])
+    np.testing.assert_array_equal(out[[0, 2]], expect[[0, 2]][:, ::-1])

@@ -18,7 +18,13 @@ for every k-quant row).
 
 from __future__ import annotations
 
+from ... import _numba  # noqa: F401  (first: it sets NUMBA_CACHE_DIR before Numba is imported)
+
+# isort: split
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 from ..._numba import njit, prange
 from ..quants.layouts import (
@@ -36,11 +42,27 @@ from ..quants.layouts import (
     Q6_K_QH,
     Q6_K_SCALES,
 )
-from .hsimd import hwiden, imadd_pair
-from .isimd import bload, bnib, bq5, bq6, iadd, ib8, ikscales, ilane, iload, imadd, imul, itof, izero
+from .hsimd import H16, hload
+from .isimd import (
+    B32,
+    I32x8,
+    _maddubs,
+    _maddwd,
+    bload,
+    bnib,
+    bq5,
+    bq6,
+    ikscales,
+    ilane,
+    iload,
+    imadd,
+    imul,
+    itof,
+    izero,
+)
 from .layouts import ROWS_PER_PASS
 from .rowgroups import PREFETCH_ROWS, f16at, prefetch_bytes, prefetch_bytes_l1, rows4, store4
-from .simd import vfma, vsplat, vzero
+from .simd import _is_bytes, _ptr, vfma, vsplat, vzero
 
 QK_K = 256
 
@@ -137,30 +159,103 @@ def _q5k_row(acc, wr, o, xq, x0, d8, bsv, bs16, f16):
     return vfma(acc, vsplat(-f16at(wr, o + Q5_K_DMIN, f16) * d8), itof(imul(mn, bsv)))
 
 
+# -- Q6_K -----------------------------------------------------------------------------------------------
+# As llama.cpp's ``ggml_vec_dot_q6_K_q8_K`` (AVX2): the 16 signed scales widened to 16 bits once a block,
+# each 32-weight run times its pair of scales with one ``pmaddwd``, and the -32 offset in integers (the
+# scales against the activations' per-16 byte sums, one ``pmaddwd``, times 32, subtracted), so a block
+# ends in one conversion and one FMA. Two changes against the general row protocol save the rest: the
+# scales are held even-numbered in the low 128 bits and odd-numbered in the high (``_q6scales``), so a
+# run's pair is one in-lane ``vpshufb`` (``_imadd_q6``: ggml needs a shuffle and a widening per run), and
+# the activation row's per-16 sums are stored once per call as int16 in the same order (``q6_bsums``),
+# where the general loop's int32 sums needed a widening of the scales and two 32-bit multiplies per block.
+_SPLIT = [2 * i for i in range(8)] + [2 * i + 1 for i in range(8)]
+_V16W = ir.VectorType(ir.IntType(16), 16)
+_V8D = ir.VectorType(ir.IntType(32), 8)
+
+
+@intrinsic
+def _q6scales(typingctx, arr, idx):  # type: ignore[no-untyped-def]
+    """The 16 signed scale bytes at ``idx`` as 16-bit lanes: scales 0, 2, .., 14 in the low 128 bits,
+    1, 3, .., 15 in the high."""
+    if not (_is_bytes(arr) and isinstance(idx, types.Integer)):
+        return None
+
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        p = _ptr(
+            context, builder, sig.args[0], args[0], args[1], sig.args[1], ir.VectorType(ir.IntType(8), 16)
+        )
+        v = builder.load(p, align=1)
+        v = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), 16), _SPLIT))
+        return builder.sext(v, _V16W) if sig.args[0].dtype == types.int8 else builder.zext(v, _V16W)
+
+    return H16(arr, idx), cg
+
+
+@intrinsic
+def _imadd_q6(typingctx, acc, u, s, sc, k):  # type: ignore[no-untyped-def]
+    """acc + the 32 products ``u * s`` (``pmaddubsw``) times scale ``2k`` (first 16) and ``2k + 1`` (last
+    16) of ``sc`` (``_q6scales``'s order; ``k`` a constant 0..7), summed into 8 lanes (``pmaddwd``)."""
+    if acc != I32x8 or u != B32 or s != B32 or sc != H16 or not isinstance(k, types.IntegerLiteral):
+        return None
+    j = k.literal_value
+    if not 0 <= j < 8:
+        return None
+
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        mask = ir.Constant(ir.VectorType(ir.IntType(32), 16), [j] * 8 + [8 + j] * 8)
+        pair = builder.shuffle_vector(args[3], args[3], mask)
+        return builder.add(args[0], _maddwd(builder, _maddubs(builder, args[1], args[2]), pair))
+
+    return I32x8(acc, u, s, sc, k), cg
+
+
+@intrinsic
+def _q6offset(typingctx, acc, sc, bs):  # type: ignore[no-untyped-def]
+    """acc - 32 * (the 16 products ``sc * bs``, summed in pairs into 8 lanes): Q6_K's -32 offset."""
+    if acc != I32x8 or sc != H16 or bs != H16:
+        return None
+
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        t = _maddwd(builder, args[1], args[2])
+        return builder.sub(args[0], builder.shl(t, ir.Constant(_V8D, [5] * 8)))
+
+    return I32x8(acc, sc, bs), cg
+
+
 @njit(inline="always")
-def _q6k_row(acc, wr, o, xq, x0, d8, bsv, bs16, f16):
+def q6_bsums(bs16):
+    """The per-16 activation byte sums (int32[M, K // 16]) as int16 (|sum| <= 2032), each block's 16 in
+    ``_q6scales``'s order (even-numbered first): the ``bs16`` argument of ``_q6k_row``."""
+    M, n = bs16.shape
+    bq = np.empty((M, n), np.int16)
+    for m in range(M):
+        for b in range(n // 16):
+            for i in range(8):
+                bq[m, 16 * b + i] = bs16[m, 16 * b + 2 * i]
+                bq[m, 16 * b + 8 + i] = bs16[m, 16 * b + 2 * i + 1]
+    return bq
+
+
+@njit(inline="always")
+def _q6k_row(acc, wr, o, xq, x0, d8, bsv, bq, f16):
     """One Q6_K block of one row: two halves of 128, each four runs of 32 (low/high nibbles of the two
     32-byte runs of ``ql`` with bits 0-1, 2-3, 4-5, 6-7 of ``qh``), a signed scale per 16. The quants go
-    in as 0..63; the -32 offset is 32 times the scales against the per-16 byte sums ``bs16``."""
-    si = wr.view(np.int8)
-    scv = hwiden(si, o + Q6_K_SCALES)  # the 16 signed scales, once
+    in as 0..63; the -32 offset is subtracted in integers against ``bq`` (``q6_bsums``' int16 sums, not
+    the general loop's int32 ``bs16``). The integer sum of a block is exact (|s| < 2^29)."""
+    scv = _q6scales(wr.view(np.int8), o + Q6_K_SCALES)
     ql, qh = o, o + Q6_K_QH
     s = izero()
-    s = imadd_pair(s, bq6(wr, ql, False, qh, 0), bload(xq, x0), scv, 0)
-    s = imadd_pair(s, bq6(wr, ql + 32, False, qh, 2), bload(xq, x0 + 32), scv, 1)
-    s = imadd_pair(s, bq6(wr, ql, True, qh, 4), bload(xq, x0 + 64), scv, 2)
-    s = imadd_pair(s, bq6(wr, ql + 32, True, qh, 6), bload(xq, x0 + 96), scv, 3)
+    s = _imadd_q6(s, bq6(wr, ql, False, qh, 0), bload(xq, x0), scv, 0)
+    s = _imadd_q6(s, bq6(wr, ql + 32, False, qh, 2), bload(xq, x0 + 32), scv, 1)
+    s = _imadd_q6(s, bq6(wr, ql, True, qh, 4), bload(xq, x0 + 64), scv, 2)
+    s = _imadd_q6(s, bq6(wr, ql + 32, True, qh, 6), bload(xq, x0 + 96), scv, 3)
     ql, qh = o + 64, o + Q6_K_QH + 32
-    s = imadd_pair(s, bq6(wr, ql, False, qh, 0), bload(xq, x0 + 128), scv, 4)
-    s = imadd_pair(s, bq6(wr, ql + 32, False, qh, 2), bload(xq, x0 + 160), scv, 5)
-    s = imadd_pair(s, bq6(wr, ql, True, qh, 4), bload(xq, x0 + 192), scv, 6)
-    s = imadd_pair(s, bq6(wr, ql + 32, True, qh, 6), bload(xq, x0 + 224), scv, 7)
-    b16 = x0 // 16
-    sc = o + Q6_K_SCALES
-    off = iadd(imul(ib8(si, sc), iload(bs16, b16)), imul(ib8(si, sc + 8), iload(bs16, b16 + 8)))
-    d = f16at(wr, o + Q6_K_D, f16) * d8
-    acc = vfma(acc, vsplat(d), itof(s))
-    return vfma(acc, vsplat(np.float32(-32.0) * d), itof(off))
+    s = _imadd_q6(s, bq6(wr, ql, False, qh, 0), bload(xq, x0 + 128), scv, 4)
+    s = _imadd_q6(s, bq6(wr, ql + 32, False, qh, 2), bload(xq, x0 + 160), scv, 5)
+    s = _imadd_q6(s, bq6(wr, ql, True, qh, 4), bload(xq, x0 + 192), scv, 6)
+    s = _imadd_q6(s, bq6(wr, ql + 32, True, qh, 6), bload(xq, x0 + 224), scv, 7)
+    s = _q6offset(s, scv, hload(bq, x0 // 16))
+    return vfma(acc, vsplat(f16at(wr, o + Q6_K_D, f16) * d8), itof(s))
 
 
 # -- the loop -----------------------------------------------------------------------------------------
@@ -201,6 +296,32 @@ def matvec_k_pf(w, x, out, f16, row, bbytes, pfb):
     _nan_rows(out, ok)
 
 
+@njit(inline="always")
+def matvec_q6k(w, x, out, f16, pfb):
+    """``matvec_k_pf`` for Q6_K: the activation rows' per-16 sums as ``q6_bsums`` in the ``bs16`` slot."""
+    N, rb = w.shape
+    nb = rb // Q6_K_BYTES
+    wf = w.reshape(-1)
+    xq, xd, bs16, bs32, ok = _q8k(x)
+    bq = q6_bsums(bs16)
+    for g in prange((N + 3) // 4):
+        w0, w1, w2, w3 = rows4(w, g, N)
+        pf = (g * 4 + PREFETCH_ROWS) * rb
+        for m in range(x.shape[0]):
+            xqm, bqm = xq[m], bq[m]
+            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+            for b in range(nb):
+                if m == 0:
+                    pfb(wf, pf + b * ROWS_PER_PASS * Q6_K_BYTES, ROWS_PER_PASS * Q6_K_BYTES, N * rb)
+                o, x0, d8 = b * Q6_K_BYTES, b * QK_K, xd[m, b]
+                a0 = _q6k_row(a0, w0, o, xqm, x0, d8, 0, bqm, f16)
+                a1 = _q6k_row(a1, w1, o, xqm, x0, d8, 0, bqm, f16)
+                a2 = _q6k_row(a2, w2, o, xqm, x0, d8, 0, bqm, f16)
+                a3 = _q6k_row(a3, w3, o, xqm, x0, d8, 0, bqm, f16)
+            store4(out, m, g, N, a0, a1, a2, a3)
+    _nan_rows(out, ok)
+
+
 @njit(parallel=True, cache=True)
 def mm_q4_k(w, x, out, f16):
     matvec_k(w, x, out, f16, _q4k_row, Q4_K_BYTES)
@@ -213,7 +334,7 @@ def mm_q5_k(w, x, out, f16):
 
 @njit(parallel=True, cache=True)
 def mm_q6_k(w, x, out, f16):
-    matvec_k(w, x, out, f16, _q6k_row, Q6_K_BYTES)
+    matvec_q6k(w, x, out, f16, prefetch_bytes)
 
 
 # The same kernels with the weight prefetched into L1 (for models mostly in L3: ``matmul_steps``).
@@ -229,4 +350,4 @@ def mm_q5_k_l1(w, x, out, f16):
 
 @njit(parallel=True, cache=True)
 def mm_q6_k_l1(w, x, out, f16):
-    matvec_k_pf(w, x, out, f16, _q6k_row, Q6_K_BYTES, prefetch_bytes_l1)
+    matvec_q6k(w, x, out, f16, prefetch_bytes_l1)

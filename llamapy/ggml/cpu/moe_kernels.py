@@ -32,7 +32,7 @@ import numpy as np
 from ..._numba import njit, prange
 from ..quants.layouts import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES
 from .isimd import iload
-from .kquant_kernels import QK_K, _q4k_row, _q5k_row, _q6k_row, quantize_rows_q8_k
+from .kquant_kernels import QK_K, _q4k_row, _q5k_row, _q6k_row, q6_bsums, quantize_rows_q8_k
 from .layouts import ROWS_PER_PASS
 from .rowgroups import PREFETCH_ROWS, prefetch_bytes, rows4, store4
 from .simd import vzero
@@ -109,9 +109,15 @@ def _nan_pairs(out, order, starts, active, U, Ux, ok):
                     out[p, r] = np.nan
 
 
-# -- the loop: ``kquant_kernels.matvec_k`` over (row group, expert) items, specialized (inlined) per row function
 @njit(inline="always")
-def moe_k(w, x, ids, out, f16, max_rows, row, bbytes):
+def _same(bs16):
+    return bs16
+
+
+# -- the loop: ``kquant_kernels.matvec_k`` over (row group, expert) items, specialized (inlined) per row
+# function; ``sums`` makes the row function's per-16 sums from the int32 ones (Q6_K: ``q6_bsums``)
+@njit(inline="always")
+def moe_k(w, x, ids, out, f16, max_rows, row, bbytes, sums):
     E, N, rb = w.shape
     T, Ux, K = x.shape
     U = ids.shape[1]
@@ -120,6 +126,7 @@ def moe_k(w, x, ids, out, f16, max_rows, row, bbytes):
         return bad
     nb = rb // bbytes
     xq, xd, bs16, bs32, ok = _q8k_par(x.reshape(T * Ux, K))
+    b16 = sums(bs16)
     nA = active.shape[0]
     G = (N + 3) // 4
     for i in prange(nA * G):
@@ -131,7 +138,7 @@ def moe_k(w, x, ids, out, f16, max_rows, row, bbytes):
         for j in range(starts[e], starts[e + 1]):
             p = order[j]
             xr = _xrow(p, U, Ux)
-            xqm, b16m, b32m = xq[xr], bs16[xr], bs32[xr]
+            xqm, b16m, b32m = xq[xr], b16[xr], bs32[xr]
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
             for b in range(nb):
                 if j == starts[e]:
@@ -149,17 +156,17 @@ def moe_k(w, x, ids, out, f16, max_rows, row, bbytes):
 
 @njit(parallel=True, cache=True)
 def moe_q4_k(w, x, ids, out, f16, max_rows):
-    return moe_k(w, x, ids, out, f16, max_rows, _q4k_row, Q4_K_BYTES)
+    return moe_k(w, x, ids, out, f16, max_rows, _q4k_row, Q4_K_BYTES, _same)
 
 
 @njit(parallel=True, cache=True)
 def moe_q5_k(w, x, ids, out, f16, max_rows):
-    return moe_k(w, x, ids, out, f16, max_rows, _q5k_row, Q5_K_BYTES)
+    return moe_k(w, x, ids, out, f16, max_rows, _q5k_row, Q5_K_BYTES, _same)
 
 
 @njit(parallel=True, cache=True)
 def moe_q6_k(w, x, ids, out, f16, max_rows):
-    return moe_k(w, x, ids, out, f16, max_rows, _q6k_row, Q6_K_BYTES)
+    return moe_k(w, x, ids, out, f16, max_rows, _q6k_row, Q6_K_BYTES, q6_bsums)
 
 
 #: type name -> fused experts kernel
