@@ -80,6 +80,7 @@ MM_RUNS: list[tuple[str, str]] = [
     ("lfm2vl", "f16"),
     ("internvl", "f16"),
     ("minicpmv4_6", "q8_0"),
+    ("ultravox", "f16"),
 ]
 
 

@@ -193,6 +193,46 @@ def _minicpmv4_6() -> Any:
                                           image_token_id=6)  # fmt: skip
 
 
+class _UltravoxModel:
+    """fixie-ai's UltravoxModel as its checkpoints hold it (no transformers class: remote code): a Whisper
+    encoder (``audio_tower.``) and the stacking SwiGLU projector (``multi_modal_projector.``; ``tests/mtmd/
+    audio_tiny``'s transcription), the text model apart (``text_model_id``). config.json as llama.cpp's
+    ``UltravoxWhisperEncoderModel`` reads it: ``audio_config``, ``text_config``, ``stack_factor``."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        import torch
+        import transformers
+        from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+        from tests.mtmd import audio_tiny
+
+        a = {k: v for k, v in cfg["audio_config"].items() if k != "model_type"}
+        wcfg = transformers.WhisperConfig(**a, activation_function="gelu")
+        wcfg._attn_implementation = "eager"
+        n, d = cfg["text_config"]["hidden_size"], wcfg.d_model
+        enc, proj = WhisperEncoder(wcfg), audio_tiny.UltravoxProjector(d, cfg["stack_factor"], 2 * n, n)
+        self.module = torch.nn.ModuleDict({"audio_tower": enc, "multi_modal_projector": proj}).float().eval()
+        self.cfg = cfg
+
+    def save_pretrained(self, d: Path) -> None:
+        from safetensors.torch import save_file
+
+        d.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.module.state_dict().items()}, str(d / "model.safetensors"),
+                  metadata={"format": "pt"})  # fmt: skip
+        (d / "config.json").write_text(json.dumps(self.cfg, indent=2))
+
+
+def _ultravox() -> dict[str, Any]:
+    from tests.mtmd import audio_tiny
+
+    audio = dict(model_type="whisper", d_model=audio_tiny.D, encoder_layers=3, encoder_attention_heads=audio_tiny.N_HEAD,
+                 encoder_ffn_dim=audio_tiny.FF, num_mel_bins=80, max_source_positions=1500)  # fmt: skip
+    return dict(architectures=["UltravoxModel"], model_type="ultravox", audio_config=audio,
+                text_config=dict(model_type="llama", hidden_size=audio_tiny.N_TEXT), stack_factor=8,
+                projector_act="swiglu", audio_token_index=7)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class MmCase:
     name: str
@@ -233,6 +273,7 @@ MM_CASES: dict[str, MmCase] = {
                {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]},
                (("vision_tower.", "model.vision_tower."), ("multi_modal_projector.", "model.multi_modal_projector.")),
                config_patch={"vision_config": {"architectures": ["InternVisionModel"]}, "max_dynamic_patch": 6}),
+        MmCase("ultravox", _ultravox, "UltravoxModel", {}),
         MmCase("minicpmv4_6", _minicpmv4_6, "MiniCPMV4_6ForConditionalGeneration",
                {"image_mean": [0.5] * 3, "image_std": [0.5] * 3, "scale_resolution": 48}),
     ]
@@ -276,7 +317,7 @@ class MmDir:
         import torch
 
         m, name = getattr(self.hf, "model", self.hf), self.case.name
-        n_embd = self.hf.config.text_config.hidden_size
+        n_embd = self.hf.config.text_config.hidden_size if hasattr(self.hf, "config") else 0
         with torch.no_grad():
             if name == "gemma3":
                 out = m.get_image_features(pixel_values=torch.from_numpy(px[None]))
@@ -299,6 +340,9 @@ class MmDir:
                                          image_grid_thw=torch.tensor([[1, h // p, w // p]]))  # fmt: skip
                 parts = [r.pooler_output[0]] + [f[0] for f in r.deepstack_features]  # [main | deepstack...]
                 return np.concatenate([t.numpy() for t in parts], axis=1)
+            elif name == "ultravox":  # px: a log-mel window [n_mel, 3000]
+                h = self.hf["audio_tower"](torch.from_numpy(px[None])).last_hidden_state
+                return self.hf["multi_modal_projector"](h)[0].numpy()
             elif name in ("qwen2audio", "voxtral"):  # px: a log-mel window [n_mel, 3000]
                 base = getattr(self.hf, "model", self.hf)
                 h = base.audio_tower(torch.from_numpy(px[None])).last_hidden_state
@@ -346,9 +390,12 @@ def make_mm_dir(case: MmCase, root: Path, seed: int = 0) -> MmDir:
     """The checkpoint directory of ``case`` under ``root`` (made once per root) and the model itself."""
     import torch
     import transformers
-    from safetensors.numpy import load_file, save_file
 
     cfg = case.config()
+    if case.model_cls == "UltravoxModel":
+        model = _UltravoxModel(cfg)
+        _fill(model.module, seed)
+        return _save(case, root, model, model.module)
     for c in (cfg, cfg.text_config, getattr(cfg, "vision_config", None), getattr(cfg, "audio_config", None)):
         if c is not None:
             c._attn_implementation = "eager"
@@ -375,9 +422,15 @@ def make_mm_dir(case: MmCase, root: Path, seed: int = 0) -> MmDir:
     if case.name == "qwen3vl":
         for mg in [model.model.visual.merger, *model.model.visual.deepstack_merger_list]:
             mg.act_fn = torch.nn.GELU(approximate="tanh")
+    return _save(case, root, model, model)
+
+
+def _save(case: MmCase, root: Path, saver: Any, model: Any) -> MmDir:
+    from safetensors.numpy import load_file, save_file
+
     d = root / f"tiny-{case.name}"
     if not (d / "config.json").is_file():
-        model.save_pretrained(d)
+        saver.save_pretrained(d)
         st = d / "model.safetensors"
         sd = load_file(str(st))
         for old, new in case.hub_rename:

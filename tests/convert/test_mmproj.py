@@ -99,7 +99,7 @@ def test_image_embeddings_match_transformers(mm_dir, tmp_path: Path, case: str, 
     assert err < TOL, f"{case}: max |diff| / max |hf| = {err:.2e}"
 
 
-@pytest.mark.parametrize(("case", "n_mel"), [("qwen2audio", 80), ("voxtral", 128)])
+@pytest.mark.parametrize(("case", "n_mel"), [("qwen2audio", 80), ("voxtral", 128), ("ultravox", 80)])
 def test_audio_embeddings_match_transformers(mm_dir, tmp_path: Path, case: str, n_mel: int) -> None:
     from llamapy.mtmd.audio_encoder import AudioModel
 
@@ -114,7 +114,10 @@ def test_audio_embeddings_match_transformers(mm_dir, tmp_path: Path, case: str, 
     finally:
         torch.set_num_threads(n)
     am = AudioModel(out)
-    assert am.hparams.projector_type == {"qwen2audio": "qwen2a", "voxtral": "voxtral"}[case]
+    assert (
+        am.hparams.projector_type
+        == {"qwen2audio": "qwen2a", "voxtral": "voxtral", "ultravox": "ultravox"}[case]
+    )
     got = np.asarray(am.encode(mel), dtype=np.float32)
     assert got.shape == ref.shape
     err = float(np.abs(got - ref).max() / np.abs(ref).max())
