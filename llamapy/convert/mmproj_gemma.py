@@ -78,7 +78,115 @@ def _g4_force(ctx: MmCtx, name: str, new: str) -> GGMLType | None:
     return GGMLType.F32 if "position_embedding_table" in name else None
 
 
+# ---------------------------------------------------------------------------------------------
+# Gemma 3n (Gemma3nVisionAudioModel: the vision tower and, as llama.cpp writes it, the audio conformer)
+
+# MobileNetV5 block tensors (double-indexed: v.blk.{stage}.{block}.*), the converter's block_tensor_mapping
+_MNV5_BLOCK = {"conv_exp.weight", "bn1.weight", "conv_pwl.weight", "bn2.weight", "dw_start.conv.weight",
+               "dw_start.bn.weight", "dw_mid.conv.weight", "dw_mid.bn.weight", "pw_exp.conv.weight",
+               "pw_exp.bn.weight", "pw_proj.conv.weight", "pw_proj.bn.weight", "layer_scale.gamma",
+               "attn.query.proj.weight", "attn.key.proj.weight", "attn.value.proj.weight",
+               "attn.output.proj.weight", "attn.key.down_conv.weight", "attn.key.norm.weight",
+               "attn.value.down_conv.weight", "attn.value.norm.weight", "norm.weight"}  # fmt: skip
+_AUDIO_PARTS = ("audio", "codebook", "conformer", "depth_embedding", "depthformer", "depth_linear")
+
+
+def _g3n_prepare(ctx: MmCtx) -> None:
+    """The class's __init__: a fake block count (two encoders), the FFN x4, 8 heads, the image size from the
+    processor, patch size = image size / soft tokens, MobileNetV5's identity normalization."""
+    hv = ctx.hv
+    ha = ctx.global_config.get("audio_config")
+    if not isinstance(ha, dict):
+        raise ConvertError("config.json: no audio_config (Gemma 3n's mmproj holds its audio encoder too)")
+    hv["n_layers"] = 128
+    hv["intermediate_size"] = hv.get("intermediate_size", 2048) * 4
+    hv["num_attention_heads"] = hv.get("num_attention_heads", 8)
+    ctx.preproc["image_mean"] = [0.0, 0.0, 0.0]
+    ctx.preproc["image_std"] = [1.0, 1.0, 1.0]
+    hv["image_size"] = ctx.preproc.get("size", {"height": 768, "width": 768})["height"]
+    hv["patch_size"] = hv["image_size"] // ctx.preproc.get("image_seq_length", 256)
+    ctx.state["audio"] = {
+        "n_layers": ha["conf_num_hidden_layers"],
+        "num_attention_heads": ha["conf_num_attention_heads"],
+        "feat_in": ha["input_feat_size"],
+        "intermediate_size": ha.get("intermediate_size", 6144),
+        "hidden_size": ha["hidden_size"],
+    }
+
+
+def _g3n_params(ctx: MmCtx, kv: Any) -> None:
+    import gguf
+
+    a = ctx.state["audio"]
+    kv.add_clip_has_audio_encoder(True)
+    kv.add_audio_projection_dim(ctx.n_embd_text)
+    kv.add_audio_embedding_length(a["hidden_size"])
+    kv.add_audio_feed_forward_length(a["intermediate_size"])
+    kv.add_audio_block_count(a["n_layers"])
+    kv.add_audio_head_count(a["num_attention_heads"])
+    kv.add_clip_vision_projector_type(gguf.VisionProjectorType.GEMMA3NV)
+    kv.add_vision_attention_layernorm_eps(ctx.hv.get("layer_norm_eps", 1e-6))
+    kv.add_clip_audio_projector_type(gguf.VisionProjectorType.GEMMA3NA)
+    kv.add_audio_num_mel_bins(a["feat_in"])
+    kv.add_audio_attention_layernorm_eps(1e-5)
+
+
+def _g3n_audio(ctx: MmCtx, name: str, data: np.ndarray) -> tuple[str, np.ndarray]:
+    """ConformerAudioModel.modify_tensors (Gemma 3n has no batch norms to fold)."""
+    import re
+
+    if "batch_norm" in name:
+        raise ValueError("batch-normed conformer convolutions are not Gemma 3n's")
+    name = name.replace("model.audio_tower.conformer.", "conformer.layers.")
+    m = re.fullmatch(r"model\.audio_tower\.subsample_conv_projection\.conv_(\d+)\.norm\.weight", name)
+    if m:  # not in gguf-py's map (llama.cpp's converter stops there): Gemma 4's name for the same norm
+        return f"a.conv1d.{m.group(1)}.norm.weight", data
+    if name.startswith("conformer.pre_encode.conv.") and name.endswith(".bias"):
+        data = data[:, None, None]
+    if "conv.depthwise_conv" in name and name.endswith(".weight"):
+        data = data.reshape(data.shape[0], data.shape[2])
+    if "conv.pointwise_conv" in name and name.endswith(".weight"):
+        data = data.reshape(data.shape[0], data.shape[1])
+    return _map(ctx, name), data
+
+
+def _g3n_modify(ctx: MmCtx, name: str, data: np.ndarray, bid: int | None) -> Iterable[tuple[str, np.ndarray]]:
+    if any(p in name for p in _AUDIO_PARTS):
+        yield _g3n_audio(ctx, name, data)
+        return
+    if not name.startswith(("model.embed_vision.", "model.vision_tower.")):
+        return
+    pre = "model.vision_tower.timm_model.blocks."
+    if name.startswith(pre):
+        parts = name[len(pre) :].split(".", 2)
+        if len(parts) < 3 or parts[2] not in _MNV5_BLOCK:
+            raise ValueError(f"unknown MobileNetV5 block tensor {name!r}")
+        yield f"v.blk.{parts[0]}.{parts[1]}.{parts[2]}", data
+        return
+    new = _map(ctx, name)
+    if new.endswith(("conv_stem.conv.bias", "layer_scale.gamma")):
+        data = data.reshape(1, -1, 1, 1)
+    yield new, data
+
+
+def _g3n_force(ctx: MmCtx, name: str, new: str) -> GGMLType | None:
+    if "input_projection" in name or "input_proj" in name:
+        return GGMLType.F16
+    if ".embeddings." in name or "stem" in name:
+        return GGMLType.F32
+    if any(p in name for p in _AUDIO_PARTS) and (".conv" in name or "_conv" in name and ".weight" in name):
+        return GGMLType.F32
+    return None
+
+
 GEMMA_PROJECTORS: dict[str, Projector] = {
+    "Gemma3nForConditionalGeneration": Projector(
+        ("Gemma3nForConditionalGeneration",),
+        _g3n_params,
+        modify=_g3n_modify,
+        force=_g3n_force,
+        prepare=_g3n_prepare,
+    ),
     "Gemma4ForConditionalGeneration": Projector(
         ("Gemma4ForConditionalGeneration",),
         _g4_params,

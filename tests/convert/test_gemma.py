@@ -20,7 +20,16 @@ import pytest
 from llamapy.cli import main
 from llamapy.convert import convert
 from tests.convert.expect import EXPECT_DIR, describe, differences
-from tests.convert.gemma_dirs import G4V_PATCH, MM_RUNS, N_VOCAB, TEXT_RUNS, _makers
+from tests.convert.gemma_dirs import (
+    G3N_SIZE,
+    G4V_PATCH,
+    MM_RUNS,
+    MODELS,
+    N_VOCAB,
+    TEXT_RUNS,
+    _makers,
+    gemma3n_model,
+)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -113,8 +122,9 @@ def test_gemma4v_image_embeddings_match_transformers(gemma_dir, tmp_path: Path) 
     d = gemma_dir("gemma4v")
     out = tmp_path / "mmproj-f32.gguf"
     convert(d, out, "f32", mmproj=True)
-    hf = transformers.Gemma4ForConditionalGeneration.from_pretrained(d, dtype=torch.float32)
-    hf.eval()
+    hf = (
+        MODELS.get("gemma4v") or transformers.Gemma4ForConditionalGeneration.from_pretrained(d).float().eval()
+    )
     px = RNG.uniform(0, 1, (3, 36, 48)).astype(np.float32)
     with torch.no_grad():
         ref = torch.cat(list(hf.model.get_image_features(**_g4v_inputs(px)).pooler_output)).numpy()
@@ -122,6 +132,30 @@ def test_gemma4v_image_embeddings_match_transformers(gemma_dir, tmp_path: Path) 
     assert cm.hparams.projector_type == "gemma4v"
     got = np.asarray(cm.encode(px), dtype=np.float32)
     assert got.shape == ref.shape == (12, 64)
+    err = float(np.abs(got - ref).max() / np.abs(ref).max())
+    assert err < TOL, f"max |diff| / max |hf| = {err:.2e}"
+
+
+def test_gemma3n_image_embeddings_match_transformers(gemma_dir, tmp_path: Path) -> None:
+    """The MobileNetV5 tower, MSFA and soft-token embedder (the audio half is written, llamapy skips it)."""
+    from llamapy.mtmd import ClipModel
+
+    d = gemma_dir("gemma3n")
+    out = tmp_path / "mmproj-f32.gguf"
+    convert(d, out, "f32", mmproj=True)
+    hf = MODELS.get("gemma3n") or gemma3n_model()  # (the directory's weights: seeded)
+    px = RNG.uniform(0, 1, (3, G3N_SIZE, G3N_SIZE)).astype(np.float32)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            ref = hf.model.get_image_features(torch.from_numpy(px[None].copy())).pooler_output[0].numpy()
+    finally:
+        torch.set_num_threads(n)
+    cm = ClipModel(out)
+    assert cm.hparams.projector_type == "gemma3nv"
+    got = np.asarray(cm.encode(px), dtype=np.float32)
+    assert got.shape == ref.shape == (256, 64)
     err = float(np.abs(got - ref).max() / np.abs(ref).max())
     assert err < TOL, f"max |diff| / max |hf| = {err:.2e}"
 
@@ -178,3 +212,10 @@ def test_errors(gemma_dir, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     st = d / "model.safetensors"
     st.write_bytes(st.read_bytes()[:-1000])
     assert "truncated" in _fails([str(d), "--mmproj", "-o", o], out, capsys)
+
+    d = shutil.copytree(gemma_dir("gemma3n"), tmp_path / "g3n-noaudio")
+    capsys.readouterr()
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["audio_config"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert "audio_config" in _fails([str(d), "--mmproj", "-o", o], out, capsys)
