@@ -12,17 +12,24 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
+import transformers
 
+from llamapy.context import Context
 from llamapy.ggml import ops
 from llamapy.ggml.types import GGMLType
-from llamapy.mtmd import Bitmap, ClipModel, MtmdError
+from llamapy.model.model import Model
+from llamapy.mtmd import Bitmap, ClipModel, ImageChunk, MtmdContext, MtmdError, TextChunk
 from llamapy.mtmd import kimik25 as kimik25_mod
 from llamapy.mtmd import kimivl as kimivl_mod
 from llamapy.mtmd.kimik25 import preprocess
+from tests.model import hf_tiny
 from tests.mtmd import convert
 from tests.mtmd.kimivl_oracle import KimiVLMultiModalProjector, MoonVit
 
 RNG = np.random.default_rng(37)
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|media_start|>", "<|media_end|>", "<|media_pad|>"]
+IMG = 6
+TEXT = hf_tiny.FAMILIES["deepseek2"]  # Kimi-VL's language model is DeepSeek-V3's (MLA, MoE)
 P, S, E, NH, K = 4, 6, 32, 2, 2  # patch, position table side, width, heads, merge
 N_TEXT = 64
 _BLOCK = {"norm0": "ln1", "norm1": "ln2", "wo": "attn_out", "mlp.fc0": "ffn_up", "mlp.fc1": "ffn_down"}
@@ -100,6 +107,24 @@ def kimi(tmp_path_factory: pytest.TempPathFactory) -> TinyKimiVL:
     return TinyKimiVL(tmp_path_factory.mktemp("kimivl"))
 
 
+@pytest.fixture(scope="module")
+def text(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
+    kw = dict(hf_tiny._common(**TEXT.config_kw))
+    kw.update(vocab_size=convert.N_VOCAB, pad_token_id=0, bos_token_id=2, eos_token_id=1, hidden_size=N_TEXT)
+    cfg = transformers.DeepseekV3Config(**kw)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    hf = TEXT.hf_model(cfg).to(torch.float32)
+    hf_tiny._randomize(hf, TEXT, 0)
+    hf.eval()
+    md = hf_tiny.metadata(TEXT, cfg, GGMLType.F32)
+    md.update(convert.tiny_vocab(SPECIALS))
+    tensors = hf_tiny.convert(TEXT, cfg, hf_tiny.hf_state_dict(hf))
+    path = hf_tiny.write_gguf(tmp_path_factory.mktemp("kimivl-text") / "text.gguf", TEXT.arch, md, tensors,
+                              GGMLType.F32)  # fmt: skip
+    return hf, path
+
+
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
@@ -114,6 +139,45 @@ def test_image_embeddings_match_the_official_code(kimi: TinyKimiVL, hw: tuple[in
     assert _rel(got, kimi.features(px)) < 1e-5
 
 
+def test_official_tower_is_transformers_kimi_k25_for_one_frame(kimi: TinyKimiVL) -> None:
+    """The oracle cross-checked: Kimi-VL's MoonViT is transformers' Kimi_K25VisionModel for one frame (its
+    temporal table adds a zero row then), once q / k rows go from the interleaved rope layout to HF's neox one
+    (dim ``j`` <- ``2j``, ``j + d/2`` <- ``2j + 1``): the same network."""
+    from transformers.models.kimi_k25.modeling_kimi_k25 import Kimi_K25VisionModel
+
+    cfg = transformers.Kimi_K25VisionConfig(hidden_size=E, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=NH, patch_size=P, pos_emb_height=S, pos_emb_width=S,
+                                            merge_kernel_size=[K, K],
+                                            rope_parameters={"rope_type": "axial", "rope_theta": 10000.0})  # fmt: skip
+    cfg._attn_implementation = "eager"
+    hf = Kimi_K25VisionModel(cfg).eval()
+    sd = kimi.vit.state_dict()
+    d = E // NH
+    rows = (np.arange(NH)[:, None] * d + np.r_[np.arange(0, d, 2), np.arange(1, d, 2)][None]).reshape(-1)
+    new = {"patch_embed.proj.weight": sd["patch_embed.proj.weight"], "patch_embed.proj.bias": sd["patch_embed.proj.bias"],
+           "patch_embed.pos_emb.position_embeddings": sd["patch_embed.pos_emb.weight"],
+           "final_layernorm.weight": sd["encoder.final_layernorm.weight"],
+           "final_layernorm.bias": sd["encoder.final_layernorm.bias"]}  # fmt: skip
+    for il in range(2):
+        b, n = f"encoder.blocks.{il}.", f"layers.{il}."
+        for kind in ("weight", "bias"):
+            q, k, v = sd[b + "wqkv." + kind].chunk(3)
+            new[n + "attn.q_proj." + kind], new[n + "attn.k_proj." + kind] = q[rows], k[rows]
+            new[n + "attn.v_proj." + kind] = v
+            for src, dst in (("norm0", "norm1"), ("norm1", "norm2"), ("wo", "attn.proj"), ("mlp.fc0", "mlp.fc1"),
+                             ("mlp.fc1", "mlp.fc2")):  # fmt: skip
+                new[n + dst + "." + kind] = sd[b + src + "." + kind]
+    hf.load_state_dict(new, strict=True)
+    px = RNG.uniform(-1, 1, (3, 32, 48)).astype(np.float32)
+    ny, nx = 32 // P, 48 // P
+    pv = torch.from_numpy(np.ascontiguousarray(px.reshape(3, ny, P, nx, P).transpose(1, 3, 0, 2, 4)))
+    pv = pv.reshape(ny * nx, 3, P, P)
+    with torch.no_grad():
+        got = hf(pv, torch.tensor([[1, ny, nx]])).pooler_output.numpy()
+        want = kimi.vit(pv, torch.tensor([[ny, nx]]))[0].numpy()
+    assert _rel(got, want) < 1e-5
+
+
 def test_llamacpp_rope_layout_and_gelu_are_caught(kimi: TinyKimiVL) -> None:
     """llama.cpp's kimivl graph ropes the checkpoint's interleaved q / k as if split (llama.cpp #15600): without
     the reorder the embeddings are off; the official code is what llamapy follows."""
@@ -126,6 +190,32 @@ def test_llamacpp_rope_layout_and_gelu_are_caught(kimi: TinyKimiVL) -> None:
     # llama.cpp's projector GELU (tanh) for the official erf one: 1.5e-4 off here
     with mock.patch.object(kimivl_mod, "gelu_erf", ops.gelu):
         assert _rel(ClipModel(kimi.mmproj_path).encode(px), want) > 2e-5
+
+
+def test_logits_with_an_image_match_the_official_code(kimi: TinyKimiVL, text: tuple) -> None:
+    """KimiVLForConditionalGeneration's way: the projector's rows in place of the ``<|media_pad|>`` embeddings of
+    a DeepSeek-V3 model (here with the image wrapped in llama.cpp's ``<|media_start|>`` ... ``<|media_end|>``)."""
+    hf, path = text
+    model = Model.load(path)
+    mt = MtmdContext(kimi.mmproj_path, model)
+    bmp = Bitmap(RNG.integers(0, 256, (45, 70, 3), dtype=np.uint8))
+    chunks = mt.tokenize("what is <__media__> this", [bmp])
+    (img,) = [c for c in chunks if isinstance(c, ImageChunk)]
+    assert img.pixels.shape[1:] == (48, 72) and img.n_tokens == 54
+    ids: list[int] = []
+    for ch in chunks:
+        ids += ch.tokens if isinstance(ch, TextChunk) else [IMG] * ch.n_tokens
+    want = model.vocab.tokenize(f"what is <|media_start|>{'<|media_pad|>' * img.n_tokens}<|media_end|> this",
+                                add_special=True, parse_special=True)  # fmt: skip
+    assert ids == want
+    ctx = Context(model, n_ctx=256, n_batch=32, n_ubatch=32, type_k="f32", type_v="f32")
+    mt.eval_chunks(ctx, chunks, 0)
+    t = torch.tensor([ids])
+    with torch.no_grad():
+        emb = hf.get_input_embeddings()(t)
+        emb[t == IMG] = torch.from_numpy(kimi.features(img.pixels))
+        out = hf(inputs_embeds=emb, use_cache=False)
+    assert _rel(ctx.get_logits()[-1], out.logits[0, -1].numpy()) < 1e-4
 
 
 def _llamacpp_size(w: int, h: int, align: int, min_px: int, max_px: int) -> tuple[int, int]:
