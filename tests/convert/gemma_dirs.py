@@ -272,8 +272,9 @@ def make_gemma3n_dir(root: Path) -> Path:
 # ---------------------------------------------------------------------------------------------
 # the stored expectations
 
-TEXT_RUNS: list[tuple[str, str]] = [("gemma4", "f16"), ("gemma4", "q8_0")]
-MM_RUNS: list[tuple[str, str]] = [("gemma4v", "f16"), ("gemma3n", "f16"), ("gemma3n", "q8_0")]
+# gemma4v: the MoE text model of the vision checkpoint
+TEXT_RUNS: list[tuple[str, str]] = [("gemma4", "f16"), ("gemma4", "q8_0"), ("gemma4v", "f16")]
+MM_RUNS: list[tuple[str, str]] = [("gemma4v", "f16"), ("gemma3n", "f16")]
 
 # llama.cpp 0.3.36's converter stops at Gemma 3n's audio subsample norms ("Can not map tensor
 # 'model.audio_tower.subsample_conv_projection.conv_0.norm.weight'"): its gguf-py map names them for Gemma 4

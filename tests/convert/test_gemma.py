@@ -68,30 +68,42 @@ def test_same_file_as_llama_cpp(gemma_dir, tmp_path: Path, case: str, outtype: s
     assert got["file_sha256"] == want["file_sha256"]
 
 
-def test_gemma4_logits_match_transformers(gemma_dir, tmp_path: Path) -> None:
-    from tests.convert.test_convert import _hf_logits
+def _our_logits(path: Path) -> np.ndarray:
+    from llamapy.batch import Batch
+    from llamapy.context import Context, ContextParams
+    from llamapy.model import Model
 
-    d = gemma_dir("gemma4")
+    ctx = Context(Model.load(path), ContextParams(n_ctx=64, type_k="f32", type_v="f32"))
+    ctx.decode(Batch.from_tokens(TOKENS, logits_all=True))
+    return np.asarray(ctx.get_logits(), dtype=np.float32).reshape(len(TOKENS), -1)
+
+
+@pytest.mark.parametrize("case", ["gemma4", "gemma4v"])
+def test_gemma4_logits_match_transformers(gemma_dir, tmp_path: Path, case: str) -> None:
+    """gemma4: Gemma4ForCausalLM (per-layer embeddings, K as V, double-wide MLP); gemma4v: the MoE text
+    model inside a Gemma4ForConditionalGeneration checkpoint (language_model.*, the towers dropped)."""
+    d = gemma_dir(case)
     out = tmp_path / "f32.gguf"
     r = convert(d, out, "f32")
-    assert (
-        r.metadata["tokenizer.ggml.model"] == "gemma4" and len(r.metadata["tokenizer.ggml.tokens"]) == N_VOCAB
-    )
+    assert r.metadata["tokenizer.ggml.model"] == "gemma4"
+    assert len(r.metadata["tokenizer.ggml.tokens"]) == N_VOCAB
+    if case == "gemma4":
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            d, dtype=torch.float32, attn_implementation="eager"
+        )
+    else:
+        hf = MODELS.get(case) or transformers.Gemma4ForConditionalGeneration.from_pretrained(d).float()
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        import tests.convert.test_convert as tc
-
-        tokens, tc.TOKENS = tc.TOKENS, TOKENS
-        try:
-            ref = _hf_logits(d)
-            got = tc._our_logits(out)
-        finally:
-            tc.TOKENS = tokens
+        with torch.no_grad():  # (hidden states asked: transformers 5.24's PLE shortcut fails without PLE)
+            ref = hf.eval()(input_ids=torch.tensor([TOKENS]), use_cache=False, output_hidden_states=True)
     finally:
         torch.set_num_threads(n)
+    ref = ref.logits[0].float().numpy()
+    got = _our_logits(out)
     err = float(np.abs(got - ref).max() / np.abs(ref).max())
-    assert err < TOL, f"max |diff| / max |logit| = {err:.2e}"
+    assert err < TOL, f"{case}: max |diff| / max |logit| = {err:.2e}"
 
 
 def test_gemma4_vocab_types(gemma_dir, tmp_path: Path) -> None:
