@@ -7,9 +7,12 @@ valid and fault back in if something else reads them, e.g. ``get_rows`` of a tie
 resident memory stays the same size (+2.8 %: the decoded scales). Weights read into memory
 (``use_mmap=False``) are not repacked: their source could not be released.
 
-One activation row runs ``mm_q4_k_x8``; more rows (prompts) convert a tile of rows back to plain Q4_K in
-a scratch buffer (``unpack_x8_rows``, bit for bit) and run the plain batch kernels or the dequantize +
-sgemm path on it, so the prompt path computes exactly what it computed before.
+Up to ``matvec_max_rows("Q4_K")`` activation rows (the plain kernels' switch point, so activations are
+rounded to Q8_K exactly where they were) run ``mm_q4_k_x8``, which decodes the weight again per row and
+still beats the plain batch kernels that decode it once per 4-8 rows (one thread, CPU ms per row,
+8960x1536: 64 rows 0.27 vs 0.31, 4 rows 0.31 vs 0.35-0.40; 1536x1536 at 200 rows 0.042 vs 0.054).
+More rows convert a tile of rows back to plain Q4_K in a scratch buffer (``unpack_x8_rows``, bit for
+bit) for the dequantize + sgemm path, as before.
 
 ``LLAMAPY_Q4K_X8=0`` in the environment, or ``ENABLED = False`` here, turns repacking off (for A/B).
 """
@@ -32,11 +35,6 @@ __all__ = ["ENABLED", "repack", "mapped_source", "mul_mat_step"]
 
 #: repack Q4_K weights for the 8-row kernel (``LLAMAPY_Q4K_X8=0``: no)
 ENABLED = os.environ.get("LLAMAPY_Q4K_X8", "1") not in ("0", "false", "no", "off")
-#: the most activation rows the 8-row kernel takes (it decodes the weight again per row); more: a tile
-#: of rows unpacked to plain Q4_K for the batch kernels
-X8_MAX_ROWS = 1
-#: bytes of plain Q4_K rows unpacked per tile on the batch path
-TILE_BYTES = 1 << 20
 
 _lock = threading.Lock()
 _cache: weakref.WeakKeyDictionary[Tensor, tuple[int, np.ndarray]] = weakref.WeakKeyDictionary()
@@ -121,7 +119,7 @@ def mul_mat_step(
     M = x.shape[0]
     N, rb = A.shape
     K = a.shape[-1]
-    if M <= X8_MAX_ROWS:
+    if M <= matvec_max_rows("Q4_K", MATVEC_MAX_TOKENS):
         kern = mm_q4_k_x8
         be.need(kern)
 
@@ -132,23 +130,6 @@ def mul_mat_step(
 
         return step_x8
     be.need(unpack_x8_rows)
-    if M <= matvec_max_rows("Q4_K", MATVEC_MAX_TOKENS):
-        batch = mk.matvec_kernel("Q4_K", M)
-        be.need(batch)
-        tile = max(8, TILE_BYTES // rb // 8 * 8)
-
-        def step_batch() -> None:
-            if pre is not None:
-                pre()
-            for r0 in range(0, N, tile):
-                n = min(tile, N - r0)
-                q = be.scratch("x8_q", (n, rb), np.uint8)
-                y = be.scratch("x8_y", (M, n))
-                unpack_x8_rows(R, r0, r0 + n, q)
-                batch(q, x, y, f16)
-                out2[:, r0 : r0 + n] = y
-
-        return step_batch
     from ..quants import dequantize_rows_into
     from .blas import gemm_nt
 

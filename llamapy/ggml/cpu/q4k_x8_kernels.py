@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._numba import njit, prange
-from ..quants.layouts import Q4_K_BYTES, Q4_K_DMIN, Q4_K_QS, Q4_K_SCALES
+from ..quants.layouts import Q4_K_BYTES, Q4_K_QS, Q4_K_SCALES
 from .isimd import bnib, itof, izero
 from .kquant_kernels import _nan_rows, _q8k
 from .rowgroups import prefetch_bytes
@@ -53,43 +53,47 @@ def repack_x8(A, R):
     """Q4_K rows ``A`` (uint8[N, nb * 144], N a multiple of 8) into ``R`` (uint8[N // 8, nb * 1184])."""
     N, rb = A.shape
     nb = rb // Q4_K_BYTES
+    A32 = A.view(np.uint32)
+    A16 = A.view(np.uint16)
+    R32 = R.view(np.uint32)
+    R16 = R.view(np.uint16)
     for grp in prange(N // 8):
         dst = R[grp]
         for r in range(8):
-            w = A[grp * 8 + r]
+            row = grp * 8 + r
+            w = A[row]
             for b in range(nb):
                 o, t = b * Q4_K_BYTES, b * X8_BYTES
-                dst[t + X8_D + 2 * r] = w[o]
-                dst[t + X8_D + 2 * r + 1] = w[o + 1]
-                dst[t + X8_DMIN + 2 * r] = w[o + Q4_K_DMIN]
-                dst[t + X8_DMIN + 2 * r + 1] = w[o + Q4_K_DMIN + 1]
+                R16[grp, (t + X8_D) // 2 + r] = A16[row, o // 2]
+                R16[grp, (t + X8_DMIN) // 2 + r] = A16[row, o // 2 + 1]
                 for j in range(8):
                     sc, mn = _scale_min(w, o, j)
                     dst[t + X8_SC + 8 * j + r] = sc
                     dst[t + X8_MN + 16 * (j // 2) + 2 * r + (j & 1)] = mn
-                for c in range(4):
-                    for g in range(8):
-                        s = o + Q4_K_QS + 32 * c + 4 * g
-                        d = t + X8_QS + 256 * c + 32 * g + 4 * r
-                        for i in range(4):
-                            dst[d + i] = w[s + i]
+                s32, d32 = (o + Q4_K_QS) // 4, (t + X8_QS) // 4 + r
+                for k in range(32):
+                    R32[grp, d32 + 8 * k] = A32[row, s32 + k]
 
 
-@njit(cache=True)
+@njit(parallel=True, cache=True)
 def unpack_x8_rows(R, r0, r1, dst):
     """Rows ``r0`` .. ``r1`` of a repacked weight back in plain Q4_K bytes (``dst``: uint8[r1 - r0,
-    nb * 144]), bit for bit the rows ``repack_x8`` was given."""
+    nb * 144]), bit for bit the rows ``repack_x8`` was given (quants moved 4 bytes at a time)."""
     nb = R.shape[1] // X8_BYTES
-    for row in range(r0, r1):
-        src = R[row // 8]
+    R32 = R.view(np.uint32)
+    R16 = R.view(np.uint16)
+    D32 = dst.view(np.uint32)
+    D16 = dst.view(np.uint16)
+    for row in prange(r0, r1):
+        g8 = row // 8
         r = row % 8
-        w = dst[row - r0]
+        src = R[g8]
+        i = row - r0
+        w = dst[i]
         for b in range(nb):
             o, t = b * Q4_K_BYTES, b * X8_BYTES
-            w[o] = src[t + X8_D + 2 * r]
-            w[o + 1] = src[t + X8_D + 2 * r + 1]
-            w[o + Q4_K_DMIN] = src[t + X8_DMIN + 2 * r]
-            w[o + Q4_K_DMIN + 1] = src[t + X8_DMIN + 2 * r + 1]
+            D16[i, o // 2] = R16[g8, (t + X8_D) // 2 + r]
+            D16[i, o // 2 + 1] = R16[g8, (t + X8_DMIN) // 2 + r]
             q = o + Q4_K_SCALES
             for k in range(4):
                 sc_lo, sc_hi = src[t + X8_SC + 8 * k + r], src[t + X8_SC + 8 * (k + 4) + r]
@@ -98,12 +102,9 @@ def unpack_x8_rows(R, r0, r1, dst):
                 w[q + k] = sc_lo | ((sc_hi >> 4) << 6)
                 w[q + k + 4] = mn_lo | ((mn_hi >> 4) << 6)
                 w[q + k + 8] = (sc_hi & 15) | ((mn_hi & 15) << 4)
-            for c in range(4):
-                for g in range(8):
-                    s = t + X8_QS + 256 * c + 32 * g + 4 * r
-                    d = o + Q4_K_QS + 32 * c + 4 * g
-                    for i in range(4):
-                        w[d + i] = src[s + i]
+            s32, d32 = (t + X8_QS) // 4 + r, (o + Q4_K_QS) // 4
+            for k in range(32):
+                D32[i, d32 + k] = R32[g8, s32 + 8 * k]
 
 
 @njit(inline="always")
