@@ -231,6 +231,70 @@ def _minicpm_modify(
     yield name, data  # (the common map, else its error)
 
 
+# ---------------------------------------------------------------------------------------------
+# Kimi-K2.5 (MoonViT3d): the Hub's layout (fused wqkv with q/k rows interleaved for its complex rope, which
+# are permuted to llama.cpp's split 2-D rope). transformers' Kimi_K25ForConditionalGeneration saves the same
+# names but for two (its reverse renames): model.mm_projector.pre_norm and vision_tower.encoder.patch_embed.
+
+
+def _kimik25_prepare(ctx: MmCtx) -> None:
+    hv = ctx.hv
+    for k in ("height", "width", "time"):  # (transformers' config names them pos_emb_*)
+        if f"init_pos_emb_{k}" not in hv and f"pos_emb_{k}" in hv:
+            hv[f"init_pos_emb_{k}"] = hv[f"pos_emb_{k}"]
+    ctx.state["merge"] = tuple(hv.get("merge_kernel_size", [2, 2]))
+    ctx.state["patch"] = hv.get("patch_size", 14)
+    hv["image_size"] = hv.get("init_pos_emb_height", 64) * ctx.state["patch"]
+
+
+def _kimik25_params(ctx: MmCtx, kv: Any) -> None:
+    hv = ctx.hv
+    kv.add_clip_projector_type("kimik25")
+    kv.add_uint32("vision.pos_emb_height", hv.get("init_pos_emb_height", 64))
+    kv.add_uint32("vision.pos_emb_width", hv.get("init_pos_emb_width", 64))
+    kv.add_uint32("vision.pos_emb_time", hv.get("init_pos_emb_time", 4))
+    kv.add_vision_use_gelu(hv.get("projector_hidden_act", "gelu") == "gelu")
+    kv.add_vision_attention_layernorm_eps(hv.get("projector_ln_eps", 1e-5))
+    kv.add_vision_projector_scale_factor(ctx.state["merge"][0])
+    pp = ctx.state["patch"] ** 2
+    kv.add_vision_min_pixels(8 * pp)
+    kv.add_vision_max_pixels(ctx.preproc.get("in_patch_limit", 16384) * pp)
+
+
+def _kimik25_filter(name: str) -> str | None:
+    if "vision_tower" not in name and "mm_projector" not in name:
+        return None
+    if name.startswith("model.mm_projector."):
+        name = name[len("model.") :]
+    return name.replace("vision_tower.encoder.patch_embed.", "vision_tower.patch_embed.")
+
+
+def _rope_split(x: np.ndarray, n_head: int) -> np.ndarray:
+    """q/k rows from the interleaved (complex) rope order to llama.cpp's split one (KimiK25Model.permute)."""
+    d = x.shape[0] // n_head
+    return x.reshape(n_head, d // 4, 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+
+def _kimik25_modify(
+    ctx: MmCtx, name: str, data: np.ndarray, bid: int | None
+) -> Iterable[tuple[str, np.ndarray]]:
+    if "wqkv" in name:
+        # (llama.cpp's converter reads num_attention_heads, else 16, where the Hub's config says
+        # vt_num_attention_heads: the same for Kimi-K2.5's 16 heads)
+        n_head = int(ctx.vparam(["num_attention_heads", "vt_num_attention_heads"], True) or 16)
+        if data.shape[0] % (3 * n_head) or (data.shape[0] // 3 // n_head) % 4:
+            raise ValueError(f"{data.shape[0]} qkv rows are not 3 x {n_head} heads of a multiple of 4")
+        q, k, v = _split_qkv(data)
+        data = np.concatenate([_rope_split(q, n_head), _rope_split(k, n_head), v])
+    if "pos_emb.time_weight" in name:  # (T, 1, C) -> (T, C)
+        data = data.reshape(data.shape[0], data.shape[-1])
+    if "mm_projector.proj.0." in name:
+        name = name.replace(".proj.0.", ".proj.linear_1.")
+    elif "mm_projector.proj.2." in name:
+        name = name.replace(".proj.2.", ".proj.linear_2.")
+    yield name, data
+
+
 PROJECTORS_MORE: dict[str, Projector] = {
     a: p
     for p in (
@@ -238,6 +302,8 @@ PROJECTORS_MORE: dict[str, Projector] = {
                   _internvl_modify, _position_f32, _internvl_prepare),
         Projector(("MiniCPMV4_6ForConditionalGeneration",), _minicpm_params, _minicpm_filter, _minicpm_modify,
                   None, _minicpm_prepare),
+        Projector(("KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"), _kimik25_params,
+                  _kimik25_filter, _kimik25_modify, None, _kimik25_prepare),
         Projector(("UltravoxModel",), _ultravox_params, _whisper_filter, _whisper_modify, _conv_f16,
                   _whisper_prepare, audio=True),
     )

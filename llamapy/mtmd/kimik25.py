@@ -96,7 +96,10 @@ def load_moonvit(m: ClipModel, t: TensorLoader) -> None:
     e, k = hp.n_embd, hp.n_merge
     for il in range(hp.n_layer):
         b = f"v.blk.{il}."
-        for n in ("attn_q", "attn_k", "attn_v", "attn_out"):
+        fused = t(b + "attn_qkv.weight", (3 * e, e), required=False) is not None  # llama.cpp's converter's
+        if fused:
+            t(b + "attn_qkv.bias", (3 * e,), required=False)
+        for n in ("attn_out",) if fused else ("attn_q", "attn_k", "attn_v", "attn_out"):
             t(b + n + ".weight", (e, e))
             t(b + n + ".bias", (e,), required=False)
         for n in ("ln1", "ln2"):
@@ -197,9 +200,16 @@ def build_moonvit(
     for il in range(hp.n_layer):
         b = f"v.blk.{il}."
         cur = _norm(x, w[b + "ln1.weight"], w[b + "ln1.bias"], hp.eps)
-        q = ops.reshape(_linear(cur, w[b + "attn_q.weight"], w.get(b + "attn_q.bias")), (n, nh, dh))
-        kk = ops.reshape(_linear(cur, w[b + "attn_k.weight"], w.get(b + "attn_k.bias")), (n, nh, dh))
-        v = ops.reshape(_linear(cur, w[b + "attn_v.weight"], w.get(b + "attn_v.bias")), (n, nh, dh))
+        if b + "attn_qkv.weight" in w:  # fused (llama.cpp's converter): q, k, v rows one after the other
+            qkv = _linear(cur, w[b + "attn_qkv.weight"], w.get(b + "attn_qkv.bias"))  # [n, 3E]
+            q, kk, v = (
+                ops.reshape(ops.cont(ops.view(qkv, (n, e), qkv.strides, 4 * e * i)), (n, nh, dh))
+                for i in range(3)
+            )
+        else:
+            q = ops.reshape(_linear(cur, w[b + "attn_q.weight"], w.get(b + "attn_q.bias")), (n, nh, dh))
+            kk = ops.reshape(_linear(cur, w[b + "attn_k.weight"], w.get(b + "attn_k.bias")), (n, nh, dh))
+            v = ops.reshape(_linear(cur, w[b + "attn_v.weight"], w.get(b + "attn_v.bias")), (n, nh, dh))
         if interleaved_rope:
             q, kk = _interleaved_to_split(q), _interleaved_to_split(kk)
         q, kk = rope_2d(q, pos_w, pos_h, ROPE_BASE), rope_2d(kk, pos_w, pos_h, ROPE_BASE)

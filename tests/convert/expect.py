@@ -81,6 +81,7 @@ MM_RUNS: list[tuple[str, str]] = [
     ("internvl", "f16"),
     ("minicpmv4_6", "q8_0"),
     ("ultravox", "f16"),
+    ("kimik25", "f16"),
 ]
 
 

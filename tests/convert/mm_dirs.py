@@ -233,6 +233,20 @@ def _ultravox() -> dict[str, Any]:
                 projector_act="swiglu", audio_token_index=7)  # fmt: skip
 
 
+def _kimik25() -> Any:
+    import transformers
+
+    from tests.model import hf_tiny
+
+    text = dict(hf_tiny._common(**hf_tiny.FAMILIES["deepseek2"].config_kw))
+    text.update(vocab_size=N_VOCAB, pad_token_id=0, bos_token_id=2, eos_token_id=1, model_type="deepseek_v3")
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, patch_size=4,
+                  pos_emb_height=6, pos_emb_width=6, merge_kernel_size=[2, 2],
+                  rope_parameters={"rope_type": "axial", "rope_theta": 10000.0})  # fmt: skip
+    return transformers.Kimi_K25Config(text_config=text, vision_config=vision, projection_hidden_size=32,
+                                       image_token_id=6, tie_word_embeddings=False)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class MmCase:
     name: str
@@ -274,6 +288,13 @@ MM_CASES: dict[str, MmCase] = {
                (("vision_tower.", "model.vision_tower."), ("multi_modal_projector.", "model.multi_modal_projector.")),
                config_patch={"vision_config": {"architectures": ["InternVisionModel"]}, "max_dynamic_patch": 6}),
         MmCase("ultravox", _ultravox, "UltravoxModel", {}),
+        # the Hub's (moonshotai/Kimi-K2.5) names, architecture and vision keys, which llama.cpp's converter reads
+        MmCase("kimik25", _kimik25, "Kimi_K25ForConditionalGeneration",
+               {"image_mean": [0.5] * 3, "image_std": [0.5] * 3, "in_patch_limit": 256},
+               (("model.mm_projector.", "mm_projector."), ("vision_tower.encoder.patch_embed.", "vision_tower.patch_embed.")),
+               config_patch={"architectures": ["KimiK25ForConditionalGeneration"],
+                             "vision_config": {"init_pos_emb_height": 6, "init_pos_emb_width": 6, "init_pos_emb_time": 4,
+                                               "projector_hidden_act": "gelu", "projector_ln_eps": 1e-5}}),
         MmCase("minicpmv4_6", _minicpmv4_6, "MiniCPMV4_6ForConditionalGeneration",
                {"image_mean": [0.5] * 3, "image_std": [0.5] * 3, "scale_resolution": 48}),
     ]
@@ -357,6 +378,11 @@ class MmDir:
                 pv = px.reshape(3, ny, p, nx, p).transpose(0, 2, 1, 3, 4).reshape(1, 3, p, ny * nx * p)
                 out = m.get_image_features(pixel_values=torch.from_numpy(np.ascontiguousarray(pv)),
                                            target_sizes=torch.tensor([[ny, nx]]))  # fmt: skip
+            elif name == "kimik25":
+                p, (ny, nx) = 4, (px.shape[1] // 4, px.shape[2] // 4)
+                pv = px.reshape(3, ny, p, nx, p).transpose(1, 3, 0, 2, 4).reshape(ny * nx, 3, p, p)
+                out = m.get_image_features(pixel_values=torch.from_numpy(np.ascontiguousarray(pv)),
+                                           image_grid_thw=torch.tensor([[1, ny, nx]]))  # fmt: skip
             elif name in ("llava15", "internvl"):
                 out = m.get_image_features(pixel_values=torch.from_numpy(px[None]))
             elif name == "mistral3":
@@ -419,6 +445,8 @@ def make_mm_dir(case: MmCase, root: Path, seed: int = 0) -> MmDir:
         if case.name == "internvl":
             for layer in model.model.vision_tower.encoder.layer:
                 layer.mlp.activation_fn = tanh
+    if case.name == "kimik25":
+        model.model.mm_projector.act = torch.nn.GELU(approximate="tanh")
     if case.name == "qwen3vl":
         for mg in [model.model.visual.merger, *model.model.visual.deepstack_merger_list]:
             mg.act_fn = torch.nn.GELU(approximate="tanh")

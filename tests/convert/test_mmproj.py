@@ -76,7 +76,7 @@ def test_same_file_as_llama_cpp(mm_dir, tmp_path: Path, case: str, outtype: str)
 # (case, image height, width): sizes the projector takes whole (no resize in the comparison)
 EMBD_RUNS = [("gemma3", 64, 64), ("idefics3", 64, 64), ("qwen2.5vl", 64, 96), ("qwen2vl", 32, 64), ("qwen3vl", 48, 64), ("glm4v", 32, 48), ("llama4", 32, 32),
              ("mistral3", 48, 64), ("lfm2vl", 64, 64), ("llava15", 32, 32), ("internvl", 32, 32),
-             ("minicpmv4_6", 48, 64)]  # fmt: skip
+             ("minicpmv4_6", 48, 64), ("kimik25", 40, 16)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("case", "h", "w"), EMBD_RUNS, ids=[r[0] for r in EMBD_RUNS])
@@ -162,6 +162,35 @@ def test_internvl_by_either_architecture_name(mm_dir, tmp_path: Path) -> None:
     convert(src, a, "f16", mmproj=True, model_name="x")
     convert(d, b, "f16", mmproj=True, model_name="x")
     assert a.read_bytes() == b.read_bytes()
+
+
+def test_kimik25_from_the_transformers_layout(mm_dir, tmp_path: Path) -> None:
+    """transformers' own save of Kimi_K25ForConditionalGeneration (its architecture name and pos_emb_* keys, and
+    two names its reverse renames leave apart from the Hub's) converts to the same keys and tensors as the Hub's
+    layout."""
+    from safetensors.numpy import load_file, save_file
+
+    src = mm_dir("kimik25").path
+    d = shutil.copytree(src, tmp_path / "hf")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["architectures"] = ["Kimi_K25ForConditionalGeneration"]
+    for k in ("init_pos_emb_height", "init_pos_emb_width", "init_pos_emb_time", "projector_hidden_act",
+              "projector_ln_eps"):  # fmt: skip
+        del cfg["vision_config"][k]
+    (d / "config.json").write_text(json.dumps(cfg))
+    sd = load_file(str(d / "model.safetensors"))
+    ren = {"mm_projector.pre_norm.": "model.mm_projector.pre_norm.", "vision_tower.patch_embed.proj.":
+           "vision_tower.encoder.patch_embed.proj."}  # fmt: skip
+    sd = {
+        next((new + k[len(old) :] for old, new in ren.items() if k.startswith(old)), k): v
+        for k, v in sd.items()
+    }
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    convert(src, a, "f16", mmproj=True, model_name="x")
+    convert(d, b, "f16", mmproj=True, model_name="x")
+    want, got = describe(a), describe(b)  # (the tensors in the order of their HF names)
+    assert got["metadata"] == want["metadata"] and sorted(got["tensors"]) == sorted(want["tensors"])
 
 
 def test_default_name_and_dry_run(mm_dir, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
