@@ -193,6 +193,43 @@ def test_kimik25_from_the_transformers_layout(mm_dir, tmp_path: Path) -> None:
     assert got["metadata"] == want["metadata"] and sorted(got["tensors"]) == sorted(want["tensors"])
 
 
+def _edit_config(src: Path, dst: Path, edit) -> Path:
+    d = shutil.copytree(src, dst)
+    cfg = json.loads((d / "config.json").read_text())
+    edit(cfg)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_errors_of_the_newer_projectors(mm_dir, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    o = str(out / "mm.gguf")
+    for case in ("internvl", "llava15", "ultravox", "kimik25", "minicpmv4_6"):
+        mm_dir(case)
+    capsys.readouterr()  # (save_pretrained's progress bars)
+    cases = [
+        ("internvl", lambda c: c.pop("downsample_ratio"), "downsample_ratio"),
+        ("internvl", lambda c: c["vision_config"].update(hidden_act="relu"), "'relu'"),
+        (
+            "llava15",
+            lambda c: c.update(vision_feature_select_strategy="full"),
+            "vision_feature_select_strategy",
+        ),
+        ("llava15", lambda c: c.update(vision_feature_layer=-9), "vision_feature_layer"),
+        ("ultravox", lambda c: c.pop("stack_factor"), "stack_factor"),
+        ("kimik25", lambda c: c["vision_config"].update(num_attention_heads=3), "qkv rows"),
+    ]
+    for i, (case, edit, want) in enumerate(cases):
+        d = _edit_config(mm_dir(case).path, tmp_path / f"{case}-{i}", edit)
+        err = _fails([str(d), "-o", o], out, capsys)
+        assert want in err, err
+    d = shutil.copytree(mm_dir("minicpmv4_6").path, tmp_path / "minicpm")
+    (d / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+                                                            "downsample_mode": "8x"}))  # fmt: skip
+    assert "downsample_mode" in _fails([str(d), "-o", o], out, capsys)
+
+
 def test_default_name_and_dry_run(mm_dir, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = mm_dir("gemma3").path
     assert main(["convert", str(d), "--mmproj", "-o", str(tmp_path), "--dry-run"]) == 0
