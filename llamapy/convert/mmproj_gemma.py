@@ -7,6 +7,7 @@ linears, position tables and standardization), as llama.cpp's ``Gemma3nVisionAud
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from ..ggml.types import GGMLType
 from .errors import ConvertError
-from .mmproj import MmCtx, Projector
+from .mmproj import _N_BLOCK_KEYS, MmCtx, Projector
 
 # the suffixes Gemma's projectors map (clamp bounds of Gemma 4's linears, Gemma 3n's audio ones)
 _SUFFIXES = (".weight", ".bias", ".input_max", ".input_min", ".output_max", ".output_min")
@@ -26,10 +27,18 @@ def _map(ctx: MmCtx, name: str) -> str:
 
     names = ctx.state.get("names")
     if names is None:
-        names = ctx.state["names"] = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, ctx.block_count)
+        n = max(ctx.block_count, ctx.state.get("map_blocks", 0))
+        names = ctx.state["names"] = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, n)
     new = names.get_name(name, try_suffixes=_SUFFIXES)
     if new is None:
         raise ConvertError(f"cannot map tensor {name!r} to an mmproj GGUF name")
+    m = re.match(r"^([va])\.blk\.(\d+)\.", new)
+    if m:  # a layer the config does not have
+        kind, n = ("audio", ctx.state["n_audio"]) if m.group(1) == "a" else ("vision", ctx.block_count)
+        if int(m.group(2)) >= n:
+            raise ConvertError(
+                f"tensor {name!r} is of {kind} layer {m.group(2)}, but config.json says {n} layers"
+            )
     return new
 
 
@@ -38,28 +47,71 @@ def _map(ctx: MmCtx, name: str) -> str:
 
 
 def _g4_prepare(ctx: MmCtx) -> None:
-    if ctx.global_config.get("audio_config"):
-        raise ConvertError(
-            "config.json: a Gemma 4 checkpoint with an audio tower (audio_config): llamapy converts the "
-            "vision projector of Gemma 4 without one only (it does not run the gemma4a audio encoder)"
-        )
+    """The class's __init__: a placeholder image size; the audio encoder's mel bins and FFN width (4 x its
+    width) when the checkpoint has one (E2B / E4B), the map then sized for two encoders as llama.cpp's."""
     ctx.hv["image_size"] = 224  # (unused: the converter's placeholder)
+    ha = ctx.global_config.get("audio_config")
+    if ha:
+        if not isinstance(ha, dict):
+            raise ConvertError("config.json: audio_config is not an object")
+        ha = dict(ha)
+        ha["feat_in"] = ha.get("input_feat_size", 128)
+        if "hidden_size" in ha:
+            ha["intermediate_size"] = ha["hidden_size"] * 4
+        ctx.state["audio"] = ha
+        ctx.state["map_blocks"] = 128
+        ctx.state["n_audio"] = next((ha[k] for k in _N_BLOCK_KEYS if k in ha), None)
+        if ctx.state["n_audio"] is None:
+            raise ConvertError(f"config.json: the audio encoder's config has none of {_N_BLOCK_KEYS}")
 
 
 def _g4_params(ctx: MmCtx, kv: Any) -> None:
     import gguf
 
+    ha = ctx.state.get("audio")
+    if ha is not None:
+        kv.add_clip_has_audio_encoder(True)
+        kv.add_audio_projection_dim(ctx.n_embd_text)
+        kv.add_audio_embedding_length(ha["hidden_size"])
+        kv.add_audio_feed_forward_length(ha["intermediate_size"])
+        kv.add_audio_block_count(ctx.state["n_audio"])
+        kv.add_audio_head_count(ha["num_attention_heads"])
     kv.add_clip_vision_projector_type(gguf.VisionProjectorType.GEMMA4V)
     kv.add_vision_attention_layernorm_eps(ctx.hv.get("layer_norm_eps", 1e-6))
+    if ha is not None:
+        kv.add_clip_audio_projector_type(gguf.VisionProjectorType.GEMMA4A)
+        kv.add_audio_num_mel_bins(ha["feat_in"])
+        kv.add_audio_attention_layernorm_eps(ha.get("layer_norm_eps", 1e-6))
+
+
+def _g4_audio(name: str) -> bool:
+    return "audio_tower" in name or "embed_audio" in name
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    """torch.nn.functional.softplus (threshold 20) in float32, rounded from float64."""
+    x64 = x.astype(np.float64)
+    return np.where(x64 > 20, x64, np.log1p(np.exp(np.minimum(x64, 20)))).astype(np.float32)
 
 
 def _g4_modify(ctx: MmCtx, name: str, data: np.ndarray, bid: int | None) -> Iterable[tuple[str, np.ndarray]]:
-    """Scalars (the clamp bounds) as 1-D, the encoder's names as gguf-py maps them, the linear patch
-    embedding as a [E, 3, p, p] kernel."""
+    """Scalars (the clamp bounds) as 1-D, the encoders' names as gguf-py maps them, the linear patch
+    embedding as a [E, 3, p, p] kernel; audio: per-dim scales through softplus, the depthwise kernel 2-D."""
     if data.ndim == 0:
         data = data.reshape(1)
-    if "audio_tower" in name or "embed_audio" in name:
-        raise ValueError("an audio tower tensor in a checkpoint whose config has no audio_config")
+    if _g4_audio(name):
+        if "audio" not in ctx.state:
+            raise ValueError("an audio tower tensor in a checkpoint whose config has no audio_config")
+        name = name.replace("model.audio_tower.", "conformer.").replace(".linear.", ".")
+        if name.endswith(("per_dim_key_scale", "per_dim_scale")):
+            name += ".weight"
+            data = _softplus(data)
+        if "lconv1d.depthwise_conv1d" in name and name.endswith(".weight"):
+            if data.ndim != 3 or data.shape[1] != 1:
+                raise ValueError("the depthwise convolution's kernel is not [C, 1, K]")
+            data = data.reshape(data.shape[0], data.shape[2])
+        yield _map(ctx, name), data
+        return
     name = name.replace("model.vision_tower.encoder.", "vision_model.model.").replace(
         ".linear.weight", ".weight"
     )
@@ -75,6 +127,8 @@ def _g4_modify(ctx: MmCtx, name: str, data: np.ndarray, bid: int | None) -> Iter
 
 
 def _g4_force(ctx: MmCtx, name: str, new: str) -> GGMLType | None:
+    if _g4_audio(name) and (".conv" in name or "_conv" in name and ".weight" in name):
+        return GGMLType.F32
     return GGMLType.F32 if "position_embedding_table" in name else None
 
 
@@ -105,6 +159,7 @@ def _g3n_prepare(ctx: MmCtx) -> None:
     ctx.preproc["image_std"] = [1.0, 1.0, 1.0]
     hv["image_size"] = ctx.preproc.get("size", {"height": 768, "width": 768})["height"]
     hv["patch_size"] = hv["image_size"] // ctx.preproc.get("image_seq_length", 256)
+    ctx.state["n_audio"] = ha["conf_num_hidden_layers"]
     ctx.state["audio"] = {
         "n_layers": ha["conf_num_hidden_layers"],
         "num_attention_heads": ha["conf_num_attention_heads"],
