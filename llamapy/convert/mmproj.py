@@ -6,6 +6,7 @@ The file holds the vision tower and the projector (``v.*`` / ``mm.*`` tensors, g
 llama.cpp's ``clip.cpp``) read. Each projector declares what differs from ``MmprojModel`` (one
 ``Projector`` per ``architectures`` entry): which tensors are its own (``filter_tensors``), their
 renames/splits (``modify_tensors``), the forced tensor types (``tensor_force_quant``) and its keys.
+More projectors (LLaVA 1.5, InternVL, Ultravox, Kimi-K2.5, MiniCPM-V 4.6) are in ``mmproj_more.py``.
 """
 
 from __future__ import annotations

@@ -68,6 +68,8 @@ def _llava15_filter(name: str) -> str | None:
         name = name[len("model.") :]
     if not name.startswith(("vision_tower.", "multi_modal_projector.")) or "post_layernorm" in name:
         return None
+    if name.endswith(".position_ids"):  # (a buffer some older checkpoints hold)
+        return None
     return name
 
 
