@@ -164,6 +164,57 @@ def test_internvl_by_either_architecture_name(mm_dir, tmp_path: Path) -> None:
     assert a.read_bytes() == b.read_bytes()
 
 
+_INTERNVIT = {"attention.projection_layer": "attn.proj", "layernorm_before": "norm1", "layernorm_after": "norm2",
+              "lambda_1": "ls1", "lambda_2": "ls2", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}  # fmt: skip
+
+
+def _opengvlab_names(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The tiny InternVL in the layout of OpenGVLab's own checkpoints (InternVL2.5 / 3: remote code): fused qkv,
+    ``vision_model.`` and ``mlp1.N``."""
+    out: dict[str, np.ndarray] = {}
+    vt, emb = "model.vision_tower.", "vision_model.embeddings."
+    fixed = {vt + "embeddings.cls_token": emb + "class_embedding", vt + "embeddings.position_embeddings":
+             emb + "position_embedding", **{f"model.multi_modal_projector.{a}.{k}": f"mlp1.{i}.{k}" for a, i in
+             (("layer_norm", 0), ("linear_1", 1), ("linear_2", 3)) for k in ("weight", "bias")}}  # fmt: skip
+    for name, v in sd.items():
+        if name in fixed:
+            out[fixed[name]] = v
+        elif name.startswith(vt + "embeddings.patch_embeddings.projection."):
+            out[emb + "patch_embedding." + name.rsplit(".", 1)[1]] = v
+        elif name.startswith(vt + "encoder.layer."):
+            il, rest = name[len(vt + "encoder.layer.") :].split(".", 1)
+            pre = f"vision_model.encoder.layers.{il}."
+            if rest.startswith("attention.q_proj."):
+                kind = rest.rsplit(".", 1)[1]
+                qkv = [sd[f"{vt}encoder.layer.{il}.attention.{x}_proj.{kind}"] for x in "qkv"]
+                out[pre + "attn.qkv." + kind] = np.concatenate(qkv)
+            elif not rest.startswith(("attention.k_proj.", "attention.v_proj.")):
+                mod, _, kind = rest.rpartition(".") if "." in rest else (rest, "", "")
+                out[pre + _INTERNVIT[mod] + ("." + kind if kind else "")] = v
+        else:
+            out[name] = v
+    return out
+
+
+def test_internvl_from_the_opengvlab_layout(mm_dir, tmp_path: Path) -> None:
+    """OpenGVLab's layout (InternVLChatModel, fused qkv, vision_model. / mlp1.) gives the keys and tensors of
+    transformers' (which are llama.cpp's file, test_same_file_as_llama_cpp)."""
+    from safetensors.numpy import load_file, save_file
+
+    src = mm_dir("internvl").path
+    d = shutil.copytree(src, tmp_path / "ogvl")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "architectures": ["InternVLChatModel"]}))
+    sd = _opengvlab_names(load_file(str(d / "model.safetensors")))
+    assert not any(k.startswith("model.vision_tower") for k in sd)
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    convert(src, a, "f16", mmproj=True, model_name="x")
+    convert(d, b, "f16", mmproj=True, model_name="x")
+    want, got = describe(a), describe(b)
+    assert got["metadata"] == want["metadata"] and sorted(got["tensors"]) == sorted(want["tensors"])
+
+
 def test_kimik25_from_the_transformers_layout(mm_dir, tmp_path: Path) -> None:
     """transformers' own save of Kimi_K25ForConditionalGeneration (its architecture name and pos_emb_* keys, and
     two names its reverse renames leave apart from the Hub's) converts to the same keys and tensors as the Hub's
