@@ -331,6 +331,83 @@ def _lazy_linking_bitcode() -> None:
 _lazy_linking_bitcode()
 
 
+def _cache_loads_import_less() -> None:
+    """Three imports a run that only loads cached kernels does not need (see startup_run.md):
+    - a cached kernel's environment names the module whose globals it had: for helpers Numba inlined
+      from its own library that is ``numba.np.arrayobj`` (with ``numba.cpython.charseq``), imported
+      only to take its ``__dict__``: 30-40 ms. Nopython code reads no globals at run time (object mode
+      does; its modules are imported as before), so a Numba module not yet imported gets a dict that
+      is filled with the module's globals when something imports it;
+    - typing any array argument asks ``isinstance(a, np.ma.MaskedArray)``, which imports ``numpy.ma``
+      (8 ms); no array can be one before ``numpy.ma`` exists, so the question waits for it;
+    - every dispatcher's first call runs ``entrypoints.init_all()`` (reads all installed packages'
+      entry points: 7 ms) so that extension types can be typed; llamapy's kernels take none, and any
+      compile still runs it first (``CPUContext.refresh`` calls it)."""
+    if _PLAIN:
+        return
+    import sys
+
+    try:
+        import numpy as np
+        from numba.core import entrypoints, environment, errors
+        from numba.core.dispatcher import Dispatcher
+        from numba.core.typing import typeof as tmod
+
+        orig_env, orig_typeof = environment._rebuild_env, tmod._typeof_ndarray
+        orig_hook = Dispatcher._compilation_chain_init_hook
+    except (ImportError, AttributeError):  # pragma: no cover - Numba internals moved
+        return
+    if getattr(orig_env, "_llamapy", False):
+        return
+    waiting: dict[str, list[dict[str, Any]]] = {}
+
+    def fill(mod: Any) -> None:
+        for g in waiting.pop(mod.__name__, []):
+            g.update(mod.__dict__)
+
+    def _rebuild_env(modname, consts, env_name):  # type: ignore[no-untyped-def]
+        if (
+            not isinstance(modname, str)
+            or not modname.startswith("numba.")
+            or modname in sys.modules
+            or environment.lookup_environment(env_name) is not None
+        ):
+            return orig_env(modname, consts, env_name)
+        g: dict[str, Any] = {"__name__": modname}
+        if modname not in waiting:
+            _after_import(modname, fill)
+        waiting.setdefault(modname, []).append(g)
+        env = environment.Environment(g)
+        env.consts[:] = consts
+        env.env_name = env_name
+        environment.Environment._memo[env_name] = env
+        return env
+
+    def _typeof_ndarray(val, c):  # type: ignore[no-untyped-def]
+        if "numpy.ma" not in sys.modules:  # then no MaskedArray exists: Numba's checks without it
+            try:
+                dtype = tmod.numpy_support.from_dtype(val.dtype)
+            except errors.NumbaNotImplementedError:
+                raise errors.NumbaValueError(f"Unsupported array dtype: {val.dtype}") from None
+            layout = tmod.numpy_support.map_layout(val)
+            return tmod.types.Array(dtype, val.ndim, layout, readonly=not val.flags.writeable)
+        return orig_typeof(val, c)
+
+    def _compilation_chain_init_hook(self):  # type: ignore[no-untyped-def]
+        if not getattr(self.py_func, "__module__", "").startswith("llamapy."):
+            return orig_hook(self)  # anyone else's function (it may take an extension's types)
+        return None  # llamapy's kernels take arrays and scalars; a compile's refresh runs init_all
+
+    _rebuild_env._llamapy = True  # type: ignore[attr-defined]
+    environment._rebuild_env = _rebuild_env
+    tmod.typeof_impl.register(np.ndarray)(_typeof_ndarray)
+    if hasattr(entrypoints, "init_all"):
+        Dispatcher._compilation_chain_init_hook = _compilation_chain_init_hook
+
+
+_cache_loads_import_less()
+
+
 def release_compiler_pages() -> int:
     """Hand back the pages of LLVM's shared library (``libllvmlite``) that this process has touched
     and no longer needs resident: its read-only, never-written mappings (code and constants), most of
