@@ -27,8 +27,8 @@ from tests.model import hf_tiny
 from tests.mtmd import convert
 
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<image>", "</image>", "<slice>", "</slice>", "<unk_img>"]
-UNK = 3
-P, SIDE, SLICE = 4, 8, 48  # patch, position table side, clip.vision.image_size (the slice size)
+# patch, position table side (70: llama.cpp hard-codes it), clip.vision.image_size (the slice size)
+P, SIDE, SLICE = 4, 70, 48
 N_VIT, D = 32, 256  # ViT width; resampler / text width (2 heads of 128)
 
 _LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -147,7 +147,8 @@ class TinyMiniCPMV:
         md = {
             "general.name": "tiny-minicpmv-mmproj", "general.file_type": 0, "clip.has_vision_encoder": True,
             "clip.has_minicpmv_projector": True, "clip.projector_type": "resampler",
-            "clip.minicpmv_version": self.version, "clip.vision.image_size": SLICE, "clip.vision.patch_size": P,
+            "clip.minicpmv_version": np.int32(self.version),  # INT32, as the converter writes it
+            "clip.vision.image_size": SLICE, "clip.vision.patch_size": P,
             "clip.vision.embedding_length": N_VIT, "clip.vision.feed_forward_length": 64,
             "clip.vision.block_count": 2, "clip.vision.attention.head_count": 2, "clip.vision.projection_dim": 0,
             "clip.vision.attention.layer_norm_epsilon": 1e-6, "clip.vision.image_mean": [0.5] * 3,
