@@ -30,15 +30,16 @@ def _map(ctx: MmCtx, name: str) -> str:
         n = max(ctx.block_count, ctx.state.get("map_blocks", 0))
         names = ctx.state["names"] = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, n)
     new = names.get_name(name, try_suffixes=_SUFFIXES)
+    m = re.match(r"^([va])\.blk\.(\d+)\.", new or "")
+    il = int(m.group(2)) if m else next((int(p) for p in name.split(".") if p.isdecimal()), None)
+    if il is not None and (m is not None or "layers." in name):  # a layer the config may not have
+        audio = m.group(1) == "a" if m else name.startswith("conformer.")
+        n = ctx.state.get("n_audio", 0) if audio else ctx.block_count
+        if il >= n:
+            kind = "audio" if audio else "vision"
+            raise ConvertError(f"tensor {name!r} is of {kind} layer {il}, but config.json says {n} layers")
     if new is None:
         raise ConvertError(f"cannot map tensor {name!r} to an mmproj GGUF name")
-    m = re.match(r"^([va])\.blk\.(\d+)\.", new)
-    if m:  # a layer the config does not have
-        kind, n = ("audio", ctx.state["n_audio"]) if m.group(1) == "a" else ("vision", ctx.block_count)
-        if int(m.group(2)) >= n:
-            raise ConvertError(
-                f"tensor {name!r} is of {kind} layer {m.group(2)}, but config.json says {n} layers"
-            )
     return new
 
 

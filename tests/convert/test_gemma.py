@@ -252,6 +252,15 @@ def test_errors(gemma_dir, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     (d / "config.json").write_text(json.dumps({**cfg, "audio_config": None}))
     assert "no audio_config" in _fails([str(d), "--mmproj", "-o", o], out, capsys)
 
+    d = shutil.copytree(mm, tmp_path / "vlayers")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(
+        json.dumps({**cfg, "vision_config": {**cfg["vision_config"], "num_hidden_layers": 1}})
+    )
+    assert "vision layer 1, but config.json says 1 layers" in _fails(
+        [str(d), "--mmproj", "-o", o], out, capsys
+    )
+
     d = shutil.copytree(mm, tmp_path / "mmtrunc")
     st = d / "model.safetensors"
     st.write_bytes(st.read_bytes()[:-1000])
