@@ -177,7 +177,10 @@ def _build(m: ClipModel, inp_raw: Tensor) -> Tensor:
     nq, d = w[R + "query"].shape
     nh, n = d // D_HEAD, gh * gw
     v = _norm(_linear(x, w[R + "kv.weight"], None), w[R + "ln_kv.weight"], w[R + "ln_kv.bias"], eps)
-    q = _norm(w[R + "query"], w[R + "ln_q.weight"], w[R + "ln_q.bias"], eps)
+    q = w[R + "query"]
+    if q.type not in (GGMLType.F32, GGMLType.F16):  # a quantized mmproj: the rows dequantized
+        q = ops.get_rows(q, ops.weight("query_rows", GGMLType.I32, (nq,), np.arange(nq, dtype=np.int32)))
+    q = _norm(q, w[R + "ln_q.weight"], w[R + "ln_q.bias"], eps)
     k = ops.add(
         v, ops.weight("resampler_pos", GGMLType.F32, (n, d), sincos_2d(d, gh, gw)), name="resampler_k"
     )

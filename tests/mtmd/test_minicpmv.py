@@ -186,3 +186,16 @@ def test_legacy_swapped_ffn_names(v26: TinyMiniCPMV, tmp_path: Path) -> None:
     t["v.blk.1.ffn_up.weight"] = t["v.blk.1.ffn_up.weight"][:, :-1]
     with pytest.raises(MtmdError, match="v.blk.1.ffn_"):
         ClipModel(v26.write_mmproj(tmp_path / "legacy_bad.gguf", tensors=t))
+
+
+def test_f16_and_q8_0_mmproj(v26: TinyMiniCPMV, tmp_path: Path) -> None:
+    """Real files store the matrices F16 (the query too, in a quantized file: it is dequantized first)."""
+    from llamapy.ggml.types import GGMLType
+    from tests.mtmd import convert
+
+    px = RNG.uniform(-1, 1, (3, 40, 52)).astype(np.float32)
+    want = v26.features(px)
+    for ft, tol in ((GGMLType.F16, 5e-3), (GGMLType.Q8_0, 5e-2)):
+        path = convert.write_mmproj(tmp_path / f"{ft.name}.gguf", v26.metadata(), v26.mm_tensors(), ft)
+        cm = ClipModel(path)
+        assert cm.w["resampler.query"].type == ft and _rel(cm.encode(px), want) < tol
