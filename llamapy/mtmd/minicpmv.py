@@ -5,7 +5,7 @@ layer from a learned query set onto the ViT's tokens, whose keys carry 2-D sin-c
 
 The graph, in NumPy axis order: the patch embedding (with bias) plus ``v.position_embd.weight[positions]``
 (a patch at ``(i, j)`` of an ``h x w`` grid takes the table's bucket ``floor(S i / h) * S + floor(S j / w)``,
-``S`` the table's side: 70 in the real models), the SigLIP blocks, ``v.post_ln``. The resampler
+``S`` the table's side: 70 in the real models, which llama.cpp hard-codes), the SigLIP blocks, ``v.post_ln``. The resampler
 (``resampler.*``): ``kv = ln_kv(x @ kv.T)``, ``q = ln_q(query)``, keys ``kv + pos`` where ``pos[i * w + j]`` is
 ``[sin(j w_k), cos(j w_k), sin(i w_k), cos(i w_k)]`` with ``w_k = 10000 ** (-k / (D / 4))``, ``k < D / 4``
 (MAE's 2-D sin-cos table, the column first), values ``kv``; multi-head attention with heads of 128 (as the
@@ -22,7 +22,8 @@ Preprocessing: the official llava-uhd slicing (``MiniCPMVImageProcessor.slice_im
 ``minicpmv4_6.frames`` with a merge of 1: sides multiples of the patch size, slices of about
 ``clip.vision.image_size`` squared, up to 9). llama.cpp's ``mtmd_image_preprocessor_llava_uhd`` differs on small
 images: it slices as soon as a side exceeds the slice size (the model: the area), and stretches an image it does
-not slice to the square slice (the model keeps the aspect ratio).
+not slice to the square slice (the model keeps the aspect ratio); and it rounds halves away from zero where
+the model's Python rounds them to even.
 """
 
 from __future__ import annotations
