@@ -94,12 +94,11 @@ def _softplus_within_ulp(out: Path, want: dict) -> bool:
     return True
 
 
-def _our_logits(path: Path) -> np.ndarray:
+def _our_logits(model: object) -> np.ndarray:
     from llamapy.batch import Batch
     from llamapy.context import Context, ContextParams
-    from llamapy.model import Model
 
-    ctx = Context(Model.load(path), ContextParams(n_ctx=64, type_k="f32", type_v="f32"))
+    ctx = Context(model, ContextParams(n_ctx=64, type_k="f32", type_v="f32"))
     ctx.decode(Batch.from_tokens(TOKENS, logits_all=True))
     return np.asarray(ctx.get_logits(), dtype=np.float32).reshape(len(TOKENS), -1)
 
@@ -127,7 +126,17 @@ def test_gemma4_logits_match_transformers(gemma_dir, tmp_path: Path, case: str) 
     finally:
         torch.set_num_threads(n)
     ref = ref.logits[0].float().numpy()
-    got = _our_logits(out)
+    from tokenizers import Tokenizer
+
+    from llamapy.model import Model
+
+    model = Model.load(out)
+    tok = Tokenizer.from_file(
+        str(d / "tokenizer.json")
+    )  # the 'gemma4' vocabulary tokenizes as tokenizer.json
+    for text in ("what is this image", "the cat\n\n is  here", "é ü 😀 <|image|>"):
+        assert model.vocab.tokenize(text, add_special=False, parse_special=True) == tok.encode(text).ids, text
+    got = _our_logits(model)
     err = float(np.abs(got - ref).max() / np.abs(ref).max())
     assert err < TOL, f"{case}: max |diff| / max |logit| = {err:.2e}"
 
