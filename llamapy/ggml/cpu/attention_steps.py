@@ -58,7 +58,16 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     if small:
         # decode: query heads in parallel (or, with fewer heads than threads, chunks of keys per kv
         # head), only the unmasked keys read; an F16 cache as its half bits in place (no conversion)
-        from .attn_decode import attn_heads, attn_heads_f16x8, attn_split, n_chunks_for, use_split
+        from .attn_decode import (
+            attn_group_f16x8,
+            attn_heads,
+            attn_heads_f16x8,
+            attn_split,
+            group_chunks,
+            n_chunks_for,
+            use_group,
+            use_split,
+        )
 
         has_mask = mask is not None
         mk_ = mask if has_mask else _NO_MASK
@@ -69,6 +78,12 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         if k.type == GGMLType.F16 and v.type == GGMLType.F16:
             K16, V16 = arrays[id(k)].view(np.uint16), arrays[id(v)].view(np.uint16)
             vec = D == Dv and D % 8 == 0 and K16.flags.c_contiguous and V16.flags.c_contiguous
+            if vec and Q.flags.c_contiguous and use_group(H, Hkv, KV):
+                # grouped-query heads together: each cached row read and widened once per group
+                be.need(attn_group_f16x8)
+                kf, vf = K16.reshape(-1), V16.reshape(-1)
+                gch = group_chunks(KV, nth)
+                return lambda: attn_group_f16x8(Q, kf, vf, mk_, has_mask, scale, cap, sl, out, Hkv, D, gch)
             if not split and vec and Q.flags.c_contiguous:
                 be.need(attn_heads_f16x8)
                 kf, vf = K16.reshape(-1), V16.reshape(-1)
