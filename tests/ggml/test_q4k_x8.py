@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from llamapy.ggml import GGMLType as T
+from llamapy.ggml import ops
 from llamapy.ggml.cpu import kquant_kernels as kk
 from llamapy.ggml.cpu import matmul_kernels as mk
 from llamapy.ggml.cpu import q4k_x8
@@ -112,7 +113,9 @@ def mapped(tmp_path: Path):
 
 
 def weight_tensor(shape: tuple[int, int]) -> Tensor:
-    return Tensor(T.Q4_K, shape, "none", name="blk.0.ffn_up.weight")
+    return ops.weight(
+        "blk.0.ffn_up.weight", T.Q4_K, shape, np.zeros((shape[0], shape[1] // 256 * 144), np.uint8)
+    )
 
 
 @pytest.mark.parametrize("M", [1, 5, 300])
@@ -146,6 +149,8 @@ def test_weights_it_must_not_repack_fall_back(mapped, monkeypatch):
     assert q4k_x8.mul_mat_step(be, a, raw, x, out, None, any_memory=True) is not None
     odd = weight_tensor((44, 1536))
     assert q4k_x8.mul_mat_step(be, odd, view[:44], x, out[:, :44], None) is None  # 44 % 8
+    view = Tensor(T.Q4_K, (48, 1536), "view", name="a view")
+    assert q4k_x8.mul_mat_step(be, view, raw, x, out, None, any_memory=True) is None  # not a weight leaf
     monkeypatch.setattr(q4k_x8, "ENABLED", False)
     assert q4k_x8.mul_mat_step(be, weight_tensor((48, 1536)), view, x, out, None) is None
 
@@ -153,6 +158,7 @@ def test_weights_it_must_not_repack_fall_back(mapped, monkeypatch):
 _GENERIC = """
 import numpy as np
 from llamapy.ggml import GGMLType as T
+from llamapy.ggml import ops
 from llamapy.ggml.cpu import isimd, q4k_x8, matmul_kernels as mk
 from llamapy.ggml.cpu.q4k_x8_kernels import mm_q4_k_x8
 from llamapy.ggml.quants import dequantize, quantize

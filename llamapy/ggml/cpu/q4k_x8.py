@@ -101,6 +101,8 @@ def _anonymous(nbytes: int) -> np.ndarray:
 def _repacked(a: Tensor, A: np.ndarray, any_memory: bool) -> np.ndarray | None:
     if not ENABLED or a.type != GGMLType.Q4_K or A.ndim != 2 or A.dtype != np.uint8:
         return None
+    if a.op != "weight":  # a view or a computed tensor: a new Tensor per graph, so no cache by tensor
+        return None
     if A.shape[0] % 8 or A.shape[0] == 0 or not A.flags.c_contiguous:
         return None
     mm = mapped_source(A)
