@@ -487,7 +487,33 @@ def attn_group_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n
                                     prefetch(v, (j + c + PF_KEYS) * row + i)
                             for i in range(0, D, 8):
                                 vstore(kb, c * D + i, vh8(v, vo + i))
-                        for r in range(R):
+                        r = 0
+                        while (
+                            r + 1 < R
+                        ):  # two query rows at a time: each widened V vector loaded once for both
+                            p0 = vsplat(s[r * SB + jj])
+                            p1 = vsplat(s[r * SB + jj + 1])
+                            p2 = vsplat(s[r * SB + jj + 2])
+                            p3 = vsplat(s[r * SB + jj + 3])
+                            w0 = vsplat(s[(r + 1) * SB + jj])
+                            w1 = vsplat(s[(r + 1) * SB + jj + 1])
+                            w2 = vsplat(s[(r + 1) * SB + jj + 2])
+                            w3 = vsplat(s[(r + 1) * SB + jj + 3])
+                            for i in range(0, D, 8):
+                                x = vload(kb, i)
+                                a = vfma(vload(acc, r * D + i), p0, x)
+                                b = vfma(vload(acc, (r + 1) * D + i), w0, x)
+                                x = vload(kb, D + i)
+                                a = vfma(a, p1, x)
+                                b = vfma(b, w1, x)
+                                x = vload(kb, 2 * D + i)
+                                a = vfma(a, p2, x)
+                                b = vfma(b, w2, x)
+                                x = vload(kb, 3 * D + i)
+                                vstore(acc, r * D + i, vfma(a, p3, x))
+                                vstore(acc, (r + 1) * D + i, vfma(b, w3, x))
+                            r += 2
+                        if r < R:
                             p0 = vsplat(s[r * SB + jj])
                             p1 = vsplat(s[r * SB + jj + 1])
                             p2 = vsplat(s[r * SB + jj + 2])
