@@ -6,7 +6,7 @@
 #include <time.h>
 static double now(clockid_t c) { struct timespec t; clock_gettime(c, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 int main(int argc, char **argv) {
-    if (argc < 6) { fprintf(stderr, "usage: model depth n_gen fa(0/1) fill_threads\n"); return 1; }
+    if (argc < 6) { fprintf(stderr, "usage: model depth n_gen fa(-1 auto/0/1) fill_threads\n"); return 1; }
     const char *path = argv[1]; int depth = atoi(argv[2]), n_gen = atoi(argv[3]), fa = atoi(argv[4]);
     int fill_th = atoi(argv[5]);
     llama_log_set(NULL, NULL);
@@ -17,7 +17,7 @@ int main(int argc, char **argv) {
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = depth + n_gen + 16; cp.n_batch = 512; cp.n_ubatch = 512;
     cp.n_threads = 1; cp.n_threads_batch = fill_th;
-    cp.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.flash_attn_type = (enum llama_flash_attn_type)fa;  // -1 auto (llama-bench's default), 0 off, 1 on
     cp.no_perf = 1;
     struct llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) { fprintf(stderr, "context failed\n"); return 1; }
