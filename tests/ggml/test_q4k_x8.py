@@ -186,3 +186,51 @@ def test_half_conversion_generic_ir_on_a_plain_x86_64_target():
     env.pop("NUMBA_CPU_FEATURES", None)
     r = subprocess.run([sys.executable, "-c", _GENERIC], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_tied_q4_k_model_decodes_as_without_repacking(tmp_path, monkeypatch):
+    """A small llama file quantized to pure Q4_K (the output tied to ``token_embd``: ``get_rows`` reads the
+    mapped bytes, ``mul_mat`` the repacked copy). This random-weight model amplifies float rounding
+    (measured: the plain kernels' prompt-as-a-batch and token-by-token logits differ by 4 % of the largest
+    logit; repacked vs plain 3.5 % and 1.9 %), so: the first token (one row through every layer) agrees
+    tightly, and later logits differ from the plain kernels' by no more than the plain paths differ from
+    each other."""
+    from llamapy.batch import Batch
+    from llamapy.context import Context, ContextParams
+    from llamapy.gguf.reader import GGUFReader
+    from llamapy.model import Model
+    from llamapy.quantize import quantize_file
+    from tests.quantize.models import write_model
+
+    src = write_model("tied8", tmp_path / "tied8.gguf")
+    path = tmp_path / "tied8-q4k.gguf"
+    quantize_file(src, path, "Q4_K_M", pure=True)
+    with GGUFReader(path) as r:
+        types = {t.name: t.ggml_type.name for t in r.tensors}
+    assert types["token_embd.weight"] == "Q4_K" and "output.weight" not in types
+    toks = [1, 17, 42, 99, 200, 3]
+
+    def logits(enabled: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(prompt as one batch: last logits, token by token: each token's logits)"""
+        monkeypatch.setattr(q4k_x8, "ENABLED", enabled)
+        model = Model.load(path)
+        ctx = Context(model, ContextParams(n_ctx=64, n_threads=2))
+        ctx.decode(Batch.from_tokens(toks, pos0=0))
+        batch = ctx.get_logits()[-1].copy()
+        ctx = Context(model, ContextParams(n_ctx=64, n_threads=2))
+        rows = []
+        for i, t in enumerate(toks):
+            ctx.decode(Batch.from_tokens([t], pos0=i))
+            rows.append(ctx.get_logits()[-1].copy())
+        assert bool([t for t in q4k_x8._cache.keys() if t.name == "token_embd.weight"]) is enabled
+        return batch, np.array(rows)
+
+    pb, p1 = logits(False)
+    xb, x1 = logits(True)
+    assert np.isfinite(xb).all() and np.isfinite(x1).all()
+    scale = np.abs(p1).max()
+    np.testing.assert_allclose(x1[0], p1[0], rtol=0, atol=1e-5 * scale)
+    spread = np.abs(pb - p1[-1]).max()  # the plain kernels' own batch vs token-by-token difference
+    assert 1e-4 * scale < spread < 0.2 * scale
+    assert np.abs(xb - pb).max() <= 2 * spread
+    assert np.abs(x1 - p1).max() <= 2 * spread
