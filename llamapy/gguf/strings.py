@@ -141,31 +141,42 @@ class StringArray(Sequence[str]):
 
 
 def _scan_vectorized(buf: Any, pos: int, size: int, n: int) -> StringArray | None:
-    """:func:`scan_strings` for the usual array (every string shorter than 256 bytes), in NumPy: a string
-    starts where the 8 bytes read as a u64 are below 256; the first ``n`` such places in a window are
-    the strings' starts exactly when each one's length leads to the next (checked for all of them, so
-    content bytes that look like a length field, or a longer string, only send it back to the loop).
-    Tokenizer arrays of 50-260k strings: 1-3 ms instead of 20-100 ms. None: use the loop."""
+    """:func:`scan_strings` in NumPy for arrays of mostly short strings: a string starts where the 8 bytes
+    read as a u64 are below 256. Candidates are taken in order while each one's length leads to the next
+    (so each taken start is proven by the one before it); where the chain breaks (a string of 256 bytes
+    or more, an empty one, content that looks like a length) the scan goes on from the last proven end.
+    Tokenizer arrays of 50-260k strings: 2-10 ms instead of 25-100 ms. None (a string past the end of
+    the data, or too many breaks): the loop decides."""
     avail = size - pos
-    window = min(avail, 24 * n + 64)
-    while True:
+    parts: list[np.ndarray] = []
+    cur, left = 0, n
+    for _ in range(16):
+        if left == 0:
+            break
+        window = min(avail - cur, 24 * left + 64)
         if window < 8:
             return None
-        data = np.frombuffer(buf, dtype=np.uint8, count=window, offset=pos)
+        data = np.frombuffer(buf, dtype=np.uint8, count=window, offset=pos + cur)
         lens = np.ndarray((window - 7,), dtype="<u8", buffer=data, strides=(1,))
-        starts = np.flatnonzero(lens < 256)
-        if starts.size >= n:
-            starts = starts[:n]
-            ends = starts + 8 + lens[starts].astype(np.int64)
-            if starts[0] != 0 or not np.array_equal(ends[:-1], starts[1:]) or int(ends[-1]) > avail:
-                return None  # not the chain of lengths: the loop says what is wrong, or is right
-            offs = np.empty(n + 1, dtype=np.int64)
-            offs[:n] = starts
-            offs[n] = ends[-1]
-            return StringArray(bytes(buf[pos : pos + int(ends[-1])]), offs)
-        if window == avail:
+        first = int(lens[0])
+        if first >= 256:  # a long string here: step over it
+            if first > avail - cur - 8:
+                return None
+            parts.append(np.array([cur], dtype=np.int64))
+            cur, left = cur + 8 + first, left - 1
+            continue
+        starts = np.flatnonzero(lens < 256)[:left]  # starts[0] == 0: this place is a proven start
+        ends = starts + 8 + lens[starts].astype(np.int64)
+        bad = np.flatnonzero(ends[:-1] != starts[1:])
+        k = int(bad[0]) if bad.size else starts.size - 1  # starts[:k + 1] are proven; ends[k] is the next
+        if int(ends[k]) > avail - cur:
             return None
-        window = min(avail, window * 2)
+        parts.append(starts[: k + 1] + cur)
+        cur, left = cur + int(ends[k]), left - (k + 1)
+    if left:
+        return None
+    offs = np.concatenate([*parts, np.array([cur], dtype=np.int64)])
+    return StringArray(bytes(buf[pos : pos + cur]), offs)
 
 
 def scan_strings(buf: Any, pos: int, size: int, n: int, what: str, error: type[Exception]) -> StringArray:

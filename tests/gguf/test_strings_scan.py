@@ -49,7 +49,7 @@ def test_vectorized_scan_equals_the_loop(name: str) -> None:
     slow = _loop(buf, len(head), len(items))
     assert fast.raw == slow.raw and np.array_equal(fast.offsets, slow.offsets)
     assert fast.tolist() == [p.decode("utf-8", "surrogateescape") for p in items]
-    if name == "text":  # short strings without NULs: the vectorized path itself answered
+    if name in ("text", "long string"):  # the vectorized path itself answered (a few breaks at most)
         assert S._scan_vectorized(buf, len(head), len(buf), len(items)) is not None
 
 
