@@ -9,6 +9,10 @@ are read; a fully masked row gives zeros.
   ``attn_split``), although with grouped-query attention it reads each cached row once per query head.
 - ``attn_heads_f16x8`` is the same over an F16 cache whose head size is a multiple of 8, on 8-float
   vectors (``simd.vh8``: F16C conversions), prefetching the rows ``PF_KEYS`` keys ahead.
+- ``attn_group_f16x8`` takes over from it for grouped-query attention (``use_group``): all query heads of a kv
+  group at once, so each cached row is read and widened once per group; keys in flash sub-blocks, split into
+  chunks across threads (Qwen2.5-1.5B shape, 1 thread, 16384 keys: 2.7 vs 6.7 ms per layer; see
+  ``benchmarks/results/depth_decode.md``).
 - ``attn_split`` is for fewer query heads than threads: a task is one kv head and one chunk of keys; it
   converts each unmasked row once for all ``g`` query heads of the group, keeping a running max, sum and
   weighted value sum per head, and the chunks are merged at the end with the usual rescaling.
