@@ -350,6 +350,20 @@ def _all_used(mask, has_mask, T, j0, n):
     return True
 
 
+@njit(inline="always")
+def _widen_block(src, kb, j, kh, row, D, KV):
+    """Keys ``j .. j + KB`` of kv head ``kh`` from the F16 cache ``src`` (half bits, rows of ``row``) widened
+    into ``kb`` (``KB`` rows of ``D``); kv head 0 prefetches the whole rows ``PF_KEYS`` ahead (the other
+    heads' parts are read next)."""
+    for c in range(KB):
+        if kh == 0 and j + c + PF_KEYS < KV:
+            for i in range(0, row, 32):
+                prefetch(src, (j + c + PF_KEYS) * row + i)
+        o = (j + c) * row + kh * D
+        for i in range(0, D, 8):
+            vstore(kb, c * D + i, vh8(src, o + i))
+
+
 @njit(parallel=True, cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
 def attn_group_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n_chunks):
     """Arguments as ``attn_heads_f16x8`` plus ``n_chunks`` (``group_chunks``): a task is one chunk of keys; in
@@ -392,13 +406,7 @@ def attn_group_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n
                 while jj < nb:
                     j = b0 + jj
                     if jj + KB <= nb and _all_used(mask, has_mask, T, j, KB):
-                        for c in range(KB):
-                            ko = (j + c) * row + kh * D
-                            if kh == 0 and j + c + PF_KEYS < KV:  # the whole row: the other heads' parts next
-                                for i in range(0, row, 32):
-                                    prefetch(k, (j + c + PF_KEYS) * row + i)
-                            for i in range(0, D, 8):
-                                vstore(kb, c * D + i, vh8(k, ko + i))
+                        _widen_block(k, kb, j, kh, row, D, KV)
                         r = 0
                         while (
                             r + 1 < R
@@ -484,13 +492,7 @@ def attn_group_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n
                 while jj < nb:
                     j = b0 + jj
                     if jj + KB <= nb and _all_used(mask, has_mask, T, j, KB):
-                        for c in range(KB):
-                            vo = (j + c) * row + kh * D
-                            if kh == 0 and j + c + PF_KEYS < KV:  # the whole row: the other heads' parts next
-                                for i in range(0, row, 32):
-                                    prefetch(v, (j + c + PF_KEYS) * row + i)
-                            for i in range(0, D, 8):
-                                vstore(kb, c * D + i, vh8(v, vo + i))
+                        _widen_block(v, kb, j, kh, row, D, KV)
                         r = 0
                         while (
                             r + 1 < R
