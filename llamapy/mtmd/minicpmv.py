@@ -39,8 +39,8 @@ from ..ggml.types import GGMLType
 from .clip import ClipHParams, Projector, register_projector
 from .errors import MtmdError
 from .image import Bitmap
-from .minicpmv4_6 import frames, positions
-from .siglip import _linear, _norm, build_vit, patch_embed
+from .minicpmv4_6 import frames, load_pos_table, positions
+from .siglip import _linear, _norm, build_vit, load_vit_blocks, patch_embed
 
 if TYPE_CHECKING:
     from ..model.blocks import TensorLoader
@@ -122,21 +122,8 @@ def _load(m: ClipModel, t: TensorLoader) -> None:
     e, p = hp.n_embd, hp.patch_size
     t("v.patch_embd.weight", (e, 3, p, p))
     t("v.patch_embd.bias", (e,), required=False)
-    tab = t("v.position_embd.weight", None)
-    side = math.isqrt(tab.shape[0]) if tab is not None and len(tab.shape) == 2 else 0
-    if tab is None or side * side != tab.shape[0] or tab.shape[1] != e:
-        raise MtmdError(f"{m.path}: tensor 'v.position_embd.weight' has shape {getattr(tab, 'shape', None)}; "
-                        f"expected (side * side, {e})")  # fmt: skip
-    hp.extra["pos_side"] = side
-    for il in range(hp.n_layer):
-        b = f"v.blk.{il}."
-        for n in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            t(b + n + ".weight", (e, e))
-            t(b + n + ".bias", (e,), required=False)
-        for n in ("ln1", "ln2"):
-            t(b + n + ".weight", (e,))
-            t(b + n + ".bias", (e,))
-        _ffn(m, t, b)
+    load_pos_table(m, t)
+    load_vit_blocks(m, t, _ffn)
     t("v.post_ln.weight", (e,), required=False)
     t("v.post_ln.bias", (e,), required=False)
     d = _shape(m, t, R + "query", 2, "(query_num, width)").shape[1]

@@ -33,7 +33,7 @@ from .audio_encoder import gelu_erf
 from .clip import ClipHParams, Projector, register_projector
 from .errors import MtmdError
 from .image import Bitmap, _normalize, _resize
-from .siglip import _act, _linear, _norm, patch_embed
+from .siglip import _act, _linear, _norm, load_vit_blocks, patch_embed
 
 if TYPE_CHECKING:
     from ..model.blocks import TensorLoader
@@ -116,6 +116,18 @@ def pieces(bmp: Bitmap, hp: ClipHParams) -> list[str | np.ndarray]:
 
 
 # -- tensors ----------------------------------------------------------------------------------------
+def load_pos_table(m: ClipModel, t: TensorLoader) -> None:
+    """The NaViT position table ``v.position_embd.weight``: a square grid of ``side * side`` rows of
+    ``n_embd`` (``hparams.extra["pos_side"]``; 70 in the real models, which llama.cpp hard-codes)."""
+    e = m.hparams.n_embd
+    tab = t("v.position_embd.weight", None)
+    side = math.isqrt(tab.shape[0]) if tab is not None and len(tab.shape) == 2 else 0
+    if tab is None or side * side != tab.shape[0] or tab.shape[1] != e:
+        raise MtmdError(f"{m.path}: tensor 'v.position_embd.weight' has shape {getattr(tab, 'shape', None)}; "
+                        f"expected (side * side, {e})")  # fmt: skip
+    m.hparams.extra["pos_side"] = side
+
+
 def _load(m: ClipModel, t: TensorLoader) -> None:
     hp, md = m.hparams, m.metadata
     k = md.get("clip.vision.projector.scale_factor", 4)
@@ -127,24 +139,8 @@ def _load(m: ClipModel, t: TensorLoader) -> None:
     e, p = hp.n_embd, hp.patch_size
     t("v.patch_embd.weight", (e, 3, p, p))
     t("v.patch_embd.bias", (e,), required=False)
-    tab = t("v.position_embd.weight", None)
-    side = math.isqrt(tab.shape[0]) if tab is not None and len(tab.shape) == 2 else 0
-    if tab is None or side * side != tab.shape[0] or tab.shape[1] != e:
-        raise MtmdError(f"{m.path}: tensor 'v.position_embd.weight' has shape {getattr(tab, 'shape', None)}; "
-                        f"expected (side * side, {e})")  # fmt: skip
-    hp.extra["pos_side"] = side  # 70 in the real models (llama.cpp hard-codes it)
-    for il in range(hp.n_layer):
-        b = f"v.blk.{il}."
-        for n in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            t(b + n + ".weight", (e, e))
-            t(b + n + ".bias", (e,), required=False)
-        for n in ("ln1", "ln2"):
-            t(b + n + ".weight", (e,))
-            t(b + n + ".bias", (e,))
-        t(b + "ffn_up.weight", (hp.n_ff, e))
-        t(b + "ffn_up.bias", (hp.n_ff,), required=False)
-        t(b + "ffn_down.weight", (e, hp.n_ff))
-        t(b + "ffn_down.bias", (e,), required=False)
+    load_pos_table(m, t)
+    load_vit_blocks(m, t)
     t("v.post_ln.weight", (e,))
     t("v.post_ln.bias", (e,))
     if k == 4:

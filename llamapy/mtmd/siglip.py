@@ -16,6 +16,8 @@ from ..ggml.tensor import Tensor
 from .clip import ClipHParams, Projector, register_projector
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..model.blocks import TensorLoader
     from .clip import ClipModel
 
@@ -33,20 +35,34 @@ def load_vit(
     if pre_ln:
         t("v.pre_ln.weight", (e,))
         t("v.pre_ln.bias", (e,))
-    for il in range(hp.n_layer):
-        for n in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            t(f"v.blk.{il}.{n}.weight", (e, e))
-            t(f"v.blk.{il}.{n}.bias", (e,), required=False)
-        for n in ("ln1", "ln2"):
-            t(f"v.blk.{il}.{n}.weight", (e,))
-            t(f"v.blk.{il}.{n}.bias", (e,))
-        t(f"v.blk.{il}.ffn_up.weight", (hp.n_ff, e))
-        t(f"v.blk.{il}.ffn_up.bias", (hp.n_ff,), required=False)
-        t(f"v.blk.{il}.ffn_down.weight", (e, hp.n_ff))
-        t(f"v.blk.{il}.ffn_down.bias", (e,), required=False)
+    load_vit_blocks(m, t)
     if post_ln is not False:
         t("v.post_ln.weight", (e,), required=bool(post_ln))
         t("v.post_ln.bias", (e,), required=bool(post_ln))
+
+
+def load_vit_blocks(
+    m: ClipModel, t: TensorLoader, ffn: Callable[[ClipModel, TensorLoader, str], None] | None = None
+) -> None:
+    """The ViT's ``v.blk.N.`` tensors: attention (optional biases), the two layer norms, and the FFN
+    (``ffn(m, t, prefix)`` where a projector's FFN differs; default up/down with optional biases)."""
+    hp = m.hparams
+    e = hp.n_embd
+    for il in range(hp.n_layer):
+        b = f"v.blk.{il}."
+        for n in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            t(b + n + ".weight", (e, e))
+            t(b + n + ".bias", (e,), required=False)
+        for n in ("ln1", "ln2"):
+            t(b + n + ".weight", (e,))
+            t(b + n + ".bias", (e,))
+        if ffn is not None:
+            ffn(m, t, b)
+            continue
+        t(b + "ffn_up.weight", (hp.n_ff, e))
+        t(b + "ffn_up.bias", (hp.n_ff,), required=False)
+        t(b + "ffn_down.weight", (e, hp.n_ff))
+        t(b + "ffn_down.bias", (e,), required=False)
 
 
 # -- graph pieces -----------------------------------------------------------------------------------
