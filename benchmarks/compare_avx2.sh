@@ -20,6 +20,7 @@ PY=$(python3 -c 'import sys; print(sys.executable)')
 unset PYTHONDONTWRITEBYTECODE
 export NUMBA_CPU_NAME=haswell
 export NUMBA_CPU_FEATURES=+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+lzcnt,+movbe,+sse4.2,+sse4.1,+ssse3,-avx512f
+export OPENBLAS_CORETYPE=Haswell  # NumPy's OpenBLAS: the AVX2 + FMA sgemm kernels, not AVX-512
 OUT="${OUT:-benchmarks/results/vs_llamacpp_avx2.md}"
 machine=$("$PY" -c 'from benchmarks.harness import machine_line; print(machine_line())')
 {

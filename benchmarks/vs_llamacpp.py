@@ -44,6 +44,9 @@ from benchmarks import shaped  # noqa: E402
 AVX2_ENV = {
     "NUMBA_CPU_NAME": "haswell",
     "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+lzcnt,+movbe,+sse4.2,+sse4.1,+ssse3,-avx512f",
+    # NumPy's OpenBLAS (the sgemm of dequantized prompt tiles) picks its kernels at run time: Haswell's
+    # are the AVX2 + FMA ones a user's AVX2-only CPU gets
+    "OPENBLAS_CORETYPE": "Haswell",
 }
 QWEN05_HF = "Qwen/Qwen2.5-0.5B-Instruct-GGUF:q4_k_m"
 
