@@ -15,10 +15,13 @@ AI's ``modeling_kimi_vl.py``, does where llama.cpp's converter and graph do othe
 - the projector's LayerNorm has eps 1e-5 (as llama.cpp and HF), the blocks
   ``clip.vision.attention.layer_norm_epsilon``.
 
-Preprocessing is llama.cpp's ``mtmd_image_preprocessor_dyn_size`` with ``set_limit_image_tokens(8, 1024)``:
-sides multiples of ``patch_size * 2`` keeping the aspect ratio (``qwen2vl.smart_resize``), bicubic, fitted and
-centred on black (``kimik25.preprocess``, with the limits in ``hparams.extra``). (The official processor crops odd sides down to a multiple of 28 instead, and rescales only
-above 4096 patches: the same images at sides multiple of 28 and up to 1024 tokens, other sizes differ.)
+Preprocessing is the official processor's (Moonshot AI's ``image_processing_kimi_vl.py`` with the released
+``preprocessor_config.json``: ``in_token_limit`` 4096, ``pad_input`` true, mean = std = 0.5): an image of more than
+4096 patches (``(w // p) * (h // p)``) is scaled by ``sqrt(4096 / patches)`` (sides ``int(side * scale)``, Pillow
+bicubic), then padded with black on the right and at the bottom up to multiples of ``patch_size * 2``; sides of
+512 patches or more are refused (the processor's "Exceed pos emb"). llama.cpp instead resizes every image to
+sides multiples of 28 between 8 and 1024 tokens (``mtmd_image_preprocessor_dyn_size``, bicubic, centred on
+black): the same pixels only for images already at multiples of 28 and within its limits.
 Tokens: ``<|media_start|>`` ... ``<|media_end|>``, as llama.cpp.
 """
 
@@ -27,20 +30,26 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .audio_encoder import gelu_erf
 from .clip import Projector, register_projector
 from .errors import MtmdError
-from .kimik25 import _n_tokens, build_moonvit, load_moonvit, merge_factor, preprocess
+from .image import Bitmap, _normalize, _resize
+from .kimik25 import _n_tokens, build_moonvit, load_moonvit, merge_factor
 
 if TYPE_CHECKING:
     from ..ggml.tensor import Tensor
     from ..model.blocks import TensorLoader
     from .clip import ClipModel
 
-__all__ = ["KIMIVL"]
+__all__ = ["KIMIVL", "official_size", "preprocess"]
 
 KIMIVL = "kimivl"
-MIN_TOKENS, MAX_TOKENS = 8, 1024  # llama.cpp's set_limit_image_tokens(8, 1024)
+IN_TOKEN_LIMIT = 4096  # patches before the merge (the released preprocessor_config.json's in_token_limit)
+MAX_SIDE_PATCHES = (
+    512  # MoonViT's rope table (Rope2DPosEmb(..., 512, 512)): the processor refuses 512 and more
+)
 MERGER_EPS = 1e-5  # the projector's LayerNorm (HF's pre_norm, llama.cpp's hard-coded 1e-5)
 
 
@@ -48,8 +57,7 @@ def _load(m: ClipModel, t: TensorLoader) -> None:
     hp = m.hparams
     hp.n_merge = merge_factor(m)
     e, p = hp.n_embd, hp.patch_size
-    hp.extra.setdefault("image_min_tokens", MIN_TOKENS)
-    hp.extra.setdefault("image_max_tokens", MAX_TOKENS)
+    hp.extra.setdefault("in_token_limit", IN_TOKEN_LIMIT)
     t("v.patch_embd.weight", (e, 3, p, p))
     t("v.patch_embd.bias", (e,), required=False)
     tab = t("v.position_embd.weight", None)
@@ -60,6 +68,32 @@ def _load(m: ClipModel, t: TensorLoader) -> None:
                         f"expected (side * side, {e}): Kimi-VL's square position table, flattened")  # fmt: skip
     hp.extra["pos_hw"] = (side, side)
     load_moonvit(m, t)
+
+
+def official_size(w: int, h: int, p: int, k: int, limit: int = IN_TOKEN_LIMIT) -> tuple[int, int, int, int]:
+    """``(rw, rh, pw, ph)``: the size the image is resized to and the padded size (see the module docstring)."""
+    n = (w // p) * (h // p)
+    if n > limit:
+        s = math.sqrt(limit / n)
+        w, h = int(w * s), int(h * s)
+    a = p * k
+    return w, h, -(-w // a) * a, -(-h // a) * a
+
+
+def preprocess(m: ClipModel, bmp: Bitmap, pad: bool) -> np.ndarray:
+    """``F32[3, H, W]``: the official processor's rescale and bottom/right padding (``pad`` is not used: the
+    released processor always pads)."""
+    hp = m.hparams
+    p, k = hp.patch_size, hp.n_merge
+    rw, rh, pw, ph = official_size(bmp.width, bmp.height, p, k, hp.extra["in_token_limit"])
+    if rw < 1 or rh < 1 or pw // p >= MAX_SIDE_PATCHES or ph // p >= MAX_SIDE_PATCHES:
+        raise MtmdError(
+            f"image of {bmp.width}x{bmp.height} is too elongated for Kimi-VL: {pw}x{ph} px after the resize, "
+            f"and a side may have at most {MAX_SIDE_PATCHES - 1} patches of {p} px"
+        )
+    img = np.zeros((ph, pw, 3), dtype=np.uint8)
+    img[:rh, :rw] = _resize(bmp.data, rw, rh, "bicubic")
+    return _normalize(img, hp.image_mean, hp.image_std)
 
 
 def _build(m: ClipModel, inp_raw: Tensor) -> Tensor:

@@ -21,19 +21,29 @@
 #
 # Changes from the original: the config objects are replaced by arguments (MoonVit, KimiVLMultiModalProjector),
 # only the SDPA attention is kept (the one the original selects by default), type hints and formatting.
-"""Kimi-VL's MoonViT (``MoonVit``) and ``KimiVLMultiModalProjector``, as Moonshot AI's modeling_kimi_vl.py."""
+#
+# KimiVLImageProcessor (at the end) is transcribed from the same repository's image_processing_kimi_vl.py, same
+# copyright and license; changes: torchvision's functional calls on the PIL image (TF.pad, TF.center_crop,
+# TF.to_tensor, TF.normalize) are written out with what torchvision does for a PIL input (ImageOps.expand with
+# fill 0, a crop at round((size - crop) / 2), / 255, (x - mean) / std): torchvision is not installable here;
+# the BaseImageProcessor / BatchFeature wrapping and patchify are left out; the defaults are the released
+# preprocessor_config.json's (the class's own: pad_input False, CLIP's mean and std).
+"""Kimi-VL's MoonViT (``MoonVit``), ``KimiVLMultiModalProjector`` and ``KimiVLImageProcessor``, as Moonshot AI's
+modeling_kimi_vl.py and image_processing_kimi_vl.py."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from PIL import Image, ImageOps
 from transformers.activations import GELUActivation, PytorchGELUTanh
 
-__all__ = ["KimiVLMultiModalProjector", "MoonVit", "patch_merger"]
+__all__ = ["KimiVLImageProcessor", "KimiVLMultiModalProjector", "MoonVit", "patch_merger"]
 
 
 def sdpa_attention(
@@ -306,3 +316,70 @@ class KimiVLMultiModalProjector(nn.Module):
         hidden_states = self.linear_1(hidden_states)
         hidden_states = self.act(hidden_states)
         return self.linear_2(hidden_states)
+
+
+class KimiVLImageProcessor:
+    """The released configuration: patch_size 14, pad_input True, in_token_limit 4096, mean = std = 0.5."""
+
+    def __init__(
+        self,
+        patch_size: int = 14,
+        pad_input: bool = True,
+        image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5),
+        image_std: tuple[float, float, float] = (0.5, 0.5, 0.5),
+        in_token_limit: int = 4096,
+        merge_kernel_size: Sequence[int] = (2, 2),
+    ) -> None:
+        self.in_token_limit = in_token_limit
+        self.patch_size = patch_size
+        self.pad_input = pad_input
+        self.image_mean = image_mean
+        self.image_std = image_std
+        self.merge_kernel_size = merge_kernel_size
+
+    def rescale(self, image: Image.Image, merge_kernel_size: Sequence[int] = (2, 2)) -> Image.Image:
+        w, h = image.size
+        patch_size = self.patch_size
+
+        if (w // patch_size) * (h // patch_size) > self.in_token_limit:
+            scale = math.sqrt(self.in_token_limit / ((w // patch_size) * (h // patch_size)))
+            new_w, new_h = int(w * scale), int(h * scale)
+            image = image.resize((new_w, new_h), Image.Resampling.BICUBIC)
+        if self.pad_input:
+            new_w, new_h = image.size
+            pad_size_h = merge_kernel_size[0] * patch_size
+            pad_size_w = merge_kernel_size[1] * patch_size
+
+            pad_h = (pad_size_h - new_h % pad_size_h) % pad_size_h
+            pad_w = (pad_size_w - new_w % pad_size_w) % pad_size_w
+
+            image = ImageOps.expand(
+                image, border=(0, 0, pad_w, pad_h), fill=0
+            )  # TF.pad(image, (0, 0, pad_w, pad_h))
+        else:
+            new_w, new_h = image.size
+            new_w = new_w - new_w % patch_size
+            new_h = new_h - new_h % patch_size
+            top, left = int(round((image.size[1] - new_h) / 2.0)), int(round((image.size[0] - new_w) / 2.0))
+            image = image.crop(
+                (left, top, left + new_w, top + new_h)
+            )  # TF.center_crop(image, (new_h, new_w))
+
+        w, h = image.size
+        if w // patch_size >= 512 or h // patch_size >= 512:
+            raise ValueError("Exceed pos emb")
+
+        return image
+
+    def to_tensor(self, image: Image.Image) -> np.ndarray:
+        return np.asarray(image.convert("RGB"), dtype=np.float32).transpose(2, 0, 1) / np.float32(255.0)
+
+    def normalize(self, image: np.ndarray) -> np.ndarray:
+        mean = np.asarray(self.image_mean, dtype=np.float32)[:, None, None]
+        std = np.asarray(self.image_std, dtype=np.float32)[:, None, None]
+        return (image - mean) / std
+
+    def __call__(self, image: Image.Image) -> np.ndarray:
+        """``F32[3, H, W]``: ``_preprocess`` up to the patchify."""
+        image = self.rescale(image, self.merge_kernel_size)
+        return self.normalize(self.to_tensor(image))

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from PIL import Image
 
 from llamapy.context import Context
 from llamapy.ggml import ops
@@ -21,10 +22,10 @@ from llamapy.model.model import Model
 from llamapy.mtmd import Bitmap, ClipModel, ImageChunk, MtmdContext, MtmdError, TextChunk
 from llamapy.mtmd import kimik25 as kimik25_mod
 from llamapy.mtmd import kimivl as kimivl_mod
-from llamapy.mtmd.kimik25 import preprocess
+from llamapy.mtmd.kimivl import preprocess
 from tests.model import hf_tiny
 from tests.mtmd import convert
-from tests.mtmd.kimivl_oracle import KimiVLMultiModalProjector, MoonVit
+from tests.mtmd.kimivl_oracle import KimiVLImageProcessor, KimiVLMultiModalProjector, MoonVit
 
 RNG = np.random.default_rng(37)
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|media_start|>", "<|media_end|>", "<|media_pad|>"]
@@ -218,35 +219,39 @@ def test_logits_with_an_image_match_the_official_code(kimi: TinyKimiVL, text: tu
     assert _rel(ctx.get_logits()[-1], out.logits[0, -1].numpy()) < 1e-4
 
 
-def _llamacpp_size(w: int, h: int, align: int, min_px: int, max_px: int) -> tuple[int, int]:
-    """clip.cpp's img_tool::calc_size_preserved_ratio (mtmd_image_preprocessor_dyn_size), transcribed."""
-    w_bar, h_bar = max(align, round(w / align) * align), max(align, round(h / align) * align)
-    if w_bar * h_bar > max_px:
-        beta = math.sqrt(h * w / max_px)
-        h_bar, w_bar = (
-            max(align, math.floor(h / beta / align) * align),
-            max(align, math.floor(w / beta / align) * align),
-        )
-    elif w_bar * h_bar < min_px:
-        beta = math.sqrt(min_px / (h * w))
-        h_bar, w_bar = math.ceil(h * beta / align) * align, math.ceil(w * beta / align) * align
-    return w_bar, h_bar
-
-
-@pytest.mark.parametrize("hw", [(45, 70), (13, 7), (301, 97), (8, 8)])
-def test_preprocessing_on_odd_sizes(kimi: TinyKimiVL, hw: tuple[int, int]) -> None:
-    """llama.cpp's size rule (8..1024 tokens, sides multiples of patch x merge) on odd sizes; the pixels where no
-    resize is needed are the official processor's (``/ 255``, mean 0.5, std 0.5, nothing cropped)."""
+@pytest.mark.parametrize("hw", [(45, 70), (13, 7), (301, 297), (1, 3), (8, 8), (1203, 37), (24, 40)])
+def test_preprocessing_on_odd_sizes_is_the_official_processor(kimi: TinyKimiVL, hw: tuple[int, int]) -> None:
+    """Moonshot's KimiVLImageProcessor (tests/mtmd/kimivl_oracle.py, the released config: pad to multiples of
+    patch x merge, rescale above in_token_limit patches): the same pixels on odd sizes, the resize path included
+    (301 x 297 px are 5550 patches of 4 px > 4096)."""
     cm = ClipModel(kimi.mmproj_path)
     data = RNG.integers(0, 256, (*hw, 3), dtype=np.uint8)
     got = preprocess(cm, Bitmap(data), True)
-    a = P * K
-    assert (got.shape[2], got.shape[1]) == _llamacpp_size(hw[1], hw[0], a, 8 * a * a, 1024 * a * a)
-    assert 8 <= cm.n_output_tokens(got.shape[2], got.shape[1]) <= 1024
-    exact = RNG.integers(0, 256, (hw[0] // a * a or a, hw[1] // a * a or a, 3), dtype=np.uint8)
-    if exact.shape[0] * exact.shape[1] >= 8 * a * a:
-        got = preprocess(cm, Bitmap(exact), True)
-        assert np.abs(got - (exact.transpose(2, 0, 1) / 255.0 - 0.5) / 0.5).max() < 1e-6
+    want = KimiVLImageProcessor(patch_size=P, merge_kernel_size=(K, K))(Image.fromarray(data))
+    assert got.shape == want.shape and got.shape[1] % (P * K) == 0 and got.shape[2] % (P * K) == 0
+    assert np.abs(got - want).max() < 1e-6
+    assert cm.n_output_tokens(got.shape[2], got.shape[1]) == got.shape[1] * got.shape[2] // (P * K) ** 2
+
+
+def test_llamacpp_size_rule_is_caught(kimi: TinyKimiVL) -> None:
+    """llama.cpp's rule (resize to 8..1024 tokens, centred on black) is not the official processor's."""
+    from llamapy.mtmd.qwen2vl import preprocess_dynamic
+
+    cm = ClipModel(kimi.mmproj_path)
+    data = RNG.integers(0, 256, (45, 70, 3), dtype=np.uint8)
+    want = KimiVLImageProcessor(patch_size=P, merge_kernel_size=(K, K))(Image.fromarray(data))
+    bad = preprocess_dynamic(Bitmap(data), cm.hparams, True, 8, 1024)
+    assert bad.shape != want.shape or np.abs(bad - want).max() > 0.1
+
+
+def test_too_elongated_image_is_a_clear_error(kimi: TinyKimiVL) -> None:
+    """The official processor raises "Exceed pos emb" at 512 patches a side (MoonViT's rope table)."""
+    cm = ClipModel(kimi.mmproj_path)
+    data = np.zeros((2100, 4, 3), dtype=np.uint8)  # 525 x 1 patches: under the patch limit, over 511 a side
+    with pytest.raises(ValueError, match="Exceed pos emb"):
+        KimiVLImageProcessor(patch_size=P, merge_kernel_size=(K, K))(Image.fromarray(data))
+    with pytest.raises(MtmdError, match="too elongated"):
+        preprocess(cm, Bitmap(data), True)
 
 
 def test_malformed_mmproj_is_a_clear_error(kimi: TinyKimiVL, tmp_path: Path) -> None:
