@@ -241,6 +241,10 @@ def allocate(
     repeat and jump (a text batch starts after the memory's last position, embeddings at or after it)."""
     if batch.token is not None and batch.embd is not None:
         raise BatchError("a batch holds either tokens or embeddings, not both")
+    if batch.embd is None and batch.mpos is None and n_pos_per_embd == 1 and n_batch >= 1:
+        one = _allocate_one_token(batch, n_vocab, n_seq_max, seq_pos_max, output_all)
+        if one is not None:
+            return one
     n = batch.n_tokens
     if n == 0:
         raise BatchError("the batch is empty (n_tokens = 0)")
@@ -341,6 +345,82 @@ def allocate(
     out_rows = np.full(n, -1, dtype=np.int64)
     out_rows[output] = np.arange(int(output.sum()))
     return AllocatedBatch(token, embd, pos, seq_id, seq_first, seq_bits, output, out_rows, mpos)
+
+
+_ONE_TRUE = np.ones(1, dtype=bool)
+_ROW0 = np.zeros(1, dtype=np.int64)
+_NO_ROW = np.full(1, -1, dtype=np.int64)
+
+
+def _allocate_one_token(
+    batch: Batch,
+    n_vocab: int,
+    n_seq_max: int,
+    seq_pos_max: Callable[[int], int],
+    output_all: bool,
+) -> AllocatedBatch | None:
+    """``allocate`` of a one-token text batch (a decode step) in plain Python: the same checks, messages
+    and result as the general path, a few NumPy calls instead of ~30 (each costs microseconds in a
+    token's flow, after the mat-vecs have flushed the caches). None: not such a batch, or one the general
+    path should judge (its message then comes from there)."""
+    tok = batch.token
+    if not isinstance(tok, np.ndarray) or tok.shape != (1,) or tok.dtype.kind not in "iu":
+        return None
+    t = int(tok[0])
+    if not 0 <= t < n_vocab:
+        return None
+    ss: Any = [0] if batch.seq_id is None else None
+    if ss is None:
+        sid = batch.seq_id
+        if not isinstance(sid, list) or len(sid) != 1:
+            return None
+        ss = sid[0]
+        if isinstance(ss, (int, np.integer)):
+            ss = [ss]
+        elif isinstance(ss, list) and ss:
+            ss = list(ss)
+        else:
+            return None
+        for s in ss:
+            if not isinstance(s, (int, np.integer)) or not 0 <= s < n_seq_max:
+                return None
+        ss = [int(s) for s in ss]
+    used = sorted(set(ss))
+    if batch.pos is None:
+        nxt = {s: seq_pos_max(s) + 1 for s in used}
+        p = nxt[ss[0]]
+    else:
+        pa = batch.pos
+        if not isinstance(pa, np.ndarray) or pa.shape != (1,) or pa.dtype.kind not in "iu":
+            return None
+        p = int(pa[0])
+        if p < 0 or p > np.iinfo(np.int32).max:
+            return None
+        for s in used:
+            last = seq_pos_max(s)
+            if last >= 0 and p != last + 1:
+                return None  # the general path raises its error
+    if output_all:
+        output = _ONE_TRUE.copy()
+    elif batch.logits is None:
+        output = _ONE_TRUE.copy()
+    else:
+        lg = batch.logits
+        if isinstance(lg, list) and len(lg) == 1 and isinstance(lg[0], (bool, np.bool_)):
+            output = _ONE_TRUE.copy() if lg[0] else ~_ONE_TRUE
+        else:
+            return None
+    return AllocatedBatch(
+        np.array([t], dtype=np.int32),
+        None,
+        np.array([p], dtype=np.int32),
+        [ss],
+        np.array([ss[0]], dtype=np.int32),
+        np.array([sum(1 << s for s in set(ss))], dtype=np.uint64),
+        output,
+        (_ROW0 if output[0] else _NO_ROW).copy(),
+        None,
+    )
 
 
 def _check_mpos(batch: Batch, n: int, n_pos_per_embd: int) -> np.ndarray | None:

@@ -112,3 +112,56 @@ def test_invalid_mpos(mpos, kw, msg):
     kw.setdefault("n_pos_per_embd", 4)
     with pytest.raises(BatchError, match=msg):
         alloc(Batch(token=np.array([1, 2]), mpos=mpos), **kw)
+
+
+def _fields(ab):
+    return (
+        None if ab.token is None else (ab.token.dtype.str, ab.token.tolist()),
+        ab.embd,
+        (ab.pos.dtype.str, ab.pos.tolist()),
+        ab.seq_id,
+        (ab.seq_first.dtype.str, ab.seq_first.tolist()),
+        (ab.seq_bits.dtype.str, ab.seq_bits.tolist()),
+        (ab.output.dtype.str, ab.output.tolist()),
+        (ab.out_rows.dtype.str, ab.out_rows.tolist()),
+        ab.mpos,
+    )
+
+
+def _one_or_error(batch, cache_max, **kw):
+    try:
+        return _fields(alloc(batch, cache_max, **kw))
+    except BatchError as e:
+        return ("error", str(e))
+
+
+@pytest.mark.parametrize(
+    "batch, cache_max, kw",
+    [
+        (Batch.from_tokens([7]), {0: 4}, {}),
+        (Batch.from_tokens([7], pos0=5), {0: 4}, {}),
+        (Batch.from_tokens([7], pos0=0), {}, {"output_all": True}),
+        (Batch.from_tokens([7], pos0=3), {0: 4}, {}),  # does not continue the sequence
+        (Batch.from_tokens([7], pos0=-1), {}, {}),
+        (Batch.from_tokens([100]), {}, {}),
+        (Batch.from_tokens([-2]), {}, {}),
+        (Batch(token=np.array([3], np.uint16), pos=np.array([2], np.int64), seq_id=[[2, 0]], logits=[False]),
+         {0: 1, 2: 1}, {}),
+        (Batch(token=np.array([3]), seq_id=[[1, 3]]), {1: 6, 3: 2}, {}),
+        (Batch(token=np.array([3]), seq_id=[np.int64(2)], logits=np.array([True])), {}, {}),
+        (Batch(token=np.array([3]), seq_id=[[4]]), {}, {}),
+        (Batch(token=np.array([3]), seq_id=[[]]), {}, {}),
+        (Batch(token=np.array([3]), seq_id=[[0], [0]]), {}, {}),
+        (Batch(token=np.array([3]), logits=[True, False]), {}, {}),
+        (Batch(token=np.array([3.0])), {}, {}),
+        (Batch(token=np.array([3]), pos=np.array([1.0])), {}, {}),
+        (Batch(token=np.array([3]), pos=[2]), {0: 1}, {}),
+    ],
+)  # fmt: skip
+def test_one_token_fast_path_matches_general(monkeypatch, batch, cache_max, kw):
+    """A decode step's batch takes a short path in ``allocate``: same fields, dtypes and errors."""
+    import llamapy.batch as B
+
+    fast = _one_or_error(batch, cache_max, **kw)
+    monkeypatch.setattr(B, "_allocate_one_token", lambda *a: None)
+    assert fast == _one_or_error(batch, cache_max, **kw)
