@@ -5,11 +5,11 @@
 # pp512 and tg128, then tg64 at context depth 4096. Writes benchmarks/results/vs_llamacpp_avx2.md.
 #
 # Usage: benchmarks/compare_avx2.sh [threads] [rounds] [models...]
-#        benchmarks/compare_avx2.sh --quick|--full [vs_llamacpp.py options]: issue 25's rows, both tools
+#        benchmarks/compare_avx2.sh --quick|--mid|--full [vs_llamacpp.py options]: issue 25's rows, both tools
 #        limited to AVX2 (benchmarks/vs_llamacpp.py --avx2; --quick is ~10 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in --quick|--full) exec python3 benchmarks/vs_llamacpp.py --avx2 "$@" ;; esac
+case "${1:-}" in --quick|--mid|--full) exec python3 benchmarks/vs_llamacpp.py --avx2 "$@" ;; esac
 T="${1:-2}"
 R="${2:-2}"
 shift $(( $# > 2 ? 2 : $# )) || true

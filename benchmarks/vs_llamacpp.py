@@ -1,9 +1,9 @@
 """llamapy vs llama.cpp on the files people run (issue 25), both tools interleaved in one run, medians.
 
-    python benchmarks/vs_llamacpp.py --quick | --full [--avx2] [-t 2] [--rounds R] [--reps N] [--only LABEL,...]
+    python benchmarks/vs_llamacpp.py --quick | --mid | --full [--avx2] [-t 2] [--rounds R] [--reps N] [--only LABEL,...]
                                      [--depth-rounds N] [--hello-runs N] [--make-only] [--no-profile] [--out NAME]
 
-(``benchmarks/compare_llamacpp.sh --quick|--full`` and ``benchmarks/compare_avx2.sh --quick|--full`` call this.)
+(``benchmarks/compare_llamacpp.sh`` and ``benchmarks/compare_avx2.sh --quick|--mid|--full`` call this.)
 
 Files: the real SmolLM2-135M Q4_1 and Gemma 3 270M Q4_K_M (``~/.cache/llamapy/models``) and Qwen2.5-0.5B-Instruct
 Q4_K_M (``llamapy pull Qwen/Qwen2.5-0.5B-Instruct-GGUF:q4_k_m``; its shape's random-weight file when the Hub is
@@ -23,7 +23,7 @@ gives GB/s and the fraction of the bandwidth limit. After: ``llamapy bench --pro
 beforehand): Qwen2.5-0.5B (real or shaped) tg32; 1.5B-shaped Q4_K_M tg16 + pp64 (+ profile); SmolLM2 tg64 and
 ``run -p Hello -n 16``; 3 rounds. ``--smoke``: tg2 / pp8, one round: that every step works, not a measurement. ``--full``: everything above (hours on 2 cores; the 7B/8B files need ~16 GB of
 free disk each while made, skipped with a message otherwise).
-Writes ``benchmarks/results/<NAME>.md`` and ``.json`` (default ``vs_llamacpp_{quick,full}[_avx2]``).
+Writes ``benchmarks/results/<NAME>.md`` and ``.json`` (default ``vs_llamacpp_{quick,mid,full}[_avx2]``).
 """
 
 from __future__ import annotations
@@ -85,6 +85,15 @@ FULL = [
         for ft in ("Q4_K_M", "Q5_K_M", "Q8_0", "Q4_0")
     ],
     Item("Qwen3-30B-A3B-shaped (6 layers) Q4_K_M", "shaped:qwen3-30b-a3b-6l:Q4_K_M", _tg(32) + PP, profile=True),
+]  # fmt: skip
+#: ``--mid`` (~25 min on 2 cores once the files exist): --quick plus tg16 + pp64 of the 1.5B shape's other
+#: three mixes, the 3B shape's Q4_K_M and the MoE shape
+MID = [
+    *QUICK,
+    *[Item(f"Qwen2.5-1.5B-shaped {ft}", f"shaped:qwen2.5-1.5b:{ft}", [*_tg(16), (64, 0, 0)])
+      for ft in ("Q5_K_M", "Q8_0", "Q4_0")],
+    Item("Llama-3.2-3B-shaped Q4_K_M", "shaped:llama-3.2-3b:Q4_K_M", [*_tg(16), (64, 0, 0)]),
+    Item("Qwen3-30B-A3B-shaped (6 layers) Q4_K_M", "shaped:qwen3-30b-a3b-6l:Q4_K_M", [*_tg(16), (64, 0, 0)]),
 ]  # fmt: skip
 
 
@@ -271,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--quick", action="store_true")
     mode.add_argument("--full", action="store_true")
+    mode.add_argument("--mid", action="store_true")
     ap.add_argument(
         "--avx2", action="store_true", help="both tools limited to AVX2 + FMA (on an AVX-512 machine)"
     )
@@ -292,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="result name under benchmarks/results/ (no suffix)")
     a = ap.parse_args(argv)
     H.exit_on_sigterm()
-    items = QUICK if a.quick else FULL
+    items = QUICK if a.quick else MID if a.mid else FULL
     if a.only:
         keys = [k.strip().lower() for k in a.only.split(",") if k.strip()]
         items = [i for i in items if any(k in i.label.lower() for k in keys)]
@@ -315,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.make_only:
         log("files made and kernels compiled: " + ", ".join(f["path"] or "-" for f in data["files"].values()))
         return 0
-    name = a.out or f"vs_llamacpp_{'quick' if a.quick else 'full'}{'_avx2' if a.avx2 else ''}"
+    preset = "quick" if a.quick else "mid" if a.mid else "full"
+    name = a.out or f"vs_llamacpp_{preset}{'_avx2' if a.avx2 else ''}"
     cmd = "python benchmarks/vs_llamacpp.py " + " ".join(argv if argv is not None else sys.argv[1:])
     md = report(data, cmd)
     paths = H.write_results(name, md, data)
