@@ -20,11 +20,11 @@
 #              START_RUNS (start-up runs per round, default 3), BUSY=0 skips the busy-machine test.
 #
 # Issue 25's rows (real files, llama-quantize'd 1.5B-8B shapes, the MoE shape, pp64/pp512, depth, run -p
-# Hello, GB/s and the bandwidth fraction): benchmarks/compare_llamacpp.sh --quick|--full [vs_llamacpp.py
+# Hello, GB/s and the bandwidth fraction): benchmarks/compare_llamacpp.sh --quick|--mid|--full [vs_llamacpp.py
 # options] runs benchmarks/vs_llamacpp.py (see its docstring; --quick is ~10 minutes on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in --quick|--full) exec python3 benchmarks/vs_llamacpp.py "$@" ;; esac
+case "${1:-}" in --quick|--mid|--full) exec python3 benchmarks/vs_llamacpp.py "$@" ;; esac
 T="${1:-2}"
 R="${2:-2}"
 shift $(( $# > 2 ? 2 : $# )) || true
