@@ -1,0 +1,240 @@
+"""Q4_0 and Q4_1 weights repacked eight rows at a time, and their mat-vec kernels over the same 16-bit
+activations as ``q16_kernels`` (``hsimd.quantize_rows_q16``: 1/32767 of each 32-element block's largest
+value, not llama.cpp's 8 bits).
+
+The plain kernels (``q16_kernels``) keep one row's partial sums in eight lanes: per row and block of 32
+weights, one float scale computed and broadcast, and a horizontal sum per row at the end. Here eight
+rows sit side by side so that the eight 32-bit lanes are the eight rows, as llama.cpp's ``block_q4_0x8``
+and this package's ``q4k_x8``: per 32 bytes, 4 bytes of each row, read as 16 words (2 per row). One
+``and`` / shift picks a nibble of every word (4 fields: 4 vectors of 16 weights, 2 per row); the pair of
+16-bit activations those 2 weights multiply is broadcast to all eight rows (``vpbroadcastd`` from a
+copy of the activations permuted per block to that order), and one ``pmaddwd`` leaves each row's two
+products summed in its own 32-bit lane. The -8 of Q4_0 is not subtracted per weight: ``-8 * sum(a)`` of
+the activation block is added once per block to all eight rows. The eight rows' scales are one
+``vcvtph2ps``: floats appear once per block of 8 x 32 weights. About 9 vector operations per 32 weights
+(the plain kernel: ~11 plus its per-row scale and horizontal sums).
+
+One block of eight rows (``X8_BYTES[type]``): the rows' ``d`` (8 float16), for Q4_1 their ``m`` (8
+float16), then the 128 quant bytes as ``[chunk c][row r][4]``: bytes ``4c .. 4c + 3`` of row r's 16 (low
+nibbles: weights ``4c ..``, high nibbles: ``16 + 4c ..``). The same bytes as the plain rows, moved: no
+size change, and ``unpack_x8_rows`` moves them back bit for bit.
+
+Q8_0 is not repacked: its plain kernel already reads ~20 GB per CPU-second (the same form repacked
+measured 0-19 % faster per matrix, within this machine's noise; benchmarks/results/q40_repack.md).
+
+The integer sum per row and block is the plain kernel's (``sum((q - 8) * a)`` = ``sum(q * a) - 8 *
+sum(a)``, exact in 32 bits: at most 32 * 15 * 32767 < 2^24, so also exact as a float), so the results
+differ from ``q16_kernels`` only in the order of the float additions (here one conversion per block,
+there eight partial lanes per block).
+"""
+
+from __future__ import annotations
+
+from ... import _numba  # noqa: F401  (first: it sets NUMBA_CACHE_DIR before Numba is imported)
+
+# isort: split
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from ..._numba import njit, prange
+from .hsimd import H16, hmadd, quantize_rows_q16
+from .isimd import I32x8, itof, izero
+from .rowgroups import prefetch_bytes
+from .simd import _is_bytes, _ptr, vfma, vmul, vsplat, vstore, vzero
+from .x8simd import xh8
+
+#: bytes of one block of eight rows, per type; the plain block's bytes; its quant bytes' offset
+X8_BYTES = {"Q4_0": 144, "Q4_1": 160}
+SRC_BYTES = {"Q4_0": 18, "Q4_1": 20}
+#: (bytes of halves at the start of a plain block: d, or d and m; quant bytes per block)
+LAYOUT = {"Q4_0": (2, 16), "Q4_1": (4, 16)}
+#: groups of eight rows ahead to prefetch (into L2)
+X8_PREFETCH_GROUPS = 2
+
+_I16 = ir.IntType(16)
+_I32 = ir.IntType(32)
+_V16W = ir.VectorType(_I16, 16)
+_V8D = ir.VectorType(_I32, 8)
+
+
+@intrinsic
+def pbcast(typingctx, arr, idx):  # type: ignore[no-untyped-def]
+    """The two int16 at element ``idx`` of an int16 array, repeated 8 times (``vpbroadcastd``)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int16 and isinstance(idx, types.Integer)):
+        return None
+
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _I32), align=2)
+        vec = builder.insert_element(ir.Constant(_V8D, None), v, ir.Constant(_I32, 0))
+        vec = builder.shuffle_vector(vec, ir.Constant(_V8D, None), ir.Constant(_V8D, [0] * 8))
+        return builder.bitcast(vec, _V16W)
+
+    return H16(arr, idx), cg
+
+
+@intrinsic
+def iadd_splat(typingctx, acc, v):  # type: ignore[no-untyped-def]
+    """acc + v in every lane (``v`` an integer that fits 32 bits)."""
+    if acc != I32x8 or not isinstance(v, types.Integer):
+        return None
+
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        s = context.cast(builder, args[1], sig.args[1], types.int32)
+        vec = builder.insert_element(ir.Constant(_V8D, None), s, ir.Constant(_I32, 0))
+        vec = builder.shuffle_vector(vec, ir.Constant(_V8D, None), ir.Constant(_V8D, [0] * 8))
+        return builder.add(args[0], vec)
+
+    return I32x8(acc, v), cg
+
+
+# -- repacking ----------------------------------------------------------------------------------------
+@njit(cache=True)
+def repack_x8(A, R, sbytes, hbytes, qbytes):
+    """Plain rows ``A`` (uint8[N, nb * sbytes], N a multiple of 8) into ``R`` (uint8[N // 8, nb * x8]):
+    ``hbytes`` bytes of halves then ``qbytes`` quant bytes per plain block (``LAYOUT``)."""
+    N, rb = A.shape
+    nb = rb // sbytes
+    xb = 8 * (hbytes + qbytes)
+    for grp in range(N // 8):
+        for b in range(nb):
+            s0, t0 = b * sbytes, b * xb
+            for r in range(8):
+                row = grp * 8 + r
+                for h in range(hbytes):
+                    R[grp, t0 + 16 * (h // 2) + 2 * r + (h & 1)] = A[row, s0 + h]
+                q0, d0 = s0 + hbytes, t0 + 8 * hbytes + 4 * r
+                for k in range(qbytes):
+                    R[grp, d0 + 32 * (k // 4) + (k & 3)] = A[row, q0 + k]
+
+
+@njit(parallel=True, cache=True)
+def unpack_x8_rows(R, r0, r1, dst, sbytes, hbytes, qbytes):
+    """Rows ``r0`` .. ``r1`` of a repacked weight back in plain bytes (``dst``: uint8[r1 - r0, nb *
+    sbytes]), bit for bit the rows ``repack_x8`` was given."""
+    xb = 8 * (hbytes + qbytes)
+    nb = R.shape[1] // xb
+    g0 = r0 // 8
+    for gi in prange((r1 + 7) // 8 - g0):
+        g8 = g0 + gi
+        for b in range(nb):
+            s0, t0 = b * sbytes, b * xb
+            for r in range(max(0, r0 - g8 * 8), min(8, r1 - g8 * 8)):
+                i = g8 * 8 + r - r0
+                for h in range(hbytes):
+                    dst[i, s0 + h] = R[g8, t0 + 16 * (h // 2) + 2 * r + (h & 1)]
+                q0, d0 = s0 + hbytes, t0 + 8 * hbytes + 4 * r
+                for k in range(qbytes):
+                    dst[i, q0 + k] = R[g8, d0 + 32 * (k // 4) + (k & 3)]
+
+
+@intrinsic
+def wnib(typingctx, arr, idx, e):  # type: ignore[no-untyped-def]
+    """Field ``e`` (a constant 0..3) of the 16 words at byte ``idx``: bits ``4e .. 4e + 3`` of each, 0..15."""
+    if not (_is_bytes(arr) and isinstance(idx, types.Integer) and isinstance(e, types.IntegerLiteral)):
+        return None
+    k = e.literal_value
+    if not 0 <= k < 4:
+        return None
+
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _V16W), align=1)
+        if k:
+            v = builder.lshr(v, ir.Constant(_V16W, [4 * k] * 16))
+        return v if k == 3 else builder.and_(v, ir.Constant(_V16W, [15] * 16))
+
+    return H16(arr, idx, e), cg
+
+
+# -- one block of eight rows per type -------------------------------------------------------------------
+# The quants of a block, per 4-byte chunk c of 8 rows (32 bytes), read as 16 words (2 per row): ``e``
+# picks a field of each word, and the pair of activations those two fields multiply sits at ``8c + 2e``
+# of the block's permuted activations (``_src_q4``: the element of the block that permuted element ``p`` is).
+@njit(inline="always")
+def _src_q4(p):
+    c, e, j = p >> 3, (p >> 1) & 3, p & 1
+    return 16 * (e & 1) + 4 * c + (e >> 1) + 2 * j
+
+
+# ``blk(acc, w, t, xpm, x0, d, xsum, cor) -> acc``: ``w`` the group's bytes, ``t`` the block's offset,
+# ``xpm`` the permuted 16-bit activations, ``x0`` the block's first element, ``d`` their scale, ``xsum`` d
+# times their sum, ``cor`` -8 times their sum (an integer).
+@njit(inline="always")
+def _q4_sum(w, q, xpm, x0):
+    s = izero()
+    for c in range(4):
+        qc, xc = q + 32 * c, x0 + 8 * c
+        s = hmadd(s, wnib(w, qc, 0), pbcast(xpm, xc))
+        s = hmadd(s, wnib(w, qc, 1), pbcast(xpm, xc + 2))
+        s = hmadd(s, wnib(w, qc, 2), pbcast(xpm, xc + 4))
+        s = hmadd(s, wnib(w, qc, 3), pbcast(xpm, xc + 6))
+    return s
+
+
+@njit(inline="always")
+def _blk_q4_0(acc, w, t, xpm, x0, d, xsum, cor):
+    s = iadd_splat(_q4_sum(w, t + 16, xpm, x0), cor)
+    return vfma(acc, vmul(xh8(w, t), vsplat(d)), itof(s))
+
+
+@njit(inline="always")
+def _blk_q4_1(acc, w, t, xpm, x0, d, xsum, cor):
+    acc = vfma(acc, vmul(xh8(w, t), vsplat(d)), itof(_q4_sum(w, t + 32, xpm, x0)))
+    return vfma(acc, xh8(w, t + 16), vsplat(xsum))
+
+
+# -- the loop -----------------------------------------------------------------------------------------------
+@njit(inline="always")
+def _mm_x8(R, x, out, blk, src, xbytes):
+    G, gb = R.shape
+    nb = gb // xbytes
+    M = x.shape[0]
+    Rf = R.reshape(-1)
+    total = G * gb
+    xq = np.empty((M, nb * 32), np.int16)
+    xd = np.empty((M, nb), np.float32)
+    xs = np.empty((M, nb), np.float32)
+    ok = quantize_rows_q16(x, xq, xd, xs)
+    xp = np.empty((M, nb * 32), np.int16)
+    cor = np.empty((M, nb), np.int32)
+    for m in range(M):
+        for b in range(nb):
+            t = 0
+            for p in range(32):
+                xp[m, b * 32 + p] = xq[m, b * 32 + src(p)]
+                t += np.int32(xq[m, b * 32 + p])
+            cor[m, b] = -8 * t
+    for grp in prange(G):
+        w = R[grp]
+        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        for m in range(M):
+            xpm = xp[m]
+            acc = vzero()
+            for b in range(nb):
+                t = b * xbytes
+                if m == 0:
+                    prefetch_bytes(Rf, pf + t, xbytes, total)
+                acc = blk(acc, w, t, xpm, b * 32, xd[m, b], xs[m, b], cor[m, b])
+            vstore(out[m], grp * 8, acc)
+    for m in range(M):
+        if not ok[m]:
+            for r in range(out.shape[1]):
+                out[m, r] = np.nan
+
+
+@njit(parallel=True, cache=True)
+def mm_q4_0_x8(R, x, out, f16):
+    """out[m, :] = W @ (the 16-bit quantized x[m]) for the repacked Q4_0 weight ``R`` (uint8[N // 8,
+    nb * 144]); ``f16`` is unused (the halves convert in-register), kept for the ``MATVEC`` call shape."""
+    _mm_x8(R, x, out, _blk_q4_0, _src_q4, 144)
+
+
+@njit(parallel=True, cache=True)
+def mm_q4_1_x8(R, x, out, f16):
+    """As ``mm_q4_0_x8`` for Q4_1 (uint8[N // 8, nb * 160])."""
+    _mm_x8(R, x, out, _blk_q4_1, _src_q4, 160)
+
+
+#: the kernel of each type
+KERNELS = {"Q4_0": mm_q4_0_x8, "Q4_1": mm_q4_1_x8}

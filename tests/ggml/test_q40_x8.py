@@ -1,0 +1,166 @@
+"""Q4_0 (and Q4_1) weights repacked eight rows at a time (``q40_x8``): the layout round-trips bit for bit,
+the 8-row kernel gives the plain 16-bit-activation kernel's result (``q16_kernels``) up to float
+summation order and ``W @ (x quantized to 16 bits)`` in float64, bit for bit where every float step is
+exact, non-finite activation rows give NaN rows, and ``mul_mat`` steps (8-row kernel, dequantized tiles)
+on a memory-mapped weight agree with the plain path; weights it must not repack fall back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llamapy.ggml import GGMLType as T
+from llamapy.ggml import ops
+from llamapy.ggml.cpu import matmul_kernels as mk
+from llamapy.ggml.cpu import q16_kernels as qk
+from llamapy.ggml.cpu import q40_x8
+from llamapy.ggml.cpu.backend import CPUBackend, matvec_max_rows
+from llamapy.ggml.cpu.hsimd import quantize_rows_q16
+from llamapy.ggml.cpu.q40_x8_kernels import mm_q4_0_x8, mm_q4_1_x8
+from llamapy.ggml.quants import dequantize, quantize
+from llamapy.ggml.tensor import Tensor
+
+F16 = mk.F16_TABLE
+KERN = {T.Q4_0: (mm_q4_0_x8, qk.mm16_q4_0), T.Q4_1: (mm_q4_1_x8, qk.mm16_q4_1)}
+BLOCK = {T.Q4_0: 18, T.Q4_1: 20}
+
+
+def weights(t: T, rows: int, K: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((rows, K)).astype(np.float32) * rng.uniform(0.1, 3, (rows, 1)).astype(np.float32)
+    return np.asarray(quantize(w, t)).reshape(rows, -1)
+
+
+def random_bytes(t: T, rows: int, K: int, seed: int) -> np.ndarray:
+    """Every bit random except the halves (finite): all nibble values in every position."""
+    rng = np.random.default_rng(seed)
+    nh = 2 if t == T.Q4_0 else 4
+    raw = rng.integers(0, 256, (rows, K // 32, BLOCK[t]), dtype=np.uint8)
+    raw[:, :, :nh] = rng.uniform(-2, 2, (rows, K // 32, nh // 2)).astype("<f2").view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def q16(x: np.ndarray) -> np.ndarray:
+    """x as the kernels see it: quantized to 16 bits per 32 elements, in float64."""
+    M, K = x.shape
+    xq = np.empty((M, K), np.int16)
+    xd = np.empty((M, K // 32), np.float32)
+    xs = np.empty((M, K // 32), np.float32)
+    quantize_rows_q16(x, xq, xd, xs)
+    return (xq.reshape(M, -1, 32).astype(np.float64) * xd[:, :, None]).reshape(M, K)
+
+
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1])
+@pytest.mark.parametrize("K", [32, 96, 1536])
+def test_repack_round_trips_bit_for_bit(t, K):
+    raw = random_bytes(t, 24, K, K)
+    R = q40_x8.repack(raw, t)
+    assert R.shape == (3, raw.shape[1] * 8)  # the same bytes, moved
+    back = np.zeros_like(raw)
+    q40_x8.unpack_rows(R, 0, 24, back, t)
+    np.testing.assert_array_equal(back, raw)
+    part = np.zeros((7, raw.shape[1]), np.uint8)
+    q40_x8.unpack_rows(R, 5, 12, part, t)  # rows across a group boundary
+    np.testing.assert_array_equal(part, raw[5:12])
+
+
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1])
+@pytest.mark.parametrize(("N", "K"), [(8, 32), (24, 96), (64, 1536), (40, 2816)])
+def test_x8_kernel_matches_plain_kernel_and_float64(t, N, K):
+    raw = random_bytes(t, N, K, N + K) if N == 24 else weights(t, N, K, N + K)
+    x = np.random.default_rng(1).standard_normal((3, K)).astype(np.float32)
+    x8, plain_kern = KERN[t]
+    plain = np.zeros((3, N), np.float32)
+    plain_kern(raw, x, plain, F16)
+    out = np.zeros((3, N), np.float32)
+    x8(q40_x8.repack(raw, t), x, out, F16)
+    np.testing.assert_allclose(out, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
+    ref = q16(x) @ dequantize(raw, t).astype(np.float64).T
+    assert float(((out - ref) ** 2).sum() / (ref**2).sum()) < 1e-12
+
+
+def test_x8_kernel_integer_sums_are_exact():
+    """Scales powers of two and activations that 16-bit quantization keeps as integers (each block's
+    largest is 32767: scale 1): every float step is exact, so the result must equal the integer dot
+    product bit for bit (the nibble order, the -8 folded into the activation sums)."""
+    rng = np.random.default_rng(9)
+    rows, K = 16, 256
+    raw = random_bytes(T.Q4_0, rows, K, 4).reshape(rows, K // 32, 18)
+    d = (np.float16(2.0) ** rng.integers(-4, -2, (rows, K // 32, 1))).astype("<f2")
+    raw[:, :, 0:2] = d.view(np.uint8)
+    raw = raw.reshape(rows, -1)
+    x = rng.integers(-5, 6, (2, K)).astype(np.float32)
+    x[0, ::32] = 32767.0
+    x[1, 5::32] = -32767.0
+    expect = (x.astype(np.float64) @ dequantize(raw, T.Q4_0).astype(np.float64).T).astype(np.float32)
+    out = np.zeros((2, rows), np.float32)
+    mm_q4_0_x8(q40_x8.repack(raw), x, out, F16)
+    np.testing.assert_array_equal(out, expect)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_x8_kernel_nonfinite_activation_rows_give_nan(bad):
+    raw = weights(T.Q4_0, 16, 512, 2)
+    x = np.random.default_rng(3).standard_normal((3, 512)).astype(np.float32)
+    x[1, 300] = bad
+    out = np.zeros((3, 16), np.float32)
+    mm_q4_0_x8(q40_x8.repack(raw), x, out, F16)
+    assert np.isfinite(out[[0, 2]]).all()
+    assert np.isnan(out[1]).all()
+
+
+@pytest.fixture
+def mapped(tmp_path: Path):
+    """(raw, mapped view of the same bytes) for a 48 x 1536 Q4_0 weight in a file, at a page offset."""
+    raw = weights(T.Q4_0, 48, 1536, 5)
+    p = tmp_path / "w.bin"
+    p.write_bytes(b"\0" * 4096 + raw.tobytes())
+    mm = np.memmap(p, mode="r", dtype=np.uint8)
+    return raw, mm[4096:].reshape(raw.shape)
+
+
+def weight_tensor(shape: tuple[int, int]) -> Tensor:
+    return ops.weight(
+        "blk.0.ffn_up.weight", T.Q4_0, shape, np.zeros((shape[0], shape[1] // 32 * 18), np.uint8)
+    )
+
+
+@pytest.mark.parametrize("M", [1, 5, 40])
+def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(mapped, M):
+    raw, view = mapped
+    a = weight_tensor((48, 1536))
+    be = CPUBackend(n_threads=2)
+    x = np.random.default_rng(M).standard_normal((M, 1536)).astype(np.float32)
+    out = np.full((M, 48), -1.0, np.float32)
+    step = q40_x8.mul_mat_step(be, a, view, x, out, None)
+    assert step is not None
+    step()
+    if M <= matvec_max_rows("Q4_0"):  # the 8-row kernel: the plain kernel's integer sums
+        plain = np.zeros((M, 48), np.float32)
+        qk.mm16_q4_0(raw, x, plain, F16)
+        np.testing.assert_allclose(out, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
+    else:  # dequantized tiles (unpacked from the repacked rows) + sgemm
+        ref = x.astype(np.float64) @ dequantize(raw, T.Q4_0).astype(np.float64).T
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    assert q40_x8.mul_mat_step(be, a, view, x, out, None) is not None  # cached: no second repack
+    assert q40_x8._cache[a][1] is q40_x8._repacked(a, view, False)
+
+
+def test_weights_it_must_not_repack_fall_back(mapped, monkeypatch):
+    raw, view = mapped
+    be = CPUBackend(n_threads=1)
+    x = np.ones((1, 1536), np.float32)
+    out = np.zeros((1, 48), np.float32)
+    a = weight_tensor((48, 1536))
+    assert q40_x8.mul_mat_step(be, a, raw, x, out, None) is None  # in memory, not a mapped file
+    assert q40_x8.mul_mat_step(be, a, raw, x, out, None, any_memory=True) is not None
+    odd = weight_tensor((44, 1536))
+    assert q40_x8.mul_mat_step(be, odd, view[:44], x, out[:, :44], None) is None  # 44 % 8
+    view_t = Tensor(T.Q4_0, (48, 1536), "view", name="a view")
+    assert q40_x8.mul_mat_step(be, view_t, raw, x, out, None, any_memory=True) is None  # not a leaf
+    q41 = ops.weight("w41", T.Q4_1, (48, 1536), np.zeros((48, 1536 // 32 * 20), np.uint8))
+    assert q40_x8.mul_mat_step(be, q41, view, x, out, None, any_memory=True) is None  # not in TYPES
+    monkeypatch.setattr(q40_x8, "ENABLED", False)
+    assert q40_x8.mul_mat_step(be, weight_tensor((48, 1536)), view, x, out, None) is None
