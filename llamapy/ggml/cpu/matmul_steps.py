@@ -141,6 +141,12 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         step_x8 = q5k_x8_step(be, a, A, x, out2, pre)
         if step_x8 is not None:
             return step_x8
+    if a.type == GGMLType.Q4_0:  # the same for Q4_0 (q40_x8)
+        from .q40_x8 import mul_mat_step as q40_x8_step
+
+        step_x8 = q40_x8_step(be, a, A, x, out2, pre)
+        if step_x8 is not None:
+            return step_x8
     if name in mk.MATVEC and M <= matvec_max_rows(name, MATVEC_MAX_TOKENS) and A.flags.c_contiguous:
         kern = mk.matvec_kernel(name, M)
         if M == 1 and prefetch_into_l1(A):
