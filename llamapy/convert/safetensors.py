@@ -6,6 +6,7 @@ unsigned bits with :attr:`SafeTensor.dtype` naming the type), so reading a model
 memory twice. The file layout is the one the ``safetensors`` package writes: an 8-byte little-endian
 header length, a JSON header (``dtype``, ``shape``, ``data_offsets`` per name), then the data; every
 offset is checked against the file size, so a truncated shard is an error naming the file.
+:func:`open_checkpoint` falls back on PyTorch ``.bin`` shards (``torch_bin.py``) when there are none.
 """
 
 from __future__ import annotations
@@ -139,30 +140,52 @@ class SafetensorsFile:
             self._mm = None
 
 
+def _weight_map(index: Path) -> dict[str, str]:
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConvertError(f"{index.name}: cannot read its weight_map") from None
+    return weight_map
+
+
 def open_checkpoint(d: Path) -> tuple[dict[str, SafeTensor], list[SafetensorsFile]]:
     """Every tensor of the checkpoint in ``d``, in llama.cpp's order (shards sorted by name, then names
-    sorted within a shard). A shard named in the index but missing, or a tensor of the index absent
-    from the shards, is an error."""
+    sorted within a safetensors shard, or in the state dict's order within a PyTorch ``.bin`` shard,
+    read when there are no safetensors, as llama.cpp's converter does). A shard named in the index
+    but missing, or a tensor of the index absent from the shards, is an error."""
     index = d / "model.safetensors.index.json"
     weight_map: dict[str, str] = {}
+    parts = sorted(p.name for p in d.glob("model*.safetensors"))
+    is_bin = False
+    if not parts and not index.is_file():
+        is_bin = True
+        index = d / "pytorch_model.bin.index.json"
+        parts = sorted(p.name for p in d.glob("pytorch_model*.bin"))
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise TypeError
-        except (OSError, ValueError, KeyError, TypeError):
-            raise ConvertError(f"{index.name}: cannot read its weight_map") from None
+        weight_map = _weight_map(index)
         parts = sorted(set(weight_map.values()))
         missing = [p for p in parts if not (d / p).is_file()]
         if missing:
             raise ConvertError(f"missing model shard(s) {', '.join(missing)} (listed in {index.name})")
-    else:
-        parts = sorted(p.name for p in d.glob("model*.safetensors"))
-        if not parts:
-            parts = sorted(p.name for p in d.glob("*.safetensors") if not p.name.startswith("adapter_"))
+    elif not parts:
+        parts = sorted(p.name for p in d.glob("*.safetensors") if not p.name.startswith("adapter_"))
+        is_bin = not parts
     if not parts:
-        raise ConvertError(f"{d}: no *.safetensors weights (PyTorch .bin checkpoints are not supported)")
-    files = [SafetensorsFile(d / p) for p in parts]
+        raise ConvertError(f"{d}: no model weights (*.safetensors or pytorch_model*.bin)")
+    files: list[SafetensorsFile] = []
+    try:
+        if is_bin:
+            from .torch_bin import TorchBinFile
+
+            files += [TorchBinFile(d / p) for p in parts]  # type: ignore[misc]
+        else:
+            files += [SafetensorsFile(d / p) for p in parts]
+    except ConvertError:
+        for f in files:
+            f.close()
+        raise
     tensors: dict[str, SafeTensor] = {}
     for f in files:
         tensors.update(f.tensors)
