@@ -73,12 +73,19 @@ def _release(A: np.ndarray, mm: mmap.mmap) -> None:
 
 
 def repack(A: np.ndarray) -> np.ndarray:
-    """The repacked copy of the Q4_K rows ``A`` (uint8[N, row bytes], N a multiple of 8)."""
+    """The repacked copy of the Q4_K rows ``A`` (uint8[N, row bytes], N a multiple of 8), or of each
+    expert's rows of ``A`` uint8[E, N, row bytes] (-> uint8[E, N // 8, ...]: ``moe_x8``)."""
     from .q4k_x8_kernels import X8_BYTES, repack_x8
 
-    N, rb = A.shape
-    R = _anonymous(N // 8 * (rb // 144 * X8_BYTES)).reshape(N // 8, rb // 144 * X8_BYTES)
-    repack_x8(A, R)
+    N, rb = A.shape[-2:]
+    lead = A.shape[:-2]
+    gb = rb // 144 * X8_BYTES
+    R = _anonymous(int(np.prod(lead, dtype=np.int64)) * (N // 8) * gb).reshape(*lead, N // 8, gb)
+    if A.ndim == 2:
+        repack_x8(A, R)
+    else:
+        for e in range(A.shape[0]):
+            repack_x8(A[e], R[e])
     return R
 
 
@@ -98,19 +105,22 @@ def _anonymous(nbytes: int) -> np.ndarray:
     return np.frombuffer(m, np.uint8, count=nbytes)
 
 
-def _repacked(a: Tensor, A: np.ndarray, any_memory: bool) -> np.ndarray | None:
-    if not ENABLED or a.type != GGMLType.Q4_K or A.ndim != 2 or A.dtype != np.uint8:
+def _repacked(a: Tensor, A: np.ndarray, any_memory: bool, enabled: bool | None = None) -> np.ndarray | None:
+    """The cached repacked copy of the weight ``a`` (bytes ``A``: 2-D, or 3-D experts), made on first use;
+    None where it is not repacked. ``enabled``: the switch to obey (default: ``ENABLED``)."""
+    enabled = ENABLED if enabled is None else enabled
+    if not enabled or a.type != GGMLType.Q4_K or A.ndim not in (2, 3) or A.dtype != np.uint8:
         return None
     if a.op != "weight":  # a view or a computed tensor: a new Tensor per graph, so no cache by tensor
         return None
-    if A.shape[0] % 8 or A.shape[0] == 0 or not A.flags.c_contiguous:
+    if A.shape[-2] % 8 or A.size == 0 or not A.flags.c_contiguous:
         return None
     mm = mapped_source(A)
     if mm is None and not any_memory:
         return None
     with _lock:
         hit = _cache.get(a)
-        if hit is not None and hit[0] == A.ctypes.data:
+        if hit is not None and hit[0] == A.ctypes.data and hit[1].ndim == A.ndim:
             return hit[1]
         R = repack(A)
         _cache[a] = (A.ctypes.data, R)

@@ -1,0 +1,95 @@
+"""``mul_mat_id`` on Q4_K experts repacked eight rows at a time (``moe_x8_kernels``).
+
+A 3-D Q4_K experts weight (``uint8[E, N, row bytes]``, N a multiple of 8) that is a view of a memory-mapped
+model file is repacked once per expert, the first time a ``mul_mat_id`` step is compiled for it, by
+``q4k_x8`` (same layout, cache, transparent huge pages, and ``madvise(MADV_DONTNEED)`` of the mapped source
+pages, so resident memory grows only by the decoded scales: +2.8 %). Every batch then runs the fused
+8-row kernel for the experts with up to ``matvec_max_rows("Q4_K")`` pairs (the plain kernels' switch
+point: activations rounded to Q8_K exactly where they were); an expert with more pairs (long prompts) is
+unpacked back to plain Q4_K a tile of rows at a time (``unpack_x8_rows``, bit for bit) for dequantize +
+sgemm, never read from the released source.
+
+``LLAMAPY_MOE_X8=0`` in the environment, or ``ENABLED = False`` here, turns it off (for A/B); it is
+independent of ``LLAMAPY_Q4K_X8`` (the 2-D weights).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..tensor import Tensor
+from ..types import GGMLType
+
+__all__ = ["ENABLED", "mul_mat_id_step"]
+
+#: repack Q4_K experts for the 8-row fused kernel (``LLAMAPY_MOE_X8=0``: no)
+ENABLED = os.environ.get("LLAMAPY_MOE_X8", "1") not in ("0", "false", "no", "off")
+
+
+def mul_mat_id_step(
+    be: Any,
+    a: Tensor,
+    A: np.ndarray,
+    B: np.ndarray,
+    ids: np.ndarray,
+    out: np.ndarray,
+    bad_id: Callable[[int], Exception],
+    any_memory: bool = False,
+) -> Callable[[], None] | None:
+    """The ``mul_mat_id`` step for the experts ``a`` (bytes ``A``) with activations ``B`` ([T, 1 or U,
+    K]), expert ids ``ids`` ([T, U]) into ``out`` ([T, U, N], C-contiguous) on the repacked layout, or
+    None where the experts are not repacked (not Q4_K, N not a multiple of 8, not a mapped file unless
+    ``any_memory``, switched off). ``bad_id(e)``: the error raised for an expert id out of range."""
+    if not ENABLED or a.type != GGMLType.Q4_K or A.ndim != 3 or not out.flags.c_contiguous:
+        return None
+    from .q4k_x8 import _repacked
+
+    R = _repacked(a, A, any_memory, enabled=True)
+    if R is None:
+        return None
+    from ..quants import dequantize_rows_into
+    from .backend import MATVEC_MAX_TOKENS, TILE_FLOATS, _threads, matvec_max_rows
+    from .blas import gemm_nt
+    from .moe_x8_kernels import moe_q4_k_x8
+    from .q4k_x8_kernels import unpack_x8_rows
+
+    be.need(moe_q4_k_x8, unpack_x8_rows)
+    E, N, rb = A.shape
+    K = a.shape[-1]
+    max_rows = matvec_max_rows("Q4_K", MATVEC_MAX_TOKENS)
+    out2 = out.reshape(-1, N)
+    direct = B.dtype == np.float32 and B.flags.c_contiguous
+    threads = _threads(be)
+    tile = max(16, min(N, TILE_FLOATS // max(K, 1)))
+
+    def tiles(e: int, sel: np.ndarray) -> None:
+        """Expert ``e``'s pairs ``sel`` (flat t * U + u): tiles of rows unpacked + dequantized, sgemm."""
+        U = ids.shape[1]
+        t_idx, u_idx = sel // U, sel % U
+        x = np.ascontiguousarray(B[t_idx, u_idx if B.shape[1] > 1 else 0], dtype=np.float32)
+        y = np.empty((x.shape[0], N), np.float32)
+        for r0 in range(0, N, tile):
+            n = min(tile, N - r0)
+            q = be.scratch("moe_x8_q", (n, rb), np.uint8)
+            W = be.scratch("mm_tile", (n, K))
+            unpack_x8_rows(R[e], r0, r0 + n, q)
+            dequantize_rows_into(q, GGMLType.Q4_K, W)
+            gemm_nt(x, W, y[:, r0 : r0 + n], threads)
+        out[t_idx, u_idx] = y
+
+    def step_x8() -> None:
+        x = B if direct else np.ascontiguousarray(B, dtype=np.float32)
+        bad = moe_q4_k_x8(R, x, ids, out2, max_rows)
+        if bad >= 0:
+            raise bad_id(ids.reshape(-1)[bad])
+        if ids.size > max_rows:  # experts with more pairs than the kernel takes
+            flat = ids.reshape(-1)
+            counts = np.bincount(flat, minlength=E)
+            for e in np.flatnonzero(counts > max_rows):
+                tiles(int(e), np.flatnonzero(flat == e))
+
+    return step_x8
