@@ -120,20 +120,30 @@ def unpack_x8_rows(R, r0, r1, dst):
 
 
 @njit(inline="always")
+def _x8_chunk(isum, w, t, xq, x0, c):
+    """``isum`` plus the scaled sums of chunk ``c`` (sub-blocks 2c, 2c + 1) of one super-block of eight
+    rows. Called with ``c`` a constant (the four calls written out): the fifth-bit shifts are then
+    immediates (a loop over ``c`` that LLVM keeps rolled shifts by a register and spills)."""
+    for h in range(2):  # 4 groups per 16-bit sum (at most 8 x 31 x 127 per lane)
+        slo = xzero16()
+        shi = xzero16()
+        for g in range(4 * h, 4 * h + 4):
+            q, qh = t + X8_QS + 256 * c + 32 * g, t + X8_QH + 32 * g
+            xo = x0 + 64 * c + 4 * g
+            slo = xadd16(slo, xmaddubs(bq5(w, q, False, qh, 2 * c), xbcast4(xq, xo)))
+            shi = xadd16(shi, xmaddubs(bq5(w, q, True, qh, 2 * c + 1), xbcast4(xq, xo + 32)))
+        isum = xscale(isum, slo, w, t + X8_SC + 16 * c)
+        isum = xscale(isum, shi, w, t + X8_SC + 16 * c + 8)
+    return isum
+
+
+@njit(inline="always")
 def _x8_block(w, t, xq, x0, b32, bb):
     """The integer sums of one super-block (at ``t``) of eight rows: (scaled quant sums, min sums)."""
-    isum = izero()
-    for c in range(4):
-        for h in range(2):  # 4 groups per 16-bit sum (at most 8 x 31 x 127 per lane)
-            slo = xzero16()
-            shi = xzero16()
-            for g in range(4 * h, 4 * h + 4):
-                q, qh = t + X8_QS + 256 * c + 32 * g, t + X8_QH + 32 * g
-                xo = x0 + 64 * c + 4 * g
-                slo = xadd16(slo, xmaddubs(bq5(w, q, False, qh, 2 * c), xbcast4(xq, xo)))
-                shi = xadd16(shi, xmaddubs(bq5(w, q, True, qh, 2 * c + 1), xbcast4(xq, xo + 32)))
-            isum = xscale(isum, slo, w, t + X8_SC + 16 * c)
-            isum = xscale(isum, shi, w, t + X8_SC + 16 * c + 8)
+    isum = _x8_chunk(izero(), w, t, xq, x0, 0)
+    isum = _x8_chunk(isum, w, t, xq, x0, 1)
+    isum = _x8_chunk(isum, w, t, xq, x0, 2)
+    isum = _x8_chunk(isum, w, t, xq, x0, 3)
     msum = izero()
     for p in range(4):
         lo = b32[bb + 2 * p] & 0xFFFF
