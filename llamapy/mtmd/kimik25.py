@@ -12,11 +12,15 @@ frequencies, base 10000; llama.cpp's converter permutes q/k from the model's int
 ``lfm2._unshuffle``); LayerNorm ``mm.input_norm`` over each patch's ``E`` values (eps ``clip.vision.attention.
 layer_norm_epsilon``); ``mm.1`` -> GELU (ggml's, tanh; HF's projector uses the erf one) -> ``mm.2``.
 
-Preprocessing is llama.cpp's ``mtmd_image_preprocessor_dyn_size``: sides multiples of ``patch_size * scale_factor``
-keeping the aspect ratio (``qwen2vl.smart_resize``) within ``clip.vision.image_min_pixels`` ..
-``image_max_pixels`` (default 2 .. 4096 merged tokens), bicubic, fitted and centred on black. Tokens:
-``<|media_begin|>`` ... ``<|media_end|>`` (``<|begin_of_image|>`` ... ``<|end_of_image|>`` when the vocabulary has
-them: GLM-5.2-V reuses this tower). HF's image processor needs torchvision and is not compared.
+Preprocessing is Hugging Face's ``Kimi_K25ImageProcessor`` (``navit_resize``): scaled by ``min(1, sqrt(max_patches
+/ patches), 512 * p / h, 512 * p / w)`` with ``patches = max(1, h // p) * max(1, w // p)`` (sides ``max(1, int(side *
+scale))``, never upscaled; Pillow bicubic, which torchvision's antialiased bicubic ports: within a few levels of 255
+on downscales), then padded with black on the right and at the bottom to multiples of ``patch_size *
+scale_factor``. ``max_patches`` is ``image_max_tokens * scale_factor**2``: 16384 by default (HF's), or from
+``clip.vision.image_max_pixels``. llama.cpp instead resizes every image to sides multiples of ``p * k`` between 2
+and 4096 tokens (``mtmd_image_preprocessor_dyn_size``, bicubic, centred on black). Tokens: ``<|media_begin|>``
+... ``<|media_end|>`` (``<|begin_of_image|>`` ... ``<|end_of_image|>`` when the vocabulary has them: GLM-5.2-V
+reuses this tower).
 """
 
 from __future__ import annotations
@@ -32,28 +36,50 @@ from ..ggml.tensor import Tensor
 from ..ggml.types import GGMLType
 from .clip import ClipHParams, Projector, register_projector
 from .errors import MtmdError
-from .image import Bitmap
+from .image import Bitmap, _normalize, _resize
 from .lfm2 import _unshuffle
 from .llama4 import rope_2d
-from .qwen2vl import preprocess_dynamic
 from .siglip import _act, _linear, _norm, patch_embed
 
 if TYPE_CHECKING:
     from ..model.blocks import TensorLoader
     from .clip import ClipModel
 
-__all__ = ["KIMIK25", "bicubic_matrix", "build_moonvit", "load_moonvit", "merge_factor", "preprocess"]
+__all__ = [
+    "KIMIK25",
+    "bicubic_matrix",
+    "build_moonvit",
+    "load_moonvit",
+    "merge_factor",
+    "navit_size",
+    "preprocess",
+]
 
 KIMIK25 = "kimik25"
-MIN_TOKENS, MAX_TOKENS = 2, 4096  # llama.cpp's set_limit_image_tokens(2, 4096) without min/max pixels
+MIN_TOKENS, MAX_TOKENS = 2, 4096  # llama.cpp's set_limit_image_tokens(2, 4096); 4096 * 4 = HF's max_patches
+MAX_SIDE = 512  # patches a side (HF's size["max_height"])
 ROPE_BASE = 10000.0
 _A = -0.75
 
 
 # -- preprocessing ----------------------------------------------------------------------------------
+def navit_size(h: int, w: int, p: int, k: int, max_patches: int, max_side: int = MAX_SIDE) -> tuple[int, ...]:
+    """``(rh, rw, ph, pw)``: HF's ``navit_resize`` (the resized and the padded size)."""
+    n = max(1, h // p) * max(1, w // p)
+    s = min(1.0, math.sqrt(max_patches / n), max_side * p / h, max_side * p / w)
+    rh, rw = min(max(1, int(h * s)), max_side * p), min(max(1, int(w * s)), max_side * p)
+    a = p * k
+    return rh, rw, -(-rh // a) * a, -(-rw // a) * a
+
+
 def preprocess(m: ClipModel, bmp: Bitmap, pad: bool) -> np.ndarray:
-    x = m.hparams.extra
-    return preprocess_dynamic(bmp, m.hparams, pad, x["image_min_tokens"], x["image_max_tokens"])
+    """``F32[3, H, W]`` (see the module docstring; ``pad`` is not used: HF's processor always pads)."""
+    hp = m.hparams
+    k = hp.n_merge
+    rh, rw, ph, pw = navit_size(bmp.height, bmp.width, hp.patch_size, k, hp.extra["image_max_tokens"] * k * k)
+    img = np.zeros((ph, pw, 3), dtype=np.uint8)
+    img[:rh, :rw] = _resize(bmp.data, rw, rh, "bicubic")
+    return _normalize(img, hp.image_mean, hp.image_std)
 
 
 # -- tensors ----------------------------------------------------------------------------------------

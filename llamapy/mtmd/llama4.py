@@ -12,16 +12,20 @@ token at 0, HF's complex ``freqs_ci``), FFN (GELU); ``v.post_ln``; the class tok
 ``mm.model.fc`` (HF's ``multi_modal_projector.linear_1``). GELU is ggml's (tanh), as llama.cpp runs it
 (``clip.use_gelu``); HF's model uses the erf GELU, 1e-3 apart.
 
-Preprocessing is llama.cpp's (``mtmd_image_preprocessor_llava_uhd`` with the pinpoints of
-``set_llava_uhd_res_candidates(model, 3)``): an image no larger than the tile (``clip.vision.image_size``) on
-both sides is the overview alone, stretched to the tile (bicubic). A larger one picks the grid among ``a x b``
-tiles (1..3 each, not 1 x 1) with llava-1.6's ``select_best_resolution``, is fitted into it keeping its aspect
-ratio and centred on black (bicubic), cut into tiles row-major, then the overview follows. Tokens (HF's
-``Llama4Processor`` and llama.cpp's ``MTMD_SLICE_TMPL_LLAMA4``): ``<|image_start|>``, each tile, with
-``<|tile_x_separator|>`` between the tiles of a row and ``<|tile_y_separator|>`` after each row, then
-``<|image|>`` and the overview, ``<|image_end|>``. (The llama.cpp revision in the sdist at hand dropped the tile
-and ``<|image|>`` tokens in a refactor; the layout here is the one the model was trained with. HF's image
-processor needs torchvision and picks its grid differently, by resizing without padding.)
+Preprocessing is Hugging Face's ``Llama4ImageProcessor`` (Meta's own, with its defaults: ``max_patches`` 16 tiles of
+``clip.vision.image_size``, ``resize_to_max_canvas`` false): the canvas is the ``a x b`` tile grid (``a * b <= 16``)
+with the smallest scale >= 1 that fits the image without distortion (else the largest below 1), the smallest
+area on ties (``get_best_fit``, in float32 as HF's tensors); the image is resized without distortion into that
+canvas, but upscaled no further than one tile per side (bilinear), padded with black on the right and at the
+bottom, normalized in bfloat16 (HF: "as in the original implementation"; the values here are those bfloat16
+numbers) and cut into tiles row-major; with more than one tile the whole image stretched to one tile follows.
+Resampling is Pillow's, whose antialiased filters torchvision's (HF's) port: within 1-2 levels of 255 per
+pixel. Tokens (``Llama4Processor``, also llama.cpp's ``MTMD_SLICE_TMPL_LLAMA4``): ``<|image_start|>``, each tile,
+with ``<|tile_x_separator|>`` between the tiles of a row and ``<|tile_y_separator|>`` after each row, then
+``<|image|>`` and the last frame, ``<|image_end|>``; a 1 x 1 grid is that one padded tile alone. llama.cpp
+differs (``mtmd_image_preprocessor_llava_uhd`` with the pinpoints of ``set_llava_uhd_res_candidates(model, 3)``):
+grids up to 3 x 3 chosen by llava-1.6's ``select_best_resolution``, the image fitted and centred in the grid
+(bicubic), an image within one tile stretched to it, and the overview after every grid, in float32.
 """
 
 from __future__ import annotations
@@ -36,53 +40,99 @@ from ..ggml.tensor import Tensor
 from ..ggml.types import GGMLType
 from .clip import ClipHParams, Projector, register_projector
 from .errors import MtmdError
-from .image import Bitmap, _normalize, _resize
-from .internvl import select_best_resolution
-from .qwen2vl import _fit
+from .image import Bitmap, _resize
 from .siglip import _act, _linear, _norm, pixel_shuffle
 
 if TYPE_CHECKING:
     from ..model.blocks import TensorLoader
     from .clip import ClipModel
 
-__all__ = ["LLAMA4", "frames", "grid_candidates", "pieces"]
+__all__ = ["LLAMA4", "best_fit", "frames", "pieces", "supported_resolutions"]
 
 LLAMA4 = "llama4"
 ROPE_BASE = 10000.0
-MAX_TILES_PER_SIDE = 3
+MAX_CHUNKS = 16  # Llama4ImageProcessor's max_patches (tiles per image)
 
 
 # -- preprocessing ----------------------------------------------------------------------------------
-def grid_candidates(tile: int, n: int = MAX_TILES_PER_SIDE) -> list[tuple[int, int]]:
-    """``(width, height)`` pixel sizes of the tile grids, in llama.cpp's order (set_llava_uhd_res_candidates)."""
-    return [(x * tile, y * tile) for x in range(1, n + 1) for y in range(1, n + 1) if (x, y) != (1, 1)]
+def supported_resolutions(tile: int, max_chunks: int = MAX_CHUNKS) -> list[tuple[int, int]]:
+    """``(height, width)`` canvases of ``a x b <= max_chunks`` tiles in HF's order (find_supported_resolutions:
+    by aspect ratio as first met from ``max_chunks`` tiles down)."""
+    by_ratio: dict[float, list[tuple[int, int]]] = {}
+    for n in range(max_chunks, 0, -1):
+        for f in sorted({d for i in range(1, math.isqrt(n) + 1) if n % i == 0 for d in (i, n // i)}):
+            by_ratio.setdefault(f / (n // f), []).append((f, n // f))
+    return [(h * tile, w * tile) for v in by_ratio.values() for h, w in v]
+
+
+def best_fit(h: int, w: int, resolutions: list[tuple[int, int]]) -> tuple[int, int]:
+    """HF's ``get_best_fit`` (scales in float32, as its tensors): the smallest upscale, else the least downscale;
+    the smallest canvas on ties."""
+    res = np.asarray(resolutions, dtype=np.int64)
+    scales = np.minimum(
+        res[:, 1].astype(np.float32) / np.float32(w), res[:, 0].astype(np.float32) / np.float32(h)
+    )
+    up = scales[scales >= 1]
+    sel = up.min() if len(up) else scales[scales < 1].max()
+    chosen = res[scales == sel]
+    th, tw = chosen[int(np.argmin(chosen[:, 0] * chosen[:, 1]))]
+    return int(th), int(tw)
+
+
+def _no_distortion(h: int, w: int, th: int, tw: int, th_f32: bool, tw_f32: bool) -> tuple[int, int]:
+    """HF's ``get_max_res_without_distortion``; a target side that is still HF's tensor element (``*_f32``)
+    makes its scale a float32, as there."""
+    sw = np.float32(tw) / np.float32(w) if tw_f32 else tw / w
+    sh = np.float32(th) / np.float32(h) if th_f32 else th / h
+    less = np.float32(sw) < np.float32(sh) if (tw_f32 or th_f32) else sw < sh
+    if less:
+        return min(math.floor(np.float32(h) * sw if tw_f32 else h * sw), th), tw
+    return th, min(math.floor(np.float32(w) * sh if th_f32 else w * sh), tw)
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> the nearest bfloat16 (ties to even), as float32."""
+    b = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return b.astype(np.uint32).view(np.float32)
+
+
+def _normalize_bf16(img: np.ndarray, hp: ClipHParams) -> np.ndarray:
+    """``F32[3, H, W]``: Llama4ImageProcessor.rescale_and_normalize (bfloat16 ``x * (1/255)``, ``- mean``,
+    ``/ std``, each rounded)."""
+    x = _bf16(img.astype(np.float32) * np.float32(1 / 255))
+    x = _bf16(x - _bf16(np.asarray(hp.image_mean, dtype=np.float32)))
+    x = _bf16(x / _bf16(np.asarray(hp.image_std, dtype=np.float32)))
+    return np.ascontiguousarray(x.transpose(2, 0, 1))
 
 
 def frames(bmp: Bitmap, hp: ClipHParams) -> tuple[list[np.ndarray], int, int]:
-    """The normalized ``F32[3, tile, tile]`` frames of one image: the tiles row-major then the overview, and
-    ``(rows, cols)`` of the tiles (``(0, 0)``: the overview alone)."""
-    tile = hp.image_size
-    overview = _normalize(_resize(bmp.data, tile, tile, "bicubic"), hp.image_mean, hp.image_std)
-    if bmp.width <= tile and bmp.height <= tile:
-        return [overview], 0, 0
-    rw, rh = select_best_resolution(bmp.width, bmp.height, grid_candidates(tile))
-    refined = _fit(bmp.data, rw, rh, True)
-    tiles = [
-        _normalize(refined[y : y + tile, x : x + tile], hp.image_mean, hp.image_std)
-        for y in range(0, rh, tile)
-        for x in range(0, rw, tile)
-    ]
-    return [*tiles, overview], rh // tile, rw // tile
+    """The normalized ``F32[3, tile, tile]`` frames of one image and the grid's ``(rows, cols)``: the tiles
+    row-major, then (more than one tile) the whole image stretched to one tile."""
+    tile, h, w = hp.image_size, bmp.height, bmp.width
+    th, tw = best_fit(h, w, supported_resolutions(tile))
+    # HF's min(max(side, tile), target): the target (a tensor element there) when strictly smaller
+    nth, ntw = min(max(h, tile), th), min(max(w, tile), tw)
+    nh, nw = _no_distortion(h, w, nth, ntw, th < max(h, tile), tw < max(w, tile))
+    canvas = np.zeros((th, tw, 3), dtype=np.uint8)
+    canvas[: max(nh, 1), : max(nw, 1)] = _resize(bmp.data, max(nw, 1), max(nh, 1), "bilinear")
+    px = _normalize_bf16(canvas, hp)
+    rows, cols = th // tile, tw // tile
+    out = [px[:, y : y + tile, x : x + tile] for y in range(0, th, tile) for x in range(0, tw, tile)]
+    if rows * cols > 1:
+        out.append(_normalize_bf16(_resize(bmp.data, tile, tile, "bilinear"), hp))
+    return [np.ascontiguousarray(f) for f in out], rows, cols
 
 
 def pieces(bmp: Bitmap, hp: ClipHParams) -> list[str | np.ndarray]:
     """Texts and frames between ``<|image_start|>`` and ``<|image_end|>`` (see the module docstring)."""
     fr, rows, cols = frames(bmp, hp)
     out: list[str | np.ndarray] = []
-    for r in range(rows):
-        for c in range(cols):
-            out.append(fr[r * cols + c])
-            out.append("<|tile_x_separator|>" if c < cols - 1 else "<|tile_y_separator|>")
+    if rows * cols > 1:
+        for r in range(rows):
+            for c in range(cols):
+                out.append(fr[r * cols + c])
+                out.append("<|tile_x_separator|>" if c < cols - 1 else "<|tile_y_separator|>")
     return [*out, "<|image|>", fr[-1]]
 
 

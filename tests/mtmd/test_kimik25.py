@@ -1,6 +1,6 @@
 """Kimi-K2.5 vision (kimik25 projector: MoonViT with a bicubically resized position table and 2-D rope, pixel
 unshuffle, LayerNorm + MLP) vs Hugging Face's Kimi_K25ForConditionalGeneration, with a DeepSeek-V3 text model
-(deepseek2: MLA, MoE). HF's image processor needs torchvision: preprocessing is checked against llama.cpp's rule."""
+(deepseek2: MLA, MoE), and its image processor (tests/mtmd/hf_image_oracle.py: HF's needs torchvision)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from llamapy.context import Context
 from llamapy.ggml.types import GGMLType
 from llamapy.model.model import Model
 from llamapy.mtmd import Bitmap, ClipModel, ImageChunk, MtmdContext, MtmdError, TextChunk
-from llamapy.mtmd.kimik25 import bicubic_matrix
+from llamapy.mtmd.kimik25 import bicubic_matrix, preprocess
 from tests.model import hf_tiny
 from tests.mtmd import convert
+from tests.mtmd.hf_image_oracle import kimi_k25_preprocess
 
 RNG = np.random.default_rng(31)
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|media_begin|>", "<|media_end|>", "<|media_pad|>"]
@@ -159,6 +160,25 @@ def test_bicubic_matrix_is_torch_interpolate() -> None:
             torch.from_numpy(tab).permute(2, 0, 1)[None], size=(h, w), mode="bicubic", align_corners=False
         )[0].permute(1, 2, 0)
         assert np.abs(got - want.numpy()).max() < 1e-5
+
+
+@pytest.mark.parametrize("hw", [(45, 70), (13, 7), (1, 3), (301, 97), (97, 301), (2100, 4), (130, 131)])
+def test_preprocessing_on_odd_sizes_is_hf(kimi: TinyKimiK25, hw: tuple[int, int]) -> None:
+    """Kimi_K25ImageProcessor (tests/mtmd/hf_image_oracle.py; max_patches 256 = the file's image_max_pixels /
+    patch area): the same size, padding and pixels; where it downscales, Pillow's bicubic vs torchvision's within
+    a few levels of 255 (5 on the 2100 x 4 px strip, 1 elsewhere)."""
+    cm = ClipModel(kimi.mmproj_path)
+    data = RNG.integers(0, 256, (*hw, 3), dtype=np.uint8)
+    got = preprocess(cm, Bitmap(data), True)
+    want = kimi_k25_preprocess(data, patch_size=P, max_patches=256)
+    assert got.shape == want.shape
+    d = np.abs(got - want)
+    resized = (hw[0] // P) * (hw[1] // P) > 256
+    assert d.max() < (6 / 127.5 if resized else 1e-6) and d.mean() < 2e-3
+    if hw == (45, 70):  # llama.cpp's rule gives the same size here (2..64 tokens), other sizes not
+        assert got.shape[1:] == (48, 72)
+    if hw == (301, 97):  # llama.cpp: 112 x 32 px (56 tokens); HF: 113 x 36 px, padded to 120 x 40
+        assert got.shape[1:] == (120, 40) and np.all(got[:, 113:] == -1.0) and np.all(got[:, :, 36:] == -1.0)
 
 
 def test_logits_with_an_image_match_hf(kimi: TinyKimiK25) -> None:

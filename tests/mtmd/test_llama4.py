@@ -1,6 +1,7 @@
 """Llama 4 vision (llama4 projector: unfold patches, class token last, 2-D rope ViT, pixel shuffle, MLP adapter,
-projection; llava-uhd tiles with <|tile_x/y_separator|> and <|image|> + overview) vs Hugging Face's
-Llama4ForConditionalGeneration, with a Llama 4 text model (MoE, chunked attention, NoPE layer)."""
+projection; HF's tiles with <|tile_x/y_separator|> and <|image|> + overview) vs Hugging Face's
+Llama4ForConditionalGeneration and its image processor (tests/mtmd/hf_image_oracle.py), with a Llama 4 text
+model (MoE, chunked attention, NoPE layer)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from llamapy.ggml.types import GGMLType
 from llamapy.model.model import Model
 from llamapy.mtmd import Bitmap, ClipModel, ImageChunk, MtmdContext, MtmdError, TextChunk
 from llamapy.mtmd.clip import ClipHParams
-from llamapy.mtmd.llama4 import frames, grid_candidates
+from llamapy.mtmd.llama4 import frames
+from llamapy.mtmd.llama4 import pieces as llama4_pieces
 from tests.model import hf_tiny
 from tests.mtmd import convert
+from tests.mtmd.hf_image_oracle import llama4_preprocess, llama4_prompt
 
 RNG = np.random.default_rng(17)
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|image_start|>", "<|image_end|>", "<|patch|>", "<|image|>",
@@ -133,16 +136,40 @@ def _hp() -> ClipHParams:
     return ClipHParams("llama4", TILE, P, 32, 128, 2, 2, 64, 1e-5, (0.5,) * 3, (0.5,) * 3, n_merge=2)
 
 
-def test_frames_follow_llava_uhd() -> None:
-    assert grid_candidates(TILE)[:3] == [(32, 64), (32, 96), (64, 32)] and len(grid_candidates(TILE)) == 8
-    (one,), r, c = frames(Bitmap(RNG.integers(0, 256, (20, 31, 3), dtype=np.uint8)), _hp())
-    assert (r, c) == (0, 0) and one.shape == (3, TILE, TILE)  # fits one tile: the overview alone
-    fr, r, c = frames(Bitmap(RNG.integers(0, 256, (40, 90, 3), dtype=np.uint8)), _hp())
-    assert (r, c) == (2, 3) and len(fr) == 7 and all(f.shape == (3, TILE, TILE) for f in fr)
-    fr, r, c = frames(Bitmap(RNG.integers(0, 256, (33, 200, 3), dtype=np.uint8)), _hp())
-    assert (r, c) == (1, 3)  # 3x1 keeps the most of a wide image
-    # the refined image is fitted and centred on black: the top rows of a 3x1 grid of a 200x33 image are padding
-    assert np.allclose(fr[0][:, 0], -1.0)
+@pytest.mark.parametrize(
+    "hw",
+    [(20, 31), (40, 90), (33, 200), (50, 60), (32, 64), (7, 300), (500, 13), (1, 1), (100, 100), (37, 129)],
+)
+def test_preprocessing_on_odd_sizes_is_hf(hw: tuple[int, int]) -> None:
+    """Llama4ImageProcessor (tests/mtmd/hf_image_oracle.py, max_patches 16): the same tile grid, frames and prompt;
+    pixels equal where nothing is resized, else within Pillow's vs torchvision's resampling (a level of 255,
+    through bfloat16: 1.5 bf16 steps at most)."""
+    data = RNG.integers(0, 256, (*hw, 3), dtype=np.uint8)
+    fr, rows, cols = frames(Bitmap(data), _hp())
+    want, ratio = llama4_preprocess(data, tile=TILE)
+    assert (rows, cols) == ratio and np.stack(fr).shape == want.shape
+    d = np.abs(np.stack(fr) - want)
+    assert d.max() <= 0.0118 and d.mean() < 2e-4
+    if hw == (32, 64):  # the tiles are the image itself (only the overview is resized)
+        assert d[:2].max() == 0.0
+    pieces_ = llama4_pieces(Bitmap(data), _hp())
+    text = "".join(x if isinstance(x, str) else "<|patch|>" * 16 for x in pieces_)
+    assert f"<|image_start|>{text}<|image_end|>" == llama4_prompt(ratio, 16)
+
+
+def test_llamacpp_rules_are_caught() -> None:
+    """llama.cpp's llava-uhd grid (up to 3 x 3 tiles, the image fitted and centred, a small image stretched to one
+    tile) and its float32 normalization are not HF's processor's."""
+    data = RNG.integers(0, 256, (33, 200, 3), dtype=np.uint8)
+    fr, rows, cols = frames(Bitmap(data), _hp())
+    assert (rows, cols) == (2, 7) and len(fr) == 15  # llama.cpp: 1 x 3 and the overview
+    assert not np.allclose(fr[0][:, 0], -1.0)  # the top row is the image (llama.cpp's is centred padding)
+    small = RNG.integers(0, 256, (20, 32, 3), dtype=np.uint8)  # fits one tile at scale 1: not resized
+    (one,), rows, cols = frames(Bitmap(small), _hp())
+    assert (rows, cols) == (1, 1) and np.all(one[:, 20:] == -1.0)  # padded at the bottom, not stretched
+    f32 = (small.astype(np.float32).transpose(2, 0, 1) / 255 - 0.5) / 0.5
+    d = np.abs(one[:, :20] - f32)
+    assert 1e-3 < d.max() < 0.008  # bfloat16 values, as HF's (llama.cpp: float32)
 
 
 def test_logits_with_a_tiled_image_match_hf(llama4: TinyLlama4) -> None:
