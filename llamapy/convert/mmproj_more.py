@@ -312,6 +312,10 @@ PROJECTORS_MORE: dict[str, Projector] = {
     for a in p.hf_archs
 }  # fmt: skip
 
+from .mmproj_vl import PROJECTORS_VL  # noqa: E402 - Kimi-VL, MiniCPM-V 2.x
+
+PROJECTORS_MORE.update(PROJECTORS_VL)
+
 LLAVA15 = Projector(("LlavaForConditionalGeneration",), _llava15_params, _llava15_filter, _llava15_modify,
                     None, _llava15_prepare)  # fmt: skip
 

@@ -211,6 +211,19 @@ def main(sdist: str, only: list[str]) -> None:
             desc = describe(out)
             (EXPECT_DIR / "nomic-bert-f16.json").write_text(json.dumps(desc, indent=1) + "\n")
             print("nomic-bert-f16", desc["file_sha256"])
+        from tests.convert.mm_dirs_vl import VL_RUNS, make_vl_dir
+
+        for case, outtype in VL_RUNS:  # remote-code vision-language models (mm_dirs_vl)
+            rid = f"mmproj-{case}-{outtype}"
+            if only and rid not in only:
+                continue
+            out = root / f"{rid}.gguf"
+            cmd = [sys.executable, "convert_hf_to_gguf.py", str(make_vl_dir(case, root).path), "--mmproj",
+                   "--outfile", str(out), "--outtype", outtype]  # fmt: skip
+            subprocess.run(cmd, cwd=sdist, check=True, capture_output=True)
+            desc = describe(out)
+            (EXPECT_DIR / f"{rid}.json").write_text(json.dumps(desc, indent=1) + "\n")
+            print(rid, desc["file_sha256"])
         from tests.convert.bin_dirs import BIN_RUNS, make_bin_run_dir
 
         for run in BIN_RUNS:  # PyTorch .bin checkpoints
