@@ -58,8 +58,9 @@ def test_repack_of_experts_round_trips_per_expert():
         np.testing.assert_array_equal(R[e], q4k_x8.repack(raw[e]))  # the 2-D layout, per expert
 
 
-@pytest.mark.parametrize("shared", [True, False], ids=["x_per_token", "x_per_pair"])
-def test_kernel_equals_dense_x8_per_expert_plain_moe_and_float64(shared):
+@pytest.mark.parametrize(("shared", "chunks"), [(True, 1), (True, 2), (False, 2), (False, 5)])
+def test_kernel_equals_dense_x8_per_expert_plain_moe_and_float64(shared, chunks):
+    """``chunks``: the work split (the thread count; 5 > the 3 row groups: clamped)."""
     E, N, K, U, Tn = 5, 24, 768, 3, 4  # odd E; with 4 x 3 pairs some experts get none, some several
     raw = q4k_experts(E, N, K, 2)
     R = q4k_x8.repack(raw)
@@ -68,7 +69,7 @@ def test_kernel_equals_dense_x8_per_expert_plain_moe_and_float64(shared):
     iv = np.stack([RNG.choice(E, U, replace=False) for _ in range(Tn)]).astype(np.int32)
     iv[0] = [4, 0, 2]
     out = np.full((Tn * U, N), -1.0, np.float32)
-    assert moe_q4_k_x8(R, x, iv, out, 256) == -1
+    assert moe_q4_k_x8(R, x, iv, out, 256, chunks) == -1
     plain = np.full((Tn * U, N), -1.0, np.float32)
     assert MOE["Q4_K"](raw, x, iv, plain, F16_TABLE, 256) == -1
     for t in range(Tn):
@@ -94,12 +95,12 @@ def test_kernel_bad_id_and_expert_limit():
     out = np.full((6, N), -1.0, np.float32)
     for bad in (-1, 3, 1 << 20):
         iv = np.array([[0, 1], [2, bad], [bad, 0]], np.int32)
-        assert moe_q4_k_x8(R, x, iv, out, 256) == 3  # the first bad pair
+        assert moe_q4_k_x8(R, x, iv, out, 256, 2) == 3  # the first bad pair
         assert (out == -1.0).all()  # nothing written
     iv = np.array([[0, 1], [0, 2], [0, 1]], np.int32)  # expert 0: 3 pairs > 2, left to the caller
-    assert moe_q4_k_x8(R, x, iv, out, 2) == -1
+    assert moe_q4_k_x8(R, x, iv, out, 2, 2) == -1
     assert (out[[0, 2, 4]] == -1.0).all() and (out[[1, 3, 5]] != -1.0).all()
-    assert moe_q4_k_x8(R, x[:0], np.zeros((0, U), np.int32), out[:0], 256) == -1  # no tokens
+    assert moe_q4_k_x8(R, x[:0], np.zeros((0, U), np.int32), out[:0], 256, 2) == -1  # no tokens
 
 
 # -- through the graph, on a memory-mapped weight ----------------------------------------------------

@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import numba
 import numpy as np
 
 from ..tensor import Tensor
@@ -83,7 +84,7 @@ def mul_mat_id_step(
 
     def step_x8() -> None:
         x = B if direct else np.ascontiguousarray(B, dtype=np.float32)
-        bad = moe_q4_k_x8(R, x, ids, out2, max_rows)
+        bad = moe_q4_k_x8(R, x, ids, out2, max_rows, numba.get_num_threads())
         if bad >= 0:
             raise bad_id(ids.reshape(-1)[bad])
         if ids.size > max_rows:  # experts with more pairs than the kernel takes

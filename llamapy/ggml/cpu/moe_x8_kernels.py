@@ -9,8 +9,9 @@ sub-block for the rows' scales).
 kernel's, and the float steps those of ``mm_q4_k_x8(R[e], ...)`` in the same order: the output equals
 that kernel's per expert bit for bit, and the plain ``moe_q4_k`` up to float summation order.
 
-Call: ``moe_q4_k_x8(R, x, ids, out, max_rows) -> bad``, as ``moe_kernels.MOE``'s (``x`` ``float32[T, 1 or
-U, K]`` C-contiguous, ``ids`` ``int[T, U]``, ``out`` ``float32[T * U, N]``): experts with more than
+Call: ``moe_q4_k_x8(R, x, ids, out, max_rows, chunks) -> bad``, as ``moe_kernels.MOE``'s (``x``
+``float32[T, 1 or U, K]`` C-contiguous, ``ids`` ``int[T, U]``, ``out`` ``float32[T * U, N]``; ``chunks``:
+the thread count, ``numba.get_num_threads()``, see ``_item``): experts with more than
 ``max_rows`` pairs are skipped (the caller runs them as tiles unpacked to plain Q4_K); ``bad`` is -1 or
 the first pair whose id is outside ``0..E-1`` (nothing written).
 """
@@ -28,8 +29,19 @@ from .simd import vfma, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
 
 
+@njit(inline="always")
+def _item(i, nA, Gc, G):
+    """Work item ``i`` -> (index into ``active``, row group; -1 past the last group): chunk-major, so
+    that with ``C`` chunks of ``Gc`` groups (C: the thread count) each thread's equal share of the
+    ``prange`` is one chunk of every expert (balanced however unevenly the tokens chose experts) and
+    within it an expert's groups are consecutive (one stream, as the dense kernel reads)."""
+    c, r = i // (nA * Gc), i % (nA * Gc)
+    g = c * Gc + r % Gc
+    return r // Gc, g if g < G else -1
+
+
 @njit(parallel=True, cache=True)
-def moe_q4_k_x8(R, x, ids, out, max_rows):
+def moe_q4_k_x8(R, x, ids, out, max_rows, chunks):
     E, G, gb = R.shape
     T, Ux, K = x.shape
     U = ids.shape[1]
@@ -39,14 +51,22 @@ def moe_q4_k_x8(R, x, ids, out, max_rows):
     nb = gb // X8_BYTES
     xq, xd, bs16, bs32, ok = _q8k_par(x.reshape(T * Ux, K))
     nA = active.shape[0]
-    n = nA * G
+    C = max(1, min(chunks, G))
+    Gc = (G + C - 1) // C
+    n = C * nA * Gc
     Rf = R.reshape(-1)
     total = Rf.shape[0]
-    for i in prange(n):  # group-major: the threads split every expert's rows evenly
-        g, e = i // nA, active[i % nA]
+    for i in prange(n):
+        a, g = _item(i, nA, Gc, G)
+        if g < 0:
+            continue
+        e = active[a]
         w = R[e, g]
-        nx = i + X8_PREFETCH_GROUPS  # the item this thread runs after the next (static chunks)
-        pf = (active[nx % nA] * G + nx // nA) * gb if nx < n else total
+        pf = total  # the item this thread runs after the next: prefetched into L2 (an expert's start)
+        if i + X8_PREFETCH_GROUPS < n:
+            a2, g2 = _item(i + X8_PREFETCH_GROUPS, nA, Gc, G)
+            if g2 >= 0:
+                pf = (active[a2] * G + g2) * gb
         for j in range(starts[e], starts[e + 1]):
             p = order[j]
             xr = _xrow(p, U, Ux)
