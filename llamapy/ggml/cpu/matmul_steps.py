@@ -132,7 +132,7 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     if a.type == GGMLType.Q4_K:  # repacked 8 rows at a time where it can be (q4k_x8)
         from .q4k_x8 import mul_mat_step
 
-        step_x8 = _row_blocked(be, a, A, x, out2, pre, mul_mat_step) or mul_mat_step(be, a, A, x, out2, pre)
+        step_x8 = mul_mat_step(be, a, A, x, out2, pre)
         if step_x8 is not None:
             return step_x8
     if a.type == GGMLType.Q5_K:  # the same for Q5_K (q5k_x8)
@@ -175,49 +175,6 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
             gemm_nt(x, W[:n], out2[:, r0 : r0 + n], threads)
 
     return step_tiles
-
-
-#: types whose prompts of more than ``matvec_max_rows`` rows still run the in-register kernels, in blocks
-#: of about this many activation rows (one call each; a row's result does not depend on its block), instead
-#: of dequantized tiles + sgemm: the weight streams once per block, the activations of a block stay in
-#: cache. CPU time, pp512 (benchmarks/results/pp_vs_llamacpp.md, ``benchmarks/pp_switch.py``).
-MATVEC_ROW_BLOCKS = {"Q4_K": 128}
-
-
-def row_blocks(M: int, block: int) -> list[tuple[int, int]]:
-    """``M`` rows as ``ceil(M / block)`` blocks of nearly equal size, multiples of 4 but the last."""
-    n = -(-M // block)
-    size = (M + n - 1) // n
-    size = (size + 3) // 4 * 4
-    return [(m0, min(M, m0 + size)) for m0 in range(0, M, size)]
-
-
-def _row_blocked(
-    be: CPUBackend,
-    a: Tensor,
-    A: np.ndarray,
-    x: np.ndarray,
-    out2: np.ndarray,
-    pre: Callable[[], None] | None,
-    make: Callable[..., Step | None],
-) -> Step | None:
-    """``make``'s in-register steps over the blocks of rows of ``MATVEC_ROW_BLOCKS`` (None: the type has
-    none, the batch is small enough for one call, or ``make`` declines a block)."""
-    M, name = x.shape[0], a.type.name
-    block = MATVEC_ROW_BLOCKS.get(name, 0)
-    if not block or M <= matvec_max_rows(name, MATVEC_MAX_TOKENS):
-        return None
-    steps = [make(be, a, A, x[m0:m1], out2[m0:m1], None) for m0, m1 in row_blocks(M, block)]
-    if any(s is None for s in steps):
-        return None
-
-    def step_blocks() -> None:
-        if pre is not None:
-            pre()
-        for s in steps:
-            s()  # type: ignore[misc]
-
-    return step_blocks
 
 
 #: ``mul_mat_id`` of the k-quants runs ``moe_kernels`` (every active expert in one call); False: the
