@@ -16,9 +16,9 @@ from llamapy.ggml import ops
 from llamapy.ggml.cpu import matmul_kernels as mk
 from llamapy.ggml.cpu import q16_kernels as qk
 from llamapy.ggml.cpu import q40_x8
-from llamapy.ggml.cpu.backend import CPUBackend, matvec_max_rows
+from llamapy.ggml.cpu.backend import CPUBackend
 from llamapy.ggml.cpu.hsimd import quantize_rows_q16
-from llamapy.ggml.cpu.q40_x8_kernels import mm_q4_0_x8, mm_q4_1_x8
+from llamapy.ggml.cpu.q40_x8_kernels import mm_q4_0_x8, mm_q4_0_x8r4, mm_q4_1_x8
 from llamapy.ggml.quants import dequantize, quantize
 from llamapy.ggml.tensor import Tensor
 
@@ -100,6 +100,20 @@ def test_x8_kernel_integer_sums_are_exact():
     np.testing.assert_array_equal(out, expect)
 
 
+@pytest.mark.parametrize("M", [1, 3, 4, 6, 9])
+def test_four_row_kernel_equals_one_row_kernel_bit_for_bit(M):
+    """A row's result does not depend on how many rows a pass takes (prompt vs decode)."""
+    raw = random_bytes(T.Q4_0, 24, 1536, M)
+    R = q40_x8.repack(raw)
+    x = np.random.default_rng(M).standard_normal((M, 1536)).astype(np.float32)
+    x[M // 2, 7] = np.nan
+    one, four = np.zeros((M, 24), np.float32), np.zeros((M, 24), np.float32)
+    mm_q4_0_x8(R, x, one, F16)
+    mm_q4_0_x8r4(R, x, four, F16)
+    np.testing.assert_array_equal(four, one)
+    assert np.isnan(four[M // 2]).all() and np.isfinite(np.delete(four, M // 2, 0)).all()
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_x8_kernel_nonfinite_activation_rows_give_nan(bad):
     raw = weights(T.Q4_0, 16, 512, 2)
@@ -127,7 +141,7 @@ def weight_tensor(shape: tuple[int, int]) -> Tensor:
     )
 
 
-@pytest.mark.parametrize("M", [1, 5, 40])
+@pytest.mark.parametrize("M", [1, 5, 40, 300])
 def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(mapped, M):
     raw, view = mapped
     a = weight_tensor((48, 1536))
@@ -137,7 +151,7 @@ def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(mapped, M):
     step = q40_x8.mul_mat_step(be, a, view, x, out, None)
     assert step is not None
     step()
-    if M <= matvec_max_rows("Q4_0"):  # the 8-row kernel: the plain kernel's integer sums
+    if M <= q40_x8.MAX_ROWS:  # the 8-row kernels: the plain kernel's integer sums
         plain = np.zeros((M, 48), np.float32)
         qk.mm16_q4_0(raw, x, plain, F16)
         np.testing.assert_allclose(out, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())

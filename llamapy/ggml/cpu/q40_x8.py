@@ -8,9 +8,15 @@ from this process. Weights read into memory (``use_mmap=False``) are not repacke
 The activations are quantized exactly as the plain kernels do (16 bits per 32 elements), so the
 integer sums are the plain kernels' and results differ only in the order of float additions.
 
-Up to ``matvec_max_rows("Q4_0")`` activation rows run ``mm_q4_0_x8`` (one pass over the weight per
-activation row, as the plain one-row kernel); more rows convert a tile of rows back to plain Q4_0 in a
-scratch buffer (``unpack_x8_rows``, bit for bit) for the dequantize + sgemm path, as before.
+Up to ``MAX_ROWS`` activation rows run the 8-row kernels: ``mm_q4_0_x8`` for 1-3 rows, ``mm_q4_0_x8r4``
+(four rows per pass over the weight, each row's result bit for bit the one-row kernel's) for more. They
+beat dequantized tiles + sgemm well past the plain kernels' ``matvec_max_rows("Q4_0")`` (32): one
+thread, CPU ms per activation row, x8r4 vs tiles (unpacked from the repacked rows, dequantized, sgemm):
+8960x1536 0.35 vs 0.76 at 64 rows, 0.27 vs 0.39 at 256, 0.32 vs 0.34 at 512; 1536x8960 0.33 vs 0.71,
+0.32 vs 0.40, 0.39 vs 0.35 (benchmarks/results/q40_repack.md). So prompts of up to 256 rows multiply
+16-bit activations (1/32767 of each block's largest value) instead of floats. More rows convert a tile
+of rows back to plain Q4_0 in a scratch buffer (``unpack_x8_rows``, bit for bit) for the dequantize +
+sgemm path, as before.
 
 ``LLAMAPY_Q40_X8=0`` in the environment, or ``ENABLED = False`` here, turns repacking off (for A/B).
 Q4_1 has the same kernel (``mm_q4_1_x8``, tested) but is not in ``TYPES`` yet: not measured on the
@@ -37,6 +43,8 @@ __all__ = ["ENABLED", "TYPES", "repack", "mul_mat_step"]
 ENABLED = os.environ.get("LLAMAPY_Q40_X8", "1") not in ("0", "false", "no", "off")
 #: the types repacked
 TYPES = frozenset({GGMLType.Q4_0})
+#: the most activation rows the 8-row kernels take (more: dequantized tiles + sgemm)
+MAX_ROWS = 256
 
 _lock = threading.Lock()
 _cache: weakref.WeakKeyDictionary[Tensor, tuple[int, np.ndarray]] = weakref.WeakKeyDictionary()
@@ -104,8 +112,8 @@ def mul_mat_step(
     R = _repacked(a, A, any_memory)
     if R is None:
         return None
-    from .backend import MATVEC_MAX_TOKENS, TILE_FLOATS, _kernels, _threads, matvec_max_rows
-    from .q40_x8_kernels import KERNELS, unpack_x8_rows
+    from .backend import TILE_FLOATS, _kernels, _threads
+    from .q40_x8_kernels import KERNELS, KERNELS_R4, unpack_x8_rows
 
     t = a.type
     mk, _ = _kernels()
@@ -113,8 +121,8 @@ def mul_mat_step(
     M = x.shape[0]
     N, rb = A.shape
     K = a.shape[-1]
-    if M <= matvec_max_rows(t.name, MATVEC_MAX_TOKENS):
-        kern = KERNELS[t.name]
+    if M <= MAX_ROWS:
+        kern = KERNELS_R4[t.name] if M >= 4 and t.name in KERNELS_R4 else KERNELS[t.name]
         be.need(kern)
 
         def step_x8() -> None:

@@ -192,6 +192,30 @@ def _mm_x8(R, x, out, blk, src, xbytes):
     M = x.shape[0]
     Rf = R.reshape(-1)
     total = G * gb
+    xp, xd, xs, cor, ok = _prepare(x, nb, src)
+    for grp in prange(G):
+        w = R[grp]
+        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        for m in range(M):
+            xpm = xp[m]
+            acc = vzero()
+            for b in range(nb):
+                t = b * xbytes
+                if m == 0:
+                    prefetch_bytes(Rf, pf + t, xbytes, total)
+                acc = blk(acc, w, t, xpm, b * 32, xd[m, b], xs[m, b], cor[m, b])
+            vstore(out[m], grp * 8, acc)
+    for m in range(M):
+        if not ok[m]:
+            for r in range(out.shape[1]):
+                out[m, r] = np.nan
+
+
+@njit(inline="always")
+def _prepare(x, nb, src):
+    """The activations as the kernels read them: (permuted 16-bit values, scales, scales times sums,
+    -8 times the integer sums, finite rows)."""
+    M = x.shape[0]
     xq = np.empty((M, nb * 32), np.int16)
     xd = np.empty((M, nb), np.float32)
     xs = np.empty((M, nb), np.float32)
@@ -205,18 +229,57 @@ def _mm_x8(R, x, out, blk, src, xbytes):
                 xp[m, b * 32 + p] = xq[m, b * 32 + src(p)]
                 t += np.int32(xq[m, b * 32 + p])
             cor[m, b] = -8 * t
+    return xp, xd, xs, cor, ok
+
+
+@njit(inline="always")
+def _field4(s0, s1, s2, s3, v, x0, x1, x2, x3, i):
+    return (
+        hmadd(s0, v, pbcast(x0, i)),
+        hmadd(s1, v, pbcast(x1, i)),
+        hmadd(s2, v, pbcast(x2, i)),
+        hmadd(s3, v, pbcast(x3, i)),
+    )
+
+
+@njit(parallel=True, cache=True)
+def mm_q4_0_x8r4(R, x, out, f16):
+    """As ``mm_q4_0_x8``, four activation rows per pass over the weight (prompts): each weight vector
+    is decoded once for four rows. Every row's integer sums and float steps are the one-row kernel's,
+    so its result is too, bit for bit."""
+    G, gb = R.shape
+    nb = gb // 144
+    M = x.shape[0]
+    Rf = R.reshape(-1)
+    total = G * gb
+    xp, xd, xs, cor, ok = _prepare(x, nb, _src_q4)
     for grp in prange(G):
         w = R[grp]
         pf = (grp + X8_PREFETCH_GROUPS) * gb
-        for m in range(M):
-            xpm = xp[m]
-            acc = vzero()
+        for m0 in range(0, M, 4):
+            m1, m2, m3 = min(m0 + 1, M - 1), min(m0 + 2, M - 1), min(m0 + 3, M - 1)
+            x0, x1, x2, x3 = xp[m0], xp[m1], xp[m2], xp[m3]
+            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
             for b in range(nb):
-                t = b * xbytes
-                if m == 0:
-                    prefetch_bytes(Rf, pf + t, xbytes, total)
-                acc = blk(acc, w, t, xpm, b * 32, xd[m, b], xs[m, b], cor[m, b])
-            vstore(out[m], grp * 8, acc)
+                t = b * 144
+                if m0 == 0:
+                    prefetch_bytes(Rf, pf + t, 144, total)
+                s0, s1, s2, s3 = izero(), izero(), izero(), izero()
+                for c in range(4):
+                    qc, xc = t + 16 + 32 * c, b * 32 + 8 * c
+                    s0, s1, s2, s3 = _field4(s0, s1, s2, s3, wnib(w, qc, 0), x0, x1, x2, x3, xc)
+                    s0, s1, s2, s3 = _field4(s0, s1, s2, s3, wnib(w, qc, 1), x0, x1, x2, x3, xc + 2)
+                    s0, s1, s2, s3 = _field4(s0, s1, s2, s3, wnib(w, qc, 2), x0, x1, x2, x3, xc + 4)
+                    s0, s1, s2, s3 = _field4(s0, s1, s2, s3, wnib(w, qc, 3), x0, x1, x2, x3, xc + 6)
+                d = xh8(w, t)
+                a0 = vfma(a0, vmul(d, vsplat(xd[m0, b])), itof(iadd_splat(s0, cor[m0, b])))
+                a1 = vfma(a1, vmul(d, vsplat(xd[m1, b])), itof(iadd_splat(s1, cor[m1, b])))
+                a2 = vfma(a2, vmul(d, vsplat(xd[m2, b])), itof(iadd_splat(s2, cor[m2, b])))
+                a3 = vfma(a3, vmul(d, vsplat(xd[m3, b])), itof(iadd_splat(s3, cor[m3, b])))
+            vstore(out[m3], grp * 8, a3)  # rows past M repeat the last one: written again, same values
+            vstore(out[m2], grp * 8, a2)
+            vstore(out[m1], grp * 8, a1)
+            vstore(out[m0], grp * 8, a0)
     for m in range(M):
         if not ok[m]:
             for r in range(out.shape[1]):
@@ -238,3 +301,5 @@ def mm_q4_1_x8(R, x, out, f16):
 
 #: the kernel of each type
 KERNELS = {"Q4_0": mm_q4_0_x8, "Q4_1": mm_q4_1_x8}
+#: the four-rows-per-pass kernel of each type that has one
+KERNELS_R4 = {"Q4_0": mm_q4_0_x8r4}
