@@ -125,3 +125,71 @@ def test_tiny_llama_decode_uses_fast_steps_with_identical_logits(tmp_path):
     assert sum("step_f16" in n for n in names[True]) >= 2, names[True]  # K and V of each layer
     assert any("glu_step" in n for n in names[True]), names[True]
     assert not any("step_f16" in n or "glu_step" in n for n in names[False])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_short_context_attention_same_bytes(seed):
+    """Decode attention over only the used cells of a padded cache view: the same bytes as the kernel over
+    the whole view (1-4 query rows, holes in the mask, one or two chunks of keys, a softcap)."""
+    from llamapy._numba import set_num_threads
+    from llamapy.ggml.cpu.attn_decode import attn_group_f16x8, group_chunks
+    from llamapy.ggml.cpu.plan_kernels import attn_short_keys
+
+    rng = np.random.default_rng(seed)
+    tried = 0
+    for case in range(12):
+        H, Hkv, D = [(9, 3, 64), (4, 2, 32), (8, 2, 128)][case % 3]
+        KV, T = int(rng.choice([256, 384, 512])), int(rng.integers(1, 5))
+        used = int(rng.integers(0, 140)) if case % 4 else int(rng.integers(0, KV + 1))
+        q = (rng.standard_normal((T, H, D)) * 2).astype(np.float32)
+        k, v = (rng.standard_normal((KV * Hkv * D,)).astype(np.float16).view(np.uint16) for _ in "kv")
+        mask = np.full((T, KV), -np.inf, np.float32)
+        for t in range(T):
+            mask[t, : max(0, used - (T - 1 - t))] = 0
+        if case % 5 == 0:
+            mask[:, rng.integers(0, KV, 5)] = -np.inf
+        sl, cap = np.ones(H, np.float32), np.float32(30.0 if case % 2 else 0.0)
+        n_chunks = group_chunks(KV, 1 + case % 2)
+        set_num_threads(1 + case % 2)
+        ref, got = np.empty((T, H, D), np.float32), np.full((T, H, D), 7.0, np.float32)
+        attn_group_f16x8(q, k, v, mask, True, np.float32(0.125), cap, sl, ref, Hkv, D, n_chunks)
+        n = attn_short_keys(mask, True, KV, n_chunks)
+        assert n <= KV and (n == KV or not np.any(mask[:, n:] != -np.inf))
+        if n < KV:
+            tried += 1
+            m, row = np.ascontiguousarray(mask[:, :n]), Hkv * D
+            attn_group_f16x8(
+                q, k[: n * row], v[: n * row], m, True, np.float32(0.125), cap, sl, got, Hkv, D, 1
+            )
+            assert got.tobytes() == ref.tobytes(), (H, KV, T, used, n_chunks)
+    set_num_threads(None)
+    assert tried >= 4
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tiny_llama_short_context_attention_identical_logits(tmp_path, threads):
+    """A 256-cell cache (the padded view) with a few tokens: the decode attention reads the used part
+    only, and the logits are the bytes of the attention over the whole view."""
+    from llamapy.batch import Batch
+    from llamapy.context import Context, ContextParams
+    from llamapy.model import Model
+    from tests.model.tiny import tiny_llama
+
+    model = Model.load(tiny_llama(tmp_path / "tiny.gguf", seed=5))
+    logits, names = {}, {}
+    for enabled in (False, True):
+        plan_steps.ENABLED = enabled
+        try:
+            c = Context(model, ContextParams(n_ctx=256, n_threads=threads))
+            c.decode(Batch.from_tokens([5, 17, 3, 42, 9], pos0=0))
+            rows = [c.get_logits().tobytes()]
+            for i, t in enumerate([8, 21, 33, 1]):
+                c.decode(Batch.from_tokens([t], pos0=5 + i))
+                rows.append(c.get_logits().tobytes())
+        finally:
+            plan_steps.ENABLED = True
+        logits[enabled] = rows
+        names[enabled] = [getattr(s, "__qualname__", "") for s in c.sched._last.steps]
+    assert logits[True] == logits[False]
+    assert sum("attn_group_step" in n for n in names[True]) == 2, names[True]
+    assert not any("attn_group_step" in n for n in names[False])

@@ -68,6 +68,7 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
             use_group,
             use_split,
         )
+        from .plan_steps import attn_group_step
 
         has_mask = mask is not None
         mk_ = mask if has_mask else _NO_MASK
@@ -83,6 +84,10 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
                 be.need(attn_group_f16x8)
                 kf, vf = K16.reshape(-1), V16.reshape(-1)
                 gch = group_chunks(KV, nth)
+                args = (Q, kf, vf, mk_, has_mask, scale, cap, sl, out, Hkv, D)
+                short = attn_group_step(attn_group_f16x8, args, KV, Hkv * D, gch, be.need)  # short context
+                if short is not None:
+                    return short
                 return lambda: attn_group_f16x8(Q, kf, vf, mk_, has_mask, scale, cap, sl, out, Hkv, D, gch)
             if not split and vec and Q.flags.c_contiguous:
                 be.need(attn_heads_f16x8)

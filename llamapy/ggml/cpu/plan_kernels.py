@@ -8,6 +8,9 @@ costs more than the work (benchmarks/results/decode_overhead.md):
 * ``glu_rows_serial``: ``op_kernels.glu_rows`` without ``prange`` for a few rows (a decode token's one
   row): a parallel launch for 1-9k elements costs more than the loop. Same expression, same flags, so
   the same bits.
+* ``attn_short_keys``: how much of the KV cache view a decode attention at a short context reads (the
+  view is padded to 256 cells; the kernel's pass over the padding's masked keys cost a third of its 25 us
+  a layer on SmolLM2).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from ..._numba import njit  # first: it sets NUMBA_CACHE_DIR before Numba
 # isort: split
 import numpy as np
 
+from .attn_decode import SB
 from .layouts import GLU_SWIGLU
 from .op_kernels import _gelu, _silu
 
@@ -100,3 +104,31 @@ def glu_rows_serial(a, b, kind, out):
         else:
             for j in range(d):
                 out[i, j] = _gelu(a[i, j]) * b[i, j]
+
+
+@njit(cache=True)
+def attn_short_keys(mask, has_mask, KV, n_chunks):
+    """How many cache cells a decode attention (``attn_decode.attn_group_f16x8`` with ``n_chunks`` chunks
+    over ``KV`` cells) needs to read: the used part when every unmasked key lies in the first chunk (a
+    short context: the cache view is padded to 256 cells), cut at the end of a sub-block of ``SB`` keys or
+    the chunk's end; ``KV`` otherwise. Run over that many cells as one chunk, the kernel gives the same
+    bits: the first chunk keeps its start and its sub-blocks, and what is cut holds masked keys only, which
+    add nothing (a fully masked chunk is skipped by the merge, a fully masked sub-block leaves the running
+    max, sum and accumulators as they were)."""
+    if not has_mask or n_chunks < 1:
+        return KV
+    csz = (KV + n_chunks - 1) // n_chunks
+    ninf = np.float32(-np.inf)
+    T = mask.shape[0]
+    used = 0
+    for j in range(KV - 1, -1, -1):
+        hit = False
+        for t in range(T):
+            if mask[t, j] != ninf:
+                hit = True
+        if hit:
+            used = j + 1
+            break
+    if used > csz:
+        return KV
+    return min(csz, max(SB, (used + SB - 1) // SB * SB))

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..backend import ComputeError, Step
 
-__all__ = ["ENABLED", "GLU_SERIAL_MAX", "glu_step", "set_rows_step"]
+__all__ = ["ENABLED", "GLU_SERIAL_MAX", "attn_group_step", "glu_step", "set_rows_step"]
 
 #: False: the backend builds the general steps (tests compare the two, byte for byte)
 ENABLED = True
@@ -83,3 +83,33 @@ def glu_step(
 
     need(glu_rows_serial)
     return lambda: glu_rows_serial(a, b, kind, out)
+
+
+def attn_group_step(
+    kern: Callable[..., None],
+    args: tuple,
+    kv: int,
+    row: int,
+    n_chunks: int,
+    need: Callable[..., None],
+) -> Step | None:
+    """Decode attention by ``attn_decode.attn_group_f16x8`` (``kern``; ``args`` its arguments before the
+    chunk count: q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D) over only the used part of a
+    short cache (``plan_kernels.attn_short_keys``: same bits), all of it otherwise. None: not enabled."""
+    q, k, v, mask, has_mask, *rest = args
+    if not ENABLED or not has_mask or mask.ndim != 2 or mask.shape[1] != kv or not mask.flags.c_contiguous:
+        return None
+    from .plan_kernels import attn_short_keys
+
+    need(attn_short_keys)
+    T = mask.shape[0]
+
+    def step() -> None:
+        n = attn_short_keys(mask, has_mask, kv, n_chunks)
+        if n >= kv:
+            kern(*args, n_chunks)
+            return
+        m = mask[:, :n] if T == 1 else np.ascontiguousarray(mask[:, :n])
+        kern(q, k[: n * row], v[: n * row], m, has_mask, *rest, 1)
+
+    return step
