@@ -118,6 +118,8 @@ class CPUBackend(Backend):
         self._fused_muls: set[int] = set()
         self._state_writes: dict[int, Tensor] = {}
         self._state_cpys: set[int] = set()
+        self._ssm_skip: set[int] = set()
+        self._ssm_fused: dict[int, Any] = {}
 
     def __repr__(self) -> str:
         return f"CPUBackend(n_threads={self.n_threads})"
@@ -135,7 +137,8 @@ class CPUBackend(Backend):
         self._fused_muls: set[int] = set()
         self._state_writes = ssm_steps.state_writes(graph, nodes)  # recurrent states written in place
         self._state_cpys: set[int] = set()  # their cpy nodes (no step: the op wrote the buffer)
-        extra: dict[int, list[Tensor]] = {}
+        # recurrent layers' small ops computed by the conv / delta-rule steps (ssm_steps.fusions)
+        self._ssm_skip, self._ssm_fused, extra = ssm_steps.fusions(graph, nodes)
         if graph is None or nodes is None:
             return extra
         mine = {id(n) for n in nodes}
@@ -174,6 +177,10 @@ class CPUBackend(Backend):
             return None
         if id(node) in self._fused_norms or id(node) in self._state_cpys:
             return None
+        if id(node) in self._ssm_skip:
+            return None
+        if id(node) in self._ssm_fused:
+            return ssm_steps.fused_step(self, node, arrays)
         if id(node) in self._fused_muls:
             return _rms_norm(self, node.src[0], arrays, out_node=node, weight=arrays[id(node.src[1])])
         fn = _COMPILERS.get(node.op)

@@ -15,6 +15,8 @@ from ..._numba import njit, prange  # first: it sets NUMBA_CACHE_DIR before Numb
 # isort: split
 import numpy as np
 
+from .op_kernels import _silu
+
 
 @njit(cache=True, fastmath=True, error_model="numpy")
 def act_rows(x, kind, eps, out):
@@ -39,23 +41,140 @@ def act_rows(x, kind, eps, out):
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def ssm_conv_rows(sx, c, out):
-    """``sx [S, K-1+T, C]``, ``c [C, K]`` -> ``out [S, T, C]`` (causal depthwise conv)."""
+def ssm_conv_rows(sx, ct, out, silu):
+    """``sx [S, K-1+T, C]``, the kernel transposed ``ct [K, C]`` -> ``out [S, T, C]`` (causal depthwise
+    conv; then SiLU when ``silu``: the fused ``silu(ssm_conv(...))``). Channels innermost (vectorized);
+    each output sums its K taps in order, as one channel at a time would."""
     n_s, n_t, n_c = out.shape
-    k = c.shape[1]
+    k = ct.shape[0]
     for s in range(n_s):
         for t in range(n_t):
+            o = out[s, t]
+            x0 = sx[s, t]
+            w0 = ct[0]
             for ch in range(n_c):
-                acc = np.float32(0.0)
-                for j in range(k):
-                    acc += sx[s, t + j, ch] * c[ch, j]
-                out[s, t, ch] = acc
+                o[ch] = np.float32(0.0) + x0[ch] * w0[ch]
+            for j in range(1, k):
+                xj = sx[s, t + j]
+                wj = ct[j]
+                for ch in range(n_c):
+                    o[ch] += xj[ch] * wj[ch]
+            if silu:
+                for ch in range(n_c):
+                    o[ch] = _silu(o[ch])
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def conv_state_silu(state, x, ct, out, dst):
+    """``silu(ssm_conv(concat(state, x)))`` without the concatenation, then the new conv state (the last
+    K-1 rows of ``[state; x]``) into ``dst`` (which may be ``state``: rows move forward only): ``state,
+    dst [S, K-1, C]``, ``x [S, T, C]``, the kernel transposed ``ct [K, C]`` -> ``out [S, T, C]`` (as
+    ``ssm_conv_rows``)."""
+    n_s, n_t, n_c = out.shape
+    k = ct.shape[0]
+    km = k - 1
+    for s in range(n_s):
+        for t in range(n_t):
+            o = out[s, t]
+            x0 = state[s, t] if t < km else x[s, t - km]
+            w0 = ct[0]
+            for ch in range(n_c):
+                o[ch] = np.float32(0.0) + x0[ch] * w0[ch]
+            for j in range(1, k):
+                xj = state[s, t + j] if t + j < km else x[s, t + j - km]
+                wj = ct[j]
+                for ch in range(n_c):
+                    o[ch] += xj[ch] * wj[ch]
+            for ch in range(n_c):
+                o[ch] = _silu(o[ch])
+        for r in range(km):
+            src = state[s, r + n_t] if r + n_t < km else x[s, r + n_t - km]
+            d = dst[s, r]
+            for ch in range(n_c):
+                d[ch] = src[ch]
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def silu_mul_rows(z, a, out):
+    """``out = a * silu(z)`` over rows (``mul(a, silu(z))``): silu rounded to float32 first, as the two ops
+    (one expression would let fastmath reassociate the division and the product)."""
+    n, d = z.shape
+    for i in range(n):
+        for j in range(d):
+            out[i, j] = _silu(z[i, j])
+        for j in range(d):
+            out[i, j] = a[i, j] * out[i, j]
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def gdn_prep(conv, hk, dk, hv, eps_q, sq, eps_k, alpha, bias, a, b, q, k, v, g, beta):
+    """The inputs of a Qwen3.5 delta-rule step from the conv output ``conv [T, 2 hk dk + hv dv]`` (q | k | v
+    per token) and the projections ``alpha, b [T, hv]``: ``q = l2_norm(q) * sq``, ``k = l2_norm(k)``,
+    ``v`` copied, ``g = softplus(alpha + bias) * a``, ``beta = sigmoid(b)`` into ``q, k [T, hk, dk]``,
+    ``v [T, hv, dv]``, ``g, beta [T, hv]`` (the same float operations as the ops one by one)."""
+    n_t = conv.shape[0]
+    dv = v.shape[2]
+    for t in range(n_t):
+        x = conv[t]
+        for h in range(hk):
+            _l2_row(x[h * dk : (h + 1) * dk], eps_q, q[t, h])
+            for j in range(dk):
+                q[t, h, j] = q[t, h, j] * sq
+            _l2_row(x[(hk + h) * dk : (hk + h + 1) * dk], eps_k, k[t, h])
+        o = 2 * hk * dk
+        for h in range(hv):
+            for j in range(dv):
+                v[t, h, j] = x[o + h * dv + j]
+        for h in range(hv):
+            u = alpha[t, h] + bias[h]
+            sp = u if u > 20.0 else np.float32(math.log1p(math.exp(u)))
+            g[t, h] = sp * a[h]
+            beta[t, h] = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-b[t, h])))
+
+
+@njit(inline="always", fastmath=True, error_model="numpy")
+def _l2_row(x, eps, out):
+    s = 0.0
+    for j in range(x.shape[0]):
+        u = np.float64(x[j])
+        s += u * u
+    sc = np.float32(1.0 / max(math.sqrt(s), eps))
+    for j in range(x.shape[0]):
+        out[j] = x[j] * sc
+
+
+@njit(inline="always", fastmath=True, error_model="numpy")
+def _gdn_token(src, m, q, k, v, dec, b, y, kv, ya):
+    """One token of one head: ``m = src * dec + k (x) ((v - (src * dec)^T k) * b)``, ``y = m^T q``. Two passes
+    over the state: the first only reads it (``kv``), the second writes ``m`` (``src`` may be ``m``)."""
+    d = kv.shape[0]
+    for j in range(d):
+        kv[j] = 0.0
+    for i in range(d):
+        ki = k[i]
+        for j in range(d):
+            kv[j] += (src[i, j] * dec) * ki
+    for j in range(d):
+        kv[j] = (v[j] - kv[j]) * b
+        ya[j] = 0.0
+    for i in range(d):
+        ki = k[i]
+        qi = q[i]
+        for j in range(d):
+            mij = src[i, j] * dec
+            mij += ki * kv[j]
+            m[i, j] = mij
+            ya[j] += mij * qi
+    for j in range(d):
+        y[j] = ya[j]
 
 
 @njit(parallel=True, cache=True, fastmath=True, error_model="numpy")
 def gdn_recurrent(q, k, v, g, beta, state, y, sout):
     """The gated delta rule token by token: ``q, k [S, T, Hk, D]``, ``v [S, T, H, D]``, ``g, beta [S, T, H]``,
-    ``state [S, H, D, D]`` (key, value) -> ``y [S, T, H, D]``, ``sout [S, H, D, D]``."""
+    ``state [S, H, D, D]`` (key, value) -> ``y [S, T, H, D]``, ``sout [S, H, D, D]``. ``sout`` may be
+    ``state`` (updated in place): the loops then read and write one array, which LLVM vectorizes without
+    the overlap check that sends two aliased arrays down its scalar path (2x at decode)."""
     n_s, n_t, n_h, d = v.shape
     hk = q.shape[2]
     for sh in prange(n_s * n_h):
@@ -63,37 +182,19 @@ def gdn_recurrent(q, k, v, g, beta, state, y, sout):
         h = sh % n_h
         kh = h % hk
         m = sout[s, h]
-        m0 = state[s, h]  # read by the first token's decay pass (no separate copy; may alias m)
+        m0 = state[s, h]
         if n_t == 0:
             m[:, :] = m0
         kv = np.empty(d, dtype=np.float32)
+        ya = np.empty(d, dtype=np.float32)
+        same = m0.ctypes.data == m.ctypes.data
         for t in range(n_t):
             dec = np.float32(math.exp(g[s, t, h]))
             b = beta[s, t, h]
-            for j in range(d):
-                kv[j] = 0.0
-            for i in range(d):
-                ki = k[s, t, kh, i]
-                if t == 0:
-                    for j in range(d):
-                        mij = m0[i, j] * dec
-                        m[i, j] = mij
-                        kv[j] += mij * ki
-                else:
-                    for j in range(d):
-                        mij = m[i, j] * dec
-                        m[i, j] = mij
-                        kv[j] += mij * ki
-            for j in range(d):
-                kv[j] = (v[s, t, h, j] - kv[j]) * b
-            for j in range(d):
-                y[s, t, h, j] = 0.0
-            for i in range(d):
-                ki = k[s, t, kh, i]
-                qi = q[s, t, kh, i]
-                for j in range(d):
-                    m[i, j] += ki * kv[j]
-                    y[s, t, h, j] += m[i, j] * qi
+            if t == 0 and not same:
+                _gdn_token(m0, m, q[s, t, kh], k[s, t, kh], v[s, t, h], dec, b, y[s, t, h], kv, ya)
+            else:
+                _gdn_token(m, m, q[s, t, kh], k[s, t, kh], v[s, t, h], dec, b, y[s, t, h], kv, ya)
 
 
 @njit(parallel=True, cache=True, fastmath=True, error_model="numpy")
