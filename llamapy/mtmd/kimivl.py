@@ -21,7 +21,8 @@ Preprocessing is the official processor's (Moonshot AI's ``image_processing_kimi
 bicubic), then padded with black on the right and at the bottom up to multiples of ``patch_size * 2``; sides of
 512 patches or more are refused (the processor's "Exceed pos emb"). llama.cpp instead resizes every image to
 sides multiples of 28 between 8 and 1024 tokens (``mtmd_image_preprocessor_dyn_size``, bicubic, centred on
-black): the same pixels only for images already at multiples of 28 and within its limits.
+black): the same pixels only for images already at multiples of 28 and within its limits. The limit is
+``clip.vision.image_max_pixels / patch_size**2`` where the file has it (a release with another ``in_token_limit``).
 Tokens: ``<|media_start|>`` ... ``<|media_end|>``, as llama.cpp.
 """
 
@@ -57,7 +58,10 @@ def _load(m: ClipModel, t: TensorLoader) -> None:
     hp = m.hparams
     hp.n_merge = merge_factor(m)
     e, p = hp.n_embd, hp.patch_size
-    hp.extra.setdefault("in_token_limit", IN_TOKEN_LIMIT)
+    hi = m.metadata.get(
+        "clip.vision.image_max_pixels", 0
+    )  # in_token_limit * p * p where a converter writes it
+    hp.extra["in_token_limit"] = max(hi // (p * p), 1) if isinstance(hi, int) and hi > 0 else IN_TOKEN_LIMIT
     t("v.patch_embd.weight", (e, 3, p, p))
     t("v.patch_embd.bias", (e,), required=False)
     tab = t("v.position_embd.weight", None)

@@ -233,6 +233,19 @@ def test_preprocessing_on_odd_sizes_is_the_official_processor(kimi: TinyKimiVL, 
     assert cm.n_output_tokens(got.shape[2], got.shape[1]) == got.shape[1] * got.shape[2] // (P * K) ** 2
 
 
+def test_token_limit_from_the_file(kimi: TinyKimiVL, tmp_path: Path) -> None:
+    """``clip.vision.image_max_pixels`` (in_token_limit x patch area) sets the processor's limit."""
+    md = kimi.metadata()
+    md["clip.vision.image_max_pixels"] = 100 * P * P
+    cm = ClipModel(kimi.write_mmproj(tmp_path / "limit.gguf", md))
+    data = RNG.integers(0, 256, (45, 70, 3), dtype=np.uint8)  # 11 x 17 = 187 patches > 100: rescaled
+    got = preprocess(cm, Bitmap(data), True)
+    want = KimiVLImageProcessor(patch_size=P, merge_kernel_size=(K, K), in_token_limit=100)(
+        Image.fromarray(data)
+    )
+    assert got.shape == want.shape == (3, 32, 56) and np.abs(got - want).max() < 1e-6
+
+
 def test_llamacpp_size_rule_is_caught(kimi: TinyKimiVL) -> None:
     """llama.cpp's rule (resize to 8..1024 tokens, centred on black) is not the official processor's."""
     from llamapy.mtmd.qwen2vl import preprocess_dynamic
