@@ -610,7 +610,7 @@ class _MmMapper:
             self.proj.modify(self.ctx, name, data, bid) if self.proj.modify is not None else [(name, data)]
         )
         for n, d in pairs:
-            yield name, (n if n.startswith(("v.", "mm.", "a.")) else self.gguf_name(n)), d
+            yield name, (n if n.startswith(("v.", "mm.", "a.", "resampler.")) else self.gguf_name(n)), d
 
 
 def tensor_type(ctx: MmCtx, proj: Projector, name: str, new: str, data: np.ndarray) -> GGMLType:

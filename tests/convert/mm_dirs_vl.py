@@ -24,6 +24,7 @@ N_TEXT = 64  # Kimi-VL's text width
 class VlDir:
     path: Path
     features: Callable[[np.ndarray], np.ndarray]
+    oracle: Any = None  # the oracle object (MiniCPM-V: TinyMiniCPMV, with the legacy converter's tensors)
 
 
 def _save(d: Path, sd: dict[str, Any], config: dict[str, Any], preproc: dict[str, Any]) -> None:
@@ -73,9 +74,36 @@ def make_kimivl_dir(root: Path, seed: int = 0) -> VlDir:
     return VlDir(d, features)
 
 
+def make_minicpmv_dir(root: Path, seed: int = 0) -> VlDir:
+    """openbmb/MiniCPM-V-2_6's layout: ``vpm.`` (the NaViT SigLIP), ``resampler.`` (query, kv_proj, attn.in_proj_*,
+    attn.out_proj, ln_q / ln_kv / ln_post, proj), ``llm.``; config.json's ``version``, ``query_num``,
+    ``image_size`` (the slice), ``vision_config``; the processor's ``norm_mean`` / ``norm_std``. The tower and
+    resampler are tests/mtmd/minicpmv_tiny's (2 layers of width 32, 16 queries of width 256, 70 x 70 table)."""
+    import torch
+
+    from tests.mtmd import minicpmv_tiny as mt
+
+    tiny = mt.TinyMiniCPMV(root, version=3, n_query=16, text=None, seed=seed)
+    d = root / "tiny-minicpmv"
+    if not (d / "config.json").is_file():
+        sd = {f"vpm.{k}": v for k, v in tiny.vit.state_dict().items()}
+        sd |= {f"resampler.{k}": v for k, v in tiny.res.state_dict().items()}
+        sd["llm.model.embed_tokens.weight"] = torch.zeros(300, mt.D)
+        vision = dict(model_type="siglip_vision_model", hidden_size=mt.N_VIT, image_size=mt.SIDE * mt.P,
+                      intermediate_size=64, num_attention_heads=2, num_hidden_layers=2, patch_size=mt.P)  # fmt: skip
+        cfg = dict(architectures=["MiniCPMV"], model_type="minicpmv", version=2.6, query_num=16,
+                   image_size=mt.SLICE, patch_size=mt.P, hidden_size=mt.D, num_hidden_layers=1, vocab_size=300,
+                   drop_vision_last_layer=False, vision_config=vision,
+                   slice_config={"max_slice_nums": 9, "patch_size": mt.P, "scale_resolution": mt.SLICE})  # fmt: skip
+        pre = dict(image_processor_type="MiniCPMVImageProcessor", norm_mean=[0.5] * 3, norm_std=[0.5] * 3,
+                   max_slice_nums=9, scale_resolution=mt.SLICE, patch_size=mt.P, image_feature_size=16)  # fmt: skip
+        _save(d, sd, cfg, pre)
+    return VlDir(d, tiny.features, tiny)
+
+
 # (case, --outtype) compared with llama.cpp's convert_hf_to_gguf.py --mmproj (where it converts the model)
 VL_RUNS: list[tuple[str, str]] = [("kimivl", "f16")]
 
 
 def make_vl_dir(case: str, root: Path) -> VlDir:
-    return {"kimivl": make_kimivl_dir}[case](root)
+    return {"kimivl": make_kimivl_dir, "minicpmv": make_minicpmv_dir}[case](root)

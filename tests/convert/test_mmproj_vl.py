@@ -49,7 +49,7 @@ def test_same_file_as_llama_cpp(vl_dir, tmp_path: Path, case: str, outtype: str)
 
 
 # (case, image height, width): sizes the tower takes whole
-EMBD_RUNS = [("kimivl", 24, 24), ("kimivl", 40, 16)]
+EMBD_RUNS = [("kimivl", 24, 24), ("kimivl", 40, 16), ("minicpmv", 48, 64), ("minicpmv", 32, 24)]
 
 
 @pytest.mark.parametrize(("case", "h", "w"), EMBD_RUNS, ids=[f"{c}-{h}x{w}" for c, h, w in EMBD_RUNS])
@@ -70,3 +70,67 @@ def test_image_embeddings_match_the_oracle(vl_dir, tmp_path: Path, case: str, h:
     assert got.shape == ref.shape
     err = float(np.abs(got - ref).max() / np.abs(ref).max())
     assert err < TOL, f"{case}: max |diff| / max |oracle| = {err:.2e}"
+
+
+def _read(path: Path) -> tuple[dict, dict]:
+    from llamapy.gguf.reader import GGUFReader
+
+    with GGUFReader(path) as r:
+        md = {k: f.value for k, f in r.fields.items()}
+        types = {k: f.type.name for k, f in r.fields.items()}
+        ts = {t.name: np.array(t.array()).reshape(tuple(reversed([int(x) for x in t.ne]))) for t in r}
+    return {"md": md, "types": types}, ts
+
+
+def _edit(src: Path, dst: Path, **kw) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**cfg, **kw}))
+    return dst
+
+
+def test_minicpmv_as_the_legacy_converter(vl_dir, tmp_path: Path) -> None:
+    """The tensors and keys of minicpmv-surgery + minicpmv-convert-image-encoder-to-gguf (as tests/mtmd's
+    TinyMiniCPMV writes them, FFN names unswapped); the version from config.json; proj / scale_emb."""
+    d = vl_dir("minicpmv")
+    out = tmp_path / "a.gguf"
+    convert(d.path, out, "f32", mmproj=True)
+    info, got = _read(out)
+    want = d.oracle.mm_tensors()
+    assert sorted(got) == sorted(want)
+    for k, w in want.items():
+        if (
+            k == "resampler.pos_embed_k"
+        ):  # (float32 as the legacy script computes it; the oracle's is float64)
+            np.testing.assert_allclose(got[k], w, atol=1e-5)
+        else:
+            assert np.array_equal(got[k], w), k
+    md = info["md"]
+    assert md["clip.projector_type"] == "resampler" and md["clip.has_minicpmv_projector"] is True
+    assert md["clip.minicpmv_version"] == 3 and info["types"]["clip.minicpmv_version"] == "INT32"
+    assert md["clip.minicpmv_query_num"] == 16 and md["clip.vision.image_size"] == 48
+    assert list(md["clip.vision.image_mean"]) == [0.5] * 3 and md["clip.use_gelu"] is True
+
+    for ver, arch, want_v in ((2.5, "MiniCPMV", 2), ("4.5", "MiniCPMO", 100045)):
+        e = _edit(d.path, tmp_path / f"v{want_v}", version=ver, architectures=[arch], scale_emb=4)
+        convert(e, tmp_path / f"v{want_v}.gguf", "f32", mmproj=True)
+        info2, got2 = _read(tmp_path / f"v{want_v}.gguf")
+        assert info2["md"]["clip.minicpmv_version"] == want_v
+        np.testing.assert_array_equal(
+            got2["resampler.proj.weight"], want["resampler.proj.weight"] / np.float32(4)
+        )
+
+
+def test_minicpmv_errors(vl_dir, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = vl_dir("minicpmv").path
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, kw, words in (("ver", {"version": 3.0}, "version 3.0"), ("nover", {"version": None}, "None"),
+                            ("drop", {"drop_vision_last_layer": True}, "drop_vision_last_layer")):  # fmt: skip
+        e = _edit(d, tmp_path / name, **kw)
+        assert main(["convert", str(e), "--mmproj", "-o", str(out / "m.gguf"), "-q"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and words in err, err
+        assert list(out.iterdir()) == []
