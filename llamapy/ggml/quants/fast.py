@@ -13,6 +13,9 @@ from collections.abc import Callable
 import numpy as np
 
 from ..._numba import njit, prange
+
+# isort: split
+from ..cpu.simd import u16at, vi8, vmul_strict, vq4, vsplat, vstore, vsub_strict
 from ..types import GGMLType
 from .iq_tables import KVALUES_IQ4NL
 from .layouts import (
@@ -74,18 +77,20 @@ def _h(src, o, tab):
 
 @njit(parallel=True, cache=True)
 def _q4_0(raw, out, tab):
+    # d * ((q & 15) - 8) in 8-lane vectors (the same float operations: q - 8 is exact); 2.6x the scalar
+    # loop, which LLVM did not vectorize (the prompt path dequantizes whole weight tiles)
     nb = raw.shape[1] // Q4_0_BYTES
+    eight = vsplat(F32(8.0))
     for r in prange(raw.shape[0]):
         src = raw[r]
         dst = out[r]
         for b in range(nb):
             o = b * Q4_0_BYTES
-            d = _h(src, o, tab)
+            d = vsplat(tab[u16at(src, o)])
             y = b * 32
-            for j in range(16):
-                v = np.int32(src[o + Q4_0_QS + j])
-                dst[y + j] = d * F32((v & 15) - 8)
-                dst[y + j + 16] = d * F32((v >> 4) - 8)
+            for j in range(0, 16, 8):
+                vstore(dst, y + j, vmul_strict(d, vsub_strict(vq4(src, o + Q4_0_QS + j, False), eight)))
+                vstore(dst, y + j + 16, vmul_strict(d, vsub_strict(vq4(src, o + Q4_0_QS + j, True), eight)))
 
 
 @njit(parallel=True, cache=True)
@@ -164,10 +169,10 @@ def _q8_0(raw, out, tab):
         dst = out[r]
         for b in range(nb):
             o = b * Q8_0_BYTES
-            d = _h(src, o, tab)
+            d = vsplat(tab[u16at(src, o)])
             y = b * 32
-            for j in range(32):
-                dst[y + j] = d * F32(np.int8(src[o + Q8_0_QS + j]))
+            for j in range(0, 32, 8):  # 8-lane vectors: 2.4x the scalar loop, the same products
+                vstore(dst, y + j, vmul_strict(d, vi8(src, o + Q8_0_QS + j)))
 
 
 @njit(parallel=True, cache=True)
