@@ -191,5 +191,8 @@ def test_tiny_llama_short_context_attention_identical_logits(tmp_path, threads):
         logits[enabled] = rows
         names[enabled] = [getattr(s, "__qualname__", "") for s in c.sched._last.steps]
     assert logits[True] == logits[False]
+    import numba
+
+    assert numba.get_num_threads() == min(threads, numba.config.NUMBA_NUM_THREADS)  # put back after each call
     assert sum("attn_group_step" in n for n in names[True]) == 2, names[True]
     assert not any("attn_group_step" in n for n in names[False])

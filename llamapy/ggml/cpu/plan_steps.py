@@ -95,10 +95,17 @@ def attn_group_step(
 ) -> Step | None:
     """Decode attention by ``attn_decode.attn_group_f16x8`` (``kern``; ``args`` its arguments before the
     chunk count: q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D) over only the used part of a
-    short cache (``plan_kernels.attn_short_keys``: same bits), all of it otherwise. None: not enabled."""
+    short cache (``plan_kernels.attn_short_keys``: same bits), all of it otherwise. None: not enabled.
+
+    The short case is one chunk of at most a few hundred keys: it runs on the calling thread alone (the
+    kernel's one-iteration ``prange`` then wakes no other thread; the same code, so the same bits). With
+    2 threads on a busy 2-core VM a launch that wakes the second thread cost 335 us wall against 57 us on
+    one thread for SmolLM2's 20 keys (benchmarks/results/decode_overhead.md)."""
     q, k, v, mask, has_mask, *rest = args
     if not ENABLED or not has_mask or mask.ndim != 2 or mask.shape[1] != kv or not mask.flags.c_contiguous:
         return None
+    from numba import get_num_threads, set_num_threads
+
     from .plan_kernels import attn_short_keys
 
     need(attn_short_keys)
@@ -110,6 +117,14 @@ def attn_group_step(
             kern(*args, n_chunks)
             return
         m = mask[:, :n] if T == 1 else np.ascontiguousarray(mask[:, :n])
-        kern(q, k[: n * row], v[: n * row], m, has_mask, *rest, 1)
+        nt = get_num_threads()
+        if nt == 1:
+            kern(q, k[: n * row], v[: n * row], m, has_mask, *rest, 1)
+            return
+        set_num_threads(1)
+        try:
+            kern(q, k[: n * row], v[: n * row], m, has_mask, *rest, 1)
+        finally:
+            set_num_threads(nt)
 
     return step
