@@ -97,16 +97,18 @@ def repack_x8(A, R, sbytes, hbytes, qbytes):
     N, rb = A.shape
     nb = rb // sbytes
     xb = 8 * (hbytes + qbytes)
+    A16 = A.view(np.uint16)
+    R16 = R.view(np.uint16)
     for grp in range(N // 8):
         for b in range(nb):
             s0, t0 = b * sbytes, b * xb
             for r in range(8):
                 row = grp * 8 + r
-                for h in range(hbytes):
-                    R[grp, t0 + 16 * (h // 2) + 2 * r + (h & 1)] = A[row, s0 + h]
-                q0, d0 = s0 + hbytes, t0 + 8 * hbytes + 4 * r
-                for k in range(qbytes):
-                    R[grp, d0 + 32 * (k // 4) + (k & 3)] = A[row, q0 + k]
+                for h in range(hbytes // 2):  # 2 bytes at a time (every offset is even)
+                    R16[grp, (t0 + 16 * h + 2 * r) // 2] = A16[row, s0 // 2 + h]
+                q0, d0 = (s0 + hbytes) // 2, (t0 + 8 * hbytes + 4 * r) // 2
+                for k in range(qbytes // 2):
+                    R16[grp, d0 + 16 * (k // 2) + (k & 1)] = A16[row, q0 + k]
 
 
 @njit(parallel=True, cache=True)
@@ -115,6 +117,8 @@ def unpack_x8_rows(R, r0, r1, dst, sbytes, hbytes, qbytes):
     sbytes]), bit for bit the rows ``repack_x8`` was given."""
     xb = 8 * (hbytes + qbytes)
     nb = R.shape[1] // xb
+    R16 = R.view(np.uint16)
+    D16 = dst.view(np.uint16)
     g0 = r0 // 8
     for gi in prange((r1 + 7) // 8 - g0):
         g8 = g0 + gi
@@ -122,11 +126,11 @@ def unpack_x8_rows(R, r0, r1, dst, sbytes, hbytes, qbytes):
             s0, t0 = b * sbytes, b * xb
             for r in range(max(0, r0 - g8 * 8), min(8, r1 - g8 * 8)):
                 i = g8 * 8 + r - r0
-                for h in range(hbytes):
-                    dst[i, s0 + h] = R[g8, t0 + 16 * (h // 2) + 2 * r + (h & 1)]
-                q0, d0 = s0 + hbytes, t0 + 8 * hbytes + 4 * r
-                for k in range(qbytes):
-                    dst[i, q0 + k] = R[g8, d0 + 32 * (k // 4) + (k & 3)]
+                for h in range(hbytes // 2):
+                    D16[i, s0 // 2 + h] = R16[g8, (t0 + 16 * h + 2 * r) // 2]
+                q0, d0 = (s0 + hbytes) // 2, (t0 + 8 * hbytes + 4 * r) // 2
+                for k in range(qbytes // 2):
+                    D16[i, q0 + k] = R16[g8, d0 + 16 * (k // 2) + (k & 1)]
 
 
 @intrinsic
