@@ -1,7 +1,8 @@
 """Speculative decoding from the model itself: its next-token-prediction (NextN / MTP) layer as the
 draft (llama.cpp's ``--spec-type draft-mtp``; ``Llama(draft_model="mtp")``).
 
-GLM-4.5 (``glm4moe``), DeepSeek V3 (``deepseek2``) and Qwen3.5 (``qwen35``/``qwen35moe``) files carry,
+GLM-4.5 (``glm4moe``), DeepSeek V3 (``deepseek2``), Qwen3.5 (``qwen35``/``qwen35moe``) and Qwen3-Next
+(``qwen3next``) files carry,
 after the trunk, a block ``blk.{n_layer}`` with ``nextn.eh_proj``, ``nextn.enorm``, ``nextn.hnorm``
 (and optionally ``nextn.shared_head_norm`` / ``nextn.shared_head_head``; else the model's output norm
 and head). At position ``p`` it reads the token ``t_p`` and the target's normed last hidden state
@@ -10,7 +11,8 @@ and head). At position ``p`` it reads the token ``t_p`` and the target's normed 
     x = eh_proj([enorm(embed(t_p)), hnorm(h_{p-1})]);  x = block(x);  h' = head_norm(x)
     logits(t_{p+1}) = head(h')
 
-as llama.cpp's ``graph_mtp`` (src/models/glm4-moe.cpp, deepseek2.cpp, qwen35.cpp). The block runs in
+as llama.cpp's ``graph_mtp`` (src/models/glm4-moe.cpp, deepseek2.cpp, qwen35.cpp, qwen3next.cpp; the
+hybrids' MTP block is a gated full-attention layer, without recurrent state). The block runs in
 its own :class:`~llamapy.context.Context` over a one-layer model (:class:`MtpModel`) with its own KV
 cache; its input is an embeddings batch of ``[embed(t_p) | h_{p-1}]`` rows.
 
@@ -35,7 +37,10 @@ from ..errors import LlamapyError
 from ..ggml import ops
 from .hidden_draft import Features, HiddenDraftModel, HiddenStateDraft
 
-MTP_ARCHS = ("glm4moe", "deepseek2", "qwen35", "qwen35moe")
+MTP_ARCHS = ("glm4moe", "deepseek2", "qwen35", "qwen35moe", "qwen3next")
+
+
+QWEN_HYBRIDS = ("qwen35", "qwen35moe", "qwen3next")  # gated attention, MoE with a gated shared expert
 
 
 class MtpError(LlamapyError):
@@ -72,7 +77,7 @@ def build_mtp(arch: Any, g: Any) -> Any:
     if hp.arch == "deepseek2":
         a = arch.build_mla(g, a, blk, 0)
         norm2 = "ffn_norm.weight"
-    elif hp.arch in ("qwen35", "qwen35moe"):
+    elif hp.arch in QWEN_HYBRIDS:
         from ..model.rs_blocks import build_gated_attention
 
         a = build_gated_attention(g, a, blk, 0)
@@ -84,7 +89,7 @@ def build_mtp(arch: Any, g: Any) -> Any:
     x = g.cb(ops.add(x, a), "ffn_inp", 0)
     f = g.build_norm(x, blk[norm2], name="ffn_norm", il=0)
     if arch.layer_moe(0):
-        if hp.arch in ("qwen35", "qwen35moe"):
+        if hp.arch in QWEN_HYBRIDS:
             f = ops.add(g.build_moe_ffn(f, blk, 0, True), g.build_shared_expert(f, blk, 0))
         else:
             from ..model.moe_blocks import build_moe_layer

@@ -50,7 +50,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("mtp")
     out: dict[str, Path] = {}
     try:
-        for name in ("glm4moe", "deepseek2", "qwen35"):
+        for name in ("glm4moe", "deepseek2", "qwen35", "qwen3next"):
             tm = hf_tiny.make_tiny(FAMILIES[name], root, seed=zlib.crc32(name.encode()) % 10_000)
             tm.write(GGMLType.F32)
             out[name] = _with_mtp(tm, root, None)
@@ -64,13 +64,22 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _with_mtp(tm: Any, root: Path, scale: float | None) -> Path:
     """The family's file with one MTP layer ``blk.{n_layer}`` (the families' converters add a random one
-    to glm4moe/deepseek2: a copy of the last layer; qwen35 gets the same here).
+    to glm4moe/deepseek2: a copy of the last layer; qwen35 / qwen3next get the same here: their last layer
+    is a full-attention one, as their MTP block).
 
     With ``scale`` every attention / linear-attention / FFN output projection is multiplied by it and
     the MTP's eh_proj keeps only the token's half: at 0 the model's next token is a function f of the
     current one (head(norm(embed(t)))) and the MTP layer predicts f(t_{p+1}), exactly what the model
     will say after t_{p+1}; a little above 0 the context sometimes changes the model's choice, so some
     drafts are rejected (a recurrent state must then be rolled back)."""
+    md, tensors = _mtp_tensors(tm, scale)
+    tag = "random" if scale is None else f"s{scale}"
+    return hf_tiny.write_gguf(
+        root / f"{tm.family.name}-mtp-{tag}.gguf", tm.family.arch, md, tensors, GGMLType.F32
+    )
+
+
+def _mtp_tensors(tm: Any, scale: float | None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     fam, cfg = tm.family, tm.hf.config
     tensors = dict(tm.tensors[GGMLType.F32])
     n_layer, n = cfg.num_hidden_layers, cfg.hidden_size
@@ -95,8 +104,7 @@ def _with_mtp(tm: Any, root: Path, scale: float | None) -> Path:
         tensors[f"blk.{n_layer}.nextn.eh_proj.weight"] = np.concatenate(
             [eye, np.zeros((n, n), np.float32)], 1
         )
-    tag = "random" if scale is None else f"s{scale}"
-    return hf_tiny.write_gguf(root / f"{fam.name}-mtp-{tag}.gguf", fam.arch, md, tensors, GGMLType.F32)
+    return md, tensors
 
 
 PROMPT = [int(t) for t in np.random.default_rng(5).integers(0, hf_tiny.N_VOCAB, 24)]
@@ -110,7 +118,7 @@ def _run(model: Model, draft: Any, sample: Any = None, n: int = 32) -> list[int]
     return [s.token for s in steps if s.token is not None]
 
 
-@pytest.mark.parametrize("name", ["glm4moe"])  # (deepseek2, qwen35: identity checked with their -copy files)
+@pytest.mark.parametrize("name", ["glm4moe", "qwen3next"])  # (deepseek2, qwen35: with their -copy files)
 def test_greedy_identical_with_mtp_drafts(files: dict[str, Path], name: str) -> None:
     model = Model.load(files[name])
     assert model.hparams.n_layer_nextn == 1
@@ -121,7 +129,7 @@ def test_greedy_identical_with_mtp_drafts(files: dict[str, Path], name: str) -> 
     assert draft.n_drafted > 0 and draft.n_calls > 0
 
 
-@pytest.mark.parametrize("name", ["glm4moe", "deepseek2", "qwen35"])
+@pytest.mark.parametrize("name", ["glm4moe", "deepseek2", "qwen35", "qwen3next"])
 def test_mtp_drafts_are_accepted_when_the_layer_predicts_the_model(files: dict[str, Path], name: str) -> None:
     model = Model.load(files[name + "-copy"])
     plain = _run(model, None)
@@ -131,15 +139,53 @@ def test_mtp_drafts_are_accepted_when_the_layer_predicts_the_model(files: dict[s
     assert draft.n_accepted >= 0.9 * draft.n_drafted - 3 and draft.n_accepted >= 16
 
 
-@pytest.mark.parametrize("name", ["glm4moe", "qwen35"])
+@pytest.mark.parametrize("name", ["glm4moe", "qwen35", "qwen3next"])
 def test_partly_rejected_mtp_drafts_roll_back(files: dict[str, Path], name: str) -> None:
-    """Some drafts kept, some rejected: the KV cache (and qwen35's recurrent state, through a
+    """Some drafts kept, some rejected: the KV cache (and the hybrids' recurrent state, through a
     checkpoint) goes back to the last kept token and the output stays the plain one."""
     model = Model.load(files[name + "-mostly"])
     plain = _run(model, None, n=40)
     draft = MtpDraft(model, n_draft=3, n_ctx=256)
     assert _run(model, draft, n=40) == plain
     assert 0 < draft.n_accepted < draft.n_drafted
+
+
+def _with_llamacpp_nextn_names(tm: Any, root: Path, roll_head: int) -> Path:
+    """The qwen3next ``-copy`` file with every NextN tensor of llama.cpp's list for the arch (gguf-py's
+    names; llama.cpp's list for qwen3next has all six, gguf 0.19's not yet): ``embed_tokens`` (a copy of token_embd), ``shared_head_norm`` and ``shared_head_head`` (the
+    output head with its rows rolled by ``roll_head``: the MTP layer then predicts f(t) + roll_head)."""
+    gguf = pytest.importorskip("gguf")
+    fam, n_layer = tm.family, tm.hf.config.num_hidden_layers
+    md, tensors = _mtp_tensors(tm, 0.0)
+    assert md[gguf.Keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=fam.arch)] == 1
+    head = tensors.get("output.weight", tensors["token_embd.weight"])
+    T = gguf.MODEL_TENSOR
+    nm = {t: gguf.TENSOR_NAMES[t].format(bid=n_layer) + ".weight" for t in T if t.name.startswith("NEXTN_")}
+    tensors[nm[T.NEXTN_EMBED_TOKENS]] = tensors["token_embd.weight"].copy()
+    tensors[nm[T.NEXTN_SHARED_HEAD_NORM]] = tensors["output_norm.weight"].copy()
+    tensors[nm[T.NEXTN_SHARED_HEAD_HEAD]] = np.roll(head, roll_head, axis=0)
+    return hf_tiny.write_gguf(
+        root / f"qwen3next-mtp-names{roll_head}.gguf", fam.arch, md, tensors, GGMLType.F32
+    )
+
+
+def test_mtp_reads_llamacpp_nextn_tensor_names(tmp_path: Path) -> None:
+    """A qwen3next file with all six of llama.cpp's ``blk.N.nextn.*`` tensors: the trunk loads (skipping
+    them), the MTP layer takes its own embeddings, head norm and head (rolled head: drafts rejected)."""
+    tm = hf_tiny.make_tiny(FAMILIES["qwen3next"], tmp_path, seed=zlib.crc32(b"qwen3next") % 10_000)
+    tm.write(GGMLType.F32)
+    runs = {}
+    for roll in (0, 1):
+        model = Model.load(_with_llamacpp_nextn_names(tm, tmp_path, roll))
+        assert model.hparams.n_layer == 4 and model.hparams.n_layer_nextn == 1
+        draft = MtpDraft(model, n_draft=3, n_ctx=256)
+        blk = draft.mtp.impl.blocks[0]
+        assert all(
+            f"nextn.{k}.weight" in blk for k in ("shared_head_head", "shared_head_norm", "embed_tokens")
+        )
+        runs[roll] = (_run(model, draft), _run(model, None), draft)
+    assert runs[0][0] == runs[0][1] == runs[1][0] == runs[1][1]
+    assert runs[0][2].n_accepted >= 16 and getattr(runs[1][2], "n_accepted", 0) <= 2
 
 
 def test_sampled_identical_with_mtp_drafts(files: dict[str, Path]) -> None:
