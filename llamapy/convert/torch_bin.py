@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import io
+import math
 import mmap
 import pickle
 import struct
@@ -45,22 +46,42 @@ _STORAGES: dict[str, str] = {
 _MAX_PICKLE = 256 << 20  # a state dict's pickle holds names and shapes only
 
 
-class _StorageType:
+class _Frozen:
+    """Attributes set once in ``__init__``: a pickle's BUILD opcode cannot change them (the storage types
+    are shared by every load in the process)."""
+
+    __slots__ = ()
+
+    def _init(self, **kw: Any) -> None:
+        for k, v in kw.items():
+            object.__setattr__(self, k, v)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise pickle.UnpicklingError(f"an attempt to set {name!r} on a {type(self).__name__[1:]}")
+
+
+class _StorageType(_Frozen):
     """Stand-in for a ``torch.<Type>Storage`` class named in a persistent id (not callable)."""
 
+    __slots__ = ("dtype",)
+
     def __init__(self, dtype: str) -> None:
-        self.dtype = dtype
+        self._init(dtype=dtype)
 
 
-class _Storage:
+class _Storage(_Frozen):
     """One storage of the archive: its dtype, element count and mapped bytes."""
 
+    __slots__ = ("dtype", "key", "numel", "raw")
+
     def __init__(self, dtype: str, key: str, numel: int, raw: np.ndarray) -> None:
-        self.dtype, self.key, self.numel, self.raw = dtype, key, numel, raw
+        self._init(dtype=dtype, key=key, numel=numel, raw=raw)
 
 
-class _TensorRecord:
+class _TensorRecord(_Frozen):
     """What ``_rebuild_tensor_v2`` describes: a strided view of a storage."""
+
+    __slots__ = ("storage", "offset", "shape", "stride")
 
     def __init__(self, storage: Any, offset: Any, size: Any, stride: Any) -> None:
         if not isinstance(storage, _Storage):
@@ -70,7 +91,9 @@ class _TensorRecord:
             raise pickle.UnpicklingError("a tensor with a malformed offset, size or stride")
         if offset < 0 or min((*size, *stride), default=0) < 0:
             raise pickle.UnpicklingError("a tensor with a negative offset, size or stride")
-        self.storage, self.offset, self.shape, self.stride = storage, offset, size, stride
+        if math.prod(size) > max(storage.numel, 1):  # (no broadcast views: a state dict holds none)
+            raise pickle.UnpicklingError(f"a tensor of {list(size)} on a storage of {storage.numel} elements")
+        self._init(storage=storage, offset=offset, shape=size, stride=stride)
 
 
 def _rebuild_tensor_v2(storage: Any, offset: Any, size: Any, stride: Any, *_rest: Any) -> _TensorRecord:

@@ -99,6 +99,16 @@ def test_bad_bin_files(bin_root: Path, tmp_path: Path, capsys: pytest.CaptureFix
     _zip_pickle(d / "pytorch_model.bin", {"w": (eval, ("1",))})
     assert "refusing to unpickle" in _fails([str(d), "-o", o], out, capsys)
 
+    # BUILD on the shared storage-type stand-in (it would retype every later load in the process)
+    build = b"\x80\x02ctorch\nFloatStorage\n}X\x05\x00\x00\x00dtypeX\x03\x00\x00\x00I64sb."
+    d = copy("evil-build")
+    with zipfile.ZipFile(d / "pytorch_model.bin", "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", build)
+    assert "not a readable state dict" in _fails([str(d), "-o", o], out, capsys)
+    from llamapy.convert import torch_bin
+
+    assert torch_bin._GLOBALS[("torch", "FloatStorage")].dtype == "F32"
+
     d = copy("not-tensors")
     _zip_pickle(d / "pytorch_model.bin", {"model.embed_tokens.weight": [1, 2, 3]})
     assert "not a tensor" in _fails([str(d), "-o", o], out, capsys)
