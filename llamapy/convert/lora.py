@@ -45,6 +45,19 @@ def _base_name(name: str) -> str:
     return name
 
 
+def _open_adapter(ld: Path) -> Any:
+    """``adapter_model.safetensors``, else ``adapter_model.bin`` (read as convert_lora_to_gguf.py's
+    ``torch.load``, without torch: ``torch_bin``)."""
+    st_path = ld / "adapter_model.safetensors"
+    if st_path.is_file():
+        return SafetensorsFile(st_path)
+    if (ld / "adapter_model.bin").is_file():
+        from .torch_bin import TorchBinFile
+
+        return TorchBinFile(ld / "adapter_model.bin")
+    raise ConvertError(f"{ld}: no adapter_model.safetensors (or adapter_model.bin)")
+
+
 def convert_lora(
     lora_dir: str | os.PathLike,
     base_dir: str | os.PathLike | None,
@@ -80,16 +93,13 @@ def convert_lora(
     if decl is None:
         raise ConvertError(f"architecture {arch!r} (the base model's config.json) cannot be converted")
     t = outtype.lower()
-    st_path = ld / "adapter_model.safetensors"
-    if not st_path.is_file():
-        raise ConvertError(f"{ld}: no adapter_model.safetensors")
-    if t == "auto":  # convert_lora_to_gguf.py's guess: the first matrix's 16-bit type, else F16
-        first = next((x for x in SafetensorsFile(st_path).tensors.values() if len(x.shape) >= 2), None)
-        t = "bf16" if first is not None and first.dtype == "BF16" else "f16"
-    if t not in OUTTYPES:
+    if t != "auto" and t not in OUTTYPES:
         raise ConvertError(f"unknown output type {outtype!r} for a LoRA (one of {', '.join(OUTTYPES)})")
+    sf = _open_adapter(ld)
+    if t == "auto":  # convert_lora_to_gguf.py's guess: the first matrix's 16-bit type, else F16
+        first = next((x for x in sf.tensors.values() if len(x.shape) >= 2), None)
+        t = "bf16" if first is not None and first.dtype == "BF16" else "f16"
     file_type, qtype = OUTTYPES[t]
-    sf = SafetensorsFile(st_path)
     try:
         ctx = _make_context(bd, hp, decl, file_type)
         pairs: dict[str, dict[str, Any]] = {}

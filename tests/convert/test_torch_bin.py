@@ -142,3 +142,24 @@ def test_missing_bin_shard(bin_root: Path, tmp_path: Path, capsys: pytest.Captur
     (d / "pytorch_model-00002-of-00002.bin").unlink()
     err = _fails([str(d), "-o", str(out / "m.gguf")], out, capsys)
     assert "missing model shard" in err and "pytorch_model.bin.index.json" in err
+
+
+def test_lora_adapter_bin_same_file_as_llama_cpp(bin_root: Path, tmp_path: Path) -> None:
+    """A PEFT adapter saved as ``adapter_model.bin`` (its tensors in the safetensors file's order, which
+    convert_lora_to_gguf.py keeps) converts to the file llama.cpp wrote from the safetensors adapter."""
+    import torch
+    from safetensors.torch import load_file
+
+    from tests.convert.hf_dirs import make_lora_dir
+
+    want = json.loads((EXPECT_DIR / "lora-llama-q8_0.json").read_text())
+    base = make_hf_dir(CASES["llama"], bin_root)
+    ld = Path(shutil.copytree(make_lora_dir(base, bin_root, "lora-llama"), tmp_path / "lora-llama"))
+    torch.save(load_file(ld / "adapter_model.safetensors"), ld / "adapter_model.bin")
+    (ld / "adapter_model.safetensors").unlink()
+    out = tmp_path / "lora.gguf"
+    assert main(["convert", str(ld), "--base", str(base), "-o", str(out), "--outtype", "q8_0", "-q"]) == 0
+    got = describe(out)
+    diff = differences(got, want)
+    assert not diff, "\n".join(diff)
+    assert got["file_sha256"] == want["file_sha256"]
