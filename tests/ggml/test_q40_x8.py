@@ -178,3 +178,51 @@ def test_weights_it_must_not_repack_fall_back(mapped, monkeypatch):
     assert q40_x8.mul_mat_step(be, q41, view, x, out, None, any_memory=True) is None  # not in TYPES
     monkeypatch.setattr(q40_x8, "ENABLED", False)
     assert q40_x8.mul_mat_step(be, weight_tensor((48, 1536)), view, x, out, None) is None
+
+
+def test_tied_q4_0_model_decodes_as_without_repacking(tmp_path, monkeypatch):
+    """A small llama file quantized to pure Q4_0 (the output tied to ``token_embd``: ``get_rows`` reads the
+    mapped bytes, ``mul_mat`` the repacked copy), prompt as one batch (the four-row kernel) and token by
+    token: against the NumPy backend (float activations), the repacked path's largest logit error is no
+    larger than the plain kernels' (measured: 3.7e-4 vs 4.1e-4 of the largest logit; the two differ from
+    each other by 2.1e-4 on this random model, which amplifies float rounding)."""
+    from llamapy.batch import Batch
+    from llamapy.context import Context, ContextParams
+    from llamapy.gguf.reader import GGUFReader
+    from llamapy.model import Model
+    from llamapy.quantize import quantize_file
+    from tests.quantize.models import write_model
+
+    src = write_model("tied8", tmp_path / "tied8.gguf")
+    path = tmp_path / "tied8-q40.gguf"
+    quantize_file(src, path, "Q4_0", pure=True)
+    with GGUFReader(path) as r:
+        types = {t.name: t.ggml_type.name for t in r.tensors}
+    assert types["token_embd.weight"] == "Q4_0" and "output.weight" not in types
+    toks = [1, 17, 42, 99, 200, 3]
+
+    def logits(enabled: bool, backend: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(prompt as one batch: last logits, token by token: each token's logits)"""
+        monkeypatch.setattr(q40_x8, "ENABLED", enabled)
+        model = Model.load(path)
+        ctx = Context(model, ContextParams(n_ctx=64, n_threads=2, backend=backend))
+        ctx.decode(Batch.from_tokens(toks, pos0=0))
+        batch = ctx.get_logits()[-1].copy()
+        ctx = Context(model, ContextParams(n_ctx=64, n_threads=2, backend=backend))
+        rows = []
+        for i, t in enumerate(toks):
+            ctx.decode(Batch.from_tokens([t], pos0=i))
+            rows.append(ctx.get_logits()[-1].copy())
+        if backend is None:
+            assert bool([t for t in q40_x8._cache.keys() if t.name == "token_embd.weight"]) is enabled
+        return batch, np.array(rows)
+
+    rb, r1 = logits(False, "numpy")  # float activations, dequantized weights: the reference
+    pb, p1 = logits(False)
+    xb, x1 = logits(True)
+    assert np.isfinite(xb).all() and np.isfinite(x1).all()
+    scale = np.abs(r1).max()
+    err_plain = max(np.abs(p1 - r1).max(), np.abs(pb - rb).max())
+    err_x8 = max(np.abs(x1 - r1).max(), np.abs(xb - rb).max())
+    assert err_plain < 0.01 * scale
+    assert err_x8 <= 1.5 * err_plain + 1e-5 * scale
