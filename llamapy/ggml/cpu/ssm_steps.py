@@ -6,6 +6,11 @@ a ubatch's streams own consecutive slots: a decode step) is not copied: ``state_
 backend's ``begin_graph``) finds those ``cpy`` nodes, and the op's step writes its new state straight into
 the buffer (updating it in place when the op read a view of the same rows); the ``cpy`` then has no step.
 
+A Gated DeltaNet layer's small ops are fused (``fusions``, also from ``begin_graph``; ``FUSE``): the conv
+input's ``concat``, ``ssm_conv``, its ``silu`` and the conv state's ``cpy`` run as one step; the delta
+rule's step makes its own inputs (l2-normed q and k, v, the decay and beta); ``mul(a, silu(z))`` is one
+step. The fused steps do the same float operations as the ops one by one (byte-identical results).
+
 ``gated_delta_net`` runs token by token in Numba (parallel over sequences x heads) for decode and
 prompts alike. The chunked form (``ssm_reference.delta_rule_chunked`` in float32: matrix products per
 chunk, as llama.cpp's chunked graph) is kept behind ``CHUNK_MIN_TOKENS`` but off: on the CPU it does about
