@@ -80,6 +80,7 @@ _FAMILY_MODULES = {
     "phimoe": "phimoe",
     "mpt": "mpt",
     "refact": "refact",
+    "mimo2": "mimo2",
 }
 
 
