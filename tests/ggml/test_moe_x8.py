@@ -150,7 +150,14 @@ def both(tmp_path, monkeypatch, E, N, K, iv, repacked=True):
     monkeypatch.setattr(moe_x8, "mul_mat_id_step", spy)
     x8 = run(outs, feeds, CPU)
     assert calls and all(c == repacked for c in calls)
-    assert (a in q4k_x8._cache) == repacked
+    assert (a in moe_x8._cache) == repacked
+    if repacked:  # each expert repacked at its first use, and only then
+        _, R, done = moe_x8._cache[a]
+        chosen = np.unique(iv[(iv >= 0) & (iv < E)])
+        assert list(np.flatnonzero(done)) == list(chosen)
+        full = q4k_x8.repack(raw)
+        for e in chosen:
+            np.testing.assert_array_equal(R[e], full[e])
     monkeypatch.setattr(moe_x8, "ENABLED", False)
     plain = run(*graph(raw, K, iv)[1:], CPU)  # same seed: the same activations
     ref = run(*graph(raw, K, iv)[1:], NumpyBackend())

@@ -1,9 +1,12 @@
 """``mul_mat_id`` on Q4_K experts repacked eight rows at a time (``moe_x8_kernels``).
 
 A 3-D Q4_K experts weight (``uint8[E, N, row bytes]``, N a multiple of 8) that is a view of a memory-mapped
-model file is repacked once per expert, the first time a ``mul_mat_id`` step is compiled for it, by
-``q4k_x8`` (same layout, cache, transparent huge pages, and ``madvise(MADV_DONTNEED)`` of the mapped source
-pages, so resident memory grows only by the decoded scales: +2.8 %). Every batch then runs the fused
+model file gets, the first time a ``mul_mat_id`` step is compiled for it, an uninitialized copy in
+``q4k_x8``'s layout per expert (anonymous memory, transparent huge pages: no resident page until written);
+each expert is repacked the first time a token chooses it (``repack_experts``, before the kernel), and its
+mapped source pages are then dropped from this process (``madvise(MADV_DONTNEED)``, as ``q4k_x8`` does),
+so resident memory grows only with the experts in use (+2.8 %: the decoded scales), as the plain path's
+faulted-in pages do, and start-up does not pay for experts never chosen. Every batch then runs the fused
 8-row kernel for the experts with up to ``matvec_max_rows("Q4_K")`` pairs (the plain kernels' switch
 point: activations rounded to Q8_K exactly where they were); an expert with more pairs (long prompts) is
 unpacked back to plain Q4_K a tile of rows at a time (``unpack_x8_rows``, bit for bit) for dequantize +
@@ -16,6 +19,8 @@ independent of ``LLAMAPY_Q4K_X8`` (the 2-D weights).
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +34,34 @@ __all__ = ["ENABLED", "mul_mat_id_step"]
 
 #: repack Q4_K experts for the 8-row fused kernel (``LLAMAPY_MOE_X8=0``: no)
 ENABLED = os.environ.get("LLAMAPY_MOE_X8", "1") not in ("0", "false", "no", "off")
+
+_lock = threading.Lock()
+#: experts weight -> (address of its bytes, repacked copy uint8[E, N // 8, ...], done flags uint8[E])
+_cache: weakref.WeakKeyDictionary[Tensor, tuple[int, np.ndarray, np.ndarray]] = weakref.WeakKeyDictionary()
+
+
+def _lazy(a: Tensor, A: np.ndarray, any_memory: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """(repacked copy, per-expert done flags) of the experts ``a`` (bytes ``A``), made empty on first use;
+    None where they are not repacked."""
+    if a.type != GGMLType.Q4_K or a.op != "weight" or A.ndim != 3 or A.dtype != np.uint8:
+        return None
+    if A.shape[1] % 8 or A.size == 0 or not A.flags.c_contiguous:
+        return None
+    from .q4k_x8 import _anonymous, mapped_source
+    from .q4k_x8_kernels import X8_BYTES
+
+    if mapped_source(A) is None and not any_memory:
+        return None
+    with _lock:
+        hit = _cache.get(a)
+        if hit is not None and hit[0] == A.ctypes.data:
+            return hit[1], hit[2]
+        E, N, rb = A.shape
+        gb = rb // 144 * X8_BYTES
+        R = _anonymous(E * (N // 8) * gb).reshape(E, N // 8, gb)
+        done = np.zeros(E, np.uint8)
+        _cache[a] = (A.ctypes.data, R, done)
+    return R, done
 
 
 def mul_mat_id_step(
@@ -47,18 +80,20 @@ def mul_mat_id_step(
     ``any_memory``, switched off). ``bad_id(e)``: the error raised for an expert id out of range."""
     if not ENABLED or a.type != GGMLType.Q4_K or A.ndim != 3 or not out.flags.c_contiguous:
         return None
-    from .q4k_x8 import _repacked
-
-    R = _repacked(a, A, any_memory, enabled=True)
-    if R is None:
+    lazy = _lazy(a, A, any_memory)
+    if lazy is None:
         return None
+    R, done = lazy
     from ..quants import dequantize_rows_into
     from .backend import MATVEC_MAX_TOKENS, TILE_FLOATS, _threads, matvec_max_rows
     from .blas import gemm_nt
-    from .moe_x8_kernels import moe_q4_k_x8
+    from .moe_x8_kernels import moe_q4_k_x8, repack_experts
+    from .q4k_x8 import _release, mapped_source
     from .q4k_x8_kernels import unpack_x8_rows
 
-    be.need(moe_q4_k_x8, unpack_x8_rows)
+    be.need(moe_q4_k_x8, repack_experts, unpack_x8_rows)
+    mm = mapped_source(A)
+    new = np.empty(A.shape[0], np.int64)
     E, N, rb = A.shape
     K = a.shape[-1]
     max_rows = matvec_max_rows("Q4_K", MATVEC_MAX_TOKENS)
@@ -82,7 +117,17 @@ def mul_mat_id_step(
             gemm_nt(x, W, y[:, r0 : r0 + n], threads)
         out[t_idx, u_idx] = y
 
+    def ensure() -> None:
+        """Repack the experts ``ids`` chooses for the first time; drop their mapped source pages."""
+        with _lock:
+            n = repack_experts(A, R, done, ids, new)
+            if mm is not None:
+                for e in new[:n]:
+                    _release(A[e], mm)
+
     def step_x8() -> None:
+        if ids.shape[0] * ids.shape[1] > 0:
+            ensure()
         x = B if direct else np.ascontiguousarray(B, dtype=np.float32)
         bad = moe_q4_k_x8(R, x, ids, out2, max_rows, numba.get_num_threads())
         if bad >= 0:

@@ -23,7 +23,7 @@ import numpy as np
 from ..._numba import njit, prange
 from .isimd import itof
 from .moe_kernels import _nan_pairs, _q8k_par, _xrow, moe_plan
-from .q4k_x8_kernels import QK_K, X8_BYTES, X8_D, X8_DMIN, X8_PREFETCH_GROUPS, _x8_block
+from .q4k_x8_kernels import QK_K, X8_BYTES, X8_D, X8_DMIN, X8_PREFETCH_GROUPS, _x8_block, repack_x8
 from .rowgroups import prefetch_bytes
 from .simd import vfma, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
@@ -82,3 +82,21 @@ def moe_q4_k_x8(R, x, ids, out, max_rows, chunks):
             vstore(out[p], g * 8, acc)
     _nan_pairs(out, order, starts, active, U, Ux, ok)
     return np.int64(-1)
+
+
+@njit(cache=True)
+def repack_experts(A, R, done, ids, new):
+    """Repack (``repack_x8``) the experts ``ids`` names that are not ``done`` yet (ids out of range are
+    skipped: the kernel reports them), mark them done and list them in ``new``; returns their count."""
+    E = A.shape[0]
+    T, U = ids.shape
+    n = 0
+    for t in range(T):
+        for u in range(U):
+            e = ids[t, u]
+            if 0 <= e < E and done[e] == 0:
+                repack_x8(A[e], R[e])
+                done[e] = 1
+                new[n] = e
+                n += 1
+    return n

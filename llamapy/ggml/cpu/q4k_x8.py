@@ -105,22 +105,19 @@ def _anonymous(nbytes: int) -> np.ndarray:
     return np.frombuffer(m, np.uint8, count=nbytes)
 
 
-def _repacked(a: Tensor, A: np.ndarray, any_memory: bool, enabled: bool | None = None) -> np.ndarray | None:
-    """The cached repacked copy of the weight ``a`` (bytes ``A``: 2-D, or 3-D experts), made on first use;
-    None where it is not repacked. ``enabled``: the switch to obey (default: ``ENABLED``)."""
-    enabled = ENABLED if enabled is None else enabled
-    if not enabled or a.type != GGMLType.Q4_K or A.ndim not in (2, 3) or A.dtype != np.uint8:
+def _repacked(a: Tensor, A: np.ndarray, any_memory: bool) -> np.ndarray | None:
+    if not ENABLED or a.type != GGMLType.Q4_K or A.ndim != 2 or A.dtype != np.uint8:
         return None
     if a.op != "weight":  # a view or a computed tensor: a new Tensor per graph, so no cache by tensor
         return None
-    if A.shape[-2] % 8 or A.size == 0 or not A.flags.c_contiguous:
+    if A.shape[0] % 8 or A.shape[0] == 0 or not A.flags.c_contiguous:
         return None
     mm = mapped_source(A)
     if mm is None and not any_memory:
         return None
     with _lock:
         hit = _cache.get(a)
-        if hit is not None and hit[0] == A.ctypes.data and hit[1].ndim == A.ndim:
+        if hit is not None and hit[0] == A.ctypes.data:
             return hit[1]
         R = repack(A)
         _cache[a] = (A.ctypes.data, R)
