@@ -178,3 +178,48 @@ def test_weights_it_must_not_repack_fall_back(mapped, monkeypatch):
     assert q5k_x8.mul_mat_step(be, q4, view, x, out, None) is None  # another type
     monkeypatch.setattr(q5k_x8, "ENABLED", False)
     assert q5k_x8.mul_mat_step(be, weight_tensor((48, 1536)), view, x, out, None) is None
+
+
+def test_tied_q5_k_model_decodes_as_without_repacking(tmp_path, monkeypatch):
+    """A small llama file quantized to pure Q5_K (the output tied to ``token_embd``: ``get_rows`` reads the
+    mapped bytes, ``mul_mat`` the repacked copy), through ``Context.decode``: the first token (one row
+    through every layer) agrees tightly with the plain kernels, later logits (this random-weight model
+    amplifies float rounding: see test_q4k_x8) by no more than the plain batch and token paths differ."""
+    from llamapy.batch import Batch
+    from llamapy.context import Context, ContextParams
+    from llamapy.gguf.reader import GGUFReader
+    from llamapy.model import Model
+    from llamapy.quantize import quantize_file
+    from tests.quantize.models import write_model
+
+    src = write_model("tied8", tmp_path / "tied8.gguf")
+    path = tmp_path / "tied8-q5k.gguf"
+    quantize_file(src, path, "Q5_K_M", pure=True)
+    with GGUFReader(path) as r:
+        types = {t.name: t.ggml_type.name for t in r.tensors}
+    assert types["token_embd.weight"] == "Q5_K" and "output.weight" not in types
+    toks = [1, 17, 42, 99, 200, 3]
+
+    def logits(enabled: bool) -> tuple[np.ndarray, np.ndarray]:
+        monkeypatch.setattr(q5k_x8, "ENABLED", enabled)
+        model = Model.load(path)
+        ctx = Context(model, ContextParams(n_ctx=64, n_threads=2))
+        ctx.decode(Batch.from_tokens(toks, pos0=0))
+        batch = ctx.get_logits()[-1].copy()
+        ctx = Context(model, ContextParams(n_ctx=64, n_threads=2))
+        rows = []
+        for i, t in enumerate(toks):
+            ctx.decode(Batch.from_tokens([t], pos0=i))
+            rows.append(ctx.get_logits()[-1].copy())
+        assert bool([t for t in q5k_x8._cache.keys() if t.name == "token_embd.weight"]) is enabled
+        return batch, np.array(rows)
+
+    pb, p1 = logits(False)
+    xb, x1 = logits(True)
+    assert np.isfinite(xb).all() and np.isfinite(x1).all()
+    scale = np.abs(p1).max()
+    np.testing.assert_allclose(x1[0], p1[0], rtol=0, atol=1e-5 * scale)
+    spread = np.abs(pb - p1[-1]).max()  # the plain kernels' own batch vs token-by-token difference
+    assert spread < 0.2 * scale
+    assert np.abs(xb - pb).max() <= 2 * max(spread, 1e-4 * scale)
+    assert np.abs(x1 - p1).max() <= 2 * max(spread, 1e-4 * scale)
