@@ -103,7 +103,10 @@ class HiddenStateDraft(LlamaDraftModel):
 
         if self.ctx is None or n_ctx > self.ctx.n_ctx:
             self._params.n_ctx = max(int(n_ctx), int(self._params.n_ctx))
+            self._params.swa_full = True  # (a window layer, MiMo's: drafts removed, the window kept)
             self.ctx = Context(self.source, self._params)  # type: ignore[arg-type]
+            for c in getattr(self.ctx.memory, "caches", ()):
+                c.stale_last = True
             self.tokens = []
 
     # -- what subclasses give ----------------------------------------------------------------------
@@ -137,7 +140,9 @@ class HiddenStateDraft(LlamaDraftModel):
             if a != b:
                 break
             n += 1
-        self.ctx.memory.seq_rm(0, n, -1)
+        if not self.ctx.memory.seq_rm(0, n, -1):  # (a window no longer held: start over)
+            self.ctx.memory.seq_rm(0, -1, -1)
+            n = 0
         del self.tokens[n:]
         zeros = np.zeros(self.n_embd, np.float32)
         todo_h: list[np.ndarray] = []
@@ -184,7 +189,9 @@ class HiddenStateDraft(LlamaDraftModel):
                 break
             rows = self._rows([tok], [np.array(self.ctx.get_embeddings()[-1], dtype=np.float32)])
             pos0 = P + len(out)
-        self.ctx.memory.seq_rm(0, P, -1)  # the drafts' entries are not the target's: drop them
+        if not self.ctx.memory.seq_rm(0, P, -1):  # the drafts' entries are not the target's: drop them
+            self.ctx.memory.seq_rm(0, -1, -1)
+            self.tokens = []
         if len(out) < self.n_min:
             out = []
         self.n_drafted += len(out)

@@ -37,7 +37,7 @@ from ..errors import LlamapyError
 from ..ggml import ops
 from .hidden_draft import Features, HiddenDraftModel, HiddenStateDraft
 
-MTP_ARCHS = ("glm4moe", "deepseek2", "qwen35", "qwen35moe", "qwen3next")
+MTP_ARCHS = ("glm4moe", "deepseek2", "qwen35", "qwen35moe", "qwen3next", "mimo2")
 
 
 QWEN_HYBRIDS = ("qwen35", "qwen35moe", "qwen3next")  # gated attention, MoE with a gated shared expert
@@ -62,7 +62,15 @@ def _mtp_class(base_cls: type) -> type:
 
 
 def build_mtp(arch: Any, g: Any) -> Any:
-    """The MTP block's graph: input rows ``[embed(t) | h]`` (F32[T, 2 n_embd]), logits and ``h'``."""
+    """The MTP block's graph: input rows ``[embed(t) | h]`` (F32[T, 2 n_embd]), logits and ``h'``.
+
+    MiMo (llama.cpp's mimo2.cpp) feeds its MTP block the state *before* the output norm (the target's
+    last layer output, and the block's own output before its head norm), where the other families feed
+    the normed one. The target reports its normed state ``r = rms_norm(x) * w`` (``w``: output_norm,
+    the embeddings it outputs), so the block divides by ``w``: ``rms_norm(x)``, which ``hnorm`` turns
+    into what llama.cpp computes from ``x`` (RMS norm is scale-invariant: they differ by ~eps, relative).
+    Its chained state is given in the same form. (A zero in ``w`` would lose that component; the
+    released files have none.)"""
     from ..model.blocks import Outputs
 
     hp, blk, w = arch.hp, arch.blocks[0], arch.w
@@ -71,11 +79,18 @@ def build_mtp(arch: Any, g: Any) -> Any:
     e = ops.cont(ops.view(x, (T, n), x.strides, 0))
     h = ops.cont(ops.view(x, (T, n), x.strides, 4 * n))
     e = g.build_norm(e, blk["nextn.enorm.weight"], name="mtp_enorm", il=0)
+    if hp.arch == "mimo2":  # its h_nextn is the state before the output norm (above)
+        h = ops.div(h, w["output_norm.weight"])
     h = g.build_norm(h, blk["nextn.hnorm.weight"], name="mtp_hnorm", il=0)
     x = g.cb(g.mm(blk["nextn.eh_proj.weight"], ops.concat(e, h, 1)), "mtp_eh_proj", 0)
     a = g.build_norm(x, blk["attn_norm.weight"], name="attn_norm", il=0)
     if hp.arch == "deepseek2":
         a = arch.build_mla(g, a, blk, 0)
+        norm2 = "ffn_norm.weight"
+    elif hp.arch == "mimo2":
+        from ..model.arch.mimo2 import attention
+
+        a = attention(g, a, blk, 0)
         norm2 = "ffn_norm.weight"
     elif hp.arch in QWEN_HYBRIDS:
         from ..model.rs_blocks import build_gated_attention
@@ -88,7 +103,11 @@ def build_mtp(arch: Any, g: Any) -> Any:
     a, x = g.select_outputs(0, a, x)
     x = g.cb(ops.add(x, a), "ffn_inp", 0)
     f = g.build_norm(x, blk[norm2], name="ffn_norm", il=0)
-    if arch.layer_moe(0):
+    if hp.arch == "mimo2":
+        from ..model.arch.mimo2 import ffn
+
+        f = ffn(arch, g, f, blk, 0)
+    elif arch.layer_moe(0):
         if hp.arch in QWEN_HYBRIDS:
             f = ops.add(g.build_moe_ffn(f, blk, 0, True), g.build_shared_expert(f, blk, 0))
         else:
@@ -99,9 +118,14 @@ def build_mtp(arch: Any, g: Any) -> Any:
         f = g.build_ffn(f, blk, 0)
     x = g.cb(ops.add(x, f), "l_out", 0)
     norm_w = blk.get("nextn.shared_head_norm.weight")
+    if norm_w is None and hp.arch == "mimo2":
+        norm_w = blk.get("layer_out_norm.weight")
     head_w = blk.get("nextn.shared_head_head.weight")
+    h_next = x
     x = g.build_norm(x, norm_w if norm_w is not None else w["output_norm.weight"], name="result_norm")
     logits = g.mm(head_w if head_w is not None else arch.output_weight(), x)
+    if hp.arch == "mimo2":  # the next step's h in the target's form (normed by output_norm)
+        return Outputs(g.cb(logits, "result_output"), embd=g.build_norm(h_next, w["output_norm.weight"]))
     return Outputs(g.cb(logits, "result_output"), embd=x)
 
 
@@ -144,6 +168,9 @@ class MtpModel(HiddenDraftModel):
         hp.swa_layers, hp.recurrent_layers, hp.n_swa = [False], [False], 0
         hp.n_deepstack_layers = 1  # an embeddings input of 2 n_embd: [embed(t) | h]
         hp.n_layer_kv_from_start = -1
+        own_hparams = getattr(type(target.impl), "mtp_hparams", None)  # (mimo2: the MTP block's own)
+        if own_hparams is not None:
+            own_hparams(hp, hp0, layer)
         impl = _mtp_class(type(target.impl))(hp)
         impl.w = Weights(tensors)
         impl.blocks = [Weights(tensors, "blk.0.")]

@@ -88,6 +88,10 @@ class LayerShape:
 class KVCache:
     """Cells plus per-layer buffers for the layers in ``layers``."""
 
+    # a window cache takes cells that left their sequence's window only when no cell is free (a draft
+    # model's full-size cache: positions it may go back to stay restorable, as llama.cpp's round robin)
+    stale_last = False
+
     def __init__(
         self,
         layers: Sequence[LayerShape],
@@ -252,6 +256,8 @@ class KVCache:
                     nxt = int(self.pos[mine].max()) + 1
                     free |= single & mine & (self.pos < self.window_start(nxt))
         idx = np.flatnonzero(free)
+        if self.stale_last and self.n_swa > 0:
+            idx = np.concatenate([np.flatnonzero(self.seq == 0), np.flatnonzero(free & (self.seq != 0))])
         if len(idx) < n:
             raise ContextFullError(
                 f"the {self.name} cache is full: {n} tokens need cells, {len(idx)} of {self.n_cells} are free "

@@ -8,6 +8,7 @@ the wrong hidden state) fails."""
 
 from __future__ import annotations
 
+import copy
 import zlib
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("mtp")
     out: dict[str, Path] = {}
     try:
-        for name in ("glm4moe", "deepseek2", "qwen35", "qwen3next"):
+        for name in ("glm4moe", "deepseek2", "qwen35", "qwen3next", "mimo2"):
             tm = hf_tiny.make_tiny(FAMILIES[name], root, seed=zlib.crc32(name.encode()) % 10_000)
             tm.write(GGMLType.F32)
             out[name] = _with_mtp(tm, root, None)
@@ -84,10 +85,13 @@ def _mtp_tensors(tm: Any, scale: float | None) -> tuple[dict[str, Any], dict[str
     tensors = dict(tm.tensors[GGMLType.F32])
     n_layer, n = cfg.num_hidden_layers, cfg.hidden_size
     md = hf_tiny.metadata(fam, cfg, GGMLType.F32)
-    if f"blk.{n_layer}.nextn.eh_proj.weight" not in tensors:
+    if fam.arch == "mimo2":
+        _mimo2_mtp_block(tensors, md, n_layer)
+    elif f"blk.{n_layer}.nextn.eh_proj.weight" not in tensors:
         last = f"blk.{n_layer - 1}."
         for k in [k for k in tensors if k.startswith(last)]:
             tensors[f"blk.{n_layer}." + k[len(last) :]] = tensors[k].copy()
+    if f"blk.{n_layer}.nextn.eh_proj.weight" not in tensors:
         rng = np.random.default_rng(0)
         tensors[f"blk.{n_layer}.nextn.eh_proj.weight"] = (rng.standard_normal((n, 2 * n)) * 0.2).astype(
             np.float32
@@ -107,6 +111,25 @@ def _mtp_tensors(tm: Any, scale: float | None) -> tuple[dict[str, Any], dict[str
     return md, tensors
 
 
+def _mimo2_mtp_block(tensors: dict[str, np.ndarray], md: dict[str, Any], n_layer: int) -> None:
+    """MiMo's MTP block as llama.cpp's mimo2 graph_mtp takes it: a window layer (the window's KV heads,
+    sinks, its rope base) with fused ``attn_qkv`` and a dense FFN: the attention of window layer 1 and
+    the FFN of the dense layer 0."""
+    src, dst = "blk.1.", f"blk.{n_layer}."
+    qkv = [tensors[src + f"attn_{x}.weight"] for x in "qkv"]
+    tensors[dst + "attn_qkv.weight"] = np.concatenate(qkv, 0)
+    for k in ("attn_norm.weight", "attn_output.weight", "attn_sinks.weight", "ffn_norm.weight"):
+        tensors[dst + k] = tensors[src + k].copy()
+    for k in ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"):
+        tensors[dst + k] = tensors["blk.0." + k].copy()
+    a = "mimo2"
+    md[f"{a}.attention.head_count_kv"] = [
+        *md[f"{a}.attention.head_count_kv"],
+        md[f"{a}.attention.head_count_kv"][1],
+    ]
+    md[f"{a}.attention.sliding_window_pattern"] = [*md[f"{a}.attention.sliding_window_pattern"], 1]
+
+
 PROMPT = [int(t) for t in np.random.default_rng(5).integers(0, hf_tiny.N_VOCAB, 24)]
 
 
@@ -118,7 +141,7 @@ def _run(model: Model, draft: Any, sample: Any = None, n: int = 32) -> list[int]
     return [s.token for s in steps if s.token is not None]
 
 
-@pytest.mark.parametrize("name", ["glm4moe", "qwen3next"])  # (deepseek2, qwen35: with their -copy files)
+@pytest.mark.parametrize("name", ["glm4moe", "qwen3next", "mimo2"])  # (deepseek2, qwen35: with -copy files)
 def test_greedy_identical_with_mtp_drafts(files: dict[str, Path], name: str) -> None:
     model = Model.load(files[name])
     assert model.hparams.n_layer_nextn == 1
@@ -129,7 +152,7 @@ def test_greedy_identical_with_mtp_drafts(files: dict[str, Path], name: str) -> 
     assert draft.n_drafted > 0 and draft.n_calls > 0
 
 
-@pytest.mark.parametrize("name", ["glm4moe", "deepseek2", "qwen35", "qwen3next"])
+@pytest.mark.parametrize("name", ["glm4moe", "deepseek2", "qwen35", "qwen3next", "mimo2"])
 def test_mtp_drafts_are_accepted_when_the_layer_predicts_the_model(files: dict[str, Path], name: str) -> None:
     model = Model.load(files[name + "-copy"])
     plain = _run(model, None)
@@ -139,7 +162,7 @@ def test_mtp_drafts_are_accepted_when_the_layer_predicts_the_model(files: dict[s
     assert draft.n_accepted >= 0.9 * draft.n_drafted - 3 and draft.n_accepted >= 16
 
 
-@pytest.mark.parametrize("name", ["glm4moe", "qwen35", "qwen3next"])
+@pytest.mark.parametrize("name", ["glm4moe", "qwen35", "qwen3next", "mimo2"])
 def test_partly_rejected_mtp_drafts_roll_back(files: dict[str, Path], name: str) -> None:
     """Some drafts kept, some rejected: the KV cache (and the hybrids' recurrent state, through a
     checkpoint) goes back to the last kept token and the output stays the plain one."""
@@ -331,3 +354,78 @@ def test_mtp_through_a_context_shift(files: dict[str, Path]) -> None:
     draft = MtpDraft(model, n_ctx=256)
     assert run(draft) == run(None)
     assert draft.n_accepted > 100
+
+
+def test_mimo2_mtp_block_matches_a_torch_reference(tmp_path: Path) -> None:
+    """MiMo's MTP block (a window layer: sinks, the window's KV heads and rope base, fused qkv, V scale,
+    dense FFN; fed the target's state *before* its output norm, as llama.cpp's mimo2 graph_mtp) against
+    transformers' own MiMo decoder layer with the same weights, over 16 positions (window 5): every
+    row's logits. (llamapy's target reports its normed state; the block undoes the norm weight.)"""
+    from llamapy.batch import Batch
+    from llamapy.generation.mtp import MtpModel
+
+    pytest.importorskip("transformers")
+    from transformers.models.mimo_v2_flash import modeling_mimo_v2_flash as hf_mimo
+
+    fam = FAMILIES["mimo2"]
+    tm = hf_tiny.make_tiny(fam, tmp_path, seed=zlib.crc32(b"mimo2") % 10_000)
+    tm.write(GGMLType.F32)
+    md, tensors = _mtp_tensors(tm, None)
+    n_layer = tm.hf.config.num_hidden_layers
+    rng = np.random.default_rng(1)
+    for k in ("enorm", "hnorm"):
+        tensors[f"blk.{n_layer}.nextn.{k}.weight"] = (1 + 0.3 * rng.standard_normal(64)).astype(np.float32)
+    path = hf_tiny.write_gguf(tmp_path / "mimo2-mtp-ref.gguf", "mimo2", md, tensors, GGMLType.F32)
+    model = Model.load(path)
+    toks = PROMPT[:17]
+    ctx = Context(model, ContextParams(n_ctx=64, embeddings=True, pooling_type=0, type_k="f32", type_v="f32"))
+    ctx.decode(Batch.from_tokens(toks, logits_all=True))
+    h_normed = np.array(ctx.get_embeddings()[: len(toks)], dtype=np.float32)
+    mtp = MtpModel(model)
+    mctx = Context(mtp, ContextParams(n_ctx=64, embeddings=True, pooling_type=0, type_k="f32", type_v="f32"))
+    rows = np.concatenate([mtp.embed(toks[1:]), h_normed[:-1]], axis=1)  # (t_{p+1}, h_p) at position p
+    mctx.decode(Batch.from_embd(rows, pos0=0, logits_all=True))
+    got = np.array(mctx.get_logits()[: len(rows)], dtype=np.float32)
+
+    # the reference: HF's window layer (dense), its rotary, the pre-norm state of HF's own trunk
+    cfg = copy.deepcopy(tm.hf.config)
+    cfg.mlp_layer_types = ["dense"] * n_layer
+    layer = hf_mimo.MiMoV2FlashDecoderLayer(cfg, 1).eval()
+    T = {
+        k[len(f"blk.{n_layer}.") :]: torch.from_numpy(v)
+        for k, v in tensors.items()
+        if k.startswith(f"blk.{n_layer}.")
+    }
+    nq, nk = cfg.num_attention_heads * cfg.head_dim, 2 * cfg.num_key_value_heads * cfg.head_dim
+    qkv = T["attn_qkv.weight"]
+    sd = {"self_attn.q_proj.weight": qkv[:nq], "self_attn.k_proj.weight": qkv[nq : nq + nk],
+          "self_attn.v_proj.weight": qkv[nq + nk :], "self_attn.o_proj.weight": T["attn_output.weight"],
+          "self_attn.sinks": T["attn_sinks.weight"], "input_layernorm.weight": T["attn_norm.weight"],
+          "post_attention_layernorm.weight": T["ffn_norm.weight"], "mlp.gate_proj.weight": T["ffn_gate.weight"],
+          "mlp.up_proj.weight": T["ffn_up.weight"], "mlp.down_proj.weight": T["ffn_down.weight"]}  # fmt: skip
+    layer.load_state_dict(sd)
+    pre: list[torch.Tensor] = []
+    hook = tm.hf.model.norm.register_forward_hook(lambda m, i, o: pre.append(i[0]))
+    with torch.no_grad():
+        tm.hf(torch.tensor([toks]))
+        hook.remove()
+
+        def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps) * w
+
+        e = tm.hf.model.embed_tokens(torch.tensor([toks[1:]]))
+        h = pre[0][:, :-1]
+        x = (
+            torch.cat([rms(e, T["nextn.enorm.weight"]), rms(h, T["nextn.hnorm.weight"])], -1)
+            @ T["nextn.eh_proj.weight"].T
+        )
+        n = x.shape[1]
+        pos = torch.arange(n)[None]
+        cos_sin = hf_mimo.MiMoV2FlashRotaryEmbedding(cfg)(x, pos, "sliding_attention")
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None]
+        mask = torch.where((j <= i) & (i - j < cfg.sliding_window), 0.0, float("-inf"))[None, None]
+        x = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=cos_sin)
+        ref = tm.hf.lm_head(tm.hf.model.norm(x))[0].numpy()
+    err = float(np.abs(got - ref).max() / np.abs(ref).max())
+    print(f"mimo2 MTP block vs transformers: rel {err:.2e}")
+    assert err < 1e-3
