@@ -49,7 +49,7 @@ def test_same_file_as_llama_cpp(vl_dir, tmp_path: Path, case: str, outtype: str)
 
 
 # (case, image height, width): sizes the tower takes whole
-EMBD_RUNS = [("kimivl", 24, 24), ("kimivl", 40, 16), ("minicpmv", 48, 64), ("minicpmv", 32, 24)]
+EMBD_RUNS = [("kimivl", 40, 16), ("minicpmv", 48, 64)]
 
 
 @pytest.mark.parametrize(("case", "h", "w"), EMBD_RUNS, ids=[f"{c}-{h}x{w}" for c, h, w in EMBD_RUNS])
