@@ -229,6 +229,9 @@ class HParams:
     n_moe_layer_step: int = 0  # ERNIE 4.5 / Llama 4: every n-th layer (from the dense lead on) is MoE
     n_attn_chunk: int = 0  # Llama 4: chunked attention on its rope layers (0: none)
     n_layer_nextn: int = 0  # next-token-prediction layers after the trunk (GLM-4.5, DeepSeek V3: skipped)
+    # per MTP block (n_head, n_head_kv, n_ff, sliding-window) where they differ from the trunk's (MiMo)
+    nextn_layers: list[tuple[int, int, int, bool]] = field(default_factory=list)
+    f_attn_value_scale: float = 0.0  # 0: none (MiMo: attention output x scale)
     v_in_k: bool = False  # the graph reads V from the cached K rows (DeepSeek's MLA): no V cache
     n_lora_q: int = 0  # DeepSeek's MLA: q's low-rank projection (0: a full attn_q)
     n_lora_kv: int = 0  # the compressed KV latent's size
