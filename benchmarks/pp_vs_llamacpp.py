@@ -6,7 +6,10 @@ pp64 and pp512 per file, the two tools interleaved file by file.
   time (rusage) of the second minus the first, divided by ``R - 1``: the mean CPU s of one prompt
   (model load and warm-up cancel).
 - llamapy: ``Context.decode`` of N random tokens in a subprocess (``--worker``), one warm-up, then the
-  minimum of ``R`` runs of ``time.process_time``.
+  minimum of ``R`` runs of ``time.process_time``, with ``OMP_WAIT_POLICY=PASSIVE`` (the counterpart of
+  ``--poll 0``: Numba's OpenMP threads sleep at a barrier instead of spinning; ``--spin`` leaves GNU
+  OpenMP's default, whose spinning on a loaded machine measured half of the CPU time: Q8_0 pp64 5.85 s
+  spinning, 2.88 s passive).
 
     python benchmarks/pp_vs_llamacpp.py [--bin DIR] [--threads 2] [--reps 4] [--sizes 64,512] FILE...
 
@@ -72,11 +75,14 @@ def worker(path: str, threads: int, sizes: list[int], reps: int) -> None:
         print(f"RESULT {n} {min(cpu):.4f}", flush=True)
 
 
-def llamapy_cpu(path: str, threads: int, sizes: list[int], reps: int) -> dict[int, float]:
+def llamapy_cpu(path: str, threads: int, sizes: list[int], reps: int, spin: bool = False) -> dict[int, float]:
+    env = dict(os.environ)
+    if not spin:
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
     out = subprocess.run(
         [sys.executable, __file__, "--worker", "--threads", str(threads), "--reps", str(reps),
          "--sizes", ",".join(map(str, sizes)), path],
-        check=True, capture_output=True, text=True,
+        check=True, capture_output=True, text=True, env=env,
     )  # fmt: skip
     res = {}
     for line in out.stdout.splitlines():
@@ -95,6 +101,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="64,512")
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--no-llamacpp", action="store_true", help="llamapy only")
+    ap.add_argument("--spin", action="store_true", help="llamapy without OMP_WAIT_POLICY=PASSIVE")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     files = [os.path.expanduser(f) for f in args.files]
@@ -105,7 +112,7 @@ def main() -> None:
     print("| file | test | llama.cpp CPU s | llamapy CPU s | ratio (llama.cpp / llamapy) |")
     print("| --- | --- | ---: | ---: | ---: |")
     for f in files:
-        ours = llamapy_cpu(f, args.threads, sizes, args.reps)
+        ours = llamapy_cpu(f, args.threads, sizes, args.reps, args.spin)
         for n in sizes:
             if args.no_llamacpp:
                 print(f"| {Path(f).name} | pp{n} | - | {ours[n]:.3f} | - |", flush=True)
