@@ -148,6 +148,7 @@ def both(tmp_path, monkeypatch, E, N, K, iv, repacked=True):
         return s
 
     monkeypatch.setattr(moe_x8, "mul_mat_id_step", spy)
+    monkeypatch.setattr(moe_x8, "ENABLED", True)  # off by default (LLAMAPY_MOE_X8=1: on)
     x8 = run(outs, feeds, CPU)
     assert calls and all(c == repacked for c in calls)
     assert (a in moe_x8._cache) == repacked

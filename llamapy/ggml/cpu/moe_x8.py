@@ -12,8 +12,13 @@ point: activations rounded to Q8_K exactly where they were); an expert with more
 unpacked back to plain Q4_K a tile of rows at a time (``unpack_x8_rows``, bit for bit) for dequantize +
 sgemm, never read from the released source.
 
-``LLAMAPY_MOE_X8=0`` in the environment, or ``ENABLED = False`` here, turns it off (for A/B); it is
-independent of ``LLAMAPY_Q4K_X8`` (the 2-D weights).
+**Off by default** (``LLAMAPY_MOE_X8=1`` in the environment, or ``ENABLED = True`` here, turns it on; it
+is independent of ``LLAMAPY_Q4K_X8``, the 2-D weights): measured side by side with llama.cpp on the
+Qwen3-30B-A3B shape (``benchmarks/results/vs_llamacpp_mid_avx2.md``, 2 threads, quiet machine), repacking
+each expert at its first use costs more than the kernel saves until nearly every expert has been chosen:
+``llamapy bench -n 16,64 -r 3`` gave tg16 8.7 / tg64 32.7 t/s with it on against 35.7 / 38.4 off. A
+repack at load time, as llama.cpp does, would need the source pages released expert by expert to keep
+peak memory (an eager repack of all experts at the first graph cost +2.9 CPU s and 2.46 GB peak RSS).
 """
 
 from __future__ import annotations
@@ -32,8 +37,8 @@ from ..types import GGMLType
 
 __all__ = ["ENABLED", "mul_mat_id_step"]
 
-#: repack Q4_K experts for the 8-row fused kernel (``LLAMAPY_MOE_X8=0``: no)
-ENABLED = os.environ.get("LLAMAPY_MOE_X8", "1") not in ("0", "false", "no", "off")
+#: repack Q4_K experts for the 8-row fused kernel (off by default; ``LLAMAPY_MOE_X8=1``: on)
+ENABLED = os.environ.get("LLAMAPY_MOE_X8", "0") not in ("0", "false", "no", "off", "")
 
 _lock = threading.Lock()
 #: experts weight -> (address of its bytes, repacked copy uint8[E, N // 8, ...], done flags uint8[E])
