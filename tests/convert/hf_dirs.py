@@ -230,6 +230,26 @@ CASES: dict[str, Case] = {
             mtp=1,
         ),
         Case(
+            "qwen35moe",
+            "Qwen3_5MoeTextConfig",
+            _cfg(
+                head_dim=16,
+                layer_types=["linear_attention", "full_attention"],
+                full_attention_interval=2,
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                linear_key_head_dim=16,
+                linear_value_head_dim=16,
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=64,
+            ),
+            gemma_norms=True,
+            hub_config={"mtp_num_hidden_layers": 1},
+            mtp=1,
+        ),
+        Case(
             "qwen3next",
             "Qwen3NextConfig",
             _cfg(

@@ -152,6 +152,7 @@ def _our_logits(path: Path) -> np.ndarray:
         "granitehybrid",
         "qwen35",
         "qwen3next",
+        "qwen35moe",
         "deepseek2",
         "glm4moe",
         "gpt-oss",
