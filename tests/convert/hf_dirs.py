@@ -724,6 +724,35 @@ def make_hf_dir(case: Case, root: Path) -> Path:
     return d
 
 
+def make_hub_vl_dir(src: Path, root: Path, arch: str, model_type: str) -> Path:
+    """``src`` (a Qwen3.5 text checkpoint) as the Hub's ``Qwen3_5(Moe)ForConditionalGeneration`` files lay it
+    out: the text model under ``model.language_model.``, a vision tower under ``model.visual.``,
+    ``text_config`` in config.json, and the experts one by one."""
+    from safetensors.numpy import load_file, save_file
+
+    d = root / f"{src.name}-hub"
+    if (d / "config.json").exists():
+        return d
+    d.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.name not in ("config.json", "model.safetensors"):
+            (d / f.name).write_bytes(f.read_bytes())
+    state = _unfuse_experts(load_file(str(src / "model.safetensors")))
+    state = {re.sub(r"^model\.", "model.language_model.", k): v for k, v in state.items()}
+    rng = np.random.default_rng(5)
+    state["model.visual.blocks.0.attn.qkv.weight"] = rng.standard_normal((96, 32), dtype=np.float32)
+    state["model.visual.merger.linear_fc1.weight"] = rng.standard_normal((128, 128), dtype=np.float32)
+    save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+    text = json.loads((src / "config.json").read_text())
+    text = {k: v for k, v in text.items() if k not in ("architectures", "transformers_version")}
+    cfg = {"architectures": [arch], "model_type": model_type, "text_config": text, "tie_word_embeddings": False,
+           "vision_config": {"model_type": f"{model_type}_vision", "depth": 1, "hidden_size": 32, "num_heads": 2,
+                             "out_hidden_size": text["hidden_size"]},
+           "image_token_id": 5, "video_token_id": 6}  # fmt: skip
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    return d
+
+
 def make_lora_dir(base: Path, root: Path, name: str = "lora", r: int = 4, alpha: float = 8.0) -> Path:
     """A PEFT LoRA adapter of the checkpoint ``base`` (q, k, v, o and down projections of every layer),
     written as PEFT writes it: adapter_config.json and adapter_model.safetensors (F32)."""

@@ -23,7 +23,7 @@ import pytest
 from llamapy.cli import main
 from llamapy.convert import ConvertError, convert
 from tests.convert.expect import EXPECT_DIR, LORA_RUNS, RUNS, ULP_TENSORS, describe, differences, run_id
-from tests.convert.hf_dirs import CASES, make_hf_dir, make_lora_dir
+from tests.convert.hf_dirs import CASES, make_hf_dir, make_hub_vl_dir, make_lora_dir
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -57,6 +57,28 @@ def test_same_file_as_llama_cpp(
     assert not diff, "\n".join(diff)
     if not any(t[0].endswith(ULP_TENSORS) for t in want["tensors"]):
         assert got["file_sha256"] == want["file_sha256"]
+
+
+@pytest.mark.parametrize(
+    ("case", "arch", "model_type"),
+    [
+        ("qwen35", "Qwen3_5ForConditionalGeneration", "qwen3_5"),
+        ("qwen35moe", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe"),
+    ],
+)
+def test_qwen35_hub_layout(
+    hf_dir, hf_root: Path, tmp_path: Path, case: str, arch: str, model_type: str
+) -> None:
+    """The Hub's vision-language layout (``model.language_model.``, ``model.visual.``, ``text_config``,
+    experts one by one) converts to the text checkpoint's file: what convert_hf_to_gguf.py writes from
+    both (checked when this test was written; only ``general.name``, the directory's, differs)."""
+    want = json.loads((EXPECT_DIR / f"{case}-f32.json").read_text())
+    out = tmp_path / "out.gguf"
+    convert(make_hub_vl_dir(hf_dir(case), hf_root, arch, model_type), out, "f32", model_name=case.title())
+    got = describe(out)
+    diff = differences(got, want)
+    assert not diff, "\n".join(diff)
+    assert got["file_sha256"] == want["file_sha256"]
 
 
 @pytest.mark.parametrize(("case", "outtype"), LORA_RUNS, ids=[f"{c}-{t}" for c, t in LORA_RUNS])

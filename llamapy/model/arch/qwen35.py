@@ -95,19 +95,27 @@ def build_hybrid_decoder(arch: Architecture, g: GraphBuilder) -> Outputs:
     return g.output(x, arch.w["output_norm.weight"], arch.output_weight())
 
 
+def _hf_tensor(ctx, name, data, bid):
+    """TextModel.filter_tensors for the Hub's ``Qwen3_5(Moe)ForConditionalGeneration`` files: the vision
+    tower (``model.visual.``) dropped, ``model.language_model.`` read as ``model.``; then Qwen3-Next's."""
+    if "visual." in name:
+        return []
+    return qwen_linear_tensor(ctx, name.replace("language_model.", ""), data, bid)
+
+
 HF_CONVERT = (
     HFConvert(
         "qwen35",
         ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"),
         params=qwen_linear_params,
-        tensor=qwen_linear_tensor,
+        tensor=_hf_tensor,
         extra_blocks=qwen_mtp_blocks,
     ),
     HFConvert(
         "qwen35moe",
         ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"),
         params=qwen_linear_params,
-        tensor=qwen_linear_tensor,
+        tensor=_hf_tensor,
         extra_blocks=qwen_mtp_blocks,
     ),
 )
