@@ -25,6 +25,7 @@ from .backend import (
     _threads,
     matvec_max_rows,
 )
+from .repack import LAYOUTS as X8_LAYOUTS
 
 # -- weight prefetch: into L1 or L2 -------------------------------------------------------------------
 #: the one-row kernels that prefetch the rows ahead into L1 (``prefetcht0``) instead of L2 (``prefetcht1``)
@@ -129,22 +130,10 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
             gemm_nt(x, A, out2, threads)
 
         return step_f32
-    if a.type == GGMLType.Q4_K:  # repacked 8 rows at a time where it can be (q4k_x8)
-        from .q4k_x8 import mul_mat_step
+    if a.type in X8_LAYOUTS:  # Q4_K, Q5_K, Q4_0 repacked 8 rows at a time where they can be (repack)
+        from .repack import mul_mat_step as x8_mul_mat_step
 
-        step_x8 = mul_mat_step(be, a, A, x, out2, pre)
-        if step_x8 is not None:
-            return step_x8
-    if a.type == GGMLType.Q5_K:  # the same for Q5_K (q5k_x8)
-        from .q5k_x8 import mul_mat_step as q5k_x8_step
-
-        step_x8 = q5k_x8_step(be, a, A, x, out2, pre)
-        if step_x8 is not None:
-            return step_x8
-    if a.type == GGMLType.Q4_0:  # the same for Q4_0 (q40_x8)
-        from .q40_x8 import mul_mat_step as q40_x8_step
-
-        step_x8 = q40_x8_step(be, a, A, x, out2, pre)
+        step_x8 = x8_mul_mat_step(be, a, A, x, out2, pre)
         if step_x8 is not None:
             return step_x8
     if name in mk.MATVEC and M <= matvec_max_rows(name, MATVEC_MAX_TOKENS) and A.flags.c_contiguous:

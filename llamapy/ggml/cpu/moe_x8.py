@@ -52,8 +52,8 @@ def _lazy(a: Tensor, A: np.ndarray, any_memory: bool) -> tuple[np.ndarray, np.nd
         return None
     if A.shape[1] % 8 or A.size == 0 or not A.flags.c_contiguous:
         return None
-    from .q4k_x8 import _anonymous, mapped_source
     from .q4k_x8_kernels import X8_BYTES
+    from .repack import anonymous, mapped_source
 
     if mapped_source(A) is None and not any_memory:
         return None
@@ -63,7 +63,7 @@ def _lazy(a: Tensor, A: np.ndarray, any_memory: bool) -> tuple[np.ndarray, np.nd
             return hit[1], hit[2]
         E, N, rb = A.shape
         gb = rb // 144 * X8_BYTES
-        R = _anonymous(E * (N // 8) * gb).reshape(E, N // 8, gb)
+        R = anonymous(E * (N // 8) * gb).reshape(E, N // 8, gb)
         done = np.zeros(E, np.uint8)
         _cache[a] = (A.ctypes.data, R, done)
     return R, done
@@ -93,8 +93,8 @@ def mul_mat_id_step(
     from .backend import MATVEC_MAX_TOKENS, TILE_FLOATS, _threads, matvec_max_rows
     from .blas import gemm_nt
     from .moe_x8_kernels import moe_q4_k_x8, repack_experts
-    from .q4k_x8 import _release, mapped_source
     from .q4k_x8_kernels import unpack_x8_rows
+    from .repack import mapped_source, release_pages
 
     be.need(moe_q4_k_x8, repack_experts, unpack_x8_rows)
     mm = mapped_source(A)
@@ -128,7 +128,7 @@ def mul_mat_id_step(
             n = repack_experts(A, R, done, ids, new)
             if mm is not None:
                 for e in new[:n]:
-                    _release(A[e], mm)
+                    release_pages(A[e], mm)
 
     def step_x8() -> None:
         if ids.shape[0] * ids.shape[1] > 0:

@@ -26,7 +26,6 @@ models that use it (SmolLM2's Q4_1 file is small enough for the plain kernels' L
 from __future__ import annotations
 
 import os
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +34,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ..types import GGMLType
-from .q4k_x8 import _anonymous, _release, mapped_source
+from .repack import Cache, anonymous, repacked, x8_step
 
 __all__ = ["ENABLED", "TYPES", "repack", "mul_mat_step"]
 
@@ -46,8 +45,7 @@ TYPES = frozenset({GGMLType.Q4_0})
 #: the most activation rows the 8-row kernels take (more: dequantized tiles + sgemm)
 MAX_ROWS = 256
 
-_lock = threading.Lock()
-_cache: weakref.WeakKeyDictionary[Tensor, tuple[int, np.ndarray]] = weakref.WeakKeyDictionary()
+_cache: Cache = weakref.WeakKeyDictionary()
 
 
 def _layout(t: GGMLType) -> tuple[int, int, int, int]:
@@ -64,7 +62,7 @@ def repack(A: np.ndarray, t: GGMLType = GGMLType.Q4_0) -> np.ndarray:
 
     sb, xb, hb, qb = _layout(t)
     N, rb = A.shape
-    R = _anonymous(N // 8 * (rb // sb * xb)).reshape(N // 8, rb // sb * xb)
+    R = anonymous(N // 8 * (rb // sb * xb)).reshape(N // 8, rb // sb * xb)
     repack_x8(A, R, sb, hb, qb)
     return R
 
@@ -78,24 +76,7 @@ def unpack_rows(R: np.ndarray, r0: int, r1: int, dst: np.ndarray, t: GGMLType = 
 
 
 def _repacked(a: Tensor, A: np.ndarray, any_memory: bool) -> np.ndarray | None:
-    if not ENABLED or a.type not in TYPES or A.ndim != 2 or A.dtype != np.uint8:
-        return None
-    if a.op != "weight":  # a view or a computed tensor: a new Tensor per graph, so no cache by tensor
-        return None
-    if A.shape[0] % 8 or A.shape[0] == 0 or not A.flags.c_contiguous:
-        return None
-    mm = mapped_source(A)
-    if mm is None and not any_memory:
-        return None
-    with _lock:
-        hit = _cache.get(a)
-        if hit is not None and hit[0] == A.ctypes.data:
-            return hit[1]
-        R = repack(A, a.type)
-        _cache[a] = (A.ctypes.data, R)
-    if mm is not None:
-        _release(A, mm)
-    return R
+    return repacked(a, A, any_memory, ENABLED, TYPES, _cache, repack)
 
 
 def mul_mat_step(
@@ -112,41 +93,15 @@ def mul_mat_step(
     R = _repacked(a, A, any_memory)
     if R is None:
         return None
-    from .backend import TILE_FLOATS, _kernels, _threads
     from .q40_x8_kernels import KERNELS, KERNELS_R4, unpack_x8_rows
 
     t = a.type
-    mk, _ = _kernels()
-    f16 = mk.F16_TABLE
     M = x.shape[0]
-    N, rb = A.shape
-    K = a.shape[-1]
+    kern = None
     if M <= MAX_ROWS:
         kern = KERNELS_R4[t.name] if M >= 4 and t.name in KERNELS_R4 else KERNELS[t.name]
-        be.need(kern)
 
-        def step_x8() -> None:
-            if pre is not None:
-                pre()
-            kern(R, x, out2, f16)
+    def unpack(R: np.ndarray, r0: int, r1: int, q: np.ndarray) -> None:
+        unpack_rows(R, r0, r1, q, t)
 
-        return step_x8
-    be.need(unpack_x8_rows)
-    from ..quants import dequantize_rows_into
-    from .blas import gemm_nt
-
-    threads = _threads(be)
-    tile = max(16, min(N, TILE_FLOATS // max(K, 1)))
-
-    def step_tiles() -> None:
-        if pre is not None:
-            pre()
-        for r0 in range(0, N, tile):
-            n = min(tile, N - r0)
-            q = be.scratch("x8_q", (n, rb), np.uint8)
-            W = be.scratch("mm_tile", (n, K))
-            unpack_rows(R, r0, r0 + n, q, t)
-            dequantize_rows_into(q, t, W)
-            gemm_nt(x, W, out2[:, r0 : r0 + n], threads)
-
-    return step_tiles
+    return x8_step(be, a, A, x, out2, pre, R, kern, unpack, unpack_x8_rows, "x8_q")

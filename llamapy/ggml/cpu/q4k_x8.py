@@ -19,9 +19,7 @@ bit) for the dequantize + sgemm path, as before.
 
 from __future__ import annotations
 
-import mmap
 import os
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -30,57 +28,25 @@ import numpy as np
 
 from ..tensor import Tensor
 from ..types import GGMLType
+from .repack import Cache, anonymous, mapped_source, repacked, x8_step
 
 __all__ = ["ENABLED", "repack", "mapped_source", "mul_mat_step"]
 
 #: repack Q4_K weights for the 8-row kernel (``LLAMAPY_Q4K_X8=0``: no)
 ENABLED = os.environ.get("LLAMAPY_Q4K_X8", "1") not in ("0", "false", "no", "off")
 
-_lock = threading.Lock()
-_cache: weakref.WeakKeyDictionary[Tensor, tuple[int, np.ndarray]] = weakref.WeakKeyDictionary()
+_cache: Cache = weakref.WeakKeyDictionary()
 
 
-def mapped_source(A: np.ndarray) -> mmap.mmap | None:
-    """The ``mmap`` object ``A`` is a view of (None: ``A``'s memory is not a mapped file)."""
-    b: Any = A
-    while b is not None:
-        if isinstance(b, mmap.mmap):
-            try:
-                b.size()  # a file's size; an anonymous map (no file) raises
-            except OSError:
-                return None
-            return b
-        b = b.obj if isinstance(b, memoryview) else getattr(b, "base", None)
-    return None
-
-
-def _release(A: np.ndarray, mm: mmap.mmap) -> None:
-    """Drop the whole pages of ``A``'s bytes from this process's resident set (the file keeps them)."""
-    try:
-        start = np.frombuffer(mm, dtype=np.uint8, count=1).ctypes.data
-    except (ValueError, TypeError):
-        return
-    lo = A.ctypes.data - start
-    hi = lo + A.nbytes
-    page = mmap.PAGESIZE
-    lo = -(-lo // page) * page
-    hi = hi // page * page
-    if hi > lo and hasattr(mm, "madvise"):
-        try:
-            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-        except (OSError, ValueError):
-            pass
-
-
-def repack(A: np.ndarray) -> np.ndarray:
-    """The repacked copy of the Q4_K rows ``A`` (uint8[N, row bytes], N a multiple of 8), or of each
-    expert's rows of ``A`` uint8[E, N, row bytes] (-> uint8[E, N // 8, ...]: ``moe_x8``)."""
+def repack(A: np.ndarray, t: GGMLType = GGMLType.Q4_K) -> np.ndarray:
+    """The repacked copy of the Q4_K rows ``A`` (uint8[N, row bytes], N a multiple of 8; or [E, N, row
+    bytes], experts)."""
     from .q4k_x8_kernels import X8_BYTES, repack_x8
 
     N, rb = A.shape[-2:]
     lead = A.shape[:-2]
     gb = rb // 144 * X8_BYTES
-    R = _anonymous(int(np.prod(lead, dtype=np.int64)) * (N // 8) * gb).reshape(*lead, N // 8, gb)
+    R = anonymous(int(np.prod(lead, dtype=np.int64)) * (N // 8) * gb).reshape(*lead, N // 8, gb)
     if A.ndim == 2:
         repack_x8(A, R)
     else:
@@ -89,41 +55,8 @@ def repack(A: np.ndarray) -> np.ndarray:
     return R
 
 
-def _anonymous(nbytes: int) -> np.ndarray:
-    """``nbytes`` of fresh memory, in transparent huge pages where the kernel gives them: on this KVM
-    machine a first write to a 4 KiB page costs ~6 us of system time, so 4 KiB pages made repacking
-    a 1.5B model's 625 MB of Q4_K cost ~1 s of CPU instead of ~0.3 s."""
-    try:
-        m = mmap.mmap(-1, max(nbytes, 1))
-    except OSError:
-        return np.empty(nbytes, np.uint8)
-    if hasattr(m, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            m.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:
-            pass
-    return np.frombuffer(m, np.uint8, count=nbytes)
-
-
 def _repacked(a: Tensor, A: np.ndarray, any_memory: bool) -> np.ndarray | None:
-    if not ENABLED or a.type != GGMLType.Q4_K or A.ndim != 2 or A.dtype != np.uint8:
-        return None
-    if a.op != "weight":  # a view or a computed tensor: a new Tensor per graph, so no cache by tensor
-        return None
-    if A.shape[0] % 8 or A.shape[0] == 0 or not A.flags.c_contiguous:
-        return None
-    mm = mapped_source(A)
-    if mm is None and not any_memory:
-        return None
-    with _lock:
-        hit = _cache.get(a)
-        if hit is not None and hit[0] == A.ctypes.data:
-            return hit[1]
-        R = repack(A)
-        _cache[a] = (A.ctypes.data, R)
-    if mm is not None:
-        _release(A, mm)
-    return R
+    return repacked(a, A, any_memory, ENABLED, (GGMLType.Q4_K,), _cache, repack)
 
 
 def mul_mat_step(
@@ -140,40 +73,8 @@ def mul_mat_step(
     R = _repacked(a, A, any_memory)
     if R is None:
         return None
-    from .backend import MATVEC_MAX_TOKENS, TILE_FLOATS, _kernels, _threads, matvec_max_rows
+    from .backend import MATVEC_MAX_TOKENS, matvec_max_rows
     from .q4k_x8_kernels import mm_q4_k_x8, unpack_x8_rows
 
-    mk, _ = _kernels()
-    f16 = mk.F16_TABLE
-    M = x.shape[0]
-    N, rb = A.shape
-    K = a.shape[-1]
-    if M <= matvec_max_rows("Q4_K", MATVEC_MAX_TOKENS):
-        kern = mm_q4_k_x8
-        be.need(kern)
-
-        def step_x8() -> None:
-            if pre is not None:
-                pre()
-            kern(R, x, out2, f16)
-
-        return step_x8
-    be.need(unpack_x8_rows)
-    from ..quants import dequantize_rows_into
-    from .blas import gemm_nt
-
-    threads = _threads(be)
-    tile = max(16, min(N, TILE_FLOATS // max(K, 1)))
-
-    def step_tiles() -> None:
-        if pre is not None:
-            pre()
-        for r0 in range(0, N, tile):
-            n = min(tile, N - r0)
-            q = be.scratch("x8_q", (n, rb), np.uint8)
-            W = be.scratch("mm_tile", (n, K))
-            unpack_x8_rows(R, r0, r0 + n, q)
-            dequantize_rows_into(q, GGMLType.Q4_K, W)
-            gemm_nt(x, W, out2[:, r0 : r0 + n], threads)
-
-    return step_tiles
+    kern = mm_q4_k_x8 if x.shape[0] <= matvec_max_rows("Q4_K", MATVEC_MAX_TOKENS) else None
+    return x8_step(be, a, A, x, out2, pre, R, kern, unpack_x8_rows, unpack_x8_rows, "x8_q")

@@ -1,0 +1,180 @@
+"""Weights repacked eight rows at a time for the 8-lane mat-vec kernels (``q4k_x8``, ``q5k_x8``,
+``q40_x8``; experts: ``moe_x8``): what every layout shares.
+
+- ``mapped_source`` / ``release_pages`` / ``anonymous``: the mapped file a weight is a view of, dropping
+  its pages once repacked, and fresh memory in transparent huge pages for the copy;
+- ``repacked``: the one cached repack per weight tensor (only model weights, rows a multiple of 8, bytes a
+  view of a mapped file unless ``any_memory``), its source pages released after;
+- ``x8_step``: the ``mul_mat`` step on a repacked weight: the layout's 8-row kernel, or (``kern`` None:
+  more activation rows than it takes) tiles unpacked back to plain bytes, dequantized, sgemm;
+- ``mul_mat_step``: the step for any repacked type (``LAYOUTS``: type -> its module), None where the
+  weight is not repacked.
+"""
+
+from __future__ import annotations
+
+import importlib
+import mmap
+import threading
+import weakref
+from collections.abc import Callable, Collection
+from typing import Any
+
+import numpy as np
+
+from ..tensor import Tensor
+from ..types import GGMLType
+
+__all__ = ["LAYOUTS", "anonymous", "mapped_source", "mul_mat_step", "release_pages", "repacked", "x8_step"]
+
+#: the repacked 2-D types and the module of each layout (its ``mul_mat_step``)
+LAYOUTS = {GGMLType.Q4_K: "q4k_x8", GGMLType.Q5_K: "q5k_x8", GGMLType.Q4_0: "q40_x8"}
+
+_lock = threading.Lock()
+
+#: a layout's cache: weight tensor -> (address of its bytes, repacked copy)
+Cache = weakref.WeakKeyDictionary[Tensor, tuple[int, np.ndarray]]
+
+
+def mapped_source(A: np.ndarray) -> mmap.mmap | None:
+    """The ``mmap`` object ``A`` is a view of (None: ``A``'s memory is not a mapped file)."""
+    b: Any = A
+    while b is not None:
+        if isinstance(b, mmap.mmap):
+            try:
+                b.size()  # a file's size; an anonymous map (no file) raises
+            except OSError:
+                return None
+            return b
+        b = b.obj if isinstance(b, memoryview) else getattr(b, "base", None)
+    return None
+
+
+def release_pages(A: np.ndarray, mm: mmap.mmap) -> None:
+    """Drop the whole pages of ``A``'s bytes from this process's resident set (the file keeps them)."""
+    try:
+        start = np.frombuffer(mm, dtype=np.uint8, count=1).ctypes.data
+    except (ValueError, TypeError):
+        return
+    lo = A.ctypes.data - start
+    hi = lo + A.nbytes
+    page = mmap.PAGESIZE
+    lo = -(-lo // page) * page
+    hi = hi // page * page
+    if hi > lo and hasattr(mm, "madvise"):
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        except (OSError, ValueError):
+            pass
+
+
+def anonymous(nbytes: int) -> np.ndarray:
+    """``nbytes`` of fresh memory, in transparent huge pages where the kernel gives them: on this KVM
+    machine a first write to a 4 KiB page costs ~6 us of system time, so 4 KiB pages made repacking
+    a 1.5B model's 625 MB of Q4_K cost ~1 s of CPU instead of ~0.3 s."""
+    try:
+        m = mmap.mmap(-1, max(nbytes, 1))
+    except OSError:
+        return np.empty(nbytes, np.uint8)
+    if hasattr(m, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            m.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    return np.frombuffer(m, np.uint8, count=nbytes)
+
+
+def repacked(
+    a: Tensor,
+    A: np.ndarray,
+    any_memory: bool,
+    enabled: bool,
+    types: Collection[GGMLType],
+    cache: Cache,
+    repack: Callable[[np.ndarray, GGMLType], np.ndarray],
+) -> np.ndarray | None:
+    """The cached repacked copy of the 2-D weight ``a`` (bytes ``A``), made on first use by ``repack``; None
+    where it is not repacked (``enabled`` off, not one of ``types``, not a model weight, rows not a multiple
+    of 8, not a view of a mapped file unless ``any_memory``)."""
+    if not enabled or a.type not in types or A.ndim != 2 or A.dtype != np.uint8:
+        return None
+    if a.op != "weight":  # a view or a computed tensor: a new Tensor per graph, so no cache by tensor
+        return None
+    if A.shape[0] % 8 or A.shape[0] == 0 or not A.flags.c_contiguous:
+        return None
+    mm = mapped_source(A)
+    if mm is None and not any_memory:
+        return None
+    with _lock:
+        hit = cache.get(a)
+        if hit is not None and hit[0] == A.ctypes.data:
+            return hit[1]
+        R = repack(A, a.type)
+        cache[a] = (A.ctypes.data, R)
+    if mm is not None:
+        release_pages(A, mm)
+    return R
+
+
+def x8_step(
+    be: Any,
+    a: Tensor,
+    A: np.ndarray,
+    x: np.ndarray,
+    out2: np.ndarray,
+    pre: Callable[[], None] | None,
+    R: np.ndarray,
+    kern: Any,
+    unpack: Callable[[np.ndarray, int, int, np.ndarray], None],
+    unpack_kernel: Any,
+    scratch: str,
+) -> Callable[[], None]:
+    """The ``mul_mat`` step on the repacked ``R`` of ``a`` (plain bytes ``A``): ``kern(R, x, out2, f16)``;
+    or, ``kern`` None, per tile of rows ``unpack(R, r0, r1, q)`` into the scratch ``scratch`` (plain bytes,
+    bit for bit), dequantize, sgemm. ``unpack_kernel``: the Numba kernel ``unpack`` runs."""
+    from .backend import TILE_FLOATS, _kernels, _threads
+
+    if kern is not None:
+        mk, _ = _kernels()
+        f16 = mk.F16_TABLE
+        be.need(kern)
+
+        def step_x8() -> None:
+            if pre is not None:
+                pre()
+            kern(R, x, out2, f16)
+
+        return step_x8
+    be.need(unpack_kernel)
+    from ..quants import dequantize_rows_into
+    from .blas import gemm_nt
+
+    t = a.type
+    N, rb = A.shape
+    K = a.shape[-1]
+    threads = _threads(be)
+    tile = max(16, min(N, TILE_FLOATS // max(K, 1)))
+
+    def step_tiles() -> None:
+        if pre is not None:
+            pre()
+        for r0 in range(0, N, tile):
+            n = min(tile, N - r0)
+            q = be.scratch(scratch, (n, rb), np.uint8)
+            W = be.scratch("mm_tile", (n, K))
+            unpack(R, r0, r0 + n, q)
+            dequantize_rows_into(q, t, W)
+            gemm_nt(x, W, out2[:, r0 : r0 + n], threads)
+
+    return step_tiles
+
+
+def mul_mat_step(
+    be: Any, a: Tensor, A: np.ndarray, x: np.ndarray, out2: np.ndarray, pre: Callable[[], None] | None
+) -> Callable[[], None] | None:
+    """The ``mul_mat`` step of the weight ``a`` on its repacked layout, or None (no layout for its type, or
+    not repacked)."""
+    module = LAYOUTS.get(a.type)
+    if module is None:
+        return None
+    return importlib.import_module(f"{__package__}.{module}").mul_mat_step(be, a, A, x, out2, pre)
