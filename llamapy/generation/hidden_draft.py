@@ -105,8 +105,6 @@ class HiddenStateDraft(LlamaDraftModel):
             self._params.n_ctx = max(int(n_ctx), int(self._params.n_ctx))
             self._params.swa_full = True  # (a window layer, MiMo's: drafts removed, the window kept)
             self.ctx = Context(self.source, self._params)  # type: ignore[arg-type]
-            for c in getattr(self.ctx.memory, "caches", ()):
-                c.stale_last = True
             self.tokens = []
 
     # -- what subclasses give ----------------------------------------------------------------------

@@ -102,6 +102,9 @@ class Memory:
             size = n_ctx if swa_full else min(n_ctx, pad_to(n_swa * n_seq_max + n_ubatch, N_PAD))
             swa_type = getattr(hp, "swa_type", "standard")
             c = KVCache(swa_layers, size, tk, tv, n_seq_max, n_swa, causal, "SWA KV", swa_type, alibi, p2)
+            # a full-size window cache keeps cells that left the window until no cell is free (llama.cpp's
+            # round robin): positions a caller goes back to (a draft model's rejected drafts) stay restorable
+            c.stale_last = swa_full
             self.caches.append(c)
         for c in self.caches:
             for ls in c.layers:

@@ -88,8 +88,9 @@ class LayerShape:
 class KVCache:
     """Cells plus per-layer buffers for the layers in ``layers``."""
 
-    # a window cache takes cells that left their sequence's window only when no cell is free (a draft
-    # model's full-size cache: positions it may go back to stay restorable, as llama.cpp's round robin)
+    # a window cache takes cells that left their sequence's window only when no cell is free (set for a
+    # full-size window cache, ``swa_full``: positions a caller may go back to stay restorable, as llama.cpp's
+    # round robin)
     stale_last = False
 
     def __init__(
