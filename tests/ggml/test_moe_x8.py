@@ -19,7 +19,7 @@ from llamapy.ggml.cpu import backend, moe_x8, q4k_x8
 from llamapy.ggml.cpu.backend import CPUBackend, matvec_max_rows
 from llamapy.ggml.cpu.matmul_kernels import F16_TABLE
 from llamapy.ggml.cpu.moe_kernels import MOE
-from llamapy.ggml.cpu.moe_x8_kernels import moe_q4_k_x8
+from llamapy.ggml.cpu.moe_x8_kernels import moe_q4_k_x8, moe_q4_k_x8_1
 from llamapy.ggml.cpu.q4k_x8_kernels import mm_q4_k_x8, unpack_x8_rows
 from llamapy.ggml.quants import dequantize, quantize
 
@@ -87,6 +87,31 @@ def test_kernel_equals_dense_x8_per_expert_plain_moe_and_float64(shared, chunks)
             assert nmse(out[p], ref) < 1e-11
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_pairs_grouped_four_two_one_give_the_same_bits(shared):
+    """Experts with 1..9 pairs (4 + 4 + 1, 4 + 2 + 1, 2 + 1, ...): the grouped kernel equals one pair at
+    a time and the dense 8-row kernel per pair, bit for bit."""
+    E, N, K, U, Tn = 4, 16, 512, 3, 9
+    raw = q4k_experts(E, N, K, 4)
+    R = q4k_x8.repack(raw)
+    x = RNG.standard_normal((Tn, 1 if shared else U, K)).astype(np.float32)
+    iv = np.zeros((Tn, U), np.int32)
+    iv[:, 1] = 1 + (np.arange(Tn) % 3 == 0)
+    iv[:, 2] = [3, 2, 2, 3, 2, 3, 3, 3, 3]
+    iv[-1] = [0, 2, 3]  # pairs: expert 0 9 (4 + 4 + 1), 1 5 (4 + 1), 2 7 (4 + 2 + 1), 3 6 (4 + 2)
+    assert list(np.bincount(iv.ravel())) == [9, 5, 7, 6]
+    grouped = np.full((Tn * U, N), -1.0, np.float32)
+    single = np.full((Tn * U, N), -2.0, np.float32)
+    assert moe_q4_k_x8(R, x, iv, grouped, 256, 2) == -1
+    assert moe_q4_k_x8_1(R, x, iv, single, 256, 2) == -1
+    np.testing.assert_array_equal(grouped, single)
+    for t in range(Tn):
+        for u in range(U):
+            y = np.empty((1, N), np.float32)
+            mm_q4_k_x8(R[iv[t, u]], np.ascontiguousarray(x[t, 0 if shared else u][None]), y, F16_TABLE)
+            np.testing.assert_array_equal(grouped[t * U + u], y[0])
+
+
 def test_kernel_bad_id_and_expert_limit():
     E, N, K, U = 3, 8, 256, 2
     raw = q4k_experts(E, N, K, 3)
@@ -148,17 +173,13 @@ def both(tmp_path, monkeypatch, E, N, K, iv, repacked=True):
         return s
 
     monkeypatch.setattr(moe_x8, "mul_mat_id_step", spy)
-    monkeypatch.setattr(moe_x8, "ENABLED", True)  # off by default (LLAMAPY_MOE_X8=1: on)
+    monkeypatch.setattr(moe_x8, "ENABLED", True)  # on by default (LLAMAPY_MOE_X8=0: off)
     x8 = run(outs, feeds, CPU)
     assert calls and all(c == repacked for c in calls)
     assert (a in moe_x8._cache) == repacked
-    if repacked:  # each expert repacked at its first use, and only then
-        _, R, done = moe_x8._cache[a]
-        chosen = np.unique(iv[(iv >= 0) & (iv < E)])
-        assert list(np.flatnonzero(done)) == list(chosen)
-        full = q4k_x8.repack(raw)
-        for e in chosen:
-            np.testing.assert_array_equal(R[e], full[e])
+    if repacked:  # every expert repacked when the step was made, chosen or not
+        _, R = moe_x8._cache[a]
+        np.testing.assert_array_equal(R, q4k_x8.repack(raw))
     monkeypatch.setattr(moe_x8, "ENABLED", False)
     plain = run(*graph(raw, K, iv)[1:], CPU)  # same seed: the same activations
     ref = run(*graph(raw, K, iv)[1:], NumpyBackend())
