@@ -17,6 +17,11 @@ per activation row, 8960x1536 / 1536x8960: 64 rows x8r4 0.24 / 0.16, plain batch
 tiles 0.74 / 0.62; 256 rows 0.18 / 0.17 vs tiles 0.36 / 0.37; 512 rows 0.18 / 0.16 vs tiles 0.31 / 0.33.
 So the x8r4 kernel also beats the tiles at 512 rows; ``MAX_ROWS`` stays at Q4_K's 256 (past it, prompt
 rows keep float activations, as the rest of the model's weights do).
+Qwen2.5-1.5B-shaped Q4_K_M (Q6_K: the tied output, half of ffn_down and attn_v; 354 of 980 MB a token),
+one thread, off / on in pairs: ``benchmarks/tg_cputime.py`` 54.9 / 50.8, 52.0 / 49.3, 68.7 / 64.1 CPU
+ms per token; ``llamapy bench -p 0 -n 16 -t 1 --profile`` (wall, load 5-8) Q6_K 6.6 / 9.1 and 5.1 / 6.6 GB/s
+next to ``mm_q4_k_x8``'s 7.1 / 7.6 and 5.8 / 6.4; ``benchmarks/pp_cputime.py`` pp64 1.39 / 1.30 and
+1.55 / 1.44 CPU s.
 
 ``LLAMAPY_Q6K_X8=0`` in the environment, or ``ENABLED = False`` here, turns repacking off (for A/B).
 """
