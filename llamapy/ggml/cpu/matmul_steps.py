@@ -237,7 +237,7 @@ def _mul_mat_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
             np.matmul(A[flat], x, out=out3)
 
         return step_f32
-    if MOE_FUSED and a.type == GGMLType.Q4_K:  # experts repacked 8 rows at a time where they can be
+    if MOE_FUSED and a.type in (GGMLType.Q4_K, GGMLType.Q6_K):  # experts repacked 8 rows at a time
         from .moe_x8 import mul_mat_id_step
 
         step_x8 = mul_mat_id_step(be, a, A, B, ids, out, bad_id)
