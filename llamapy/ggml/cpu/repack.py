@@ -29,6 +29,7 @@ __all__ = ["LAYOUTS", "anonymous", "mapped_source", "mul_mat_step", "release_pag
 
 #: the repacked 2-D types and the module of each layout (its ``mul_mat_step``)
 LAYOUTS = {GGMLType.Q4_K: "q4k_x8", GGMLType.Q5_K: "q5k_x8", GGMLType.Q4_0: "q40_x8"}
+LAYOUTS[GGMLType.Q8_0] = "q80_x8"
 LAYOUTS[GGMLType.Q6_K] = "q6k_x8"
 
 _lock = threading.Lock()

@@ -1,0 +1,187 @@
+"""Q8_0 weights repacked eight rows at a time, and their mat-vec kernels over the same 16-bit activations
+as ``q16_kernels.mm16_q8_0`` (``hsimd.quantize_rows_q16``: 1/32767 of each 32-element block's largest
+value, not llama.cpp's 8 bits).
+
+As ``q40_x8_kernels`` for Q4_0: eight rows sit side by side so that the eight 32-bit lanes are the eight
+rows. One block of eight rows (``X8_BYTES``, 272: the same bytes as eight plain 34-byte blocks, moved):
+the rows' ``d`` (8 float16), then the 256 quant bytes as ``[chunk c][row r][2]``: bytes ``2c, 2c + 1``
+of row r's 32. One chunk (16 bytes) sign-extended to 16 words (``vpmovsxbw``, one instruction) holds
+each row's weights ``2c, 2c + 1`` in the two halves of its lane; the pair of 16-bit activations they
+multiply is broadcast to all eight rows (``vpbroadcastd`` straight from the quantized activations: no
+permutation, no offset to correct), and one ``pmaddwd`` leaves each row's two products summed in its
+own 32-bit lane. Per chunk: 1 widen, 1 broadcast, 1 ``pmaddwd``, 1 add; the eight rows' scales are one
+``vcvtph2ps`` per block. ``mm_q8_0_x8r4`` takes four activation rows per pass, each widened weight
+vector used four times.
+
+The integer sum per row and block is the plain kernel's (``sum(q * a)``, exact in 32 bits: at most 32 *
+128 * 32767 < 2^28). The plain kernel converts eight partial lanes of at most four products each to float
+(exact: < 2^24); here the one sum per row and block is converted once, exact below 2^24 (every real
+block: 2^24 needs weights and activations near their largest across the block) and else rounded to
+float32 (relative 6e-8, as any float addition). So results differ from ``mm16_q8_0`` in the order of
+the float additions only (tested against it, and bit for bit where every float step is exact).
+"""
+
+from __future__ import annotations
+
+from ... import _numba  # noqa: F401  (first: it sets NUMBA_CACHE_DIR before Numba is imported)
+
+# isort: split
+import numpy as np
+
+from ..._numba import njit, prange
+from .hsimd import hmadd, hwiden, quantize_rows_q16
+from .isimd import itof, izero
+from .q40_x8_kernels import pbcast
+from .rowgroups import prefetch_bytes
+from .simd import vfma, vmul, vsplat, vstore, vzero
+from .x8simd import xh8
+
+#: bytes of one block of eight rows; of one plain block; of the halves at the start of a plain block
+X8_BYTES = 272
+SRC_BYTES = 34
+#: groups of eight rows ahead to prefetch (into L2)
+X8_PREFETCH_GROUPS = 2
+#: from this many activation rows on, they are quantized in parallel (fewer: one parallel launch costs
+#: more than it saves)
+PAR_QUANT_ROWS = 16
+
+
+# -- repacking ----------------------------------------------------------------------------------------
+@njit(cache=True)
+def repack_x8(A, R):
+    """Plain Q8_0 rows ``A`` (uint8[N, nb * 34], N a multiple of 8) into ``R`` (uint8[N // 8, nb * 272])."""
+    N, rb = A.shape
+    nb = rb // SRC_BYTES
+    A16 = A.view(np.uint16)
+    R16 = R.view(np.uint16)
+    for grp in range(N // 8):
+        for b in range(nb):
+            s0, t0 = b * (SRC_BYTES // 2), b * (X8_BYTES // 2)
+            for r in range(8):
+                row = grp * 8 + r
+                R16[grp, t0 + r] = A16[row, s0]
+                for k in range(16):
+                    R16[grp, t0 + 8 + 8 * k + r] = A16[row, s0 + 1 + k]
+
+
+@njit(parallel=True, cache=True)
+def unpack_x8_rows(R, r0, r1, dst):
+    """Rows ``r0`` .. ``r1`` of a repacked weight back in plain bytes (``dst``: uint8[r1 - r0, nb * 34]),
+    bit for bit the rows ``repack_x8`` was given."""
+    nb = R.shape[1] // X8_BYTES
+    R16 = R.view(np.uint16)
+    D16 = dst.view(np.uint16)
+    g0 = r0 // 8
+    for gi in prange((r1 + 7) // 8 - g0):
+        g8 = g0 + gi
+        for b in range(nb):
+            s0, t0 = b * (SRC_BYTES // 2), b * (X8_BYTES // 2)
+            for r in range(max(0, r0 - g8 * 8), min(8, r1 - g8 * 8)):
+                i = g8 * 8 + r - r0
+                D16[i, s0] = R16[g8, t0 + r]
+                for k in range(16):
+                    D16[i, s0 + 1 + k] = R16[g8, t0 + 8 + 8 * k + r]
+
+
+# -- the kernels ----------------------------------------------------------------------------------------
+@njit(inline="always")
+def _prepare(x, nb):
+    """The activations as the kernels read them: (16-bit values, scales, finite rows); from
+    ``PAR_QUANT_ROWS`` rows quantized in parallel, row by row (the same values)."""
+    M = x.shape[0]
+    xq = np.empty((M, nb * 32), np.int16)
+    xd = np.empty((M, nb), np.float32)
+    xs = np.empty((M, nb), np.float32)
+    if M < PAR_QUANT_ROWS:
+        return xq, xd, quantize_rows_q16(x, xq, xd, xs)
+    ok = np.empty(M, np.bool_)
+    for m in prange(M):
+        ok[m] = quantize_rows_q16(x[m : m + 1], xq[m : m + 1], xd[m : m + 1], xs[m : m + 1])[0]
+    return xq, xd, ok
+
+
+@njit(inline="always")
+def _nan_rows(out, ok):
+    for m in range(out.shape[0]):
+        if not ok[m]:
+            for r in range(out.shape[1]):
+                out[m, r] = np.nan
+
+
+@njit(inline="always")
+def _blk_sum(wi, q, xm, x0):
+    """Each of the eight rows' integer sum over the block whose quants start at byte ``q``."""
+    s = izero()
+    for c in range(16):
+        s = hmadd(s, hwiden(wi, q + 16 * c), pbcast(xm, x0 + 2 * c))
+    return s
+
+
+@njit(parallel=True, cache=True)
+def mm_q8_0_x8(R, x, out, f16):
+    """out[m, :] = W @ (the 16-bit quantized x[m]) for the repacked Q8_0 weight ``R`` (uint8[N // 8,
+    nb * 272]); ``f16`` is unused (the halves convert in-register), kept for the ``MATVEC`` call shape."""
+    G, gb = R.shape
+    nb = gb // X8_BYTES
+    M = x.shape[0]
+    Rf = R.reshape(-1)
+    total = G * gb
+    xq, xd, ok = _prepare(x, nb)
+    for grp in prange(G):
+        w = R[grp]
+        wi = w.view(np.int8)
+        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        for m in range(M):
+            xm = xq[m]
+            acc = vzero()
+            for b in range(nb):
+                t = b * X8_BYTES
+                if m == 0:
+                    prefetch_bytes(Rf, pf + t, X8_BYTES, total)
+                s = _blk_sum(wi, t + 16, xm, b * 32)
+                acc = vfma(acc, vmul(xh8(w, t), vsplat(xd[m, b])), itof(s))
+            vstore(out[m], grp * 8, acc)
+    _nan_rows(out, ok)
+
+
+@njit(parallel=True, cache=True)
+def mm_q8_0_x8r4(R, x, out, f16):
+    """As ``mm_q8_0_x8``, four activation rows per pass over the weight (prompts): each widened weight
+    vector is used for four rows. Every row's integer sums and float steps are the one-row kernel's, so
+    its result is too, bit for bit."""
+    G, gb = R.shape
+    nb = gb // X8_BYTES
+    M = x.shape[0]
+    Rf = R.reshape(-1)
+    total = G * gb
+    xq, xd, ok = _prepare(x, nb)
+    for grp in prange(G):
+        w = R[grp]
+        wi = w.view(np.int8)
+        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        for m0 in range(0, M, 4):
+            m1, m2, m3 = min(m0 + 1, M - 1), min(m0 + 2, M - 1), min(m0 + 3, M - 1)
+            x0, x1, x2, x3 = xq[m0], xq[m1], xq[m2], xq[m3]
+            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+            for b in range(nb):
+                t = b * X8_BYTES
+                if m0 == 0:
+                    prefetch_bytes(Rf, pf + t, X8_BYTES, total)
+                s0, s1, s2, s3 = izero(), izero(), izero(), izero()
+                for c in range(16):
+                    v = hwiden(wi, t + 16 + 16 * c)
+                    xc = b * 32 + 2 * c
+                    s0 = hmadd(s0, v, pbcast(x0, xc))
+                    s1 = hmadd(s1, v, pbcast(x1, xc))
+                    s2 = hmadd(s2, v, pbcast(x2, xc))
+                    s3 = hmadd(s3, v, pbcast(x3, xc))
+                d = xh8(w, t)
+                a0 = vfma(a0, vmul(d, vsplat(xd[m0, b])), itof(s0))
+                a1 = vfma(a1, vmul(d, vsplat(xd[m1, b])), itof(s1))
+                a2 = vfma(a2, vmul(d, vsplat(xd[m2, b])), itof(s2))
+                a3 = vfma(a3, vmul(d, vsplat(xd[m3, b])), itof(s3))
+            vstore(out[m3], grp * 8, a3)  # rows past M repeat the last one: written again, same values
+            vstore(out[m2], grp * 8, a2)
+            vstore(out[m1], grp * 8, a1)
+            vstore(out[m0], grp * 8, a0)
+    _nan_rows(out, ok)
