@@ -124,7 +124,8 @@ def test_tiny_llama_decode_uses_fast_steps_with_identical_logits(tmp_path):
     assert logits[True] == logits[False]
     assert sum("step_f16" in n for n in names[True]) >= 2, names[True]  # K and V of each layer
     assert any("glu_step" in n for n in names[True]), names[True]
-    assert not any("step_f16" in n or "glu_step" in n for n in names[False])
+    assert sum("add_norm_step" in n for n in names[True]) >= 2, names[True]  # two residual adds a layer
+    assert not any("step_f16" in n or "glu_step" in n or "add_norm_step" in n for n in names[False])
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -196,3 +197,75 @@ def test_tiny_llama_short_context_attention_identical_logits(tmp_path, threads):
     assert numba.get_num_threads() == min(threads, numba.config.NUMBA_NUM_THREADS)  # put back after each call
     assert sum("attn_group_step" in n for n in names[True]) == 2, names[True]
     assert not any("attn_group_step" in n for n in names[False])
+
+
+def _residual_graph(n_rows: int, d: int, broadcast: bool = False, gap: bool = False):
+    """``s = x + r; y = rms_norm(s) * w; z = s + y`` (a residual add, the next layer's norm, the residual
+    used again), as in a llama decoder layer. ``broadcast``: r is one row; ``gap``: a node between the
+    add and the norm."""
+    x = ops.new_tensor(T.F32, (n_rows, d))
+    r = ops.new_tensor(T.F32, (d,) if broadcast else (n_rows, d))
+    w = ops.new_tensor(T.F32, (d,))
+    s = ops.add(x, r)
+    nrm = ops.rms_norm(s, 1e-5)
+    y = ops.mul(nrm, ops.scale(w, 1.0) if gap else w)  # gap: the scale runs after the norm
+    return Graph([y, ops.add(s, y)]), (x, r, w)
+
+
+def _run_residual(enabled: bool, threads: int, n_rows: int, d: int, feeds, **kw):
+    plan_steps.ENABLED = enabled
+    try:
+        g, ins = _residual_graph(n_rows, d, **kw)
+        s = Scheduler([CPUBackend(threads)])
+        s.compute(g, dict(zip(ins, feeds, strict=True)))
+        names = [getattr(st, "__qualname__", "") for st in s._last.steps]
+        return [s.get(o).tobytes() for o in g.outputs], names
+    finally:
+        plan_steps.ENABLED = True
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("n_rows", "d"), [(1, 576), (1, 64), (3, 33), (2, 1000), (1, 4096)])
+def test_add_norm_fused_same_bytes(threads, n_rows, d):
+    """A residual add and the norm after it in one call: the bytes of the add step and the fused norm
+    step (the sum, the normed row, and the sum's later use), with large, tiny and cancelling values."""
+    x = (RNG.standard_normal((n_rows, d)) * 4).astype(np.float32)
+    r = (RNG.standard_normal((n_rows, d)) * 4).astype(np.float32)
+    x.reshape(-1)[:4] = [3e38, 1e-40, 1.5, -7.25]
+    r.reshape(-1)[:4] = [3e38, -1e-40, -1.5, 1e-3]
+    w = RNG.standard_normal(d).astype(np.float32)
+    fast, names = _run_residual(True, threads, n_rows, d, (x, r, w))
+    slow, slow_names = _run_residual(False, threads, n_rows, d, (x, r, w))
+    assert fast == slow
+    assert sum("add_norm_step" in n for n in names) == 1, names
+    assert len(names) == len(slow_names) - 1
+    assert not any("add_norm_step" in n for n in slow_names)
+
+
+@pytest.mark.parametrize("kw", [{"broadcast": True}, {"gap": True}])
+def test_add_norm_not_fused_when_not_adjacent_or_broadcast(kw):
+    d = 48
+    x, w = RNG.standard_normal((2, d)).astype(np.float32), RNG.standard_normal(d).astype(np.float32)
+    r = RNG.standard_normal(d if kw.get("broadcast") else (2, d)).astype(np.float32)
+    fast, names = _run_residual(True, 1, 2, d, (x, r, w), **kw)
+    slow, _ = _run_residual(False, 1, 2, d, (x, r, w), **kw)
+    assert fast == slow
+    assert not any("add_norm_step" in n for n in names), names
+
+
+def test_begin_split_restores_a_thread_count_changed_in_between():
+    """The split's thread count is read back each compute: a count set elsewhere between two computes
+    (or by the short-context attention) does not stick."""
+    import numba
+
+    want = min(2, numba.config.NUMBA_NUM_THREADS)
+    a, b = ops.new_tensor(T.F32, (1, 8)), ops.new_tensor(T.F32, (1, 8))
+    g = Graph([ops.add(a, b)])
+    s = Scheduler([CPUBackend(2)])
+    feeds = {a: np.ones((1, 8), np.float32), b: np.ones((1, 8), np.float32)}
+    s.compute(g, feeds)
+    assert numba.get_num_threads() == want
+    numba.set_num_threads(1)
+    s.compute(g, feeds)
+    assert numba.get_num_threads() == want
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)

@@ -116,10 +116,15 @@ class CPUBackend(Backend):
         self._needed: list[Any] = []
         self._fused_norms: set[int] = set()
         self._fused_muls: set[int] = set()
+        self._fused_adds: dict[int, Tensor] = {}
+        self._add_steps: dict[int, Step] = {}
         self._state_writes: dict[int, Tensor] = {}
         self._state_cpys: set[int] = set()
         self._ssm_skip: set[int] = set()
         self._ssm_fused: dict[int, Any] = {}
+        self._thread_fns: tuple[Callable[[], int], Callable[[int], None]] | None = None
+        self._thread_key: tuple[int | None, int] | None = None  # (n_threads, cap) the last split set
+        self._thread_val = 0  # the count that left in force
 
     def __repr__(self) -> str:
         return f"CPUBackend(n_threads={self.n_threads})"
@@ -135,6 +140,8 @@ class CPUBackend(Backend):
         self._needed = []
         self._fused_norms: set[int] = set()  # rms_norm nodes computed by their consumer mul
         self._fused_muls: set[int] = set()
+        self._fused_adds = {}  # residual add -> the fused norm's mul that computes it (plan_steps)
+        self._add_steps = {}  # id(mul) -> its fused add + norm step, built when the add compiled
         self._state_writes = ssm_steps.state_writes(graph, nodes)  # recurrent states written in place
         self._state_cpys: set[int] = set()  # their cpy nodes (no step: the op wrote the buffer)
         # recurrent layers' small ops computed by the conv / delta-rule steps (ssm_steps.fusions)
@@ -162,26 +169,50 @@ class CPUBackend(Backend):
                 self._fused_norms.add(id(nrm))
                 self._fused_muls.add(id(n))
                 extra[id(n)] = [nrm.src[0]]
+        taken = self._ssm_skip | set(self._ssm_fused)  # nodes the recurrent steps compute
+        self._fused_adds = _residual_adds(graph, self._fused_muls, mine - taken, extra)
         return extra
 
     def end_graph(self) -> None:
         _announce(self._needed)
 
     def begin_split(self) -> None:
-        from ..._numba import set_num_threads
+        """Set this thread's Numba thread count for the split: the full ``set_num_threads`` (its cap
+        policy, its process lock: ~20-50 us) only when the count asked, the cap or the count in force
+        differs from the last split's, else one read of the count (~1 us)."""
+        from ..._numba import _cap, set_num_threads
 
-        set_num_threads(self.n_threads)
+        key = (self.n_threads, getattr(_cap, "n", 0))
+        if self._thread_fns is None:
+            from .plan_steps import thread_count_fns
+
+            self._thread_fns = thread_count_fns()
+        get = self._thread_fns[0]
+        if key != self._thread_key or get() != self._thread_val:
+            set_num_threads(self.n_threads)
+            self._thread_key, self._thread_val = key, get()
 
     def compile(self, node: Tensor, arrays: ArrayMap) -> Step | None:
         if node.op in VIEW_OPS:
             return None
         if id(node) in self._fused_norms or id(node) in self._state_cpys:
             return None
+        if id(node) in self._fused_adds:  # its step is the fused norm's (when the arrays allow it)
+            from .plan_steps import add_norm_step
+
+            mul = self._fused_adds[id(node)]
+            step = add_norm_step(node, mul, arrays, self.need)
+            if step is not None:
+                self._add_steps[id(mul)] = step
+                return None
         if id(node) in self._ssm_skip:
             return None
         if id(node) in self._ssm_fused:
             return ssm_steps.fused_step(self, node, arrays)
         if id(node) in self._fused_muls:
+            fused = self._add_steps.pop(id(node), None)
+            if fused is not None:
+                return fused
             return _rms_norm(self, node.src[0], arrays, out_node=node, weight=arrays[id(node.src[1])])
         fn = _COMPILERS.get(node.op)
         step = fn(self, node, arrays) if fn is not None else None
@@ -200,6 +231,33 @@ class CPUBackend(Backend):
 
     def need(self, *kernels: Any) -> None:
         self._needed.extend(kernels)
+
+
+def _residual_adds(
+    graph: Any, fused_muls: set[int], mine: set[int], extra: dict[int, list[Tensor]]
+) -> dict[int, Tensor]:
+    """The ``add`` nodes that the fused ``rms_norm`` + ``mul`` right after them computes too
+    (``plan_steps.add_norm_step``): add, rms_norm, mul adjacent in the graph's order, all three on this
+    backend (``mine``: less the nodes other fusions compute), the add of two float32 tensors of its own
+    shape. The mul then reads the add's inputs (added to ``extra`` for the planner's liveness); nothing
+    runs between, so the add's result is written before any node reads it. Id of the add -> the mul."""
+    from . import plan_steps
+
+    out: dict[int, Tensor] = {}
+    if not plan_steps.ENABLED:
+        return out
+    nodes = graph.nodes
+    for i in range(2, len(nodes)):
+        m, nrm, ad = nodes[i], nodes[i - 1], nodes[i - 2]
+        if id(m) not in fused_muls or id(m) not in mine or m.src[0] is not nrm or nrm.src[0] is not ad:
+            continue
+        if ad.op != "add" or id(ad) not in mine or len(ad.src) != 2 or ad.type != GGMLType.F32:
+            continue
+        if any(s.shape != ad.shape or s.type != GGMLType.F32 for s in ad.src):
+            continue
+        out[id(ad)] = m
+        extra.setdefault(id(m), []).extend(ad.src)
+    return out
 
 
 Compiler = Callable[[CPUBackend, Tensor, ArrayMap], "Step | None"]

@@ -11,9 +11,13 @@ costs more than the work (benchmarks/results/decode_overhead.md):
 * ``attn_short_keys``: how much of the KV cache view a decode attention at a short context reads (the
   view is padded to 256 cells; the kernel's pass over the padding's masked keys cost a third of its 25 us
   a layer on SmolLM2).
+* ``add_rms_norm_mul_rows``: a residual ``add`` and the ``rms_norm`` + ``mul`` after it (two a layer in
+  a llama-style decoder), one call instead of two steps.
 """
 
 from __future__ import annotations
+
+import math
 
 from ..._numba import njit  # first: it sets NUMBA_CACHE_DIR before Numba
 
@@ -132,3 +136,22 @@ def attn_short_keys(mask, has_mask, KV, n_chunks):
     if used > csz:
         return KV
     return min(csz, max(SB, (used + SB - 1) // SB * SB))
+
+
+@njit(cache=True, fastmath=True)
+def add_rms_norm_mul_rows(a, b, s, eps, w, out):
+    """A residual add and the next norm as one call: ``s = a + b`` (written: later nodes read it), then
+    ``out = rms_norm(s) * w`` by the loops of ``op_kernels.rms_norm_mul_rows`` over ``s`` (the same bits:
+    the sum is exact float32 addition, as NumPy's, and the norm reads it back from ``s``)."""
+    n, d = s.shape
+    for i in range(n):
+        for j in range(d):
+            s[i, j] = a[i, j] + b[i, j]
+    for i in range(n):
+        acc = 0.0
+        for j in range(d):
+            v = np.float64(s[i, j])
+            acc += v * v
+        sc = np.float32(1.0 / math.sqrt(acc / d + eps))
+        for j in range(d):
+            out[i, j] = s[i, j] * sc * w[j]

@@ -2,6 +2,10 @@
 serial Numba call where the general step makes several NumPy calls or a parallel launch. The CPU
 backend asks these builders first; None means "use the general step". Results are bit-identical to the
 general steps (tests/ggml/test_plan_steps.py).
+
+The residual ``add`` before a fused ``rms_norm`` + ``mul`` (backend ``_residual_adds`` finds them) runs
+inside that norm's call (``add_norm_step``): two fewer steps a llama-style layer. Thread-count switches
+go through the threading layer's C entry points (``thread_count_fns``), not Numba's locked Python ones.
 """
 
 from __future__ import annotations
@@ -10,9 +14,18 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..backend import ComputeError, Step
+from ..backend import ArrayMap, ComputeError, Step
+from ..tensor import Tensor
 
-__all__ = ["ENABLED", "GLU_SERIAL_MAX", "attn_group_step", "glu_step", "set_rows_step"]
+__all__ = [
+    "ENABLED",
+    "GLU_SERIAL_MAX",
+    "add_norm_step",
+    "attn_group_step",
+    "glu_step",
+    "set_rows_step",
+    "thread_count_fns",
+]
 
 #: False: the backend builds the general steps (tests compare the two, byte for byte)
 ENABLED = True
@@ -20,6 +33,21 @@ ENABLED = True
 #: gated units over at most this many elements run serially (one decode row of a 0.5B-7B model's FFN is
 #: 1.5k-19k; a parallel launch costs ~2 us on an idle machine and far more on a busy one)
 GLU_SERIAL_MAX = 1 << 15
+
+
+def thread_count_fns() -> tuple[Callable[[], int], Callable[[int], None]]:
+    """(get, set) of the calling thread's Numba thread count, as the threading layer's own C entry
+    points: ``numba.get_num_threads`` / ``set_num_threads`` take a process lock on each call (8-12 us
+    a call on a busy 2-core VM against ~1 us here), and a decode token switched them 60-90 times."""
+    import numba
+    from numba.np.ufunc import parallel
+
+    parallel._launch_threads()
+    get = getattr(parallel, "_get_num_threads", None)
+    put = getattr(parallel, "_set_num_threads", None)
+    if get is None or put is None:  # pragma: no cover - numba internals moved
+        return numba.get_num_threads, numba.set_num_threads
+    return get, put
 
 
 def _row_view(arr: np.ndarray, rows: int, width: int) -> np.ndarray | None:
@@ -73,6 +101,28 @@ def set_rows_step(
     return step_f16
 
 
+def add_norm_step(add: Tensor, mul: Tensor, arrays: ArrayMap, need: Callable[..., None]) -> Step | None:
+    """The residual ``add`` and the fused ``rms_norm`` + ``mul`` right after it (``mul.src[0]`` is the
+    norm of ``add``; backend ``_residual_adds`` checked the graph) as one ``add_rms_norm_mul_rows``
+    call; None when the arrays are not C-contiguous float32 rows of one width."""
+    a, b = add.src
+    nrm, wt = mul.src
+    A, B, S, W, O = (arrays[id(t)] for t in (a, b, add, wt, mul))
+    d = S.shape[-1] if S.ndim else 0
+    rows = S.size // d if d else 0
+    views = [_row_view(x, rows, d) if x.dtype == np.float32 else None for x in (A, B, S, O)]
+    if not d or any(v is None for v in views) or W.dtype != np.float32 or W.shape != (d,):
+        return None
+    if not W.flags.c_contiguous:
+        return None
+    from .plan_kernels import add_rms_norm_mul_rows
+
+    need(add_rms_norm_mul_rows)
+    A2, B2, S2, O2 = views
+    eps = float(nrm.params["eps"])
+    return lambda: add_rms_norm_mul_rows(A2, B2, S2, eps, W, O2)
+
+
 def glu_step(
     a: np.ndarray, b: np.ndarray, kind: int, out: np.ndarray, need: Callable[..., None]
 ) -> Step | None:
@@ -104,11 +154,10 @@ def attn_group_step(
     q, k, v, mask, has_mask, *rest = args
     if not ENABLED or not has_mask or mask.ndim != 2 or mask.shape[1] != kv or not mask.flags.c_contiguous:
         return None
-    from numba import get_num_threads, set_num_threads
-
     from .plan_kernels import attn_short_keys
 
     need(attn_short_keys)
+    get_num_threads, set_num_threads = thread_count_fns()
     T = mask.shape[0]
 
     def step() -> None:
