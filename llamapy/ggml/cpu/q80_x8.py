@@ -38,7 +38,8 @@ gemma-3-270m Q4_K_M (its tied 262144x640 Q8_0 output and Q8_0 ``attn_v``) 17.2, 
 SmolLM2-135M Q4_1 (tied 49152x576 Q8_0 output) 11.1, 10.5 / 12.1, 11.8. Prompt, Qwen2.5-1.5B-shaped
 Q8_0 (``benchmarks/pp_cputime.py new FILE THREADS N``, CPU s, best of 3): pp64, 1 thread 1.69 / 2.79;
 2 threads 4.49, 4.46 / 5.60, 5.95 (CPU time at 2 threads on this loaded machine counts waiting
-threads); pp512, 1 thread 16.6 / 16.3 (the tiles' sgemm is as fast at 512 rows: no gain there).
+threads); after the prefetch change below, at load 2-4: pp64 1 thread 1.61 / 2.90, 2 threads 3.23 / 4.85;
+pp512, 1 thread 16.6 / 16.3 and 15.7 / 17.5 (the tiles' sgemm is nearly as fast at 512 rows).
 
 Exactness: the 16-bit activations are those the plain one-row kernel already multiplies. On random
 data (512x2048, 64 rows) the relative RMS error against float64 ``W @ x`` is 2.1e-5 (normal x) / 4.5e-5
@@ -54,8 +55,12 @@ prompt gains above come with a decode loss on the model where Q8_0 is every weig
 Q8_0, ``tg_cputime.py --threads 1 --tokens 16``, CPU ms/token on / off, seven alternating pairs (load
 3-8): 88.7 / 72.7, 92.6 / 84.7, 90.3 / 98.0, 84.5 / 91.7, 100.9 / 81.4, 83.4 / 81.0, 84.3 / 82.5
 (medians 88.7 / 82.5: ~7 % slower); ``llamapy bench -p 0 -n 16 -t 1 --profile``: ``mm_q8_0_x8`` 3.54 s
-against ``mm16_q8_0`` 2.87 s wall for the same 3349 calls. On a 76 MB sweep of the same shapes outside
-the model the two are at parity (4.93 / 5.13 vs 4.74 / 5.89 CPU ms min / median): not understood yet. A repacked weight cannot fall back to the plain one-row kernel without
+against ``mm16_q8_0`` 2.87 s wall for the same 3349 calls. Outside the model, a sweep over the same 196
+matrices (1.4 GB, one thread, alternating in one process) showed the one-row kernel 10-15 % behind
+(56.4 / 59.4 vs 49.5 / 51.4 CPU ms min / median) until its prefetch went to each line once, 64 KiB ahead
+(``q80_x8_kernels.X8_PREFETCH_BYTES``: 49.8 / 52.1 and 52.4 / 55.8 vs 50.0 / 58.3, parity); in the
+model it is still behind after that (tg, 3 pairs at load 3-4: 76.9, 78.7, 75.6 / 63.8, 69.4, 70.5):
+not understood yet. A repacked weight cannot fall back to the plain one-row kernel without
 a second resident copy, so this needs either a one-row kernel that streams the repacked rows as fast, or
 a prompt kernel on the plain layout (not tried: e.g. two weight rows by four activation rows per pass
 with ``q16_kernels``' block function, no repack, the one-row kernel's integer sums).
