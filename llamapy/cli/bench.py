@@ -318,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(markdown(recs))
     if args.profile:
-        n = max(args.n_gen or [32])
+        n = max(args.n_gen or [0]) or 32  # prompt tests only (-n 0): profile 32 generated tokens
         print(profile_tg(path, n, args.threads, args.profile_top, max(args.n_depth or [0])), file=sys.stderr)
     if any(not math.isfinite(r["avg_ts"]) for r in recs):
         return 1

@@ -55,3 +55,11 @@ def test_bench_depth(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "-m", str(path), "-d", "x", "-r", "1"])
     assert "-d/--n-depth" in capsys.readouterr().err
+
+
+def test_bench_profile_with_prompt_tests_only(tmp_path, capsys):
+    """``--profile`` with ``-n 0`` (prompt tests only) profiles 32 generated tokens (it divided by zero)."""
+    path = tiny_llama(tmp_path / "t.gguf")
+    assert main(["bench", "-m", str(path), "-p", "8", "-n", "0", "-r", "1", "-t", "1", "--profile"]) == 0
+    cap = capsys.readouterr()
+    assert "| pp8 |" in cap.out and "tg32:" in cap.err
