@@ -120,4 +120,8 @@ def test_gemma3_matches_llama_cpp(gemma3_path):
     # kernel q4k_x8 against the plain one, the same integer sums) flips some int8 roundings of the next
     # layer's activations and moves logits by up to 1.3. Measured on prompt 2: both orders are equally close
     # to llama.cpp (mean |dlogit| 0.24 vs 0.26), and prompt 4's top-1 flips at a margin of 0.6.
-    check("gemma3-270m-q4_k_m", gemma3_path, 8, max_diff=2.0, mean_diff=0.3, min_greedy=4, top1_margin=1.0)
+    # With Q8_0 repacked (q80_x8: its ten Q8_0 tensors' prompt rows multiply 16-bit activations, not floats):
+    # max 1.999, mean 0.267, greedy equal on 3/6; against the exact float64 computation on and off are alike
+    # (benchmarks/results/exactness_stop41_gemma3{,_q80x8}.md: greedy equal to exact's on 15/24 prompts both,
+    # llama.cpp 11/24), so the thresholds below leave room for that chaos, not for a real regression.
+    check("gemma3-270m-q4_k_m", gemma3_path, 8, max_diff=2.3, mean_diff=0.32, min_greedy=3, top1_margin=1.0)

@@ -19,7 +19,7 @@ float16), then the 128 quant bytes as ``[chunk c][row r][4]``: bytes ``4c .. 4c 
 nibbles: weights ``4c ..``, high nibbles: ``16 + 4c ..``). The same bytes as the plain rows, moved: no
 size change, and ``unpack_x8_rows`` moves them back bit for bit.
 
-Q8_0 has its own 8-row layout (``q80_x8``, off by default: faster prompts, a few % slower decode where all is
+Q8_0 has its own 8-row layout (``q80_x8``: faster prompts, a few % slower decode where every weight is
 Q8_0); this form of it measured 0-19 % faster per matrix, within this machine's noise
 (benchmarks/results/q40_repack.md).
 

@@ -50,14 +50,17 @@ largest error 2.98e-4 of the largest logit on / 3.04e-4 off, mean 1.24e-3 / 1.21
 1.0 both; gemma-3-270m pp256 (its Q4_K weights' 8-bit activations dominate) 6.55e-2 / 7.19e-2, mean
 0.655 / 0.671, agreement 0.836 both.
 
-Off by default (``LLAMAPY_Q80_X8=1`` in the environment, or ``ENABLED = True`` here, turns it on). With it
-on, ``tests/model/test_reference.py::test_gemma3_matches_llama_cpp`` (greedy 8 tokens equal to llama.cpp's
-on >= 4 of 6 prompts, batch max |dlogit| < 2.0) gives 3/6 and 1.999 (mean 0.267; off: 4/6, 1.87, 0.19):
-gemma-3-270m's ten Q8_0 tensors' prompt rows move from float to 16-bit activations, and that model's
-greedy output is chaotic at small margins. Until ``benchmarks/exactness.py`` says whether that is closer to
-the exact computation or further, it stays off, though it is the faster choice side by side with
-llama.cpp (``benchmarks/vs_llamacpp.py --avx2 --mid --only Q8_0``, 2 threads, quiet machine, 2026-12-03): Qwen2.5-1.5B-shaped Q8_0 pp64 1.37x / tg16 1.28x llama.cpp with it on, against 0.81x / 1.18x
-off (``results/vs_llamacpp_mid_avx2_q80x8.md``); SmolLM2 (its tied Q8_0 output) tg64 98.8 t/s on against
+On by default (``LLAMAPY_Q80_X8=0`` in the environment, or ``ENABLED = False`` here, turns it off). With it
+on, ``tests/model/test_reference.py::test_gemma3_matches_llama_cpp`` (greedy 8 tokens equal to llama.cpp's)
+gives 3/6 prompts and batch max |dlogit| 1.999 / mean 0.267 (off: 4/6, 1.87, 0.19): gemma-3-270m's ten
+Q8_0 tensors' prompt rows move from float to 16-bit activations, and that model's greedy output is chaotic
+at small margins. Against the exact float64 computation (``benchmarks/exactness.py --models gemma3``,
+results/exactness_stop41_gemma3{,_q80x8}.md) on and off are alike: greedy equal to exact's on 15/24
+prompts both (llama.cpp 11/24), decode error smaller than llama.cpp's on 18/23 / 17/23 prompts, rms logit
+error step 0 0.28 / 0.31, decode 0.29 / 0.27, prompt path every position 0.53 / 0.47. It is on as the faster
+choice side by side with llama.cpp (``benchmarks/vs_llamacpp.py --avx2 --mid --only Q8_0``, 2 threads,
+quiet machine, 2026-12-03): Qwen2.5-1.5B-shaped Q8_0 pp64 1.37x / tg16 1.28x llama.cpp with it on,
+against 0.81x / 1.18x off (``results/vs_llamacpp_mid_avx2_q80x8.md``); SmolLM2 (its tied Q8_0 output) tg64 98.8 t/s on against
 85.0 off (0.93x / 0.84x llama.cpp), ``run -p Hello`` 0.76 / 0.79 s. ``llamapy bench -p 0 -n 16 -t 2 -r 3``
 on the 1.5B Q8_0 file, off / on interleaved: 16.74 / 15.90 and 16.11 / 15.67 t/s. The decode loss on the
 model where Q8_0 is every weight, measured by CPU time at one thread: Qwen2.5-1.5B-shaped
@@ -90,8 +93,8 @@ from .repack import Cache, anonymous, repacked, x8_step
 
 __all__ = ["ENABLED", "MAX_ROWS", "TYPES", "mul_mat_step", "repack", "unpack_rows"]
 
-#: repack Q8_0 weights for the 8-row kernels (off by default; ``LLAMAPY_Q80_X8=1``: on)
-ENABLED = os.environ.get("LLAMAPY_Q80_X8", "0") not in ("0", "false", "no", "off", "")
+#: repack Q8_0 weights for the 8-row kernels (``LLAMAPY_Q80_X8=0``: no)
+ENABLED = os.environ.get("LLAMAPY_Q80_X8", "1") not in ("0", "false", "no", "off")
 #: the types repacked
 TYPES = frozenset({GGMLType.Q8_0})
 #: the most activation rows the 8-row kernels take (more: dequantized tiles + sgemm)
