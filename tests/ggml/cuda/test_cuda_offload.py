@@ -14,7 +14,8 @@ from tests.model.tiny import tiny_llama
 
 TOKS = [1, 5, 9, 2, 33, 7]
 #: the CPU's one-token decode quantizes Q8_0 activations to 16 bits (``q16_kernels``) where the device
-#: multiplies floats: ~2.5e-4 of the largest logit apart on this random model (1e-4 before)
+#: multiplies floats: ~2.5e-4 of the largest logit apart on this random model (1e-4 before); its prompt rows
+#: too since Q8_0 weights are repacked (``q80_x8``: 1.8e-4 on the tiny Gemma 3 below)
 TOL = 1e-3
 
 
@@ -139,7 +140,7 @@ def test_gemma3_sliding_window_split_matches_cpu(tiny_gemma3):
     ref = run(0)
     for ngl in (2, -1):
         got = run(ngl)
-        assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-4, ngl
+        assert np.abs(got - ref).max() / np.abs(ref).max() < TOL, ngl
 
 
 def test_tied_output_goes_to_the_gpu_with_all_layers(tiny_gemma3):
