@@ -450,6 +450,7 @@ __all__ = [
     "njit",
     "prange",
     "set_num_threads",
+    "thread_count_fns",
     "max_threads",
     "cap_threads",
     "kernel_sources_digest",
@@ -485,3 +486,18 @@ def set_num_threads(n: int | None) -> int:
     cap = getattr(_cap, "n", 0)
     numba.set_num_threads(min(n, cap) if cap else n)
     return n
+
+
+def thread_count_fns() -> tuple[Callable[[], int], Callable[[int], None]]:
+    """(get, set) of the calling thread's Numba thread count, as the threading layer's own C entry
+    points: ``numba.get_num_threads`` / ``set_num_threads`` take a process lock on each call (8-12 us
+    a call on a busy 2-core VM against ~1 us here), and a decode token switched them 60-90 times. The
+    set bypasses this module's cap: for putting back a count read with get, or going down to one."""
+    from numba.np.ufunc import parallel
+
+    parallel._launch_threads()
+    get = getattr(parallel, "_get_num_threads", None)
+    put = getattr(parallel, "_set_num_threads", None)
+    if get is None or put is None:  # pragma: no cover - numba internals moved
+        return numba.get_num_threads, numba.set_num_threads
+    return get, put

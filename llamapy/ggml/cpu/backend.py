@@ -184,7 +184,7 @@ class CPUBackend(Backend):
 
         key = (self.n_threads, getattr(_cap, "n", 0))
         if self._thread_fns is None:
-            from .plan_steps import thread_count_fns
+            from ..._numba import thread_count_fns
 
             self._thread_fns = thread_count_fns()
         get = self._thread_fns[0]

@@ -132,7 +132,7 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         if M <= F32_SERIAL_ROWS and A.size <= F32_SERIAL_MAX and threads > 1:
             # a small float matrix (an MoE router, 128x2048) for a few rows: one sgemm on this thread, as
             # with -t 1 (same bits); a parallel launch costs more than the product on a busy machine
-            from .plan_steps import thread_count_fns
+            from ..._numba import thread_count_fns
 
             get_nt, put_nt = thread_count_fns()
 

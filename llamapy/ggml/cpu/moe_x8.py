@@ -38,7 +38,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import numba
 import numpy as np
 
 from ..tensor import Tensor
@@ -125,11 +124,13 @@ def mul_mat_id_step(
     R = _repacked(a, A, any_memory)
     if R is None:
         return None
+    from ..._numba import thread_count_fns
     from ..quants import dequantize_rows_into
     from .backend import MATVEC_MAX_TOKENS, TILE_FLOATS, _threads, matvec_max_rows
     from .blas import gemm_nt
 
     unpack_x8_rows, kern = lay[3], lay[4]
+    get_nt = thread_count_fns()[0]
     be.need(kern, unpack_x8_rows)
     E, N, rb = A.shape
     K = a.shape[-1]
@@ -156,7 +157,7 @@ def mul_mat_id_step(
 
     def step_x8() -> None:
         x = B if direct else np.ascontiguousarray(B, dtype=np.float32)
-        bad = kern(R, x, ids, out2, max_rows, numba.get_num_threads())
+        bad = kern(R, x, ids, out2, max_rows, get_nt())
         if bad >= 0:
             raise bad_id(ids.reshape(-1)[bad])
         if ids.size > max_rows:  # experts with more pairs than the kernel takes

@@ -5,7 +5,8 @@ general steps (tests/ggml/test_plan_steps.py).
 
 The residual ``add`` before a fused ``rms_norm`` + ``mul`` (backend ``_residual_adds`` finds them) runs
 inside that norm's call (``add_norm_step``): two fewer steps a llama-style layer. Thread-count switches
-go through the threading layer's C entry points (``thread_count_fns``), not Numba's locked Python ones.
+go through the threading layer's C entry points (``llamapy._numba.thread_count_fns``), not Numba's locked
+Python ones.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..._numba import thread_count_fns
 from ..backend import ArrayMap, ComputeError, Step
 from ..tensor import Tensor
 
@@ -24,7 +26,6 @@ __all__ = [
     "attn_group_step",
     "glu_step",
     "set_rows_step",
-    "thread_count_fns",
 ]
 
 #: False: the backend builds the general steps (tests compare the two, byte for byte)
@@ -33,21 +34,6 @@ ENABLED = True
 #: gated units over at most this many elements run serially (one decode row of a 0.5B-7B model's FFN is
 #: 1.5k-19k; a parallel launch costs ~2 us on an idle machine and far more on a busy one)
 GLU_SERIAL_MAX = 1 << 15
-
-
-def thread_count_fns() -> tuple[Callable[[], int], Callable[[int], None]]:
-    """(get, set) of the calling thread's Numba thread count, as the threading layer's own C entry
-    points: ``numba.get_num_threads`` / ``set_num_threads`` take a process lock on each call (8-12 us
-    a call on a busy 2-core VM against ~1 us here), and a decode token switched them 60-90 times."""
-    import numba
-    from numba.np.ufunc import parallel
-
-    parallel._launch_threads()
-    get = getattr(parallel, "_get_num_threads", None)
-    put = getattr(parallel, "_set_num_threads", None)
-    if get is None or put is None:  # pragma: no cover - numba internals moved
-        return numba.get_num_threads, numba.set_num_threads
-    return get, put
 
 
 def _row_view(arr: np.ndarray, rows: int, width: int) -> np.ndarray | None:
