@@ -64,11 +64,14 @@ def entry() -> None:
     ``llamapy run``. LLAMAPY_FULL_EXIT=1 keeps the normal exit."""
     import os
 
-    _pause_gc(sys.argv[1:])
+    from . import gcpause
+
+    if _subcommand(sys.argv[1:]) in _GC_PAUSE:
+        gcpause.pause()
     try:
         rc = main()
     finally:
-        _end_gc_pause()
+        gcpause.end()
     if _subcommand(sys.argv[1:]) in _FAST_EXIT and not os.environ.get("LLAMAPY_FULL_EXIT"):
         try:
             sys.stdout.flush()
@@ -123,37 +126,8 @@ def _prefetch_model(argv: Sequence[str]) -> None:
 
 
 # subcommands that load one model and then generate: the cyclic garbage collector is paused from the
-# start until the model is loaded (see :func:`llamapy.cli.common.resume_gc`)
+# start until the model is loaded (``llamapy.cli.gcpause``)
 _GC_PAUSE = frozenset({"run", "chat"})
-
-
-def _pause_gc(argv: Sequence[str]) -> None:
-    """Pause the cyclic garbage collector for the start-up of ``run``/``chat`` (from :func:`entry`, the
-    command; not for :func:`main` called in a process that goes on): importing NumPy, Numba and
-    llamapy and loading a model allocate long-lived objects, and the collections they trigger (SmolLM2:
-    ~125, one of them full) freed ~400 objects for 50-80 ms of CPU of a ~0.9 s ``llamapy run``. :func:`llamapy.cli.common.resume_gc` turns it back on (after freezing what
-    start-up made) once the model is loaded. LLAMAPY_NO_GC_PAUSE=1 keeps the collector on."""
-    import os
-
-    if _subcommand(argv) in _GC_PAUSE and not os.environ.get("LLAMAPY_NO_GC_PAUSE"):
-        import gc
-
-        if gc.isenabled():
-            gc.disable()
-            from . import common
-
-            common.GC_PAUSED = True
-
-
-def _end_gc_pause() -> None:
-    """The collector back on (without freezing) if start-up ended before the model loaded (an error)."""
-    from . import common
-
-    if common.GC_PAUSED:
-        import gc
-
-        common.GC_PAUSED = False
-        gc.enable()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import gcpause
+
 #: ``model.hparams.PoolingType``'s names, spelled here so that building the parsers loads no model code
 POOLING_NAMES = ("none", "mean", "cls", "last", "rank")
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -369,25 +371,6 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-#: set by ``llamapy.cli.main`` when it paused the cyclic garbage collector for start-up
-GC_PAUSED = False
-
-
-def resume_gc() -> None:
-    """Turn the garbage collector back on after a start-up that ``llamapy.cli.main`` ran without it
-    (a no-op otherwise, or when called again). What start-up allocated is frozen first (``gc.freeze``):
-    the modules, the model and the kernels live until exit, and later collections no longer walk them
-    (a full collection over them costs ~25 ms)."""
-    global GC_PAUSED
-    if not GC_PAUSED:
-        return
-    import gc
-
-    GC_PAUSED = False
-    gc.freeze()
-    gc.enable()
-
-
 def load_llama(args: argparse.Namespace) -> Any:
     """Resolve ``-m`` (path, known name, or the default model) and load it as a ``Llama``."""
     from ..api import Llama
@@ -420,5 +403,5 @@ def load_llama(args: argparse.Namespace) -> Any:
         f"llamapy: loaded {path.name} ({m.desc}, {m.size / 2**20:.0f} MiB) in {time.perf_counter() - t0:.2f} s, "
         f"n_ctx = {llm.n_ctx()}"
     )
-    resume_gc()
+    gcpause.resume()
     return llm
