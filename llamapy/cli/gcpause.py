@@ -25,11 +25,6 @@ def pause() -> None:
         _paused = True
 
 
-def paused() -> bool:
-    """Whether :func:`pause` turned the collector off and nothing has turned it back on."""
-    return _paused
-
-
 def resume() -> None:
     """The collector back on after a paused start-up (a no-op otherwise, or when called again). What
     start-up allocated is frozen first (``gc.freeze``): the modules, the model and the kernels live until
