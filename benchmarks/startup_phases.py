@@ -50,7 +50,9 @@ def timed(obj, name, key, count=None):
 t0 = T()
 sys.argv = ["llamapy"] + sys.argv[1:]
 import llamapy.cli as cli
-cli._pause_gc(sys.argv[1:])
+import llamapy.cli.gcpause as gcpause
+if cli._subcommand(sys.argv[1:]) in cli._GC_PAUSE:
+    gcpause.pause()
 parser = cli.build_parser(cli._subcommand(sys.argv[1:]))
 marks["imports"] = T()
 import numba.core.dispatcher as D
@@ -89,7 +91,7 @@ args = parser.parse_args(sys.argv[1:])
 try:
     rc = args.func(args)
 finally:
-    cli._end_gc_pause()
+    gcpause.end()
 end = T()
 out = {"python start": t0, "imports": marks["imports"] - t0}
 out["model load"] = marks["model load"] - marks["before load"]

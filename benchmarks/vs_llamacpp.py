@@ -1,6 +1,7 @@
 """llamapy vs llama.cpp on the files people run (issue 25), both tools interleaved in one run, medians.
 
     python benchmarks/vs_llamacpp.py --quick | --mid | --full [--avx2] [-t 2] [--rounds R] [--reps N] [--only LABEL,...]
+                                     [--tests tg32,pp64,tg32@d4096,...]
                                      [--depth-rounds N] [--hello-runs N] [--make-only] [--no-profile] [--out NAME]
 
 (``benchmarks/compare_llamacpp.sh`` and ``benchmarks/compare_avx2.sh --quick|--mid|--full`` call this.)
@@ -292,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--hello-runs", type=int, default=2, help="timed `run -p Hello` per tool and round")
     ap.add_argument("--only", default="", help="comma list of substrings of the file labels to keep")
+    ap.add_argument("--tests", default="", help="comma list of the tests to keep (e.g. tg32,pp64,tg32@d4096)")
     ap.add_argument(
         "--make-only", action="store_true", help="make the files and compile the kernels, no timing"
     )
@@ -306,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.only:
         keys = [k.strip().lower() for k in a.only.split(",") if k.strip()]
         items = [i for i in items if any(k in i.label.lower() for k in keys)]
+    if a.tests:
+        keep = {k.replace(" ", "") for k in a.tests.split(",") if k.strip()}
+        items = [Item(i.label, i.source, [t for t in i.tests if test_name(*t).replace(" ", "") in keep], i.run_hello, i.profile)
+                 for i in items]  # fmt: skip
+        items = [i for i in items if i.tests]
     if a.smoke:
         items = [Item(i.label, i.source, sorted({(8 if p else 0, 0 if p else 2, 0) for p, _, _ in i.tests}),
                       i.run_hello, i.profile) for i in items]  # fmt: skip
