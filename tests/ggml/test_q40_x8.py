@@ -18,12 +18,14 @@ from llamapy.ggml.cpu import q16_kernels as qk
 from llamapy.ggml.cpu import q40_x8
 from llamapy.ggml.cpu.backend import CPUBackend
 from llamapy.ggml.cpu.hsimd import quantize_rows_q16
-from llamapy.ggml.cpu.q40_x8_kernels import mm_q4_0_x8, mm_q4_0_x8r4, mm_q4_1_x8
+from llamapy.ggml.cpu.q40_x8_kernels import mm_q4_0_x8, mm_q4_1_x8
+from llamapy.ggml.cpu.q40_x8_rows import mm_q4_0_x8r4, mm_q4_0_x8r8, mm_q4_1_x8r4, mm_q4_1_x8r8
 from llamapy.ggml.quants import dequantize, quantize
 from llamapy.ggml.tensor import Tensor
 
 F16 = mk.F16_TABLE
 KERN = {T.Q4_0: (mm_q4_0_x8, qk.mm16_q4_0), T.Q4_1: (mm_q4_1_x8, qk.mm16_q4_1)}
+ROWS = {T.Q4_0: (mm_q4_0_x8r4, mm_q4_0_x8r8), T.Q4_1: (mm_q4_1_x8r4, mm_q4_1_x8r8)}
 BLOCK = {T.Q4_0: 18, T.Q4_1: 20}
 
 
@@ -100,18 +102,22 @@ def test_x8_kernel_integer_sums_are_exact():
     np.testing.assert_array_equal(out, expect)
 
 
-@pytest.mark.parametrize("M", [1, 3, 4, 6, 9])
-def test_four_row_kernel_equals_one_row_kernel_bit_for_bit(M):
-    """A row's result does not depend on how many rows a pass takes (prompt vs decode)."""
-    raw = random_bytes(T.Q4_0, 24, 1536, M)
-    R = q40_x8.repack(raw)
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 17, 33])
+def test_several_row_kernels_equal_one_row_kernel_bit_for_bit(t, M):
+    """A row's result does not depend on how many rows a pass takes (prompt vs decode): four rows per
+    pass, eight rows per pass (the rest four at a time, rows past M repeating the last)."""
+    raw = random_bytes(t, 24, 1536, M)
+    R = q40_x8.repack(raw, t)
     x = np.random.default_rng(M).standard_normal((M, 1536)).astype(np.float32)
     x[M // 2, 7] = np.nan
-    one, four = np.zeros((M, 24), np.float32), np.zeros((M, 24), np.float32)
-    mm_q4_0_x8(R, x, one, F16)
-    mm_q4_0_x8r4(R, x, four, F16)
-    np.testing.assert_array_equal(four, one)
-    assert np.isnan(four[M // 2]).all() and np.isfinite(np.delete(four, M // 2, 0)).all()
+    one = np.zeros((M, 24), np.float32)
+    KERN[t][0](R, x, one, F16)
+    for kern in ROWS[t]:
+        several = np.zeros((M, 24), np.float32)
+        kern(R, x, several, F16)
+        np.testing.assert_array_equal(several, one)
+        assert np.isnan(several[M // 2]).all() and np.isfinite(np.delete(several, M // 2, 0)).all()
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
@@ -125,26 +131,32 @@ def test_x8_kernel_nonfinite_activation_rows_give_nan(bad):
     assert np.isnan(out[1]).all()
 
 
-@pytest.fixture
-def mapped(tmp_path: Path):
-    """(raw, mapped view of the same bytes) for a 48 x 1536 Q4_0 weight in a file, at a page offset."""
-    raw = weights(T.Q4_0, 48, 1536, 5)
-    p = tmp_path / "w.bin"
+def mapped_weight(tmp_path: Path, t: T = T.Q4_0) -> tuple[np.ndarray, np.ndarray]:
+    """(raw, mapped view of the same bytes) for a 48 x 1536 weight of type ``t`` in a file, at a page offset."""
+    raw = weights(t, 48, 1536, 5)
+    p = tmp_path / f"w-{t.name}.bin"
     p.write_bytes(b"\0" * 4096 + raw.tobytes())
     mm = np.memmap(p, mode="r", dtype=np.uint8)
     return raw, mm[4096:].reshape(raw.shape)
 
 
-def weight_tensor(shape: tuple[int, int]) -> Tensor:
+@pytest.fixture
+def mapped(tmp_path: Path):
+    """(raw, mapped view of the same bytes) for a 48 x 1536 Q4_0 weight in a file, at a page offset."""
+    return mapped_weight(tmp_path)
+
+
+def weight_tensor(shape: tuple[int, int], t: T = T.Q4_0) -> Tensor:
     return ops.weight(
-        "blk.0.ffn_up.weight", T.Q4_0, shape, np.zeros((shape[0], shape[1] // 32 * 18), np.uint8)
+        "blk.0.ffn_up.weight", t, shape, np.zeros((shape[0], shape[1] // 32 * BLOCK[t]), np.uint8)
     )
 
 
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1])
 @pytest.mark.parametrize("M", [1, 5, 40, 300])
-def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(mapped, M):
-    raw, view = mapped
-    a = weight_tensor((48, 1536))
+def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(tmp_path, t, M):
+    raw, view = mapped_weight(tmp_path, t)
+    a = weight_tensor((48, 1536), t)
     be = CPUBackend(n_threads=2)
     x = np.random.default_rng(M).standard_normal((M, 1536)).astype(np.float32)
     out = np.full((M, 48), -1.0, np.float32)
@@ -153,13 +165,47 @@ def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(mapped, M):
     step()
     if M <= q40_x8.MAX_ROWS:  # the 8-row kernels: the plain kernel's integer sums
         plain = np.zeros((M, 48), np.float32)
-        qk.mm16_q4_0(raw, x, plain, F16)
+        KERN[t][1](raw, x, plain, F16)
         np.testing.assert_allclose(out, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
     else:  # dequantized tiles (unpacked from the repacked rows) + sgemm
-        ref = x.astype(np.float64) @ dequantize(raw, T.Q4_0).astype(np.float64).T
+        ref = x.astype(np.float64) @ dequantize(raw, t).astype(np.float64).T
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     assert q40_x8.mul_mat_step(be, a, view, x, out, None) is not None  # cached: no second repack
     assert q40_x8._cache[a][1] is q40_x8._repacked(a, view, False)
+
+
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1])
+def test_rows_kernel_takes_eight_rows_per_pass_from_r8_min_rows(monkeypatch, t):
+    monkeypatch.setattr(q40_x8, "R8_MIN_ROWS", None)
+    assert q40_x8.rows_kernel(t, 4) is ROWS[t][0] and q40_x8.rows_kernel(t, 64) is ROWS[t][0]
+    monkeypatch.setattr(q40_x8, "R8_MIN_ROWS", 8)
+    assert q40_x8.rows_kernel(t, 7) is ROWS[t][0] and q40_x8.rows_kernel(t, 8) is ROWS[t][1]
+
+
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1])
+def test_the_step_runs_the_kernel_for_its_row_count(tmp_path, t):
+    """1-3 rows: the one-row kernel; ``MIN_ROWS_R4`` up to ``MAX_ROWS``: the several-rows kernel
+    (``q40_x8.rows_kernel``); more: dequantized tiles (the unpack kernel)."""
+    from llamapy.ggml.cpu.q40_x8_kernels import unpack_x8_rows
+
+    _, view = mapped_weight(tmp_path, t)
+    a = weight_tensor((48, 1536), t)
+    for M, want in [
+        (1, KERN[t][0]),
+        (3, KERN[t][0]),
+        (4, q40_x8.rows_kernel(t, 4)),
+        (64, q40_x8.rows_kernel(t, 64)),
+    ]:
+        assert want in (KERN[t][0], *ROWS[t])
+        be = CPUBackend(n_threads=1)
+        x = np.ones((M, 1536), np.float32)
+        assert q40_x8.mul_mat_step(be, a, view, x, np.zeros((M, 48), np.float32), None) is not None
+        assert be._needed[-1] is want
+    be = CPUBackend(n_threads=1)
+    M = q40_x8.MAX_ROWS + 1
+    x = np.ones((M, 1536), np.float32)
+    assert q40_x8.mul_mat_step(be, a, view, x, np.zeros((M, 48), np.float32), None) is not None
+    assert unpack_x8_rows in be._needed
 
 
 def test_weights_it_must_not_repack_fall_back(mapped, monkeypatch):
@@ -174,8 +220,8 @@ def test_weights_it_must_not_repack_fall_back(mapped, monkeypatch):
     assert q40_x8.mul_mat_step(be, odd, view[:44], x, out[:, :44], None) is None  # 44 % 8
     view_t = Tensor(T.Q4_0, (48, 1536), "view", name="a view")
     assert q40_x8.mul_mat_step(be, view_t, raw, x, out, None, any_memory=True) is None  # not a leaf
-    q41 = ops.weight("w41", T.Q4_1, (48, 1536), np.zeros((48, 1536 // 32 * 20), np.uint8))
-    assert q40_x8.mul_mat_step(be, q41, view, x, out, None, any_memory=True) is None  # not in TYPES
+    q50 = ops.weight("w50", T.Q5_0, (48, 1536), np.zeros((48, 1536 // 32 * 22), np.uint8))
+    assert q40_x8.mul_mat_step(be, q50, view, x, out, None, any_memory=True) is None  # not in TYPES
     monkeypatch.setattr(q40_x8, "ENABLED", False)
     assert q40_x8.mul_mat_step(be, weight_tensor((48, 1536)), view, x, out, None) is None
 

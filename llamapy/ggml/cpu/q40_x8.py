@@ -1,8 +1,9 @@
-"""``mul_mat`` on Q4_0 weights repacked eight rows at a time (``q40_x8_kernels``).
+"""``mul_mat`` on Q4_0 and Q4_1 weights repacked eight rows at a time (``q40_x8_kernels``,
+``q40_x8_rows``).
 
-As ``q4k_x8`` for Q4_K: a 2-D Q4_0 weight whose row count is a multiple of 8 and whose bytes are a view
-of a memory-mapped model file is repacked once, the first time a ``mul_mat`` step is compiled for it,
-into anonymous memory (the same size: only the bytes move), and the mapped source pages are dropped
+As ``q4k_x8`` for Q4_K: a 2-D Q4_0 / Q4_1 weight whose row count is a multiple of 8 and whose bytes are
+a view of a memory-mapped model file is repacked once, the first time a ``mul_mat`` step is compiled for
+it, into anonymous memory (the same size: only the bytes move), and the mapped source pages are dropped
 from this process. Weights read into memory (``use_mmap=False``) are not repacked.
 
 The activations are quantized exactly as the plain kernels do (16 bits per 32 elements), so the
@@ -15,12 +16,24 @@ thread, CPU ms per activation row, x8r4 vs tiles (unpacked from the repacked row
 8960x1536 0.35 vs 0.76 at 64 rows, 0.27 vs 0.39 at 256, 0.32 vs 0.34 at 512; 1536x8960 0.33 vs 0.71,
 0.32 vs 0.40, 0.39 vs 0.35 (benchmarks/results/q40_repack.md). So prompts of up to 256 rows multiply
 16-bit activations (1/32767 of each block's largest value) instead of floats. More rows convert a tile
-of rows back to plain Q4_0 in a scratch buffer (``unpack_x8_rows``, bit for bit) for the dequantize +
-sgemm path, as before.
+of rows back to plain bytes in a scratch buffer (``unpack_x8_rows``, bit for bit) for the dequantize +
+sgemm path, as before. From ``R8_MIN_ROWS`` rows, eight rows per pass (``mm_q4_0_x8r8``: each decoded
+weight vector serves eight rows, the last ``M % 8`` rows four at a time), and the activations are
+quantized one row per thread. The 1.5B-shaped Q4_0 file, pp64, one thread, CPU s (best of 5 per run,
+two runs, kernels loaded from Numba's cache): r4 1.79 / 2.03, r8 1.70 / 1.58, the previous r4 (serial
+quantization) 2.20 / 2.02. Per matrix the two measured within noise of each other (0.23-0.25 CPU ms per
+row at 64 and 256 rows on 8960x1536 and 1536x8960): the kernels are bound by the ``pmaddwd`` and its
+``vpaddd`` / ``vpbroadcastd`` (one each per 16 products), not by decoding the nibbles.
+
+Q4_1 (SmolLM2-135M's file: every matrix but the Q8_0 token embedding) runs the same kernels
+(``mm_q4_1_x8``, ``mm_q4_1_x8r4``). One thread, one row, CPU ms per call with the weights cycling
+through > 64 MB of copies (from DRAM, as in decode), plain ``mm16_q4_1`` / its L1-prefetch variant /
+x8: 576x576 0.031 / 0.032 / 0.017, 1536x576 0.052 / 0.061 / 0.030, 576x1536 0.053 / 0.060 / 0.033,
+49152x576 1.46 / 1.74 / 0.76 (1.7-1.9x). Whole decode (``benchmarks/tg_cputime.py``, 4 runs each,
+alternating with ``LLAMAPY_Q40_X8=0``): one thread 9.3 vs 11.6 CPU ms per token (median; 1.25x), two
+threads 5.3-8.5 vs 7.1-10.5 ms wall per token.
 
 ``LLAMAPY_Q40_X8=0`` in the environment, or ``ENABLED = False`` here, turns repacking off (for A/B).
-Q4_1 has the same kernel (``mm_q4_1_x8``, tested) but is not in ``TYPES`` yet: not measured on the
-models that use it (SmolLM2's Q4_1 file is small enough for the plain kernels' L1 prefetch variant).
 """
 
 from __future__ import annotations
@@ -36,14 +49,16 @@ from ..tensor import Tensor
 from ..types import GGMLType
 from .repack import Cache, anonymous, repacked, x8_step
 
-__all__ = ["ENABLED", "TYPES", "repack", "mul_mat_step"]
+__all__ = ["ENABLED", "TYPES", "mul_mat_step", "repack", "rows_kernel"]
 
-#: repack Q4_0 weights for the 8-row kernel (``LLAMAPY_Q40_X8=0``: no)
+#: repack Q4_0 / Q4_1 weights for the 8-row kernels (``LLAMAPY_Q40_X8=0``: no)
 ENABLED = os.environ.get("LLAMAPY_Q40_X8", "1") not in ("0", "false", "no", "off")
 #: the types repacked
-TYPES = frozenset({GGMLType.Q4_0})
+TYPES = frozenset({GGMLType.Q4_0, GGMLType.Q4_1})
 #: the most activation rows the 8-row kernels take (more: dequantized tiles + sgemm)
 MAX_ROWS = 256
+#: the fewest activation rows that run eight rows per pass (``mm_q4_0_x8r8``; None: four rows per pass)
+R8_MIN_ROWS: int | None = 8
 
 _cache: Cache = weakref.WeakKeyDictionary()
 
@@ -75,6 +90,16 @@ def unpack_rows(R: np.ndarray, r0: int, r1: int, dst: np.ndarray, t: GGMLType = 
     unpack_x8_rows(R, r0, r1, dst, sb, hb, qb)
 
 
+def rows_kernel(t: GGMLType, M: int) -> Any:
+    """The several-rows-per-pass kernel for ``M`` (at least 4) activation rows of type ``t``: eight rows per
+    pass from ``R8_MIN_ROWS`` rows (None: never), else four."""
+    from .q40_x8_rows import KERNELS_R4, KERNELS_R8
+
+    if R8_MIN_ROWS is not None and M >= R8_MIN_ROWS:
+        return KERNELS_R8[t.name]
+    return KERNELS_R4[t.name]
+
+
 def _repacked(a: Tensor, A: np.ndarray, any_memory: bool) -> np.ndarray | None:
     return repacked(a, A, any_memory, ENABLED, TYPES, _cache, repack)
 
@@ -93,13 +118,13 @@ def mul_mat_step(
     R = _repacked(a, A, any_memory)
     if R is None:
         return None
-    from .q40_x8_kernels import KERNELS, KERNELS_R4, unpack_x8_rows
+    from .q40_x8_kernels import KERNELS, unpack_x8_rows
 
     t = a.type
     M = x.shape[0]
     kern = None
     if M <= MAX_ROWS:
-        kern = KERNELS_R4[t.name] if M >= 4 and t.name in KERNELS_R4 else KERNELS[t.name]
+        kern = rows_kernel(t, M) if M >= 4 else KERNELS[t.name]
 
     def unpack(R: np.ndarray, r0: int, r1: int, q: np.ndarray) -> None:
         unpack_rows(R, r0, r1, q, t)

@@ -43,7 +43,7 @@ from ..._numba import njit, prange
 from .hsimd import H16, hmadd, quantize_rows_q16
 from .isimd import I32x8, itof, izero
 from .rowgroups import prefetch_bytes
-from .simd import _is_bytes, _ptr, vfma, vmul, vsplat, vstore, vzero
+from .simd import _is_bytes, _ptr, vfma, vfma_strict, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
 
 #: bytes of one block of eight rows, per type; the plain block's bytes; its quant bytes' offset
@@ -185,8 +185,9 @@ def _blk_q4_0(acc, w, t, xpm, x0, d, xsum, cor):
 
 @njit(inline="always")
 def _blk_q4_1(acc, w, t, xpm, x0, d, xsum, cor):
-    acc = vfma(acc, vmul(xh8(w, t), vsplat(d)), itof(_q4_sum(w, t + 32, xpm, x0)))
-    return vfma(acc, xh8(w, t + 16), vsplat(xsum))
+    # two FMAs in a row: rounded each (no reassociation), so the several-rows kernels can match bit for bit
+    acc = vfma_strict(acc, vmul(xh8(w, t), vsplat(d)), itof(_q4_sum(w, t + 32, xpm, x0)))
+    return vfma_strict(acc, xh8(w, t + 16), vsplat(xsum))
 
 
 # -- the loop -----------------------------------------------------------------------------------------------
@@ -237,60 +238,6 @@ def _prepare(x, nb, src):
     return xp, xd, xs, cor, ok
 
 
-@njit(inline="always")
-def _field4(s0, s1, s2, s3, v, x0, x1, x2, x3, i):
-    return (
-        hmadd(s0, v, pbcast(x0, i)),
-        hmadd(s1, v, pbcast(x1, i)),
-        hmadd(s2, v, pbcast(x2, i)),
-        hmadd(s3, v, pbcast(x3, i)),
-    )
-
-
-@njit(parallel=True, cache=True)
-def mm_q4_0_x8r4(R, x, out, f16):
-    """As ``mm_q4_0_x8``, four activation rows per pass over the weight (prompts): each weight vector
-    is decoded once for four rows. Every row's integer sums and float steps are the one-row kernel's,
-    so its result is too, bit for bit."""
-    G, gb = R.shape
-    nb = gb // 144
-    M = x.shape[0]
-    Rf = R.reshape(-1)
-    total = G * gb
-    xp, xd, xs, cor, ok = _prepare(x, nb, _src_q4)
-    for grp in prange(G):
-        w = R[grp]
-        pf = (grp + X8_PREFETCH_GROUPS) * gb
-        for m0 in range(0, M, 4):
-            m1, m2, m3 = min(m0 + 1, M - 1), min(m0 + 2, M - 1), min(m0 + 3, M - 1)
-            x0, x1, x2, x3 = xp[m0], xp[m1], xp[m2], xp[m3]
-            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-            for b in range(nb):
-                t = b * 144
-                if m0 == 0:
-                    prefetch_bytes(Rf, pf + t, 144, total)
-                s0, s1, s2, s3 = izero(), izero(), izero(), izero()
-                for c in range(4):
-                    qc, xc = t + 16 + 32 * c, b * 32 + 8 * c
-                    s0, s1, s2, s3 = _field4(s0, s1, s2, s3, wnib(w, qc, 0), x0, x1, x2, x3, xc)
-                    s0, s1, s2, s3 = _field4(s0, s1, s2, s3, wnib(w, qc, 1), x0, x1, x2, x3, xc + 2)
-                    s0, s1, s2, s3 = _field4(s0, s1, s2, s3, wnib(w, qc, 2), x0, x1, x2, x3, xc + 4)
-                    s0, s1, s2, s3 = _field4(s0, s1, s2, s3, wnib(w, qc, 3), x0, x1, x2, x3, xc + 6)
-                d = xh8(w, t)
-                a0 = vfma(a0, vmul(d, vsplat(xd[m0, b])), itof(iadd_splat(s0, cor[m0, b])))
-                a1 = vfma(a1, vmul(d, vsplat(xd[m1, b])), itof(iadd_splat(s1, cor[m1, b])))
-                a2 = vfma(a2, vmul(d, vsplat(xd[m2, b])), itof(iadd_splat(s2, cor[m2, b])))
-                a3 = vfma(a3, vmul(d, vsplat(xd[m3, b])), itof(iadd_splat(s3, cor[m3, b])))
-            vstore(out[m3], grp * 8, a3)  # rows past M repeat the last one: written again, same values
-            vstore(out[m2], grp * 8, a2)
-            vstore(out[m1], grp * 8, a1)
-            vstore(out[m0], grp * 8, a0)
-    for m in range(M):
-        if not ok[m]:
-            for r in range(out.shape[1]):
-                out[m, r] = np.nan
-
-
 @njit(parallel=True, cache=True)
 def mm_q4_0_x8(R, x, out, f16):
     """out[m, :] = W @ (the 16-bit quantized x[m]) for the repacked Q4_0 weight ``R`` (uint8[N // 8,
@@ -304,7 +251,5 @@ def mm_q4_1_x8(R, x, out, f16):
     _mm_x8(R, x, out, _blk_q4_1, _src_q4, 160)
 
 
-#: the kernel of each type
+#: the kernel of each type (several rows per pass: ``q40_x8_rows``)
 KERNELS = {"Q4_0": mm_q4_0_x8, "Q4_1": mm_q4_1_x8}
-#: the four-rows-per-pass kernel of each type that has one
-KERNELS_R4 = {"Q4_0": mm_q4_0_x8r4}
