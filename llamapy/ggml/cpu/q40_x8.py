@@ -31,7 +31,10 @@ through > 64 MB of copies (from DRAM, as in decode), plain ``mm16_q4_1`` / its L
 x8: 576x576 0.031 / 0.032 / 0.017, 1536x576 0.052 / 0.061 / 0.030, 576x1536 0.053 / 0.060 / 0.033,
 49152x576 1.46 / 1.74 / 0.76 (1.7-1.9x). Whole decode (``benchmarks/tg_cputime.py``, 4 runs each,
 alternating with ``LLAMAPY_Q40_X8=0``): one thread 9.3 vs 11.6 CPU ms per token (median; 1.25x), two
-threads 5.3-8.5 vs 7.1-10.5 ms wall per token.
+threads 5.3-8.5 vs 7.1-10.5 ms wall per token. A second series (load average 5: 2-thread wall not
+meaningful), one thread, 3 runs: 9.7 / 8.8 / 7.2 vs 13.8 / 14.0 / 12.1 CPU ms per token, llama.cpp's
+``llama-bench`` in the same runs 15.5 / 16.4 / 12.6; pp64, one thread, CPU s best of 5: 0.30 / 0.17 /
+0.16 vs 0.25 / 0.24 / 0.29.
 
 ``LLAMAPY_Q40_X8=0`` in the environment, or ``ENABLED = False`` here, turns repacking off (for A/B).
 """
