@@ -1,8 +1,9 @@
 """Q4_K weights repacked eight rows at a time (``q4k_x8``): the layout round-trips bit for bit, the 8-row
 kernel gives the plain kernel's result up to float summation order and ``W @ dequant(quant(x, Q8_K))``
-in float64, non-finite activation rows give NaN rows, and ``mul_mat`` steps (one row, batch kernels,
-dequantized tiles) on a memory-mapped weight agree with the plain path; weights it must not repack
-(rows not a multiple of 8, not a mapped file, switched off) fall back."""
+in float64, the four-rows-per-pass kernel each row's result of the one-row kernel bit for bit,
+non-finite activation rows give NaN rows, and ``mul_mat`` steps (one-row and four-row kernels, dequantized
+tiles) on a memory-mapped weight agree with the plain path; weights it must not repack (rows not a
+multiple of 8, not a mapped file, switched off) fall back."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from llamapy.ggml.cpu import kquant_kernels as kk
 from llamapy.ggml.cpu import matmul_kernels as mk
 from llamapy.ggml.cpu import q4k_x8
 from llamapy.ggml.cpu.backend import CPUBackend
-from llamapy.ggml.cpu.q4k_x8_kernels import mm_q4_k_x8, unpack_x8_rows
+from llamapy.ggml.cpu.q4k_x8_kernels import mm_q4_k_x8, mm_q4_k_x8r4, unpack_x8_rows
 from llamapy.ggml.quants import dequantize, quantize
 from llamapy.ggml.tensor import Tensor
 
@@ -102,6 +103,55 @@ def test_x8_kernel_integer_sums_are_exact():
     np.testing.assert_array_equal(out, expect)
 
 
+def both_kernels(R: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(``mm_q4_k_x8``, ``mm_q4_k_x8r4``) of ``x`` on ``R``, outputs prefilled with different garbage."""
+    M, N = x.shape[0], R.shape[0] * 8
+    one = np.full((M, N), -3.0, np.float32)
+    four = np.full((M, N), 5.0, np.float32)
+    mm_q4_k_x8(R, x, one, F16)
+    mm_q4_k_x8r4(R, x, four, F16)
+    return one, four
+
+
+@pytest.mark.parametrize("M", [*range(1, 10), 67])
+@pytest.mark.parametrize(("N", "K"), [(8, 256), (24, 768), (40, 2816)])
+def test_r4_kernel_is_the_one_row_kernel_bit_for_bit(N, K, M):
+    """Four rows per pass (the last 3 as a pass with the last row repeated, the last 1-2 one at a time):
+    every row's result is the one-row kernel's, bit for bit (random bytes: all scale/min codes; rows of
+    very different magnitudes)."""
+    raw = random_q4k_bytes(N, K, N * K + M)
+    rng = np.random.default_rng(M)
+    x = (rng.standard_normal((M, K)) * rng.uniform(1e-3, 1e3, (M, 1))).astype(np.float32)
+    one, four = both_kernels(q4k_x8.repack(raw), x)
+    np.testing.assert_array_equal(four.view(np.uint32), one.view(np.uint32))
+    assert np.isfinite(four).all()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_r4_kernel_nonfinite_activation_rows_give_nan(bad):
+    """Non-finite rows in a pass of four, in the repeated last row of a pass of three and one at a time."""
+    raw = q4k(16, 512, 6)
+    R = q4k_x8.repack(raw)
+    for M, rows in ((7, [1, 6]), (9, [2, 8]), (11, [10]), (4, [0, 1, 2, 3])):
+        x = np.random.default_rng(M).standard_normal((M, 512)).astype(np.float32)
+        x[rows, 100] = bad
+        one, four = both_kernels(R, x)
+        assert np.isnan(four[rows]).all()
+        good = [m for m in range(M) if m not in rows]
+        np.testing.assert_array_equal(four[good].view(np.uint32), one[good].view(np.uint32))
+        assert np.isfinite(four[good]).all()
+
+
+def test_step_kernel_by_row_count():
+    """1-3 rows: one row per pass; 4 .. ``MAX_ROWS``: four rows per pass; more: tiles (None)."""
+    assert q4k_x8.MAX_ROWS >= 256  # at least the rows the plain in-register kernels take
+    for M in (1, 2, 3):
+        assert q4k_x8.kernel(M) is mm_q4_k_x8
+    for M in (4, 5, 16, 64, 256, q4k_x8.MAX_ROWS):
+        assert q4k_x8.kernel(M) is mm_q4_k_x8r4
+    assert q4k_x8.kernel(q4k_x8.MAX_ROWS + 1) is None
+
+
 @pytest.fixture
 def mapped(tmp_path: Path):
     """(raw, mapped view of the same bytes) for a 48 x 1536 Q4_K weight in a file, at a page offset."""
@@ -118,7 +168,7 @@ def weight_tensor(shape: tuple[int, int]) -> Tensor:
     )
 
 
-@pytest.mark.parametrize("M", [1, 5, 300])
+@pytest.mark.parametrize("M", [1, 5, 300, q4k_x8.MAX_ROWS + 3])
 def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(mapped, M):
     raw, view = mapped
     a = weight_tensor((48, 1536))
@@ -128,10 +178,13 @@ def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(mapped, M):
     step = q4k_x8.mul_mat_step(be, a, view, x, out, None)
     assert step is not None
     step()
-    if M <= 256:  # the 8-row kernel: the plain kernels' integer sums
+    if M <= q4k_x8.MAX_ROWS:  # the 8-row kernels: the plain kernels' integer sums
         plain = np.zeros((M, 48), np.float32)
         mk.matvec_kernel("Q4_K", M)(raw, x, plain, F16)
         np.testing.assert_allclose(out, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
+        one = np.zeros((M, 48), np.float32)
+        mm_q4_k_x8(q4k_x8.repack(raw), x, one, F16)
+        np.testing.assert_array_equal(out.view(np.uint32), one.view(np.uint32))
     else:  # dequantized tiles (unpacked from the repacked rows) + sgemm
         ref = x.astype(np.float64) @ dequantize(raw, T.Q4_K).astype(np.float64).T
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())

@@ -7,12 +7,30 @@ valid and fault back in if something else reads them, e.g. ``get_rows`` of a tie
 resident memory stays the same size (+2.8 %: the decoded scales). Weights read into memory
 (``use_mmap=False``) are not repacked: their source could not be released.
 
-Up to ``matvec_max_rows("Q4_K")`` activation rows (the plain kernels' switch point, so activations are
-rounded to Q8_K exactly where they were) run ``mm_q4_k_x8``, which decodes the weight again per row and
-still beats the plain batch kernels that decode it once per 4-8 rows (one thread, CPU ms per row,
-8960x1536: 64 rows 0.27 vs 0.31, 4 rows 0.31 vs 0.35-0.40; 1536x1536 at 200 rows 0.042 vs 0.054).
-More rows convert a tile of rows back to plain Q4_K in a scratch buffer (``unpack_x8_rows``, bit for
-bit) for the dequantize + sgemm path, as before.
+Up to ``MAX_ROWS`` activation rows run the 8-row kernels over Q8_K activations: ``mm_q4_k_x8`` (1-3
+rows), which decodes the weight again per row and still beats the plain batch kernels that decode it once
+per 4-8 rows (one thread, CPU ms per row, 8960x1536: 64 rows 0.27 vs 0.31, 4 rows 0.31 vs 0.35-0.40;
+1536x1536 at 200 rows 0.042 vs 0.054), and ``mm_q4_k_x8r4`` (4 rows and more), four rows per pass and
+each row bit for bit the one-row kernel's. More rows convert a tile of rows back to plain Q4_K in a
+scratch buffer (``unpack_x8_rows``, bit for bit) for the dequantize + sgemm path, as before.
+
+Measured on the shared 2-core AVX2-target VM (``NUMBA_CPU_NAME=haswell``, load 4-5 from other work, so
+the three paths interleaved, best of 7): one thread, CPU ms per activation row, x8 / x8r4 / tiles:
+
+    rows        8960x1536              1536x8960              18944x3584
+      4    0.19 / 0.14 / 3.6      0.29 / 0.16 / 3.1      1.27 / 0.77 / 17.6
+     16    0.28 / 0.20 / 1.3      0.27 / 0.20 / 1.1      1.04 / 0.66 / 4.9
+     64    0.18 / 0.15 / 0.47     0.27 / 0.20 / 0.53     1.01 / 0.67 / 2.5
+    256    0.22 / 0.16 / 0.34     0.26 / 0.19 / 0.38     1.12 / 0.93 / 1.8
+    512    0.23 / 0.21 / 0.31     0.29 / 0.18 / 0.32     1.03 / 0.90 / 1.6
+
+(an earlier, quieter run: 8960x1536 x8r4 0.13-0.16 at 4-512 rows). x8r4 beats the tiles at every row
+count measured, so ``MAX_ROWS`` is 512 (a whole default ubatch; the plain kernels' switch point,
+``matvec_max_rows("Q4_K")``, stays 256): prompts of 257-512 rows now round their activations to Q8_K for
+the Q4_K weights as llama.cpp does, where they kept float activations. Whole model,
+``benchmarks/pp_profile.py qwen2.5-1.5b.Q4_K_M.gguf 2 64 512`` (2 threads, CPU s, before / after, two runs
+each interleaved): pp64 3.04, 2.71 / 2.69, 2.73 (Q4_K mat-muls 2.19 / 1.83); pp512 20.7, 23.1 / 11.8,
+13.7 (Q4_K: tiles 15.1 sgemm + 1.6 dequantize / x8r4 7.5).
 
 ``LLAMAPY_Q4K_X8=0`` in the environment, or ``ENABLED = False`` here, turns repacking off (for A/B).
 """
@@ -30,10 +48,14 @@ from ..tensor import Tensor
 from ..types import GGMLType
 from .repack import Cache, anonymous, mapped_source, repacked, x8_step
 
-__all__ = ["ENABLED", "repack", "mapped_source", "mul_mat_step"]
+__all__ = ["ENABLED", "MAX_ROWS", "repack", "mapped_source", "mul_mat_step", "kernel"]
 
 #: repack Q4_K weights for the 8-row kernel (``LLAMAPY_Q4K_X8=0``: no)
 ENABLED = os.environ.get("LLAMAPY_Q4K_X8", "1") not in ("0", "false", "no", "off")
+#: the most activation rows the 8-row kernels take (more: dequantized tiles + sgemm)
+MAX_ROWS = 512
+#: from this many rows, four rows per pass (``mm_q4_k_x8r4``)
+R4_MIN_ROWS = 4
 
 _cache: Cache = weakref.WeakKeyDictionary()
 
@@ -73,8 +95,14 @@ def mul_mat_step(
     R = _repacked(a, A, any_memory)
     if R is None:
         return None
-    from .backend import MATVEC_MAX_TOKENS, matvec_max_rows
-    from .q4k_x8_kernels import mm_q4_k_x8, unpack_x8_rows
+    from .q4k_x8_kernels import unpack_x8_rows
 
-    kern = mm_q4_k_x8 if x.shape[0] <= matvec_max_rows("Q4_K", MATVEC_MAX_TOKENS) else None
-    return x8_step(be, a, A, x, out2, pre, R, kern, unpack_x8_rows, unpack_x8_rows, "x8_q")
+    return x8_step(be, a, A, x, out2, pre, R, kernel(x.shape[0]), unpack_x8_rows, unpack_x8_rows, "x8_q")
+
+
+def kernel(M: int) -> Any:
+    """The kernel for ``M`` activation rows: ``mm_q4_k_x8`` (1-3 rows), ``mm_q4_k_x8r4`` (up to
+    ``MAX_ROWS``), or None (dequantized tiles + sgemm)."""
+    from .q4k_x8_kernels import mm_q4_k_x8, mm_q4_k_x8r4
+
+    return None if M > MAX_ROWS else mm_q4_k_x8r4 if M >= R4_MIN_ROWS else mm_q4_k_x8
