@@ -31,6 +31,7 @@ __all__ = ["LAYOUTS", "anonymous", "mapped_source", "mul_mat_step", "release_pag
 LAYOUTS = {GGMLType.Q4_K: "q4k_x8", GGMLType.Q5_K: "q5k_x8", GGMLType.Q4_0: "q40_x8"}
 LAYOUTS[GGMLType.Q8_0] = "q80_x8"
 LAYOUTS[GGMLType.Q6_K] = "q6k_x8"
+LAYOUTS[GGMLType.Q5_0] = "q50_x8"
 LAYOUTS[GGMLType.Q4_1] = "q40_x8"
 
 _lock = threading.Lock()

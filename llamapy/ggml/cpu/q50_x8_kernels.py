@@ -1,0 +1,376 @@
+"""Q5_0 and Q5_1 weights repacked eight rows at a time, and their mat-vec kernels over the same 16-bit
+activations as ``q16_kernels`` (``hsimd.quantize_rows_q16``).
+
+``q40_x8_kernels``' layout and loop with a fifth bit per weight. One block of eight rows
+(``X8_BYTES[type]``, the same bytes as the eight plain blocks, moved):
+
+- the rows' ``d`` (8 float16), for Q5_1 their ``m`` (8 float16);
+- the rows' ``qh`` as 16 words, 2 per row (word ``2r + j``, ``j`` 0 or 1), each word holding the fifth
+  bits of the 16 weights that word ``j`` of row r's quant words carries in the four chunks (bit ``4c +
+  e``: chunk c, field e, the weight ``q40_x8_kernels._src_q4`` maps ``(c, e, j)`` to);
+- the 128 quant bytes as Q4_0's ``[chunk c][row r][4]``.
+
+So one 32-byte load gives every fifth bit of the block, laid out as the nibbles' words are: the weights
+of chunk c, field e (16 words, 2 per row) are ``((quant words >> 4e) & 15) | (qh words shifted so that
+bit 4c + e lands on bit 4, & 16)``: a shift, an ``and`` and an ``or`` more per 16 weights than Q4_0,
+no shuffles, no compares. The -16 of Q5_0 is folded into the activation block sums (``-16 * sum(a)``
+added once per block to all eight rows), as Q4_0's -8.
+
+The integer sum per row and block is the plain kernel's (``sum(((q | h << 4) - 16) * a)``, exact in 32
+bits: at most 32 * 31 * 32767 < 2^25), so results differ from ``q16_kernels.mm16_q5_0`` only in the
+order of float additions.
+"""
+
+from __future__ import annotations
+
+from ... import _numba  # noqa: F401  (first: it sets NUMBA_CACHE_DIR before Numba is imported)
+
+# isort: split
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from ..._numba import njit, prange
+from .hsimd import H16, hmadd, quantize_rows_q16
+from .isimd import itof, izero
+from .q40_x8_kernels import _src_q4, iadd_splat, pbcast
+from .rowgroups import prefetch_bytes
+from .simd import _is_bytes, _ptr, vfma_strict, vmul, vsplat, vstore, vzero
+from .x8simd import xh8
+
+__all__ = [
+    "KERNELS",
+    "LAYOUT",
+    "SRC_BYTES",
+    "X8_BYTES",
+    "mm_q5_0_x8",
+    "mm_q5_0_x8r4",
+    "mm_q5_1_x8",
+    "repack_x8",
+    "unpack_x8_rows",
+]
+
+#: bytes of one block of eight rows, per type; the plain block's bytes
+X8_BYTES = {"Q5_0": 176, "Q5_1": 192}
+SRC_BYTES = {"Q5_0": 22, "Q5_1": 24}
+#: bytes of halves at the start of a plain block (d, or d and m); then 4 bytes of qh, 16 of qs
+LAYOUT = {"Q5_0": 2, "Q5_1": 4}
+#: groups of eight rows ahead to prefetch (into L2)
+X8_PREFETCH_GROUPS = 2
+
+_I16 = ir.IntType(16)
+_V16W = ir.VectorType(_I16, 16)
+_I32 = ir.IntType(32)
+_V16I = ir.VectorType(_I32, 16)
+
+
+# -- repacking ----------------------------------------------------------------------------------------
+def _weight(c: int, e: int, j: int) -> int:
+    """The weight of a row's block that word ``j``, field ``e`` of chunk ``c`` holds."""
+    return 16 * (e & 1) + 4 * c + (e >> 1) + 2 * j
+
+
+def _tables() -> tuple[np.ndarray, np.ndarray]:
+    """``TO_WORD[j, k, v]``: the bits of qh word ``j`` that byte ``k`` (value ``v``) of a plain ``qh``
+    sets; ``TO_QH[j, k, v]``: the bits of the plain ``qh`` that byte ``k`` of word ``j`` sets."""
+    to_word = np.zeros((2, 4, 256), np.uint16)
+    to_qh = np.zeros((2, 2, 256), np.uint32)
+    for j in range(2):
+        for c in range(4):
+            for e in range(4):
+                k, p = _weight(c, e, j), 4 * c + e
+                for v in range(256):
+                    if v >> (k & 7) & 1:
+                        to_word[j, k >> 3, v] |= 1 << p
+                    if v >> (p & 7) & 1:
+                        to_qh[j, p >> 3, v] |= 1 << k
+    return to_word, to_qh
+
+
+TO_WORD, TO_QH = _tables()
+
+
+@njit(cache=True)
+def repack_x8(A, R, hbytes):
+    """Plain Q5_0 / Q5_1 rows ``A`` (uint8[N, nb * (hbytes + 20)], N a multiple of 8) into ``R``
+    (uint8[N // 8, nb * 8 * (hbytes + 20)]); ``hbytes``: ``LAYOUT[type]``."""
+    N, rb = A.shape
+    sb = hbytes + 20
+    nb = rb // sb
+    xb = 8 * sb
+    for grp in range(N // 8):
+        for b in range(nb):
+            s0, t0 = b * sb, b * xb
+            for r in range(8):
+                row = grp * 8 + r
+                for h in range(hbytes):
+                    R[grp, t0 + 16 * (h >> 1) + 2 * r + (h & 1)] = A[row, s0 + h]
+                h0 = t0 + 8 * hbytes + 4 * r
+                for j in range(2):
+                    word = np.uint16(0)
+                    for k in range(4):
+                        word |= TO_WORD[j, k, A[row, s0 + hbytes + k]]
+                    R[grp, h0 + 2 * j] = word & 255
+                    R[grp, h0 + 2 * j + 1] = word >> 8
+                q0, d0 = s0 + hbytes + 4, t0 + 8 * hbytes + 32 + 4 * r
+                for k in range(16):
+                    R[grp, d0 + 32 * (k >> 2) + (k & 3)] = A[row, q0 + k]
+
+
+@njit(parallel=True, cache=True)
+def unpack_x8_rows(R, r0, r1, dst, hbytes):
+    """Rows ``r0`` .. ``r1`` of a repacked weight back in plain bytes (``dst``: uint8[r1 - r0, nb *
+    (hbytes + 20)]), bit for bit the rows ``repack_x8`` was given."""
+    sb = hbytes + 20
+    xb = 8 * sb
+    nb = R.shape[1] // xb
+    g0 = r0 // 8
+    for gi in prange((r1 + 7) // 8 - g0):
+        g8 = g0 + gi
+        for b in range(nb):
+            s0, t0 = b * sb, b * xb
+            for r in range(max(0, r0 - g8 * 8), min(8, r1 - g8 * 8)):
+                i = g8 * 8 + r - r0
+                for h in range(hbytes):
+                    dst[i, s0 + h] = R[g8, t0 + 16 * (h >> 1) + 2 * r + (h & 1)]
+                h0 = t0 + 8 * hbytes + 4 * r
+                qh = np.uint32(0)
+                for j in range(2):
+                    for k in range(2):
+                        qh |= TO_QH[j, k, R[g8, h0 + 2 * j + k]]
+                for k in range(4):
+                    dst[i, s0 + hbytes + k] = (qh >> np.uint32(8 * k)) & np.uint32(255)
+                q0, d0 = s0 + hbytes + 4, t0 + 8 * hbytes + 32 + 4 * r
+                for k in range(16):
+                    dst[i, q0 + k] = R[g8, d0 + 32 * (k >> 2) + (k & 3)]
+
+
+# -- one block of eight rows ------------------------------------------------------------------------------
+@intrinsic
+def q5field(typingctx, arr, q, h, e, p):  # type: ignore[no-untyped-def]
+    """Field ``e`` (a constant 0..3) of the 16 quant words at byte ``q`` (bits ``4e .. 4e + 3``) with bit
+    ``p`` (0..15) of the 16 qh words at byte ``h`` as its fifth bit: 16 values 0..31."""
+    if not (
+        _is_bytes(arr)
+        and isinstance(q, types.Integer)
+        and isinstance(h, types.Integer)
+        and isinstance(e, types.IntegerLiteral)
+        and isinstance(p, types.Integer)
+    ):
+        return None
+    k = e.literal_value
+    if not 0 <= k < 4:
+        return None
+
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        w = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _V16W), align=1)
+        hv = builder.load(_ptr(context, builder, sig.args[0], args[0], args[2], sig.args[2], _V16W), align=1)
+        if k:
+            w = builder.lshr(w, ir.Constant(_V16W, [4 * k] * 16))
+        if k != 3:
+            w = builder.and_(w, ir.Constant(_V16W, [15] * 16))
+        pv = context.cast(builder, args[4], sig.args[4], types.int16)
+        four = ir.Constant(_I16, 4)
+        zero = ir.Constant(_I16, 0)
+        ge = builder.icmp_signed(">=", pv, four)
+        rs = builder.select(ge, builder.sub(pv, four), zero)  # constants once the chunk loop unrolls
+        ls = builder.select(ge, zero, builder.sub(four, pv))
+
+        def vec(s):  # type: ignore[no-untyped-def]
+            v = builder.insert_element(ir.Constant(_V16W, None), s, ir.Constant(_I32, 0))
+            return builder.shuffle_vector(v, ir.Constant(_V16W, None), ir.Constant(_V16I, [0] * 16))
+
+        hv = builder.shl(builder.lshr(hv, vec(rs)), vec(ls))
+        hv = builder.and_(hv, ir.Constant(_V16W, [16] * 16))
+        return builder.or_(w, hv)
+
+    return H16(arr, q, h, e, p), cg
+
+
+@njit(inline="always")
+def _q5_sum(w, h, q, xpm, x0):
+    s = izero()
+    for c in range(4):
+        qc, xc = q + 32 * c, x0 + 8 * c
+        s = hmadd(s, q5field(w, qc, h, 0, 4 * c), pbcast(xpm, xc))
+        s = hmadd(s, q5field(w, qc, h, 1, 4 * c + 1), pbcast(xpm, xc + 2))
+        s = hmadd(s, q5field(w, qc, h, 2, 4 * c + 2), pbcast(xpm, xc + 4))
+        s = hmadd(s, q5field(w, qc, h, 3, 4 * c + 3), pbcast(xpm, xc + 6))
+    return s
+
+
+# ``blk(acc, w, t, xpm, x0, d, xsum, cor) -> acc``: as ``q40_x8_kernels`` (``cor``: -16 times the sum).
+@njit(inline="always")
+def _blk_q5_0(acc, w, t, xpm, x0, d, xsum, cor):
+    # one FMA, rounded (``vfma``'s fast-math flags let LLVM reassociate the block chain, differently
+    # per compile: a fresh compile and Numba's cached copy of it gave different bits); likewise below
+    s = iadd_splat(_q5_sum(w, t + 16, t + 48, xpm, x0), cor)
+    return vfma_strict(acc, vmul(xh8(w, t), vsplat(d)), itof(s))
+
+
+@njit(inline="always")
+def _blk_q5_1(acc, w, t, xpm, x0, d, xsum, cor):
+    acc = vfma_strict(acc, vmul(xh8(w, t), vsplat(d)), itof(_q5_sum(w, t + 32, t + 64, xpm, x0)))
+    return vfma_strict(acc, xh8(w, t + 16), vsplat(xsum))
+
+
+# -- the loop (``q40_x8_kernels._mm_x8`` / ``_prepare`` with the offset -16: copied, not shared, while
+# that module changes) ---------------------------------------------------------------------------------
+@njit(inline="always")
+def _prepare(x, nb, off):
+    """(permuted 16-bit activations, scales, scales times sums, ``off`` times the integer sums, finite
+    rows)."""
+    M = x.shape[0]
+    xq = np.empty((M, nb * 32), np.int16)
+    xd = np.empty((M, nb), np.float32)
+    xs = np.empty((M, nb), np.float32)
+    ok = quantize_rows_q16(x, xq, xd, xs)
+    xp = np.empty((M, nb * 32), np.int16)
+    cor = np.empty((M, nb), np.int32)
+    for m in range(M):
+        for b in range(nb):
+            t = 0
+            for p in range(32):
+                xp[m, b * 32 + p] = xq[m, b * 32 + _src_q4(p)]
+                t += np.int32(xq[m, b * 32 + p])
+            cor[m, b] = off * t
+    return xp, xd, xs, cor, ok
+
+
+@njit(inline="always")
+def _mm_x8(R, x, out, blk, xbytes, off):
+    G, gb = R.shape
+    nb = gb // xbytes
+    M = x.shape[0]
+    Rf = R.reshape(-1)
+    total = G * gb
+    xp, xd, xs, cor, ok = _prepare(x, nb, off)
+    for grp in prange(G):
+        w = R[grp]
+        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        for m in range(M):
+            xpm = xp[m]
+            acc = vzero()
+            for b in range(nb):
+                t = b * xbytes
+                if m == 0:
+                    prefetch_bytes(Rf, pf + t, xbytes, total)
+                acc = blk(acc, w, t, xpm, b * 32, xd[m, b], xs[m, b], cor[m, b])
+            vstore(out[m], grp * 8, acc)
+    for m in range(M):
+        if not ok[m]:
+            for r in range(out.shape[1]):
+                out[m, r] = np.nan
+
+
+@njit(parallel=True, cache=True)
+def mm_q5_0_x8(R, x, out, f16):
+    """out[m, :] = W @ (the 16-bit quantized x[m]) for the repacked Q5_0 weight ``R`` (uint8[N // 8,
+    nb * 176]); ``f16`` is unused (the halves convert in-register), kept for the ``MATVEC`` call shape."""
+    _mm_x8(R, x, out, _blk_q5_0, 176, -16)
+
+
+@njit(parallel=True, cache=True)
+def mm_q5_1_x8(R, x, out, f16):
+    """As ``mm_q5_0_x8`` for Q5_1 (uint8[N // 8, nb * 192])."""
+    _mm_x8(R, x, out, _blk_q5_1, 192, 0)
+
+
+# -- four activation rows per pass (prompts) ----------------------------------------------------------------
+@njit(inline="always")
+def _field4(s0, s1, s2, s3, v, x0, x1, x2, x3, i):
+    return (
+        hmadd(s0, v, pbcast(x0, i)),
+        hmadd(s1, v, pbcast(x1, i)),
+        hmadd(s2, v, pbcast(x2, i)),
+        hmadd(s3, v, pbcast(x3, i)),
+    )
+
+
+@njit(inline="always")
+def _q5_sums4(w, h, q, x0, x1, x2, x3, xb):
+    """``_q5_sum`` of four activation rows, each five-bit vector decoded once."""
+    s0, s1, s2, s3 = izero(), izero(), izero(), izero()
+    for c in range(4):
+        qc, xc = q + 32 * c, xb + 8 * c
+        s0, s1, s2, s3 = _field4(s0, s1, s2, s3, q5field(w, qc, h, 0, 4 * c), x0, x1, x2, x3, xc)
+        s0, s1, s2, s3 = _field4(s0, s1, s2, s3, q5field(w, qc, h, 1, 4 * c + 1), x0, x1, x2, x3, xc + 2)
+        s0, s1, s2, s3 = _field4(s0, s1, s2, s3, q5field(w, qc, h, 2, 4 * c + 2), x0, x1, x2, x3, xc + 4)
+        s0, s1, s2, s3 = _field4(s0, s1, s2, s3, q5field(w, qc, h, 3, 4 * c + 3), x0, x1, x2, x3, xc + 6)
+    return s0, s1, s2, s3
+
+
+@njit(inline="always")
+def _acc_q5_0(a, s, d, xd, cor, m, b):
+    """Row ``m``'s float step of block ``b``, as ``_blk_q5_0``'s."""
+    return vfma_strict(a, vmul(d, vsplat(xd[m, b])), itof(iadd_splat(s, cor[m, b])))
+
+
+@njit(inline="always")
+def _pass4(w, xp, xd, cor, out, grp, m0, M, nb, pfetch, Rf, pf, total):
+    """Rows ``m0 .. m0 + 3`` (past ``M``: the last row again) of the group ``grp``."""
+    m1, m2, m3 = min(m0 + 1, M - 1), min(m0 + 2, M - 1), min(m0 + 3, M - 1)
+    x0, x1, x2, x3 = xp[m0], xp[m1], xp[m2], xp[m3]
+    a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+    for b in range(nb):
+        t = b * 176
+        if pfetch:
+            prefetch_bytes(Rf, pf + t, 176, total)
+        s0, s1, s2, s3 = _q5_sums4(w, t + 16, t + 48, x0, x1, x2, x3, b * 32)
+        d = xh8(w, t)
+        a0 = _acc_q5_0(a0, s0, d, xd, cor, m0, b)
+        a1 = _acc_q5_0(a1, s1, d, xd, cor, m1, b)
+        a2 = _acc_q5_0(a2, s2, d, xd, cor, m2, b)
+        a3 = _acc_q5_0(a3, s3, d, xd, cor, m3, b)
+    vstore(out[m3], grp * 8, a3)  # rows past M repeat the last one: written again, same values
+    vstore(out[m2], grp * 8, a2)
+    vstore(out[m1], grp * 8, a1)
+    vstore(out[m0], grp * 8, a0)
+
+
+@njit(inline="always")
+def _prepare_rows(x, nb, off):
+    """``_prepare``'s arrays, bit for bit, one activation row per thread."""
+    M = x.shape[0]
+    K = nb * 32
+    xq = np.empty((M, K), np.int16)
+    xd = np.empty((M, nb), np.float32)
+    xs = np.empty((M, nb), np.float32)
+    xp = np.empty((M, K), np.int16)
+    cor = np.empty((M, nb), np.int32)
+    ok = np.empty(M, np.bool_)
+    for m in prange(M):
+        ok[m] = quantize_rows_q16(x[m : m + 1], xq[m : m + 1], xd[m : m + 1], xs[m : m + 1])[0]
+        for b in range(nb):
+            t = 0
+            for p in range(32):
+                xp[m, b * 32 + p] = xq[m, b * 32 + _src_q4(p)]
+                t += np.int32(xq[m, b * 32 + p])
+            cor[m, b] = off * t
+    return xp, xd, xs, cor, ok
+
+
+@njit(parallel=True, cache=True)
+def mm_q5_0_x8r4(R, x, out, f16):
+    """As ``mm_q5_0_x8``, four activation rows per pass over the weight: each five-bit vector is decoded
+    once for four rows; every row's result is the one-row kernel's, bit for bit."""
+    G, gb = R.shape
+    nb = gb // 176
+    M = x.shape[0]
+    Rf = R.reshape(-1)
+    total = G * gb
+    xp, xd, xs, cor, ok = _prepare_rows(x, nb, -16)
+    for grp in prange(G):
+        w = R[grp]
+        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        for m0 in range(0, M, 4):
+            _pass4(w, xp, xd, cor, out, grp, m0, M, nb, m0 == 0, Rf, pf, total)
+    for m in range(M):
+        if not ok[m]:
+            for r in range(out.shape[1]):
+                out[m, r] = np.nan
+
+
+#: the kernel of each type
+KERNELS = {"Q5_0": mm_q5_0_x8, "Q5_1": mm_q5_1_x8}
