@@ -20,10 +20,14 @@ of rows back to plain bytes in a scratch buffer (``unpack_x8_rows``, bit for bit
 sgemm path, as before. From ``R8_MIN_ROWS`` rows, eight rows per pass (``mm_q4_0_x8r8``: each decoded
 weight vector serves eight rows, the last ``M % 8`` rows four at a time), and the activations are
 quantized one row per thread. The 1.5B-shaped Q4_0 file, pp64, one thread, CPU s (best of 5 per run,
-two runs, kernels loaded from Numba's cache): r4 1.79 / 2.03, r8 1.70 / 1.58, the previous r4 (serial
-quantization) 2.20 / 2.02. Per matrix the two measured within noise of each other (0.23-0.25 CPU ms per
-row at 64 and 256 rows on 8960x1536 and 1536x8960): the kernels are bound by the ``pmaddwd`` and its
-``vpaddd`` / ``vpbroadcastd`` (one each per 16 products), not by decoding the nibbles.
+kernels loaded from Numba's cache), load 2.4-3.8: r4 1.79 / 2.03, r8 1.70 / 1.58, the previous r4
+(serial quantization) 2.20 / 2.02; load 6: r4 2.12 / 2.66 / 2.38, r8 2.21 / 2.13 / 2.17, previous 2.00 /
+1.95 / 2.14. So r8 beat r4 in 4 of 5 pairs and is within this machine's noise of the previous kernel in
+CPU time; the quantization in parallel is for 2-thread wall time (serial, it was ~4 % of the CPU time).
+Per matrix r8 and r4 measured within noise of each other (0.23-0.25 CPU ms per row at 64 and 256 rows
+on 8960x1536 and 1536x8960): the kernels are bound by the ``pmaddwd`` and its ``vpaddd`` (one each per
+16 products), not by decoding the nibbles nor by the broadcasts (the same loop with the activations
+loaded once per block instead of broadcast per pair measured no faster).
 
 Q4_1 (SmolLM2-135M's file: every matrix but the Q8_0 token embedding) runs the same kernels
 (``mm_q4_1_x8``, ``mm_q4_1_x8r4``). One thread, one row, CPU ms per call with the weights cycling
