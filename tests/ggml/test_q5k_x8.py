@@ -1,11 +1,16 @@
 """Q5_K weights repacked eight rows at a time (``q5k_x8``): the layout round-trips bit for bit, the 8-row
 kernel gives the plain kernel's result up to float summation order and ``W @ dequant(quant(x, Q8_K))``
 in float64 (also with every 5-bit code at 31 against activations at 127: the 16-bit sums' worst case),
-non-finite activation rows give NaN rows, and ``mul_mat`` steps (one row, batch kernels, dequantized
-tiles) on a memory-mapped weight agree with the plain path; weights it must not repack fall back."""
+the four-rows-per-pass kernel gives the one-row kernel's bit for bit (any row count, non-finite rows
+among them), both also as generic IR, non-finite activation rows give NaN rows, and ``mul_mat`` steps
+(one-row kernel, four-row kernel, dequantized tiles) on a memory-mapped weight agree with the plain path;
+weights it must not repack fall back."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +21,9 @@ from llamapy.ggml import ops
 from llamapy.ggml.cpu import kquant_kernels as kk
 from llamapy.ggml.cpu import matmul_kernels as mk
 from llamapy.ggml.cpu import q5k_x8
+from llamapy.ggml.cpu import q5k_x8_kernels as qk
 from llamapy.ggml.cpu.backend import CPUBackend
-from llamapy.ggml.cpu.q5k_x8_kernels import mm_q5_k_x8, unpack_x8_rows
+from llamapy.ggml.cpu.q5k_x8_kernels import mm_q5_k_x8, mm_q5_k_x8r4, unpack_x8_rows
 from llamapy.ggml.quants import dequantize, quantize
 from llamapy.ggml.tensor import Tensor
 
@@ -83,6 +89,77 @@ def test_x8_kernel_nonfinite_activation_rows_give_nan(bad):
     assert np.isnan(out[1]).all()
 
 
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 6, 7, 8, 9, 38])
+def test_four_row_kernel_matches_one_row_kernel_bit_for_bit(M):
+    raw = random_q5k_bytes(24, 768, M) if M % 2 else q5k(40, 1536, M)
+    N, K = raw.shape[0], raw.shape[1] // RB * 256
+    rng = np.random.default_rng(M)
+    x = rng.standard_normal((M, K)).astype(np.float32) * rng.uniform(0.01, 100, (M, 1)).astype(np.float32)
+    if M >= 3:
+        x[1, 5] = np.nan
+        x[M - 1, K - 1] = np.inf if M % 2 else -np.inf  # the row a trailing group of 4 repeats
+    R = q5k_x8.repack(raw)
+    one, four = np.zeros((M, N), np.float32), np.full((M, N), -1.0, np.float32)
+    mm_q5_k_x8(R, x, one, F16)
+    mm_q5_k_x8r4(R, x, four, F16)
+    np.testing.assert_array_equal(four, one)
+    bad = ~np.isfinite(x).all(axis=1)
+    assert np.isnan(four[bad]).all() and np.isfinite(four[~bad]).all()
+
+
+def test_four_row_kernel_worst_case_16_bit_sums_and_exact_integers():
+    """The 16-bit sums at their largest (every quant 31, scale 63, activations +-127) and exactly
+    representable steps: four rows per pass give the one-row kernel's (exact) results."""
+    rng = np.random.default_rng(12)
+    rows, K = 8, 512
+    raw = np.full((rows, K // 256, RB), 0xFF, np.uint8)
+    raw[:, :, 4:16] = [63] * 4 + [0] * 4 + [0x0F] * 4
+    raw = _pow2_halves(raw.reshape(rows, -1), rng)
+    ints = _pow2_halves(random_q5k_bytes(rows, K, 6), rng)
+    x = np.concatenate([np.ones((2, K), np.float32), -np.ones((2, K), np.float32)])
+    xi = rng.integers(-5, 6, (5, K)).astype(np.float32)
+    xi[:, ::256] = 127.0
+    for w, xx in ((raw, x), (ints, xi)):
+        R = q5k_x8.repack(w)
+        one, four = np.zeros((len(xx), rows), np.float32), np.zeros((len(xx), rows), np.float32)
+        mm_q5_k_x8(R, xx, one, F16)
+        mm_q5_k_x8r4(R, xx, four, F16)
+        np.testing.assert_array_equal(four, one)
+    expect = (xi.astype(np.float64) @ dequantize(ints, T.Q5_K).astype(np.float64).T).astype(np.float32)
+    np.testing.assert_array_equal(four, expect)
+
+
+_GENERIC = """
+import numpy as np
+from llamapy.ggml import GGMLType as T
+from llamapy.ggml.cpu import isimd, kquant_kernels as kk, matmul_kernels as mk, q5k_x8
+from llamapy.ggml.cpu.q5k_x8_kernels import mm_q5_k_x8, mm_q5_k_x8r4
+from llamapy.ggml.quants import quantize
+assert not isimd.HAVE_AVX2
+rng = np.random.default_rng(5)
+raw = np.asarray(quantize(rng.standard_normal((16, 768)).astype(np.float32), T.Q5_K)).reshape(16, -1)
+x = rng.standard_normal((7, 768)).astype(np.float32)
+plain = np.zeros((7, 16), np.float32)
+kk.mm_q5_k(raw, x, plain, mk.F16_TABLE)
+R = q5k_x8.repack(raw)
+one, four = np.zeros((7, 16), np.float32), np.zeros((7, 16), np.float32)
+mm_q5_k_x8(R, x, one, mk.F16_TABLE)
+mm_q5_k_x8r4(R, x, four, mk.F16_TABLE)
+np.testing.assert_allclose(one, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
+np.testing.assert_array_equal(four, one)
+print("ok")
+"""
+
+
+def test_x8_kernels_generic_ir_on_a_plain_x86_64_target():
+    """NUMBA_CPU_NAME=generic: no AVX2 or F16C, so ``pmaddubsw`` / ``pmaddwd`` / ``vcvtph2ps`` are generic
+    IR (the decoding, shifts and shuffles are generic IR on every target)."""
+    env = dict(os.environ, NUMBA_CPU_NAME="generic")
+    env.pop("NUMBA_CPU_FEATURES", None)  # e.g. haswell's +avx2 would undo "generic"
+    r = subprocess.run([sys.executable, "-c", _GENERIC], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
 def _pow2_halves(raw: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     rows, nb = raw.shape[0], raw.shape[1] // RB
     raw = raw.reshape(rows, nb, RB)
@@ -141,17 +218,23 @@ def weight_tensor(shape: tuple[int, int]) -> Tensor:
     )
 
 
-@pytest.mark.parametrize("M", [1, 5, 300])
-def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(mapped, M):
+@pytest.mark.parametrize("M", [1, 3, 4, 5, 64, 256, 257, 300])
+def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(mapped, M, monkeypatch):
     raw, view = mapped
     a = weight_tensor((48, 1536))
     be = CPUBackend(n_threads=2)
     x = np.random.default_rng(M).standard_normal((M, 1536)).astype(np.float32)
     out = np.full((M, 48), -1.0, np.float32)
+    ran = []
+    for name in ("mm_q5_k_x8", "mm_q5_k_x8r4"):
+        kern = getattr(qk, name)
+        monkeypatch.setattr(qk, name, lambda *args, k=kern, n=name: (ran.append(n), k(*args)))
     step = q5k_x8.mul_mat_step(be, a, view, x, out, None)
     assert step is not None
     step()
-    if M <= 256:  # the 8-row kernel: the plain kernels' integer sums
+    # 1-3 rows: the one-row kernel; 4 .. MAX_ROWS: four rows per pass; more: tiles
+    assert ran == ([] if M > q5k_x8.MAX_ROWS else ["mm_q5_k_x8r4" if M >= 4 else "mm_q5_k_x8"])
+    if M <= q5k_x8.MAX_ROWS:  # the 8-row kernels: the plain kernels' integer sums
         plain = np.zeros((M, 48), np.float32)
         mk.matvec_kernel("Q5_K", M)(raw, x, plain, F16)
         np.testing.assert_allclose(out, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())

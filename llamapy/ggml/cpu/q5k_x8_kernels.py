@@ -21,6 +21,14 @@ groups (8 per lane, at most 31496) are summed in 16 bits and each half-sub-block
 
 The integer sums per row and super-block are the plain kernel's (``kquant_kernels.mm_q5_k``), so the
 result differs from it only in the order of the float additions.
+
+``mm_q5_k_x8r4`` takes four activation rows per pass over the weight (prompts): each 32 weight bytes are
+decoded (nibbles and fifth bits) once for the four rows, whose 16-bit sums run a quarter chunk (4 groups
+of one nibble half) at a time so that four of them, the four scaled sums and the decoded bytes stay in
+registers. Each row's integer sums and float steps are ``mm_q5_k_x8``'s, so its result is too, bit for
+bit: the float step (``_x8_step``) is written without fast-math flags, in the order LLVM had compiled the
+one-row kernel's fast-math ``vfma(acc, vmul(d, xd), isum)`` (its results are unchanged bit for bit on
+random weights, checked), so that it cannot be folded differently into the two kernels.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from ..quants.layouts import Q5_K_BYTES, Q5_K_QH, Q5_K_QS, Q5_K_SCALES
 from .isimd import bq5, itof, izero
 from .kquant_kernels import _nan_rows, _q8k
 from .rowgroups import prefetch_bytes
-from .simd import vfma, vmul, vsplat, vstore, vzero
+from .simd import vfma_strict, vmul_strict, vsplat, vstore, vzero
 from .x8simd import xadd16, xbcast4, xh8, xmaddubs, xmins, xscale, xzero16
 
 QK_K = 256
@@ -138,18 +146,34 @@ def _x8_chunk(isum, w, t, xq, x0, c):
 
 
 @njit(inline="always")
+def _x8_mins(w, t, b32, bb):
+    """The min sums of one super-block (at ``t``) of eight rows against the activations' per-32 sums
+    ``b32`` from ``bb``."""
+    msum = izero()
+    for p in range(4):
+        lo = b32[bb + 2 * p] & 0xFFFF
+        hi = b32[bb + 2 * p + 1] << 16
+        msum = xmins(msum, w, t + X8_MN + 16 * p, np.int32(lo | hi))
+    return msum
+
+
+@njit(inline="always")
 def _x8_block(w, t, xq, x0, b32, bb):
     """The integer sums of one super-block (at ``t``) of eight rows: (scaled quant sums, min sums)."""
     isum = _x8_chunk(izero(), w, t, xq, x0, 0)
     isum = _x8_chunk(isum, w, t, xq, x0, 1)
     isum = _x8_chunk(isum, w, t, xq, x0, 2)
     isum = _x8_chunk(isum, w, t, xq, x0, 3)
-    msum = izero()
-    for p in range(4):
-        lo = b32[bb + 2 * p] & 0xFFFF
-        hi = b32[bb + 2 * p + 1] << 16
-        msum = xmins(msum, w, t + X8_MN + 16 * p, np.int32(lo | hi))
-    return isum, msum
+    return isum, _x8_mins(w, t, b32, bb)
+
+
+@njit(inline="always")
+def _x8_step(acc, d, dm, xd, isum, msum):
+    """``acc + xd * (d * isum) - xd * (dmin * msum)``: the rows' float step of one super-block, written
+    without fast-math flags so that LLVM cannot fold it differently into the one-row and four-row
+    kernels."""
+    acc = vfma_strict(acc, vsplat(xd), vmul_strict(d, itof(isum)))
+    return vfma_strict(acc, vsplat(-xd), vmul_strict(dm, itof(msum)))
 
 
 @njit(parallel=True, cache=True)
@@ -172,7 +196,89 @@ def mm_q5_k_x8(R, x, out, f16):
                 if m == 0:
                     prefetch_bytes(Rf, pf + t, X8_BYTES, total)
                 isum, msum = _x8_block(w, t, xqm, b * QK_K, b32m, b * 8)
-                acc = vfma(acc, vmul(xh8(w, t + X8_D), vsplat(xd[m, b])), itof(isum))
-                acc = vfma(acc, vmul(xh8(w, t + X8_DMIN), vsplat(-xd[m, b])), itof(msum))
+                acc = _x8_step(acc, xh8(w, t + X8_D), xh8(w, t + X8_DMIN), xd[m, b], isum, msum)
+            vstore(out[m], grp * 8, acc)
+    _nan_rows(out, ok)
+
+
+@njit(inline="always")
+def _quarter4(i0, i1, i2, i3, w, t, hi, x0, x1, x2, x3, xo, c, h):
+    """Groups ``4h .. 4h + 3`` of the low (``hi`` False) or high nibbles of chunk ``c`` (a constant)
+    against four activation rows (at ``xo``): each 32 weight bytes decoded once for all four, each
+    row's 16-bit sum (8 products a lane at most, as ``_x8_chunk``) scaled into its ``i``."""
+    s0, s1, s2, s3 = xzero16(), xzero16(), xzero16(), xzero16()
+    for g in range(4 * h, 4 * h + 4):
+        v = bq5(w, t + X8_QS + 256 * c + 32 * g, hi, t + X8_QH + 32 * g, 2 * c + hi)
+        o = xo + 4 * g
+        s0 = xadd16(s0, xmaddubs(v, xbcast4(x0, o)))
+        s1 = xadd16(s1, xmaddubs(v, xbcast4(x1, o)))
+        s2 = xadd16(s2, xmaddubs(v, xbcast4(x2, o)))
+        s3 = xadd16(s3, xmaddubs(v, xbcast4(x3, o)))
+    k = t + X8_SC + 16 * c + 8 * hi
+    return xscale(i0, s0, w, k), xscale(i1, s1, w, k), xscale(i2, s2, w, k), xscale(i3, s3, w, k)
+
+
+@njit(inline="always")
+def _chunk4(i0, i1, i2, i3, w, t, x0, x1, x2, x3, xo, c):
+    """``_x8_chunk`` for four activation rows (``c`` a constant: the fifth-bit shifts immediates)."""
+    o = xo + 64 * c
+    i0, i1, i2, i3 = _quarter4(i0, i1, i2, i3, w, t, False, x0, x1, x2, x3, o, c, 0)
+    i0, i1, i2, i3 = _quarter4(i0, i1, i2, i3, w, t, True, x0, x1, x2, x3, o + 32, c, 0)
+    i0, i1, i2, i3 = _quarter4(i0, i1, i2, i3, w, t, False, x0, x1, x2, x3, o, c, 1)
+    return _quarter4(i0, i1, i2, i3, w, t, True, x0, x1, x2, x3, o + 32, c, 1)
+
+
+@njit(inline="always")
+def _x8_sums4(w, t, x0, x1, x2, x3, xo):
+    """The scaled quant sums of ``_x8_block`` for four activation rows (the same integer sums per row:
+    only the order of exact integer additions differs)."""
+    i0, i1, i2, i3 = izero(), izero(), izero(), izero()
+    i0, i1, i2, i3 = _chunk4(i0, i1, i2, i3, w, t, x0, x1, x2, x3, xo, 0)
+    i0, i1, i2, i3 = _chunk4(i0, i1, i2, i3, w, t, x0, x1, x2, x3, xo, 1)
+    i0, i1, i2, i3 = _chunk4(i0, i1, i2, i3, w, t, x0, x1, x2, x3, xo, 2)
+    return _chunk4(i0, i1, i2, i3, w, t, x0, x1, x2, x3, xo, 3)
+
+
+@njit(parallel=True, cache=True)
+def mm_q5_k_x8r4(R, x, out, f16):
+    """As ``mm_q5_k_x8``, four activation rows per pass over the weight (prompts): each row's result is
+    the one-row kernel's, bit for bit. The last ``M % 4`` rows: three run as a pass of four (the last row
+    repeated), one or two one at a time."""
+    G, gb = R.shape
+    nb = gb // X8_BYTES
+    M = x.shape[0]
+    full = M if M % 4 == 3 else M - M % 4
+    Rf = R.reshape(-1)
+    total = G * gb
+    xq, xd, bs16, bs32, ok = _q8k(x)
+    for grp in prange(G):
+        w = R[grp]
+        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        for m0 in range(0, full, 4):
+            m1, m2, m3 = m0 + 1, m0 + 2, min(m0 + 3, M - 1)
+            x0, x1, x2, x3 = xq[m0], xq[m1], xq[m2], xq[m3]
+            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+            for b in range(nb):
+                t = b * X8_BYTES
+                if m0 == 0:
+                    prefetch_bytes(Rf, pf + t, X8_BYTES, total)
+                i0, i1, i2, i3 = _x8_sums4(w, t, x0, x1, x2, x3, b * QK_K)
+                d, dm = xh8(w, t + X8_D), xh8(w, t + X8_DMIN)
+                a0 = _x8_step(a0, d, dm, xd[m0, b], i0, _x8_mins(w, t, bs32[m0], b * 8))
+                a1 = _x8_step(a1, d, dm, xd[m1, b], i1, _x8_mins(w, t, bs32[m1], b * 8))
+                a2 = _x8_step(a2, d, dm, xd[m2, b], i2, _x8_mins(w, t, bs32[m2], b * 8))
+                a3 = _x8_step(a3, d, dm, xd[m3, b], i3, _x8_mins(w, t, bs32[m3], b * 8))
+            vstore(out[m3], grp * 8, a3)  # M % 4 == 3: the last row twice, the same values
+            vstore(out[m2], grp * 8, a2)
+            vstore(out[m1], grp * 8, a1)
+            vstore(out[m0], grp * 8, a0)
+        for m in range(full, M):
+            acc = vzero()
+            for b in range(nb):
+                t = b * X8_BYTES
+                if m == 0:
+                    prefetch_bytes(Rf, pf + t, X8_BYTES, total)
+                isum, msum = _x8_block(w, t, xq[m], b * QK_K, bs32[m], b * 8)
+                acc = _x8_step(acc, xh8(w, t + X8_D), xh8(w, t + X8_DMIN), xd[m, b], isum, msum)
             vstore(out[m], grp * 8, acc)
     _nan_rows(out, ok)
