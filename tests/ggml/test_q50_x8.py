@@ -68,14 +68,14 @@ def test_repack_round_trips_bit_for_bit(t, K):
 
 
 def test_repacked_fifth_bits_sit_where_the_kernel_reads_them():
-    """Weight ``k`` of row r in a block: its fifth bit is bit ``4c + e`` of qh word ``2r + j`` (``k = 16(e & 1)
-    + 4c + (e >> 1) + 2j``), its nibble in chunk c's 4 bytes of row r."""
+    """Weight ``k`` of row r in a block: its fifth bit is bit ``2c + (e & 1) + 8 (e >> 1)`` of qh word ``2r +
+    j`` (``k = 16(e & 1) + 4c + (e >> 1) + 2j``), its nibble in chunk c's 4 bytes of row r."""
     raw = np.zeros((8, 22), np.uint8)
     r, k = 5, 16 + 4 * 2 + 1 + 2 * 1  # c = 2, e = 3, j = 1
     raw[r, 2:6] = np.frombuffer(np.uint32(1 << k).tobytes(), np.uint8)
     R = q50_x8.repack(raw)
     words = R[0, 16:48].view("<u2")
-    assert words[2 * r + 1] == 1 << (4 * 2 + 3) and np.count_nonzero(words) == 1
+    assert words[2 * r + 1] == 1 << (2 * 2 + 1 + 8) and np.count_nonzero(words) == 1
 
 
 @pytest.mark.parametrize("t", [T.Q5_0, T.Q5_1])

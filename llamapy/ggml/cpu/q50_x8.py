@@ -19,11 +19,11 @@ bit) for the dequantize + sgemm path, as before.
 Measured on the shared 2-vCPU Zen 4 (AVX2 target: ``NUMBA_CPU_NAME=haswell``), CPU time (user + sys of
 the process; the machine was loaded 4-7 by other jobs, so wall times are not comparable):
 
-- one row, one thread, CPU ms per call (min of 3 rounds of 400 calls, two runs: the CPU time moved with
-  the load), weights cycling through > 96 MB of copies (from DRAM, as in decode), plain ``mm16_q5_0`` vs
-  x8: 896x896 0.065 / 0.087 vs 0.037 / 0.051, 4864x896 0.60 / 0.45 vs 0.42 / 0.26, 896x4864 0.67 / 0.45
-  vs 0.37 / 0.27 (1.4-1.8x).
-  Two threads: too noisy under that load to quote (spin-waits count as CPU time).
+- one row, one thread, CPU ms per call (min of 3 rounds of 400 calls), weights cycling through > 96 MB
+  of copies (from DRAM, as in decode), plain ``mm16_q5_0`` vs x8, three runs at different loads (the
+  last with the final kernel, ``q50_x8_kernels.q5pair``): 896x896 0.065 / 0.087 / 0.082 vs 0.037 /
+  0.051 / 0.037, 4864x896 0.60 / 0.45 / 0.37 vs 0.42 / 0.26 / 0.20, 896x4864 0.67 / 0.45 / - vs 0.37 /
+  0.27 / 0.21 (1.4-2.2x). Two threads: too noisy under that load to quote (spin-waits count as CPU).
 - several rows, one thread, CPU ms per activation row (min of 3), plain / x8 / x8r4 / tiles (unpacked,
   dequantized, sgemm): 4864x896 at 4 rows 0.355 / 0.224 / 0.143 / 1.69, 16 rows 0.298 / 0.161 / 0.096 /
   0.470, 64 rows - / 0.178 / 0.104 / 0.185, 256 rows - / 0.214 / 0.120 / 0.116; 896x4864 4 rows 0.331 /
@@ -31,13 +31,19 @@ the process; the machine was loaded 4-7 by other jobs, so wall times are not com
   / 0.160 / 0.102. Hence ``MAX_ROWS`` 128 (the plain kernel stopped at 16).
 - whole decode, the Qwen2.5-0.5B-shaped Q4_K_M file (Q5_0 173 MB of ~390 MB per token),
   ``benchmarks/tg_cputime.py --threads 1 --tokens 32``, three rounds alternating with
-  ``LLAMAPY_Q50_X8=0``: 40.4 / 42.3 / 43.5 vs 28.9 / 29.6 / 30.6 CPU ms per token (1.42x).
-  ``python -m llamapy bench -p 0 -n 32 -t 1 --profile`` (wall, loaded machine): Q5_0 82.1 ms/token
-  (``mm16_q5_0``, 2.1 GB/s) vs 29.6 (``mm_q5_0_x8``, 5.8 GB/s); the unchanged Q8_0 kernel in the same
-  runs 29.2 vs 17.3 ms: relative to it, Q5_0 per byte went from 0.42x to 0.69x of Q8_0 x8's rate.
+  ``LLAMAPY_Q50_X8=0``: 40.4 / 42.3 / 43.5 vs 28.9 / 29.6 / 30.6 CPU ms per token (1.42x); again with
+  the final kernel: 46.9 / 42.4 / 42.0 vs 31.1 / 30.5 / 31.8 (1.37x). ``--threads 2``: most runs were
+  wrecked by the load (131-1314 CPU ms per token either way); the calm ones: 51.5 and 55.6 vs 40.2 CPU
+  ms (25.7 and 28.0 vs 20.2 ms wall) per token. ``python -m llamapy bench -p 0 -n 32 -t 1 --profile``
+  (wall, loaded machine; first kernel): Q5_0 82.1 ms/token (``mm16_q5_0``, 2.1 GB/s) vs 29.6
+  (``mm_q5_0_x8``, 5.8 GB/s); the unchanged Q8_0 kernel in the same runs 29.2 vs 17.3 ms: relative to
+  it, Q5_0 per byte went from 0.42x to 0.69x of Q8_0 x8's rate.
+- prompt, ``benchmarks/pp_cputime.py new MODEL 1 64`` (first kernel), two rounds: 0.722 / 0.714 vs 0.648 /
+  0.694 CPU s; ``benchmarks/pp_profile.py``: Q5_0 0.547 CPU s (dequantize 0.065 + sgemm 0.482) vs 0.495
+  (``mm_q5_0_x8r4``).
 
-The kernel does ~7 vector operations per 16 products (Q4_0's: 4; the fifth bit costs a shift, an
-``and`` and an ``or``), so one thread is compute-bound near Q8_0 x8's weights per second.
+The kernel does ~5 vector operations per 16 products (Q4_0's: ~3.5; ``q50_x8_kernels``), so one thread
+is compute-bound (the weights from L2/L3 cost ~90 % of the CPU time they cost from DRAM).
 
 Q5_1 has the same one-row kernel (``mm_q5_1_x8``, tested) but is not in ``TYPES``: not measured on a
 model.

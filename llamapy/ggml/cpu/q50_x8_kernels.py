@@ -6,15 +6,19 @@ activations as ``q16_kernels`` (``hsimd.quantize_rows_q16``).
 
 - the rows' ``d`` (8 float16), for Q5_1 their ``m`` (8 float16);
 - the rows' ``qh`` as 16 words, 2 per row (word ``2r + j``, ``j`` 0 or 1), each word holding the fifth
-  bits of the 16 weights that word ``j`` of row r's quant words carries in the four chunks (bit ``4c +
-  e``: chunk c, field e, the weight ``q40_x8_kernels._src_q4`` maps ``(c, e, j)`` to);
+  bits of the 16 weights that word ``j`` of row r's quant words carries in the four chunks (``_bit(c,
+  e)`` = ``2c + (e & 1) + 8 (e >> 1)`` for chunk c, field e: the weight ``q40_x8_kernels._src_q4`` maps
+  ``(c, e, j)`` to);
 - the 128 quant bytes as Q4_0's ``[chunk c][row r][4]``.
 
-So one 32-byte load gives every fifth bit of the block, laid out as the nibbles' words are: the weights
-of chunk c, field e (16 words, 2 per row) are ``((quant words >> 4e) & 15) | (qh words shifted so that
-bit 4c + e lands on bit 4, & 16)``: a shift, an ``and`` and an ``or`` more per 16 weights than Q4_0,
-no shuffles, no compares. The -16 of Q5_0 is folded into the activation block sums (``-16 * sum(a)``
-added once per block to all eight rows), as Q4_0's -8.
+So one 32-byte load gives every fifth bit of the block, laid out as the nibbles' words are. Fields e and
+e + 2 of a chunk are the low nibbles of the two bytes of ``W >> 4e`` (e 0 or 1), and their fifth
+bits sit 8 bits apart in the qh words: ``(W >> 4e) & 0x0F0F | (qh shifted to bits 4 and 12) & 0x1010``
+builds both fields' five-bit values in bytes, then ``& 0xFF`` and ``>> 8`` widen them to 16 words each
+(``q5pair``): ~13 operations per chunk for the values (Q4_0's: 6), no shuffles, no compares; measured
+~10 % faster than one field at a time (``(W >> 4e) & 15 | (qh >> s) & 16``, 17). The -16 of Q5_0 is
+folded into the activation block sums (``-16 * sum(a)`` added once per block to all eight rows), as
+Q4_0's -8.
 
 The integer sum per row and block is the plain kernel's (``sum(((q | h << 4) - 16) * a)``, exact in 32
 bits: at most 32 * 31 * 32767 < 2^25), so results differ from ``q16_kernels.mm16_q5_0`` only in the
@@ -71,6 +75,12 @@ def _weight(c: int, e: int, j: int) -> int:
     return 16 * (e & 1) + 4 * c + (e >> 1) + 2 * j
 
 
+def _bit(c: int, e: int) -> int:
+    """The bit of a qh word that holds the fifth bit of field ``e`` of chunk ``c``: fields e and e + 2 eight
+    bits apart, so that one shift puts both on bits 4 and 12 (``q5pair``)."""
+    return 2 * c + (e & 1) + 8 * (e >> 1)
+
+
 def _tables() -> tuple[np.ndarray, np.ndarray]:
     """``TO_WORD[j, k, v]``: the bits of qh word ``j`` that byte ``k`` (value ``v``) of a plain ``qh``
     sets; ``TO_QH[j, k, v]``: the bits of the plain ``qh`` that byte ``k`` of word ``j`` sets."""
@@ -79,7 +89,7 @@ def _tables() -> tuple[np.ndarray, np.ndarray]:
     for j in range(2):
         for c in range(4):
             for e in range(4):
-                k, p = _weight(c, e, j), 4 * c + e
+                k, p = _weight(c, e, j), _bit(c, e)
                 for v in range(256):
                     if v >> (k & 7) & 1:
                         to_word[j, k >> 3, v] |= 1 << p
@@ -148,44 +158,47 @@ def unpack_x8_rows(R, r0, r1, dst, hbytes):
 
 # -- one block of eight rows ------------------------------------------------------------------------------
 @intrinsic
-def q5field(typingctx, arr, q, h, e, p):  # type: ignore[no-untyped-def]
-    """Field ``e`` (a constant 0..3) of the 16 quant words at byte ``q`` (bits ``4e .. 4e + 3``) with bit
-    ``p`` (0..15) of the 16 qh words at byte ``h`` as its fifth bit: 16 values 0..31."""
+def q5pair(typingctx, arr, q, h, odd, k):  # type: ignore[no-untyped-def]
+    """Fields ``odd`` and ``odd + 2`` (``odd`` a constant 0 or 1) of the 16 quant words at byte ``q``, each
+    with its fifth bit from the 16 qh words at byte ``h`` (bits ``k`` and ``k + 8``, ``k`` 0..7): two
+    ``H16`` of values 0..31, built on bytes (one ``and``, shift and ``or`` for both fields), then split."""
     if not (
         _is_bytes(arr)
         and isinstance(q, types.Integer)
         and isinstance(h, types.Integer)
-        and isinstance(e, types.IntegerLiteral)
-        and isinstance(p, types.Integer)
+        and isinstance(odd, types.IntegerLiteral)
+        and isinstance(k, types.Integer)
     ):
         return None
-    k = e.literal_value
-    if not 0 <= k < 4:
+    o = odd.literal_value
+    if o not in (0, 1):
         return None
+    ret = types.UniTuple(H16, 2)
 
     def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
         w = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _V16W), align=1)
         hv = builder.load(_ptr(context, builder, sig.args[0], args[0], args[2], sig.args[2], _V16W), align=1)
-        if k:
-            w = builder.lshr(w, ir.Constant(_V16W, [4 * k] * 16))
-        if k != 3:
-            w = builder.and_(w, ir.Constant(_V16W, [15] * 16))
-        pv = context.cast(builder, args[4], sig.args[4], types.int16)
+        if o:
+            w = builder.lshr(w, ir.Constant(_V16W, [4] * 16))
+        w = builder.and_(w, ir.Constant(_V16W, [0x0F0F] * 16))
+        kv = context.cast(builder, args[4], sig.args[4], types.int16)
         four = ir.Constant(_I16, 4)
         zero = ir.Constant(_I16, 0)
-        ge = builder.icmp_signed(">=", pv, four)
-        rs = builder.select(ge, builder.sub(pv, four), zero)  # constants once the chunk loop unrolls
-        ls = builder.select(ge, zero, builder.sub(four, pv))
+        ge = builder.icmp_signed(">=", kv, four)
+        rs = builder.select(ge, builder.sub(kv, four), zero)  # constants once the chunk loop unrolls
+        ls = builder.select(ge, zero, builder.sub(four, kv))
 
         def vec(s):  # type: ignore[no-untyped-def]
             v = builder.insert_element(ir.Constant(_V16W, None), s, ir.Constant(_I32, 0))
             return builder.shuffle_vector(v, ir.Constant(_V16W, None), ir.Constant(_V16I, [0] * 16))
 
         hv = builder.shl(builder.lshr(hv, vec(rs)), vec(ls))
-        hv = builder.and_(hv, ir.Constant(_V16W, [16] * 16))
-        return builder.or_(w, hv)
+        x = builder.or_(w, builder.and_(hv, ir.Constant(_V16W, [0x1010] * 16)))
+        lo = builder.and_(x, ir.Constant(_V16W, [0xFF] * 16))
+        hi = builder.lshr(x, ir.Constant(_V16W, [8] * 16))
+        return context.make_tuple(builder, ret, [lo, hi])
 
-    return H16(arr, q, h, e, p), cg
+    return ret(arr, q, h, odd, k), cg
 
 
 @njit(inline="always")
@@ -193,10 +206,12 @@ def _q5_sum(w, h, q, xpm, x0):
     s = izero()
     for c in range(4):
         qc, xc = q + 32 * c, x0 + 8 * c
-        s = hmadd(s, q5field(w, qc, h, 0, 4 * c), pbcast(xpm, xc))
-        s = hmadd(s, q5field(w, qc, h, 1, 4 * c + 1), pbcast(xpm, xc + 2))
-        s = hmadd(s, q5field(w, qc, h, 2, 4 * c + 2), pbcast(xpm, xc + 4))
-        s = hmadd(s, q5field(w, qc, h, 3, 4 * c + 3), pbcast(xpm, xc + 6))
+        f0, f2 = q5pair(w, qc, h, 0, 2 * c)
+        f1, f3 = q5pair(w, qc, h, 1, 2 * c + 1)
+        s = hmadd(s, f0, pbcast(xpm, xc))
+        s = hmadd(s, f1, pbcast(xpm, xc + 2))
+        s = hmadd(s, f2, pbcast(xpm, xc + 4))
+        s = hmadd(s, f3, pbcast(xpm, xc + 6))
     return s
 
 
@@ -294,10 +309,12 @@ def _q5_sums4(w, h, q, x0, x1, x2, x3, xb):
     s0, s1, s2, s3 = izero(), izero(), izero(), izero()
     for c in range(4):
         qc, xc = q + 32 * c, xb + 8 * c
-        s0, s1, s2, s3 = _field4(s0, s1, s2, s3, q5field(w, qc, h, 0, 4 * c), x0, x1, x2, x3, xc)
-        s0, s1, s2, s3 = _field4(s0, s1, s2, s3, q5field(w, qc, h, 1, 4 * c + 1), x0, x1, x2, x3, xc + 2)
-        s0, s1, s2, s3 = _field4(s0, s1, s2, s3, q5field(w, qc, h, 2, 4 * c + 2), x0, x1, x2, x3, xc + 4)
-        s0, s1, s2, s3 = _field4(s0, s1, s2, s3, q5field(w, qc, h, 3, 4 * c + 3), x0, x1, x2, x3, xc + 6)
+        f0, f2 = q5pair(w, qc, h, 0, 2 * c)
+        f1, f3 = q5pair(w, qc, h, 1, 2 * c + 1)
+        s0, s1, s2, s3 = _field4(s0, s1, s2, s3, f0, x0, x1, x2, x3, xc)
+        s0, s1, s2, s3 = _field4(s0, s1, s2, s3, f1, x0, x1, x2, x3, xc + 2)
+        s0, s1, s2, s3 = _field4(s0, s1, s2, s3, f2, x0, x1, x2, x3, xc + 4)
+        s0, s1, s2, s3 = _field4(s0, s1, s2, s3, f3, x0, x1, x2, x3, xc + 6)
     return s0, s1, s2, s3
 
 
