@@ -28,9 +28,10 @@ the three paths interleaved, best of 7): one thread, CPU ms per activation row, 
 count measured, so ``MAX_ROWS`` is 512 (a whole default ubatch; the plain kernels' switch point,
 ``matvec_max_rows("Q4_K")``, stays 256): prompts of 257-512 rows now round their activations to Q8_K for
 the Q4_K weights as llama.cpp does, where they kept float activations. Whole model,
-``benchmarks/pp_profile.py qwen2.5-1.5b.Q4_K_M.gguf 2 64 512`` (2 threads, CPU s, before / after, two runs
-each interleaved): pp64 3.04, 2.71 / 2.69, 2.73 (Q4_K mat-muls 2.19 / 1.83); pp512 20.7, 23.1 / 11.8,
-13.7 (Q4_K: tiles 15.1 sgemm + 1.6 dequantize / x8r4 7.5).
+``benchmarks/pp_profile.py MODEL 2 64 [512]`` (2 threads, CPU s, the old hook / this one on the same
+build, runs interleaved, load 5-7): Qwen2.5-1.5B-shaped Q4_K_M pp64 3.04, 2.71, 3.12, 2.60 / 2.69, 2.73,
+2.42, 2.49 (Q4_K mat-muls 1.98-2.23 / 1.73-1.83), pp512 20.7, 23.1 / 11.8, 13.7 (Q4_K: tiles 15.1 sgemm +
+1.6 dequantize / x8r4 7.5); 7B-shaped pp64 8.63, 9.38 / 7.98, 7.67 (Q4_K 6.98, 7.68 / 6.20, 5.97).
 
 ``LLAMAPY_Q4K_X8=0`` in the environment, or ``ENABLED = False`` here, turns repacking off (for A/B).
 """

@@ -19,13 +19,15 @@ The integer sums per row and super-block are the plain kernel's, so the result d
 the order of the float additions.
 
 ``mm_q4_k_x8r4`` takes four activation rows per pass over the weight (prompts): each 32 weight bytes are
-unpacked to nibbles once for the four rows' ``pmaddubsw`` (one chunk's low or high nibbles at a time, so
-the four 16-bit sums, the four rows' integer sums, the four float accumulators and the nibble mask fit
-the 16 AVX2 registers: LLVM spills only a few of them once per chunk). Each row's integer sums and float
-steps are ``mm_q4_k_x8``'s, so its result is too, bit for bit: the float step of a super-block
-(``_x8_step``) is written without fast-math flags in the form LLVM gave the one-row kernel's fast-math
-steps (``d * isum`` rounded, then FMA with the activation scale; checked bit for bit against the former
-kernel), so that it cannot be folded differently into the two kernels.
+unpacked to nibbles once for the four rows' ``pmaddubsw`` (one chunk's low or high nibbles at a time:
+the four 16-bit sums, the four rows' integer sums and the four float accumulators nearly fill the 16
+AVX2 registers; as compiled for haswell, a chunk of 4 rows x 64 products is ~250 instructions, 64 of
+them ``vpmaddubsw`` and ~26 touching the stack: the nibble mask, some integer sums and raw weight
+bytes). Each row's integer sums and float steps are ``mm_q4_k_x8``'s, so its result is too, bit for
+bit: the float step of a super-block (``_x8_step``) is written without fast-math flags in the form LLVM
+gave the former fast-math steps of the one-row kernel (``d * isum`` rounded, then an FMA with the
+activation scale; checked bit for bit against that kernel for haswell and the host's AVX-512), so that
+it cannot be folded differently into the two kernels.
 """
 
 from __future__ import annotations
