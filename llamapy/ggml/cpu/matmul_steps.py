@@ -129,6 +129,17 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
 
     threads = _threads(be)
     if a.type == GGMLType.F32:
+        from . import moe_router_kernels as mr
+
+        if M <= F32_SERIAL_ROWS and A.size <= F32_SERIAL_MAX and mr.usable(A, x, out2):
+            be.need(mr.mv_f32_small)  # serial mat-vec, any thread count (an MoE router, 128x2048)
+
+            def step_f32_serial() -> None:
+                if pre is not None:
+                    pre()
+                mr.mv_f32_small(A, x, out2)
+
+            return step_f32_serial
         if M <= F32_SERIAL_ROWS and A.size <= F32_SERIAL_MAX and threads > 1:
             # a small float matrix (an MoE router, 128x2048) for a few rows: one sgemm on this thread, as
             # with -t 1 (same bits); a parallel launch costs more than the product on a busy machine
@@ -249,6 +260,20 @@ def _mul_mat_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
     if MOE_FUSED and a.type == GGMLType.F32 and out.flags.c_contiguous:
         # float experts (the router's one-hot gather of the chosen experts' probabilities): one batched
         # matmul over the pairs for a few tokens instead of a copy + sgemm launch per expert
+        from . import moe_router_kernels as mr
+
+        if B.ndim == 3 and mr.usable_id(A, B, out.reshape(-1, N)):  # small experts: one Numba call
+            be.need(mr.mm_id_f32_small)
+            out_p = out.reshape(-1, N)
+
+            def step_f32_small() -> None:
+                if ids.shape[0] > MOE_FUSED_MAX_TOKENS:
+                    return step()
+                bad = mr.mm_id_f32_small(A, B, ids, out_p)
+                if bad >= 0:
+                    raise bad_id(ids.reshape(-1)[bad])
+
+            return step_f32_small
         out3 = out.reshape(-1, N, 1)
 
         def step_f32() -> None:

@@ -77,19 +77,35 @@ def moe_plan(ids, E, max_rows):
     return np.int64(-1), order, starts, active
 
 
+#: at most this many activation rows are quantized on the calling thread (decode: 1 row, or 8 for the
+#: ``ffn_down_exps`` of one token, ~1-5 us): one parallel region fewer per call, whose launch and join cost
+#: more than the work (and, on a busy machine, wait for a descheduled worker)
+Q8K_SERIAL_ROWS = 16
+
+
 @njit(inline="always")
 def _q8k_par(x2):
-    """``quantize_rows_q8_k`` over the rows of ``x2`` in parallel (each row on its own: same bytes)."""
+    """``quantize_rows_q8_k`` over the rows of ``x2``, in parallel past ``Q8K_SERIAL_ROWS`` rows (each
+    row on its own: the same bytes either way)."""
     M, K = x2.shape
     xq = np.empty((M, K), np.int8)
     xd = np.empty((M, K // QK_K), np.float32)
     bs16 = np.empty((M, K // 16), np.int32)
     bs32 = np.empty((M, K // 32), np.int32)
     ok = np.ones(M, np.bool_)
-    for m in prange(M):
-        r = quantize_rows_q8_k(x2[m : m + 1], xq[m : m + 1], xd[m : m + 1], bs16[m : m + 1], bs32[m : m + 1])
-        ok[m] = r[0]
+    if M <= Q8K_SERIAL_ROWS:
+        for m in range(M):
+            _q8k_row(x2, xq, xd, bs16, bs32, ok, m)
+    else:
+        for m in prange(M):
+            _q8k_row(x2, xq, xd, bs16, bs32, ok, m)
     return xq, xd, bs16, bs32, ok
+
+
+@njit(inline="always")
+def _q8k_row(x2, xq, xd, bs16, bs32, ok, m):
+    r = quantize_rows_q8_k(x2[m : m + 1], xq[m : m + 1], xd[m : m + 1], bs16[m : m + 1], bs32[m : m + 1])
+    ok[m] = r[0]
 
 
 @njit(inline="always")
