@@ -15,7 +15,7 @@ the same as ``mm_q4_k_x8`` (25.3), and 22.1 vs 14.7 at two (wall 19.2 vs 13.3 GB
 output matrix at one thread 22.1 vs 21.1 (bound by the one core's reads). Prompt rows, one thread, CPU ms
 per activation row, 8960x1536 / 1536x8960: 64 rows x8r4 0.24 / 0.16, plain batch kernel 0.30 / 0.30,
 tiles 0.74 / 0.62; 256 rows 0.18 / 0.17 vs tiles 0.36 / 0.37; 512 rows 0.18 / 0.16 vs tiles 0.31 / 0.33.
-So the x8r4 kernel also beats the tiles at 512 rows; ``MAX_ROWS`` stays at Q4_K's 256 (past it, prompt
+So the x8r4 kernel also beats the tiles at 512 rows: ``MAX_ROWS`` is 512, as Q4_K's (past it, prompt
 rows keep float activations, as the rest of the model's weights do).
 Qwen2.5-1.5B-shaped Q4_K_M (Q6_K: the tied output, half of ffn_down and attn_v; 354 of 980 MB a token),
 one thread, off / on in pairs: ``benchmarks/tg_cputime.py`` 54.9 / 50.8, 52.0 / 49.3, 68.7 / 64.1 CPU
@@ -44,7 +44,7 @@ __all__ = ["ENABLED", "MAX_ROWS", "repack", "mul_mat_step"]
 #: repack Q6_K weights for the 8-row kernels (``LLAMAPY_Q6K_X8=0``: no)
 ENABLED = os.environ.get("LLAMAPY_Q6K_X8", "1") not in ("0", "false", "no", "off")
 #: the most activation rows the 8-row kernels take (more: dequantized tiles + sgemm)
-MAX_ROWS = 256
+MAX_ROWS = 512
 #: bytes of source rows repacked before their pages are dropped
 CHUNK_BYTES = 8 << 20
 
