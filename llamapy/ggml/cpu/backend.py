@@ -122,6 +122,8 @@ class CPUBackend(Backend):
         self._state_cpys: set[int] = set()
         self._ssm_skip: set[int] = set()
         self._ssm_fused: dict[int, Any] = {}
+        self._moe_skip: set[int] = set()
+        self._moe_fused: dict[int, Any] = {}
         self._thread_fns: tuple[Callable[[], int], Callable[[int], None]] | None = None
         self._thread_key: tuple[int | None, int] | None = None  # (n_threads, cap) the last split set
         self._thread_val = 0  # the count that left in force
@@ -146,6 +148,12 @@ class CPUBackend(Backend):
         self._state_cpys: set[int] = set()  # their cpy nodes (no step: the op wrote the buffer)
         # recurrent layers' small ops computed by the conv / delta-rule steps (ssm_steps.fusions)
         self._ssm_skip, self._ssm_fused, extra = ssm_steps.fusions(graph, nodes)
+        # a softmax-gated MoE layer's router and weighted sum (moe_steps.fusions)
+        ssm = self._ssm_skip | set(self._ssm_fused)
+        rest = None if nodes is None else [n for n in nodes if id(n) not in ssm]
+        self._moe_skip, self._moe_fused, moe_extra = moe_steps.fusions(graph, rest)
+        for k, v in moe_extra.items():
+            extra.setdefault(k, []).extend(v)
         if graph is None or nodes is None:
             return extra
         mine = {id(n) for n in nodes}
@@ -169,7 +177,7 @@ class CPUBackend(Backend):
                 self._fused_norms.add(id(nrm))
                 self._fused_muls.add(id(n))
                 extra[id(n)] = [nrm.src[0]]
-        taken = self._ssm_skip | set(self._ssm_fused)  # nodes the recurrent steps compute
+        taken = self._ssm_skip | set(self._ssm_fused) | self._moe_skip | set(self._moe_fused)
         self._fused_adds = _residual_adds(graph, self._fused_muls, mine - taken, extra)
         return extra
 
@@ -205,8 +213,10 @@ class CPUBackend(Backend):
             if step is not None:
                 self._add_steps[id(mul)] = step
                 return None
-        if id(node) in self._ssm_skip:
+        if id(node) in self._ssm_skip or id(node) in self._moe_skip:
             return None
+        if id(node) in self._moe_fused:
+            return moe_steps.fused_step(self, node, arrays)
         if id(node) in self._ssm_fused:
             return ssm_steps.fused_step(self, node, arrays)
         if id(node) in self._fused_muls:
@@ -574,4 +584,4 @@ assert set(_COMPILERS) <= set(REF_OPS) | {"cpy", "set_rows"}
 
 
 # the compilers of the other op families register themselves on import (they use the helpers above)
-from . import attention_steps, matmul_steps, ssm_steps  # noqa: E402, F401
+from . import attention_steps, matmul_steps, moe_steps, ssm_steps  # noqa: E402, F401

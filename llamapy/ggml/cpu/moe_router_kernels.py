@@ -34,8 +34,10 @@ __all__ = [
     "mm_id_f32_small",
     "mv_f32_small",
     "mv_f32_small_ref",
+    "route_softmax_topk",
     "usable",
     "usable_id",
+    "weighted_sum",
 ]
 
 #: run ``mv_f32_small`` for the small float32 products (``LLAMAPY_F32_SMALL_MV=0``: the sgemm as before)
@@ -144,3 +146,76 @@ def mm_id_f32_small(a, x, ids, out):
                     s += ae[n, k] * xr[k]
                 out[t * U + u, n] = s
     return np.int64(-1)
+
+
+@njit(cache=True)
+def route_softmax_topk(logits, scale, onehot, k, norm, ids, w):
+    """The router of a softmax-gated MoE for each row of ``logits`` (``float32[T, E]``): probabilities
+    ``p = softmax(logits * scale)`` (the product in float32 as ``soft_max``'s step, the exponentials and
+    their sum in float64, ``p`` rounded to float32 once), the ``k`` largest first into ``ids[t]``
+    (``int32``; ties: the lower expert, as a stable sort of ``-p``; NaN last), their gathered weights
+    ``w[t, j] = onehot[ids[t, j], 0] @ p`` (``mul_mat_id`` with the one-hot experts: a float32 sum in
+    order of the experts, exact for the identity) and, where ``norm``, ``w[t] / sum(w[t])`` (the sum in
+    float64 rounded to float32, then a float32 division: ``sum_rows`` + ``div``). Each row of ``logits``
+    is read whole before ``ids[t]`` / ``w[t]`` are written."""
+    T, E = logits.shape
+    p = np.empty(E, np.float32)
+    ex = np.empty(E, np.float64)
+    taken = np.zeros(E, np.bool_)
+    g = np.empty(k, np.float32)
+    for t in range(T):
+        m = -np.inf
+        for e in range(E):
+            v = np.float64(logits[t, e] * scale)
+            ex[e] = v
+            if v > m:
+                m = v
+        s = 0.0
+        for e in range(E):
+            ex[e] = np.exp(ex[e] - m)
+            s += ex[e]
+        for e in range(E):
+            p[e] = np.float32(ex[e] / s)
+            taken[e] = False
+        for j in range(k):
+            best = -1
+            for e in range(E):
+                if taken[e]:
+                    continue
+                if best < 0 or p[e] > p[best] or (p[best] != p[best] and p[e] == p[e]):
+                    best = e
+            taken[best] = True
+            ids[t, j] = best
+            row = onehot[best, 0]
+            acc = np.float32(0.0)
+            for e in range(E):
+                acc += row[e] * p[e]
+            g[j] = acc
+        if norm:
+            s2 = 0.0
+            for j in range(k):
+                s2 += np.float64(g[j])
+            d = np.float32(s2)
+            for j in range(k):
+                w[t, j] = g[j] / d
+        else:
+            for j in range(k):
+                w[t, j] = g[j]
+
+
+@njit(cache=True)
+def weighted_sum(y, w, out):
+    """``out[t] = sum_j y[t, j] * w[t, j]`` (``y`` ``float32[T, U, N]``, ``w`` ``float32[T, U]``): each
+    product rounded to float32 (the ``mul`` step), the sum over ``j`` in float64 rounded once (the
+    ``sum_rows`` step); row ``t`` of ``y`` is read whole before ``out[t]`` is written."""
+    T, U, N = y.shape
+    acc = np.empty(N, np.float64)
+    for t in range(T):
+        acc[:] = 0.0
+        for j in range(U):
+            wj = w[t, j]
+            yj = y[t, j]
+            for c in range(N):
+                acc[c] += np.float64(yj[c] * wj)
+        for c in range(N):
+            out[t, c] = np.float32(acc[c])
