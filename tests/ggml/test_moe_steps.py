@@ -29,8 +29,12 @@ def _graph(n_tok: int, norm_w: bool, expose: str = "", seed: int = 3):
     blk = {
         "ffn_gate_inp.weight": ops.weight("r", T.F32, (E, D), rng.standard_normal((E, D), np.float32)),
         "ffn_up_exps.weight": ops.weight("u", T.F32, (E, FF, D), rng.standard_normal((E, FF, D), np.float32)),
-        "ffn_gate_exps.weight": ops.weight("g", T.F32, (E, FF, D), rng.standard_normal((E, FF, D), np.float32)),
-        "ffn_down_exps.weight": ops.weight("d", T.F32, (E, D, FF), rng.standard_normal((E, D, FF), np.float32)),
+        "ffn_gate_exps.weight": ops.weight(
+            "g", T.F32, (E, FF, D), rng.standard_normal((E, FF, D), np.float32)
+        ),
+        "ffn_down_exps.weight": ops.weight(
+            "d", T.F32, (E, D, FF), rng.standard_normal((E, D, FF), np.float32)
+        ),
     }
     h = ops.new_tensor(T.F32, (n_tok, D), "h")
     out = GraphBuilder.build_moe_ffn(fake, h, blk, 0, norm_w)
