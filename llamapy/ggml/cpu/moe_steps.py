@@ -151,25 +151,35 @@ class _Find:
             or onehot.shape != (E, 1, E)
         ):
             return None
-        gu = self.use(gather)
-        if len(gu) == 2 and not self.graph.is_output(gather):  # div(w, reshape(sum_rows(reshape(w))))
-            rg = next((u for u in gu if u.op == "reshape"), None)
-            div = next((u for u in gu if u.op == "div"), None)
-            if rg is not None and div is not None and self.only_view(rg, (T, k)) is not None:
-                sr = self.use(rg)[0]
-                if self.inner(sr, "sum_rows"):
-                    rsr = self.only_view(self.use(sr)[0], (T, 1, 1))
-                    if (
-                        rsr is not None
-                        and self.use(rsr)[0] is div
-                        and div.src[0] is gather
-                        and div.src[1] is rsr
-                        and div.type == F32
-                        and div.shape == (T, k, 1)
-                        and self.ours(div)
-                    ):
-                        return [probs, gather, sr], _Route(n, probs, onehot, div, True)
+        sr, div = self._norm(gather, T, k)
+        if div is not None:
+            return [probs, gather, sr], _Route(n, probs, onehot, div, True)
         return [probs], _Route(n, probs, onehot, gather, False)
+
+    def _norm(self, gather: Tensor, T: int, k: int) -> tuple[Tensor | None, Tensor | None]:
+        """(``sum_rows``, ``div``) of ``div(w, reshape(sum_rows(reshape(w))))`` on the gathered weights
+        ``w``, or (None, None)."""
+        gu = self.use(gather)
+        if len(gu) != 2 or self.graph.is_output(gather):
+            return None, None
+        rg = next((u for u in gu if u.op == "reshape"), None)
+        div = next((u for u in gu if u.op == "div"), None)
+        if rg is None or div is None or self.only_view(rg, (T, k)) is None:
+            return None, None
+        sr = self.use(rg)[0]
+        if not self.inner(sr, "sum_rows"):
+            return None, None
+        rsr = self.only_view(self.use(sr)[0], (T, 1, 1))
+        ok = (
+            rsr is not None
+            and self.use(rsr)[0] is div
+            and div.src[0] is gather
+            and div.src[1] is rsr
+            and div.type == F32
+            and div.shape == (T, k, 1)
+            and self.ours(div)
+        )
+        return (sr, div) if ok else (None, None)
 
     def wsum(self, n: Tensor) -> _WSum | None:
         """``sum_rows(cont(permute(mul(y, w), (0, 2, 1))))`` at ``n``, or None."""

@@ -99,9 +99,6 @@ def repack_x8(A, R, sbytes, hbytes, qbytes):
     division steps ran at ~0.6 GB/s (110 ms for SmolLM2-135M's 66 MB of Q4_1, a copy 9 ms)."""
     N, rb = A.shape
     nb = rb // sbytes
-    if sbytes % 4 == 0 and hbytes % 4 == 0:  # Q4_1: every piece is whole 32-bit words
-        _repack_x8_w32(A, R, sbytes, hbytes, qbytes)
-        return
     xb2 = 4 * (hbytes + qbytes)  # 16-bit units of an 8-row block
     hb2, qc = hbytes >> 1, qbytes >> 2
     A16 = A.reshape(-1).view(np.uint16)
@@ -119,32 +116,6 @@ def repack_x8(A, R, sbytes, hbytes, qbytes):
                 for c in range(qc):
                     R16[qd + 16 * c] = A16[qs + 2 * c]
                     R16[qd + 16 * c + 1] = A16[qs + 2 * c + 1]
-
-
-@njit(parallel=True, cache=True)
-def _repack_x8_w32(A, R, sbytes, hbytes, qbytes):
-    """``repack_x8`` where the plain block, its halves and quants are whole 32-bit words (Q4_1): the
-    halves of row ``r`` (``d``, ``m``) as one word too, at ``R16[8h + r]`` for ``h`` 0, 1 (split)."""
-    N, rb = A.shape
-    nb = rb // sbytes
-    xb4 = 2 * (hbytes + qbytes)
-    qc = qbytes >> 2
-    A32 = A.reshape(-1).view(np.uint32)
-    R16 = R.reshape(-1).view(np.uint16)
-    R32 = R.reshape(-1).view(np.uint32)
-    rb4, sb4, hb4 = rb >> 2, sbytes >> 2, hbytes >> 2
-    for g in prange(N >> 3):
-        for b in range(nb):
-            dst = (g * nb + b) * xb4
-            qd = dst + 2 * hbytes
-            for r in range(8):
-                src = (g * 8 + r) * rb4 + b * sb4
-                for h in range(hb4):
-                    w = A32[src + h]
-                    R16[2 * dst + 16 * h + r] = np.uint16(w & 0xFFFF)
-                    R16[2 * dst + 16 * h + 8 + r] = np.uint16(w >> 16)
-                for c in range(qc):
-                    R32[qd + 8 * c + r] = A32[src + hb4 + c]
 
 
 @njit(parallel=True, cache=True)
