@@ -351,6 +351,20 @@ def _all_used(mask, has_mask, T, j0, n):
 
 
 @njit(inline="always")
+def _used_end(mask, has_mask, T, b0, nb):
+    """One past the last key of ``b0 .. b0 + nb - 1`` that some query row sees (``nb`` without a mask; 0
+    when every key is masked): the keys after it are masked for every row."""
+    if not has_mask:
+        return nb
+    ninf = np.float32(-np.inf)
+    for jj in range(nb - 1, -1, -1):
+        for t in range(T):
+            if mask[t, b0 + jj] != ninf:
+                return jj + 1
+    return 0
+
+
+@njit(inline="always")
 def _widen_block(src, kb, j, kh, row, D, KV):
     """Keys ``j .. j + KB`` of kv head ``kh`` from the F16 cache ``src`` (half bits, rows of ``row``) widened
     into ``kb`` (``KB`` rows of ``D``); kv head 0 prefetches the whole rows ``PF_KEYS`` ahead (the other
@@ -397,15 +411,19 @@ def attn_group_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n
         kb = np.empty(KB * D, np.float32)
         for b0 in range(j0, j1, SB):
             nb = min(SB, j1 - b0)
+            # keys from ``nu`` on are masked for every row (a short context's padded view): their dots and
+            # values are never read and their scores are -inf, as the per-key checks below would find,
+            # without those checks (the exp sum still runs over all ``nb``: its order stays the same)
+            nu = _used_end(mask, has_mask, T, b0, nb)
             for kh in range(Hkv):  # all kv heads of a sub-block in turn: its cache rows are read in order
                 task = kh * n_chunks + ci
                 qs = qall[kh]
                 acc = pa[task]
                 # raw q.k dots; a key no row sees gets 0 (never read) and -inf from its mask below
                 jj = 0
-                while jj < nb:
+                while jj < nu:
                     j = b0 + jj
-                    if jj + KB <= nb and _all_used(mask, has_mask, T, j, KB):
+                    if jj + KB <= nu and _all_used(mask, has_mask, T, j, KB):
                         _widen_block(k, kb, j, kh, row, D, KV)
                         r = 0
                         while (
@@ -460,7 +478,9 @@ def attn_group_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n
                     t = r // g
                     h = kh * g + r % g
                     mx = ninf
-                    for jj in range(nb):
+                    for jj in range(nu, nb):
+                        s[r * SB + jj] = ninf
+                    for jj in range(nu):
                         m = mask[t, b0 + jj] if has_mask else _F0
                         d = _score(s[r * SB + jj], scale, cap, has_mask, slopes[h], m)
                         if has_mask and m == ninf:
@@ -489,9 +509,9 @@ def attn_group_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n
                     ps[task, r] += tot
                 # weighted values: each V row widened once for the group
                 jj = 0
-                while jj < nb:
+                while jj < nu:
                     j = b0 + jj
-                    if jj + KB <= nb and _all_used(mask, has_mask, T, j, KB):
+                    if jj + KB <= nu and _all_used(mask, has_mask, T, j, KB):
                         _widen_block(v, kb, j, kh, row, D, KV)
                         r = 0
                         while (
