@@ -54,7 +54,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ..types import GGMLType
-from .repack import Cache, anonymous, repacked, x8_step
+from .repack import Cache, anonymous, copy_rows, repacked, x8_step
 
 __all__ = ["ENABLED", "TYPES", "mul_mat_step", "repack", "rows_kernel"]
 
@@ -85,7 +85,7 @@ def repack(A: np.ndarray, t: GGMLType = GGMLType.Q4_0) -> np.ndarray:
     sb, xb, hb, qb = _layout(t)
     N, rb = A.shape
     R = anonymous(N // 8 * (rb // sb * xb)).reshape(N // 8, rb // sb * xb)
-    repack_x8(A, R, sb, hb, qb)
+    copy_rows(A, R, lambda a, r: repack_x8(a, r, sb, hb, qb))
     return R
 
 

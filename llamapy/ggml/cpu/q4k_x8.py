@@ -47,7 +47,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ..types import GGMLType
-from .repack import Cache, anonymous, mapped_source, repacked, x8_step
+from .repack import Cache, anonymous, copy_rows, mapped_source, repacked, x8_step
 
 __all__ = ["ENABLED", "MAX_ROWS", "repack", "mapped_source", "mul_mat_step", "kernel"]
 
@@ -71,7 +71,7 @@ def repack(A: np.ndarray, t: GGMLType = GGMLType.Q4_K) -> np.ndarray:
     gb = rb // 144 * X8_BYTES
     R = anonymous(int(np.prod(lead, dtype=np.int64)) * (N // 8) * gb).reshape(*lead, N // 8, gb)
     if A.ndim == 2:
-        repack_x8(A, R)
+        copy_rows(A, R, repack_x8)
     else:
         for e in range(A.shape[0]):
             repack_x8(A[e], R[e])

@@ -62,7 +62,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ..types import GGMLType
-from .repack import Cache, anonymous, repacked, x8_step
+from .repack import Cache, anonymous, copy_rows, repacked, x8_step
 
 __all__ = ["ENABLED", "MAX_ROWS", "MIN_ROWS_R4", "TYPES", "mul_mat_step", "repack", "unpack_rows"]
 
@@ -84,7 +84,8 @@ def repack(A: np.ndarray, t: GGMLType = GGMLType.Q5_0) -> np.ndarray:
 
     N, rb = A.shape
     R = anonymous(N * rb).reshape(N // 8, rb * 8)
-    repack_x8(A, R, LAYOUT[t.name])
+    lay = LAYOUT[t.name]
+    copy_rows(A, R, lambda a, r: repack_x8(a, r, lay))
     return R
 
 

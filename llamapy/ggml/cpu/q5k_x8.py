@@ -31,7 +31,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ..types import GGMLType
-from .repack import Cache, anonymous, repacked, x8_step
+from .repack import Cache, anonymous, copy_rows, repacked, x8_step
 
 __all__ = ["ENABLED", "MAX_ROWS", "repack", "mul_mat_step"]
 
@@ -49,7 +49,7 @@ def repack(A: np.ndarray, t: GGMLType = GGMLType.Q5_K) -> np.ndarray:
 
     N, rb = A.shape
     R = anonymous(N // 8 * (rb // 176 * X8_BYTES)).reshape(N // 8, rb // 176 * X8_BYTES)
-    repack_x8(A, R)
+    copy_rows(A, R, repack_x8)
     return R
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ..types import GGMLType
-from .repack import Cache, anonymous, mapped_source, release_pages, repacked, x8_step
+from .repack import Cache, anonymous, copy_rows, repacked, x8_step
 
 __all__ = ["ENABLED", "MAX_ROWS", "repack", "mul_mat_step"]
 
@@ -45,28 +45,19 @@ __all__ = ["ENABLED", "MAX_ROWS", "repack", "mul_mat_step"]
 ENABLED = os.environ.get("LLAMAPY_Q6K_X8", "1") not in ("0", "false", "no", "off")
 #: the most activation rows the 8-row kernels take (more: dequantized tiles + sgemm)
 MAX_ROWS = 512
-#: bytes of source rows repacked before their pages are dropped
-CHUNK_BYTES = 8 << 20
 
 _cache: Cache = weakref.WeakKeyDictionary()
 
 
 def repack(A: np.ndarray, t: GGMLType = GGMLType.Q6_K) -> np.ndarray:
-    """The repacked copy of the Q6_K rows ``A`` (uint8[N, row bytes], N a multiple of 8), made
-    ``CHUNK_BYTES`` at a time, the mapped source pages of each chunk dropped once it is copied: Q6_K is
-    the type of the largest matrix (the output, 191 MB at 1.5B, 447 MB at 7B), whose source and copy
-    would otherwise be resident together for a moment (peak RSS +95 MB at 1.5B, measured)."""
+    """The repacked copy of the Q6_K rows ``A`` (uint8[N, row bytes], N a multiple of 8), made in chunks
+    (``repack.copy_rows``): Q6_K is the type of the largest matrix (the output, 191 MB at 1.5B, 447 MB
+    at 7B)."""
     from .q6k_x8_kernels import X8_BYTES, repack_x8
 
     N, rb = A.shape
     R = anonymous(N // 8 * (rb // 210 * X8_BYTES)).reshape(N // 8, rb // 210 * X8_BYTES)
-    mm = mapped_source(A)
-    step = max(8, CHUNK_BYTES // max(rb, 1) // 8 * 8)
-    for r0 in range(0, N, step):
-        r1 = min(N, r0 + step)
-        repack_x8(A[r0:r1], R[r0 // 8 : r1 // 8])
-        if mm is not None:
-            release_pages(A[r0:r1], mm)
+    copy_rows(A, R, repack_x8)
     return R
 
 

@@ -89,7 +89,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ..types import GGMLType
-from .repack import Cache, anonymous, repacked, x8_step
+from .repack import Cache, anonymous, copy_rows, repacked, x8_step
 
 __all__ = ["ENABLED", "MAX_ROWS", "TYPES", "mul_mat_step", "repack", "unpack_rows"]
 
@@ -111,7 +111,7 @@ def repack(A: np.ndarray, t: GGMLType = GGMLType.Q8_0) -> np.ndarray:
 
     N, rb = A.shape
     R = anonymous(N // 8 * (rb // SRC_BYTES * X8_BYTES)).reshape(N // 8, rb // SRC_BYTES * X8_BYTES)
-    repack_x8(A, R)
+    copy_rows(A, R, repack_x8)
     return R
 
 

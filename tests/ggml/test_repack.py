@@ -1,0 +1,73 @@
+"""``cpu.repack.copy_rows``: every 2-D layout's repack of a memory-mapped weight made in chunks of rows (the
+source pages of each dropped once copied) gives the same bytes as one copy of the weight in memory, with
+chunk boundaries anywhere (a last chunk of fewer rows included); the mapped bytes stay readable after."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llamapy.ggml.cpu import repack
+from llamapy.ggml.types import TRAITS, GGMLType
+
+# (layout module, type, columns): every 2-D repack of ``repack.LAYOUTS``
+CASES = [
+    ("q4k_x8", GGMLType.Q4_K, 512),
+    ("q5k_x8", GGMLType.Q5_K, 512),
+    ("q6k_x8", GGMLType.Q6_K, 512),
+    ("q40_x8", GGMLType.Q4_0, 256),
+    ("q40_x8", GGMLType.Q4_1, 256),
+    ("q50_x8", GGMLType.Q5_0, 256),
+    ("q80_x8", GGMLType.Q8_0, 256),
+]
+
+
+def test_every_layout_is_covered() -> None:
+    assert {(m, t) for m, t, _ in CASES} >= {(m, t) for t, m in repack.LAYOUTS.items()}
+
+
+def _mapped(tmp_path: Path, raw: np.ndarray) -> np.ndarray:
+    p = tmp_path / "w.bin"
+    pad = 4096 + 160  # not at the start of a page
+    p.write_bytes(b"\0" * pad + raw.tobytes())
+    mm = np.memmap(p, mode="r", dtype=np.uint8)
+    return mm[pad : pad + raw.nbytes].reshape(raw.shape)
+
+
+@pytest.mark.parametrize("chunk_rows", [8, 24, 40])
+@pytest.mark.parametrize(("module", "t", "K"), CASES, ids=[f"{m}-{t.name}" for m, t, _ in CASES])
+def test_chunked_repack_of_a_mapped_weight_is_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, t: GGMLType, K: int, chunk_rows: int
+) -> None:
+    mod = importlib.import_module(f"llamapy.ggml.cpu.{module}")
+    tr = TRAITS[t]
+    N, rb = 64, K // tr.block_size * tr.type_size
+    rng = np.random.default_rng(chunk_rows)
+    raw = rng.integers(0, 256, (N, rb), dtype=np.uint8)
+    view = _mapped(tmp_path, raw)
+    assert repack.mapped_source(view) is not None
+    whole = mod.repack(raw.copy(), t)  # in memory: one call
+    calls: list[int] = []
+    real = repack.copy_rows
+
+    def spy(A: np.ndarray, R: np.ndarray, copy) -> None:  # type: ignore[no-untyped-def]
+        calls.append(A.shape[0])
+        real(A, R, lambda a, r: (calls.append(-a.shape[0]), copy(a, r)))
+
+    monkeypatch.setattr(repack, "CHUNK_BYTES", chunk_rows * rb)
+    monkeypatch.setattr(mod, "copy_rows", spy)
+    chunked = mod.repack(view, t)
+    assert chunked.tobytes() == whole.tobytes()
+    parts = [-c for c in calls if c < 0]
+    assert sum(parts) == N and len(parts) == -(-N // chunk_rows), parts  # it did go in chunks
+    assert np.array_equal(view, raw)  # dropped pages read back from the file
+
+
+def test_small_or_unmapped_weights_are_one_call() -> None:
+    A = np.arange(16 * 18, dtype=np.uint8).reshape(16, 18) % 7
+    seen: list[tuple[int, int]] = []
+    repack.copy_rows(A, np.empty((2, 144), np.uint8), lambda a, r: seen.append((a.shape[0], r.shape[0])))
+    assert seen == [(16, 2)]
