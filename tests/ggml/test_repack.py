@@ -53,9 +53,9 @@ def test_chunked_repack_of_a_mapped_weight_is_the_same_bytes(
     calls: list[int] = []
     real = repack.copy_rows
 
-    def spy(A: np.ndarray, R: np.ndarray, copy) -> None:  # type: ignore[no-untyped-def]
+    def spy(A: np.ndarray, group_bytes: int, copy) -> np.ndarray:  # type: ignore[no-untyped-def]
         calls.append(A.shape[0])
-        real(A, R, lambda a, r: (calls.append(-a.shape[0]), copy(a, r)))
+        return real(A, group_bytes, lambda a, r: (calls.append(-a.shape[0]), copy(a, r)))
 
     monkeypatch.setattr(repack, "CHUNK_BYTES", chunk_rows * rb)
     monkeypatch.setattr(mod, "copy_rows", spy)
@@ -69,5 +69,5 @@ def test_chunked_repack_of_a_mapped_weight_is_the_same_bytes(
 def test_small_or_unmapped_weights_are_one_call() -> None:
     A = np.arange(16 * 18, dtype=np.uint8).reshape(16, 18) % 7
     seen: list[tuple[int, int]] = []
-    repack.copy_rows(A, np.empty((2, 144), np.uint8), lambda a, r: seen.append((a.shape[0], r.shape[0])))
+    repack.copy_rows(A, 144, lambda a, r: seen.append((a.shape[0], r.shape[0])))
     assert seen == [(16, 2)]

@@ -54,7 +54,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ..types import GGMLType
-from .repack import Cache, anonymous, copy_rows, repacked, x8_step
+from .repack import Cache, copy_rows, repacked, x8_step
 
 __all__ = ["ENABLED", "TYPES", "mul_mat_step", "repack", "rows_kernel"]
 
@@ -83,10 +83,8 @@ def repack(A: np.ndarray, t: GGMLType = GGMLType.Q4_0) -> np.ndarray:
     from .q40_x8_kernels import repack_x8
 
     sb, xb, hb, qb = _layout(t)
-    N, rb = A.shape
-    R = anonymous(N // 8 * (rb // sb * xb)).reshape(N // 8, rb // sb * xb)
-    copy_rows(A, R, lambda a, r: repack_x8(a, r, sb, hb, qb))
-    return R
+    _, rb = A.shape
+    return copy_rows(A, rb // sb * xb, lambda a, r: repack_x8(a, r, sb, hb, qb))
 
 
 def unpack_rows(R: np.ndarray, r0: int, r1: int, dst: np.ndarray, t: GGMLType = GGMLType.Q4_0) -> None:

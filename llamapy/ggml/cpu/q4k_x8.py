@@ -67,14 +67,12 @@ def repack(A: np.ndarray, t: GGMLType = GGMLType.Q4_K) -> np.ndarray:
     from .q4k_x8_kernels import X8_BYTES, repack_x8
 
     N, rb = A.shape[-2:]
-    lead = A.shape[:-2]
     gb = rb // 144 * X8_BYTES
-    R = anonymous(int(np.prod(lead, dtype=np.int64)) * (N // 8) * gb).reshape(*lead, N // 8, gb)
     if A.ndim == 2:
-        copy_rows(A, R, repack_x8)
-    else:
-        for e in range(A.shape[0]):
-            repack_x8(A[e], R[e])
+        return copy_rows(A, gb, repack_x8)
+    R = anonymous(A.shape[0] * (N // 8) * gb).reshape(A.shape[0], N // 8, gb)
+    for e in range(A.shape[0]):
+        repack_x8(A[e], R[e])
     return R
 
 

@@ -62,7 +62,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ..types import GGMLType
-from .repack import Cache, anonymous, copy_rows, repacked, x8_step
+from .repack import Cache, copy_rows, repacked, x8_step
 
 __all__ = ["ENABLED", "MAX_ROWS", "MIN_ROWS_R4", "TYPES", "mul_mat_step", "repack", "unpack_rows"]
 
@@ -82,11 +82,9 @@ def repack(A: np.ndarray, t: GGMLType = GGMLType.Q5_0) -> np.ndarray:
     """The repacked copy of the rows ``A`` of type ``t`` (uint8[N, row bytes], N a multiple of 8)."""
     from .q50_x8_kernels import LAYOUT, repack_x8
 
-    N, rb = A.shape
-    R = anonymous(N * rb).reshape(N // 8, rb * 8)
+    _, rb = A.shape
     lay = LAYOUT[t.name]
-    copy_rows(A, R, lambda a, r: repack_x8(a, r, lay))
-    return R
+    return copy_rows(A, rb * 8, lambda a, r: repack_x8(a, r, lay))
 
 
 def unpack_rows(R: np.ndarray, r0: int, r1: int, dst: np.ndarray, t: GGMLType = GGMLType.Q5_0) -> None:

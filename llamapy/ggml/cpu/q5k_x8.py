@@ -31,7 +31,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ..types import GGMLType
-from .repack import Cache, anonymous, copy_rows, repacked, x8_step
+from .repack import Cache, copy_rows, repacked, x8_step
 
 __all__ = ["ENABLED", "MAX_ROWS", "repack", "mul_mat_step"]
 
@@ -47,10 +47,8 @@ def repack(A: np.ndarray, t: GGMLType = GGMLType.Q5_K) -> np.ndarray:
     """The repacked copy of the Q5_K rows ``A`` (uint8[N, row bytes], N a multiple of 8)."""
     from .q5k_x8_kernels import X8_BYTES, repack_x8
 
-    N, rb = A.shape
-    R = anonymous(N // 8 * (rb // 176 * X8_BYTES)).reshape(N // 8, rb // 176 * X8_BYTES)
-    copy_rows(A, R, repack_x8)
-    return R
+    _, rb = A.shape
+    return copy_rows(A, rb // 176 * X8_BYTES, repack_x8)
 
 
 def _repacked(a: Tensor, A: np.ndarray, any_memory: bool) -> np.ndarray | None:

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ..types import GGMLType
-from .repack import Cache, anonymous, copy_rows, repacked, x8_step
+from .repack import Cache, copy_rows, repacked, x8_step
 
 __all__ = ["ENABLED", "MAX_ROWS", "repack", "mul_mat_step"]
 
@@ -55,10 +55,8 @@ def repack(A: np.ndarray, t: GGMLType = GGMLType.Q6_K) -> np.ndarray:
     at 7B)."""
     from .q6k_x8_kernels import X8_BYTES, repack_x8
 
-    N, rb = A.shape
-    R = anonymous(N // 8 * (rb // 210 * X8_BYTES)).reshape(N // 8, rb // 210 * X8_BYTES)
-    copy_rows(A, R, repack_x8)
-    return R
+    _, rb = A.shape
+    return copy_rows(A, rb // 210 * X8_BYTES, repack_x8)
 
 
 def _repacked(a: Tensor, A: np.ndarray, any_memory: bool) -> np.ndarray | None:

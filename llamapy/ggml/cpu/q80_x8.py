@@ -89,7 +89,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ..types import GGMLType
-from .repack import Cache, anonymous, copy_rows, repacked, x8_step
+from .repack import Cache, copy_rows, repacked, x8_step
 
 __all__ = ["ENABLED", "MAX_ROWS", "TYPES", "mul_mat_step", "repack", "unpack_rows"]
 
@@ -109,10 +109,8 @@ def repack(A: np.ndarray, t: GGMLType = GGMLType.Q8_0) -> np.ndarray:
     """The repacked copy of the Q8_0 rows ``A`` (uint8[N, row bytes], N a multiple of 8)."""
     from .q80_x8_kernels import SRC_BYTES, X8_BYTES, repack_x8
 
-    N, rb = A.shape
-    R = anonymous(N // 8 * (rb // SRC_BYTES * X8_BYTES)).reshape(N // 8, rb // SRC_BYTES * X8_BYTES)
-    copy_rows(A, R, repack_x8)
-    return R
+    _, rb = A.shape
+    return copy_rows(A, rb // SRC_BYTES * X8_BYTES, repack_x8)
 
 
 def unpack_rows(R: np.ndarray, r0: int, r1: int, dst: np.ndarray) -> None:

@@ -3,8 +3,8 @@
 
 - ``mapped_source`` / ``release_pages`` / ``anonymous``: the mapped file a weight is a view of, dropping
   its pages once repacked, and fresh memory in transparent huge pages for the copy;
-- ``copy_rows``: a layout's copy kernel over a weight in chunks of rows, each chunk's mapped source pages
-  dropped once copied;
+- ``copy_rows``: a weight's repacked copy in fresh memory, made by its layout's copy kernel in chunks of
+  rows, each chunk's mapped source pages dropped once copied;
 - ``repacked``: the one cached repack per weight tensor (only model weights, rows a multiple of 8, bytes a
   view of a mapped file unless ``any_memory``), its source pages released after;
 - ``x8_step``: the ``mul_mat`` step on a repacked weight: the layout's 8-row kernel, or (``kern`` None:
@@ -100,22 +100,25 @@ def anonymous(nbytes: int) -> np.ndarray:
 CHUNK_BYTES = 8 << 20
 
 
-def copy_rows(A: np.ndarray, R: np.ndarray, copy: Callable[[np.ndarray, np.ndarray], None]) -> None:
-    """``copy(A[r0:r1], R[r0 // 8 : r1 // 8])`` over chunks of about ``CHUNK_BYTES`` of the rows ``A`` (2-D,
-    eight rows to a group of ``R``), the whole pages of each chunk dropped once copied where ``A`` is a view
-    of a mapped file: a large matrix's source and copy are then never resident together (the output
-    matrix, 191 MB of Q6_K at 1.5B: peak RSS +95 MB, measured; SmolLM2's tied Q8_0 embedding, 29 MB: the
-    run's peak). One call where ``A`` is small or not mapped."""
+def copy_rows(A: np.ndarray, group_bytes: int, copy: Callable[[np.ndarray, np.ndarray], None]) -> np.ndarray:
+    """The repacked copy ``R`` (``anonymous`` uint8[N // 8, group_bytes]) of the rows ``A`` (2-D, N a multiple
+    of 8), made by ``copy(A[r0:r1], R[r0 // 8 : r1 // 8])`` over chunks of about ``CHUNK_BYTES``, the whole
+    pages of each chunk dropped once copied where ``A`` is a view of a mapped file: a large matrix's source
+    and copy are then never resident together (the output matrix, 191 MB of Q6_K at 1.5B: peak RSS +95 MB,
+    measured; SmolLM2's tied Q8_0 embedding, 29 MB: the run's peak). One call where ``A`` is small or not
+    mapped."""
     N = A.shape[0]
+    R = anonymous(N // 8 * group_bytes).reshape(N // 8, group_bytes)
     mm = mapped_source(A) if A.nbytes > CHUNK_BYTES else None
     if mm is None:
         copy(A, R)
-        return
+        return R
     step = max(8, CHUNK_BYTES // max(A.shape[1] * A.itemsize, 1) // 8 * 8)
     for r0 in range(0, N, step):
         r1 = min(N, r0 + step)
         copy(A[r0:r1], R[r0 // 8 : r1 // 8])
         release_pages(A[r0:r1], mm)
+    return R
 
 
 def repacked(
