@@ -91,10 +91,9 @@ class ThreadPolicy:
         return self.current
 
     def apply(self) -> int:
-        """Cap the thread count of kernels launched from the calling thread for the next decode (see
-        :func:`llamapy._numba.cap_threads`); returns it."""
+        """Cap the thread count of kernels launched from the calling thread (see
+        :func:`llamapy._numba.cap_threads`); returns the cap it replaced. ``Context.decode`` puts that
+        back when its decode ends, so the cap covers that decode only."""
         from ._numba import cap_threads
 
-        n = self.threads()
-        cap_threads(n)
-        return n
+        return cap_threads(self.threads())

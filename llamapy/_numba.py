@@ -471,12 +471,15 @@ def max_threads() -> int:
 _cap = threading.local()
 
 
-def cap_threads(n: int) -> None:
+def cap_threads(n: int) -> int:
     """Run parallel kernels launched from this thread on at most ``n`` threads (0: no cap), whatever
-    :func:`set_num_threads` is asked later (the busy-machine policy of llamapy/_cpuload.py)."""
+    :func:`set_num_threads` is asked later (the busy-machine policy of llamapy/_cpuload.py); returns
+    the cap it replaces, for putting back (``Context.decode`` caps its own decode only)."""
+    prev = getattr(_cap, "n", 0)
     _cap.n = max(0, int(n))
     if _cap.n:
         numba.set_num_threads(min(_cap.n, numba.get_num_threads()))
+    return prev
 
 
 def set_num_threads(n: int | None) -> int:

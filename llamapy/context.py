@@ -200,10 +200,15 @@ class Context:
         (the cache is then as before the call). Returns 0.
         """
         t0 = time.perf_counter()
-        if self._thread_policy is not None:
-            self._thread_policy.apply()
-        else:
-            cap_threads(0)  # -t given: exactly that many (another context may have capped this thread)
+        # the busy-machine cap (or, with -t given, none) holds for this decode only, then the calling
+        # thread's own cap is back: what runs next in it (sampling, another context) is not capped by it
+        prev = self._thread_policy.apply() if self._thread_policy is not None else cap_threads(0)
+        try:
+            return self._decode(batch, t0)
+        finally:
+            cap_threads(prev)
+
+    def _decode(self, batch: Batch, t0: float) -> int:
         pooled = self.embeddings and self.pooling_type != PoolingType.NONE
         ab = allocate(
             batch,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,13 +28,3 @@ def gemma3_path() -> Path:
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     return shared_path()
-
-
-@pytest.fixture(autouse=True)
-def _no_thread_cap() -> None:
-    """Each test starts without a thread cap: a ``Context`` without ``n_threads`` caps its thread's kernel
-    threads for its decodes (the busy-machine policy, ``llamapy._numba.cap_threads``) and the cap stays with
-    the thread, so on a busy machine an earlier test's context changed what a later bare ``Scheduler`` got."""
-    numba_mod = sys.modules.get("llamapy._numba")
-    if numba_mod is not None:
-        numba_mod.cap_threads(0)

@@ -74,3 +74,41 @@ def test_capped_decode_gives_the_same_logits(tmp_path, monkeypatch):
     got, used = logits(None)
     assert used == 1 and np.array_equal(got, ref)
     _numba.cap_threads(0)
+
+
+def test_decode_cap_ends_with_the_decode(tmp_path, monkeypatch):
+    """A busy machine's cap holds during a decode and is gone after it: the thread's own cap (none, or one
+    set outside) is back, so what runs next in the thread gets the threads it asks for."""
+    from llamapy import _numba
+    from llamapy.batch import Batch
+    from llamapy.context import Context, ContextParams
+    from llamapy.model import Model
+    from tests.model.tiny import tiny_llama
+
+    if _numba.max_threads() < 2:
+        pytest.skip("needs 2 threads")
+    model = Model.load(str(tiny_llama(tmp_path / "t.gguf", ggml_type="Q8_0", n_embd=64)))
+    monkeypatch.setattr(ThreadPolicy, "threads", lambda self: 1)  # a fully busy machine
+    seen = []
+    real = Context._decode_ubatch
+
+    def spy(self, *a, **kw):
+        seen.append((_numba._cap.n, _numba.numba.get_num_threads()))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Context, "_decode_ubatch", spy)
+    _numba.cap_threads(0)
+    ctx = Context(model, ContextParams(n_ctx=64))
+    ctx.decode(Batch.from_tokens(np.arange(1, 5), pos0=0))
+    assert seen == [(1, 1)]
+    assert _numba.cap_threads(0) == 0  # no cap left in this thread
+    assert _numba.set_num_threads(2) == 2 and _numba.numba.get_num_threads() == 2
+
+    _numba.cap_threads(2)  # an outer cap of the caller's own comes back after the decode
+    ctx.decode(Batch.from_tokens(np.arange(5, 7), pos0=4))
+    assert seen[-1] == (1, 1) and _numba.cap_threads(0) == 2
+
+    fixed = Context(model, ContextParams(n_ctx=64, n_threads=2))  # -t given: no cap during its decode
+    _numba.cap_threads(1)
+    fixed.decode(Batch.from_tokens(np.arange(1, 3), pos0=0))
+    assert seen[-1][0] == 0 and _numba.cap_threads(0) == 1
