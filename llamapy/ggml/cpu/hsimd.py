@@ -29,7 +29,7 @@ from numba.extending import intrinsic, models, register_model
 
 from ..._numba import njit
 from .isimd import B32, I32x8, _maddubs, _maddwd
-from .simd import _is_bytes, _ptr
+from .simd import _is_bytes, _ptr, absmax_bits32, bitcast_f32, rint_small
 
 __all__ = ["H16", "hwiden", "hload", "hnib", "hq5", "hmadd", "imadd_pair", "quantize_rows_q16"]
 
@@ -197,37 +197,42 @@ def quantize_rows_q16(x, xq, xd, xs):
     ``xs`` float32[M, K // 32] = d times the sum of the block's quantized values (for the formats with
     a min: so that the kernels compute exactly W times the dequantized activations). Returns
     whether each row is finite (a block with an inf or NaN is quantized as zeros; the kernels then
-    write NaN for that row)."""
+    write NaN for that row). A block whose largest magnitude is below ~1e-34 (32767 / max|x| overflows)
+    is quantized as zeros too: its contribution is below float32's resolution of any real sum, and
+    ``x * inf`` would leave the integers undefined.
+
+    The block's largest magnitude is an integer max over the float bits without the sign
+    (``absmax_bits32``: they order as the magnitudes do; inf's and NaN's are above every finite one),
+    8 lanes at a time, where a float max with a branch per element stays scalar; the rounding (``rint_small``: ``np.rint`` was a
+    libm call per element) and the sum vectorize too. The bytes are the former loop's (checked over
+    random, zero, subnormal, inf and NaN blocks)."""
     M = x.shape[0]
     ok = np.ones(M, np.bool_)
     for m in range(M):
+        xr, qr = x[m], xq[m]
+        xb = xr.view(np.int32)
         for b in range(xd.shape[1]):  # the weight's blocks (x has at least as many elements)
-            x0 = b * 32
-            amax = np.float32(0.0)
-            finite = True
-            for j in range(32):
-                v = x[m, x0 + j]
-                a = abs(v)
-                if not a < np.inf:
-                    finite = False
-                if a > amax:
-                    amax = a
-            if not finite:
+            x0 = np.uint64(
+                32 * b
+            )  # unsigned indices: no wraparound test per element (it kept LLVM from vectorizing)
+            abits = absmax_bits32(xb, x0)
+            if abits >= 0x7F800000:  # an inf or a NaN
                 ok[m] = False
-                amax = np.float32(0.0)
-            if amax == 0:
+                abits = 0
+            amax = bitcast_f32(abits)
+            inv = np.float32(Q16_MAX) / amax if abits else np.float32(np.inf)
+            if not inv < np.inf:  # all zero, or so small (< 1e-34) that 32767 / max|x| overflows
                 xd[m, b] = np.float32(0.0)
                 xs[m, b] = np.float32(0.0)
-                for j in range(32):
-                    xq[m, x0 + j] = 0
+                for j in range(np.uint64(32)):
+                    qr[x0 + j] = 0
             else:
                 d = amax / np.float32(Q16_MAX)
-                inv = np.float32(Q16_MAX) / amax
                 xd[m, b] = d
-                t = 0
-                for j in range(32):
-                    q = np.int16(np.rint(x[m, x0 + j] * inv))
-                    xq[m, x0 + j] = q
-                    t += np.int32(q)
+                t = np.int32(0)
+                for j in range(np.uint64(32)):
+                    q = np.int32(rint_small(xr[x0 + j] * inv))
+                    qr[x0 + j] = np.int16(q)
+                    t += q
                 xs[m, b] = d * np.float32(t)
     return ok

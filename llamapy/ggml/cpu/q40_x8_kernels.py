@@ -168,6 +168,42 @@ def _src_q4(p):
     return 16 * (e & 1) + 4 * c + (e >> 1) + 2 * j
 
 
+_V32W = ir.VectorType(_I16, 32)
+#: ``_src_q4`` of each permuted element, as a shuffle mask
+_SRC_Q4 = [_src_q4.py_func(p) for p in range(32)]
+
+
+@intrinsic
+def permute_q4(typingctx, src, dst, idx):  # type: ignore[no-untyped-def]
+    """``dst[idx + p] = src[idx + _src_q4(p)]`` for the 32 int16 of one block: one shuffle of a
+    ``<32 x i16>`` (a few ``vpshufb`` / ``vpermq`` / blends on AVX2), where the loop of 32 was scalar."""
+    ok = isinstance(src, types.Array) and src.dtype == types.int16 and src == dst
+    if not (ok and isinstance(idx, types.Integer)):
+        return None
+
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        a = builder.load(_ptr(context, builder, sig.args[0], args[0], args[2], sig.args[2], _V32W), align=2)
+        v = builder.shuffle_vector(a, ir.Constant(_V32W, None), ir.Constant(ir.VectorType(_I32, 32), _SRC_Q4))
+        builder.store(v, _ptr(context, builder, sig.args[1], args[1], args[2], sig.args[2], _V32W), align=2)
+        return context.get_dummy_value()
+
+    return types.none(src, dst, idx), cg
+
+
+@njit(inline="always")
+def permute_rows_q4(xq, xp, cor, m, nb, off):
+    """Row ``m`` of the 16-bit activations ``xq`` as the x8 kernels read them: each block permuted into
+    ``xp`` (``_src_q4``), and ``off`` times each block's integer sum into ``cor`` (Q4_0: -8, Q5_0: -16)."""
+    qr, pr = xq[m], xp[m]
+    for b in range(nb):
+        x0 = np.uint64(32 * b)  # unsigned: no wraparound test per element, so the sum vectorizes
+        permute_q4(qr, pr, x0)
+        t = np.int32(0)
+        for p in range(np.uint64(32)):
+            t += np.int32(qr[x0 + p])
+        cor[m, b] = off * t
+
+
 # ``blk(acc, w, t, xpm, x0, d, xsum, cor) -> acc``: ``w`` the group's bytes, ``t`` the block's offset,
 # ``xpm`` the permuted 16-bit activations, ``x0`` the block's first element, ``d`` their scale, ``xsum`` d
 # times their sum, ``cor`` -8 times their sum (an integer).
@@ -198,13 +234,13 @@ def _blk_q4_1(acc, w, t, xpm, x0, d, xsum, cor):
 
 # -- the loop -----------------------------------------------------------------------------------------------
 @njit(inline="always")
-def _mm_x8(R, x, out, blk, src, xbytes):
+def _mm_x8(R, x, out, blk, xbytes):
     G, gb = R.shape
     nb = gb // xbytes
     M = x.shape[0]
     Rf = R.reshape(-1)
     total = G * gb
-    xp, xd, xs, cor, ok = _prepare(x, nb, src)
+    xp, xd, xs, cor, ok = _prepare(x, nb)
     for grp in prange(G):
         w = R[grp]
         pf = (grp + X8_PREFETCH_GROUPS) * gb
@@ -224,7 +260,7 @@ def _mm_x8(R, x, out, blk, src, xbytes):
 
 
 @njit(inline="always")
-def _prepare(x, nb, src):
+def _prepare(x, nb):
     """The activations as the kernels read them: (permuted 16-bit values, scales, scales times sums,
     -8 times the integer sums, finite rows)."""
     M = x.shape[0]
@@ -235,12 +271,7 @@ def _prepare(x, nb, src):
     xp = np.empty((M, nb * 32), np.int16)
     cor = np.empty((M, nb), np.int32)
     for m in range(M):
-        for b in range(nb):
-            t = 0
-            for p in range(32):
-                xp[m, b * 32 + p] = xq[m, b * 32 + src(p)]
-                t += np.int32(xq[m, b * 32 + p])
-            cor[m, b] = -8 * t
+        permute_rows_q4(xq, xp, cor, m, nb, -8)
     return xp, xd, xs, cor, ok
 
 
@@ -248,13 +279,13 @@ def _prepare(x, nb, src):
 def mm_q4_0_x8(R, x, out, f16):
     """out[m, :] = W @ (the 16-bit quantized x[m]) for the repacked Q4_0 weight ``R`` (uint8[N // 8,
     nb * 144]); ``f16`` is unused (the halves convert in-register), kept for the ``MATVEC`` call shape."""
-    _mm_x8(R, x, out, _blk_q4_0, _src_q4, 144)
+    _mm_x8(R, x, out, _blk_q4_0, 144)
 
 
 @njit(parallel=True, cache=True)
 def mm_q4_1_x8(R, x, out, f16):
     """As ``mm_q4_0_x8`` for Q4_1 (uint8[N // 8, nb * 160])."""
-    _mm_x8(R, x, out, _blk_q4_1, _src_q4, 160)
+    _mm_x8(R, x, out, _blk_q4_1, 160)
 
 
 #: the kernel of each type (several rows per pass: ``q40_x8_rows``)

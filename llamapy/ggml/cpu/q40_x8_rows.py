@@ -20,7 +20,7 @@ import numpy as np
 from ..._numba import njit, prange
 from .hsimd import hmadd, quantize_rows_q16
 from .isimd import itof, izero
-from .q40_x8_kernels import X8_PREFETCH_GROUPS, _src_q4, iadd_splat, pbcast, wnib
+from .q40_x8_kernels import X8_PREFETCH_GROUPS, iadd_splat, pbcast, permute_rows_q4, wnib
 from .rowgroups import prefetch_bytes
 from .simd import vfma, vfma_strict, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
@@ -160,12 +160,7 @@ def _prepare_rows(x, nb):
     ok = np.empty(M, np.bool_)
     for m in prange(M):
         ok[m] = quantize_rows_q16(x[m : m + 1], xq[m : m + 1], xd[m : m + 1], xs[m : m + 1])[0]
-        for b in range(nb):
-            t = 0
-            for p in range(32):
-                xp[m, b * 32 + p] = xq[m, b * 32 + _src_q4(p)]
-                t += np.int32(xq[m, b * 32 + p])
-            cor[m, b] = -8 * t
+        permute_rows_q4(xq, xp, cor, m, nb, -8)
     return xp, xd, xs, cor, ok
 
 

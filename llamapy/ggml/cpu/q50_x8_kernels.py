@@ -38,7 +38,7 @@ from numba.extending import intrinsic
 from ..._numba import njit, prange
 from .hsimd import H16, hmadd, quantize_rows_q16
 from .isimd import itof, izero
-from .q40_x8_kernels import _src_q4, iadd_splat, pbcast
+from .q40_x8_kernels import iadd_splat, pbcast, permute_rows_q4
 from .rowgroups import prefetch_bytes
 from .simd import _is_bytes, _ptr, vfma_strict, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
@@ -244,12 +244,7 @@ def _prepare(x, nb, off):
     xp = np.empty((M, nb * 32), np.int16)
     cor = np.empty((M, nb), np.int32)
     for m in range(M):
-        for b in range(nb):
-            t = 0
-            for p in range(32):
-                xp[m, b * 32 + p] = xq[m, b * 32 + _src_q4(p)]
-                t += np.int32(xq[m, b * 32 + p])
-            cor[m, b] = off * t
+        permute_rows_q4(xq, xp, cor, m, nb, off)
     return xp, xd, xs, cor, ok
 
 
@@ -359,12 +354,7 @@ def _prepare_rows(x, nb, off):
     ok = np.empty(M, np.bool_)
     for m in prange(M):
         ok[m] = quantize_rows_q16(x[m : m + 1], xq[m : m + 1], xd[m : m + 1], xs[m : m + 1])[0]
-        for b in range(nb):
-            t = 0
-            for p in range(32):
-                xp[m, b * 32 + p] = xq[m, b * 32 + _src_q4(p)]
-                t += np.int32(xq[m, b * 32 + p])
-            cor[m, b] = off * t
+        permute_rows_q4(xq, xp, cor, m, nb, off)
     return xp, xd, xs, cor, ok
 
 

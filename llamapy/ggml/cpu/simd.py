@@ -11,7 +11,8 @@ two 128-bit halves on SSE or NEON. Loads are unaligned; index arguments are elem
 C-contiguous arrays and are not bounds-checked (the kernels keep them in bounds).
 
 Also scalar helpers: ``prefetch`` (a cache-line hint), ``bitcast_f32`` (int bits -> float32, so that
-bit tricks vectorize), ``u16at`` (an unaligned 16-bit load).
+bit tricks vectorize), ``absmax_bits32`` (a block's largest magnitude as bits), ``rint_small`` (``np.rint`` of small values without a libm call), ``u16at`` (an
+unaligned 16-bit load).
 
 ``vh8`` takes 8 half-float bit patterns (a ``uint16`` array) and returns them as floats: LLVM's
 ``fpext`` from ``<8 x half>``, one ``vcvtph2ps`` where the target has F16C.
@@ -26,13 +27,18 @@ from __future__ import annotations
 from ... import _numba  # noqa: F401  (first: it sets NUMBA_CACHE_DIR before Numba is imported)
 
 # isort: split
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
+from ..._numba import njit
+
 __all__ = [
+    "absmax_bits32",
     "bitcast_f32",
+    "rint_small",
     "prefetch",
     "prefetch_l1",
     "f32x8",
@@ -304,6 +310,50 @@ def bitcast_f32(typingctx, v):  # type: ignore[no-untyped-def]
         return builder.bitcast(x, ir.FloatType())
 
     return types.float32(v), codegen
+
+
+@intrinsic
+def absmax_bits32(typingctx, arr, idx):  # type: ignore[no-untyped-def]
+    """The largest ``bits & 0x7FFFFFFF`` over the 32 int32 at ``idx`` of ``arr``: for float bits, the
+    largest magnitude's bits (they order as the magnitudes do; inf's and NaN's above every finite one).
+    Four loads, ands and unsigned maxes of 8 lanes and a 3-step horizontal max: LLVM leaves the same
+    reduction written as a loop as 31 scalar steps."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int32 and isinstance(idx, types.Integer)):
+        return None
+
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        i32 = ir.IntType(32)
+        vt = ir.VectorType(i32, 8)
+        p = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], vt)
+        mask = ir.Constant(vt, [0x7FFFFFFF] * 8)
+
+        def umax(a, b):  # type: ignore[no-untyped-def]
+            return builder.select(builder.icmp_unsigned(">", a, b), a, b)
+
+        acc = None
+        for k in range(4):
+            v = builder.and_(builder.load(builder.gep(p, [ir.Constant(ir.IntType(64), k)]), align=4), mask)
+            acc = v if acc is None else umax(acc, v)
+        for half in (4, 2, 1):
+            hi = builder.shuffle_vector(
+                acc, ir.Constant(vt, None), ir.Constant(vt, [(i + half) % 8 for i in range(8)])
+            )
+            acc = umax(acc, hi)
+        return builder.extract_element(acc, ir.Constant(i32, 0))
+
+    return types.int32(arr, idx), cg
+
+
+#: 1.5 * 2^23: a float32 of magnitude below 2^22 plus this lands where the float32 spacing is 1
+_RINT_MAGIC = np.float32(12582912.0)
+
+
+@njit(inline="always")
+def rint_small(v):  # type: ignore[no-untyped-def]
+    """``np.rint(v)`` (round half to even) of a float32 ``v`` of magnitude below 2^22, as ggml's
+    ``nearest_int``: ``v + 1.5 * 2^23`` rounds to an integer, minus it is exact. Two float adds that
+    LLVM vectorizes, where Numba compiles ``np.rint`` to a call of libm's ``rintf`` per element."""
+    return (v + _RINT_MAGIC) - _RINT_MAGIC
 
 
 #: LLVM's locality of the weight prefetches: 2 is ``prefetcht1`` (into L2). Into L1 (3, ``prefetcht0``)
