@@ -71,3 +71,35 @@ def test_small_or_unmapped_weights_are_one_call() -> None:
     seen: list[tuple[int, int]] = []
     repack.copy_rows(A, 144, lambda a, r: seen.append((a.shape[0], r.shape[0])))
     assert seen == [(16, 2)]
+
+
+def test_small_copies_share_a_huge_page_arena() -> None:
+    """Copies up to ARENA_MAX come from one 2 MiB-aligned chunk (huge pages need an aligned 2 MiB of one
+    mapping), 64-byte aligned and disjoint; larger ones get their own mapping; a chunk is freed once no
+    copy in it is left."""
+    import gc
+    import weakref
+
+    gc.collect()
+    repack._arena[:] = [None, 0, 0]
+    sizes = [1000, 70_000, 3, 202_752, 1 << 20]
+    parts = [repack.anonymous(n) for n in sizes]
+    first = parts[0].ctypes.data
+    assert first % (2 << 20) == 0
+    spans = sorted((p.ctypes.data, p.ctypes.data + p.size) for p in parts)
+    assert all(a % 64 == 0 for a, _ in spans)
+    assert all(e <= s for (_, e), (s, _) in zip(spans, spans[1:], strict=False))  # disjoint
+    assert spans[-1][1] - first <= repack.ARENA_CHUNK  # one chunk
+    for i, p in enumerate(parts):
+        p[:] = i + 1
+    assert [int(p[0]) for p in parts] == [1, 2, 3, 4, 5] and [int(p[-1]) for p in parts] == [1, 2, 3, 4, 5]
+    big = repack.anonymous(repack.ARENA_MAX + 1)
+    assert not (first <= big.ctypes.data < first + repack.ARENA_CHUNK)
+    full = [repack.anonymous(repack.ARENA_MAX) for _ in range(repack.ARENA_CHUNK // repack.ARENA_MAX + 1)]
+    assert full[-1].ctypes.data % (2 << 20) == 0  # the first chunk full: a new one
+    chunk = repack._arena[0]
+    assert chunk is not None and chunk() is not None
+    ref = weakref.ref(chunk())
+    del parts, full, big, chunk
+    gc.collect()
+    assert ref() is None
