@@ -75,8 +75,8 @@ def test_small_or_unmapped_weights_are_one_call() -> None:
 
 def test_small_copies_share_a_huge_page_arena() -> None:
     """Copies up to ARENA_MAX come from one 2 MiB-aligned chunk (huge pages need an aligned 2 MiB of one
-    mapping), 64-byte aligned and disjoint; larger ones get their own mapping; a chunk is freed once no
-    copy in it is left."""
+    mapping), 64-byte aligned and disjoint; larger ones get their own mapping, 2 MiB-aligned too; a chunk
+    is freed once no copy in it is left."""
     import gc
     import weakref
 
@@ -95,6 +95,7 @@ def test_small_copies_share_a_huge_page_arena() -> None:
     assert [int(p[0]) for p in parts] == [1, 2, 3, 4, 5] and [int(p[-1]) for p in parts] == [1, 2, 3, 4, 5]
     big = repack.anonymous(repack.ARENA_MAX + 1)
     assert not (first <= big.ctypes.data < first + repack.ARENA_CHUNK)
+    assert big.ctypes.data % (2 << 20) == 0  # its own mapping, starting on a huge page too
     full = [repack.anonymous(repack.ARENA_MAX) for _ in range(repack.ARENA_CHUNK // repack.ARENA_MAX + 1)]
     assert full[-1].ctypes.data % (2 << 20) == 0  # the first chunk full: a new one
     chunk = repack._arena[0]

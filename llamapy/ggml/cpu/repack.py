@@ -139,13 +139,14 @@ def anonymous(nbytes: int) -> np.ndarray:
         a = _arena_take(nbytes)
         if a is not None:
             return a
-    private = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-    m = _huge_mapping(nbytes) if private else None
-    if m is None:
-        try:
-            m = mmap.mmap(-1, max(nbytes, 1))
-        except OSError:
-            return np.empty(nbytes, np.uint8)
+    m = _huge_mapping(nbytes + _HUGE)  # starting on a 2 MiB boundary: all of it in huge pages, not the middle
+    if m is not None:
+        addr = np.frombuffer(m, np.uint8, count=1).ctypes.data
+        return np.frombuffer(m, np.uint8, count=nbytes, offset=(-addr) % _HUGE)
+    try:
+        m = mmap.mmap(-1, max(nbytes, 1))
+    except OSError:
+        return np.empty(nbytes, np.uint8)
     return np.frombuffer(m, np.uint8, count=nbytes)
 
 
