@@ -203,18 +203,17 @@ def quantize_rows_q16(x, xq, xd, xs):
 
     The block's largest magnitude is an integer max over the float bits without the sign
     (``absmax_bits32``: they order as the magnitudes do; inf's and NaN's are above every finite one),
-    8 lanes at a time, where a float max with a branch per element stays scalar; the rounding (``rint_small``: ``np.rint`` was a
-    libm call per element) and the sum vectorize too. The bytes are the former loop's (checked over
-    random, zero, subnormal, inf and NaN blocks)."""
+    8 lanes at a time, where a float max with a branch per element stayed scalar; the rounding
+    (``rint_small``: ``np.rint`` was a libm call per element) and the sum vectorize too, with unsigned
+    indices (a signed index's wraparound test per element kept LLVM from vectorizing). The bytes are
+    the former loop's (checked over random, zero, subnormal, tie, inf and NaN blocks)."""
     M = x.shape[0]
     ok = np.ones(M, np.bool_)
     for m in range(M):
         xr, qr = x[m], xq[m]
         xb = xr.view(np.int32)
         for b in range(xd.shape[1]):  # the weight's blocks (x has at least as many elements)
-            x0 = np.uint64(
-                32 * b
-            )  # unsigned indices: no wraparound test per element (it kept LLVM from vectorizing)
+            x0 = np.uint64(32 * b)
             abits = absmax_bits32(xb, x0)
             if abits >= 0x7F800000:  # an inf or a NaN
                 ok[m] = False

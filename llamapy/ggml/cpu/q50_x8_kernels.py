@@ -231,7 +231,7 @@ def _blk_q5_1(acc, w, t, xpm, x0, d, xsum, cor):
 
 
 # -- the loop (``q40_x8_kernels._mm_x8`` / ``_prepare`` with the offset -16: copied, not shared, while
-# that module changes) ---------------------------------------------------------------------------------
+# that module changes; the blocks' permutation is shared: ``permute_rows_q4``) ------------------------------
 @njit(inline="always")
 def _prepare(x, nb, off):
     """(permuted 16-bit activations, scales, scales times sums, ``off`` times the integer sums, finite
