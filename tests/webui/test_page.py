@@ -41,7 +41,10 @@ def test_streamed_answer_token_by_token_then_reload(app):
     settle(page, 1)
     lens = [n for n in page.evaluate("window.__lens") if n > 0]
     assert len(set(lens)) >= 3, f"the answer did not arrive in pieces: {lens}"
-    assert lens[0] < max(lens) / 2  # (not monotonic: markdown shortens `**x` to a bold x when it closes)
+    # the first piece seen is not the whole answer (not monotonic: markdown shortens `**x` to a bold x when
+    # it closes). Not "under half": the observer may see two tokens at once, and the tiny model's answer
+    # can be 12 characters (seen: [6, 8, 11, 12] in a CI run)
+    assert lens[0] < max(lens)
     answer = last(page, "assistant").locator(".content").inner_text()
     assert answer.strip()
     stats = last(page, "assistant").locator(".stats").inner_text()
