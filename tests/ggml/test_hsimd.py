@@ -9,14 +9,15 @@ import pytest
 from llamapy._numba import njit
 from llamapy.ggml.cpu.hsimd import Q16_MAX, quantize_rows_q16
 from llamapy.ggml.cpu.q40_x8_kernels import _src_q4, permute_rows_q4
-from llamapy.ggml.cpu.simd import absmax_bits32, rint_small
+from llamapy.ggml.cpu.simd import absmax_bits32
+from llamapy.ggml.quants._rowq import _nearest_int
 
 
 @njit(cache=False)
 def _rint(v):
     out = np.empty_like(v)
     for i in range(v.size):
-        out[i] = rint_small(v[i])
+        out[i] = _nearest_int(v[i])
     return out
 
 
@@ -28,7 +29,7 @@ def _absmax(b):
     return out
 
 
-def test_rint_small_is_rint():
+def test_nearest_int_is_rint():
     rng = np.random.default_rng(0)
     v = np.concatenate(
         [

@@ -28,8 +28,9 @@ from numba import types
 from numba.extending import intrinsic, models, register_model
 
 from ..._numba import njit
+from ..quants._rowq import _nearest_int
 from .isimd import B32, I32x8, _maddubs, _maddwd
-from .simd import _is_bytes, _ptr, absmax_bits32, bitcast_f32, rint_small
+from .simd import _is_bytes, _ptr, absmax_bits32, bitcast_f32
 
 __all__ = ["H16", "hwiden", "hload", "hnib", "hq5", "hmadd", "imadd_pair", "quantize_rows_q16"]
 
@@ -204,7 +205,8 @@ def quantize_rows_q16(x, xq, xd, xs):
     The block's largest magnitude is an integer max over the float bits without the sign
     (``absmax_bits32``: they order as the magnitudes do; inf's and NaN's are above every finite one),
     8 lanes at a time, where a float max with a branch per element stayed scalar; the rounding
-    (``rint_small``: ``np.rint`` was a libm call per element) and the sum vectorize too, with unsigned
+    (ggml's ``nearest_int``, ``quants._rowq._nearest_int``: the same integers as ``np.rint``, which
+    was a libm call per element) and the sum vectorize too, with unsigned
     indices (a signed index's wraparound test per element kept LLVM from vectorizing). The bytes are
     the former loop's (checked over random, zero, subnormal, tie, inf and NaN blocks)."""
     M = x.shape[0]
@@ -230,7 +232,7 @@ def quantize_rows_q16(x, xq, xd, xs):
                 xd[m, b] = d
                 t = np.int32(0)
                 for j in range(np.uint64(32)):
-                    q = np.int32(rint_small(xr[x0 + j] * inv))
+                    q = _nearest_int(xr[x0 + j] * inv)
                     qr[x0 + j] = np.int16(q)
                     t += q
                 xs[m, b] = d * np.float32(t)

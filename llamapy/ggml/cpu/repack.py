@@ -104,8 +104,7 @@ def _arena_take(nbytes: int) -> np.ndarray | None:
             m = _huge_mapping(ARENA_CHUNK + _HUGE)
             if m is None:
                 return None
-            addr = np.frombuffer(m, np.uint8, count=1).ctypes.data
-            start, off = (-addr) % _HUGE, 0
+            start, off = _huge_start(m), 0
         _arena[:] = [weakref.ref(m), start, off + nbytes]
         return np.frombuffer(m, np.uint8, count=nbytes, offset=start + off)
 
@@ -128,6 +127,11 @@ def _huge_mapping(nbytes: int) -> mmap.mmap | None:
     return m
 
 
+def _huge_start(m: mmap.mmap) -> int:
+    """The offset of the first 2 MiB boundary in the mapping ``m``."""
+    return (-np.frombuffer(m, np.uint8, count=1).ctypes.data) % _HUGE
+
+
 def anonymous(nbytes: int) -> np.ndarray:
     """``nbytes`` of fresh memory, in transparent huge pages where the kernel gives them (up to
     ``ARENA_MAX`` bytes from a shared chunk: ``_arena_take``): on this KVM
@@ -141,8 +145,7 @@ def anonymous(nbytes: int) -> np.ndarray:
             return a
     m = _huge_mapping(nbytes + _HUGE)  # starting on a 2 MiB boundary: all of it in huge pages, not the middle
     if m is not None:
-        addr = np.frombuffer(m, np.uint8, count=1).ctypes.data
-        return np.frombuffer(m, np.uint8, count=nbytes, offset=(-addr) % _HUGE)
+        return np.frombuffer(m, np.uint8, count=nbytes, offset=_huge_start(m))
     try:
         m = mmap.mmap(-1, max(nbytes, 1))
     except OSError:

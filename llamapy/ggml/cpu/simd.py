@@ -11,7 +11,7 @@ two 128-bit halves on SSE or NEON. Loads are unaligned; index arguments are elem
 C-contiguous arrays and are not bounds-checked (the kernels keep them in bounds).
 
 Also scalar helpers: ``prefetch`` (a cache-line hint), ``bitcast_f32`` (int bits -> float32, so that
-bit tricks vectorize), ``absmax_bits32`` (a block's largest magnitude as bits), ``rint_small`` (``np.rint`` of small values without a libm call), ``u16at`` (an
+bit tricks vectorize), ``absmax_bits32`` (a block's largest magnitude as bits), ``u16at`` (an
 unaligned 16-bit load).
 
 ``vh8`` takes 8 half-float bit patterns (a ``uint16`` array) and returns them as floats: LLVM's
@@ -27,18 +27,14 @@ from __future__ import annotations
 from ... import _numba  # noqa: F401  (first: it sets NUMBA_CACHE_DIR before Numba is imported)
 
 # isort: split
-import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from ..._numba import njit
-
 __all__ = [
     "absmax_bits32",
     "bitcast_f32",
-    "rint_small",
     "prefetch",
     "prefetch_l1",
     "f32x8",
@@ -342,18 +338,6 @@ def absmax_bits32(typingctx, arr, idx):  # type: ignore[no-untyped-def]
         return builder.extract_element(acc, ir.Constant(i32, 0))
 
     return types.int32(arr, idx), cg
-
-
-#: 1.5 * 2^23: a float32 of magnitude below 2^22 plus this lands where the float32 spacing is 1
-_RINT_MAGIC = np.float32(12582912.0)
-
-
-@njit(inline="always")
-def rint_small(v):  # type: ignore[no-untyped-def]
-    """``np.rint(v)`` (round half to even) of a float32 ``v`` of magnitude below 2^22, as ggml's
-    ``nearest_int``: ``v + 1.5 * 2^23`` rounds to an integer, minus it is exact. Two float adds that
-    LLVM vectorizes, where Numba compiles ``np.rint`` to a call of libm's ``rintf`` per element."""
-    return (v + _RINT_MAGIC) - _RINT_MAGIC
 
 
 #: LLVM's locality of the weight prefetches: 2 is ``prefetcht1`` (into L2). Into L1 (3, ``prefetcht0``)

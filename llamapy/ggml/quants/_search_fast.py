@@ -11,7 +11,7 @@ import numpy as np
 
 from ..._numba import njit
 from ._rowk import _qkx_lanes
-from ._rowq import GROUP_MAX_EPS, _qx_lanes
+from ._rowq import GROUP_MAX_EPS, _nearest_int, _qx_lanes
 
 F = np.float32
 LANES = 16
@@ -65,11 +65,6 @@ def qx_lanes_kernel(x, w, nmax, scale_out, L):  # noqa: ANN001
             for i in range(n):
                 li = max(-nmax, min(nmax - 1, _nearest_int(bisc[g] * xt[i, g])))
                 L[c0 + g, i] = 0 if z else li + nmax
-
-
-@njit(cache=True, inline="always")
-def _nearest_int(v):  # ggml's nearest_int: the float32 add-magic trick (round half to even)
-    return np.int32(v + F(12582912.0)) - 12582912
 
 
 @njit(cache=True, nogil=True)
