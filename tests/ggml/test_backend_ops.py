@@ -113,8 +113,12 @@ def test_mul_mat_views_and_batches():
     check(outs, feeds)
 
 
-@pytest.mark.parametrize("t", [T.Q4_K, T.Q8_0, T.Q6_K, T.F16, T.F32, T.Q3_K], ids=lambda t: t.name)
-def test_get_rows(t):
+@pytest.mark.parametrize(
+    "t",
+    [T.Q4_K, T.Q8_0, T.Q6_K, T.F16, T.F32, T.Q3_K, T.Q4_0, T.IQ4_NL, T.MXFP4, T.IQ3_S],
+    ids=lambda t: t.name,
+)
+def test_get_rows(t):  # the types with a fast dequantize kernel (one step) and without one (IQ3_S)
     w, _ = make_weight(t, 11, 256)
     ids = ops.new_tensor(T.I32, (4,))
     check(ops.get_rows(w, ids), {ids: np.array([10, 0, 3, 10], np.int32)}, tol=0)
