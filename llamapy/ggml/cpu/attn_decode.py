@@ -12,9 +12,7 @@ are read; a fully masked row gives zeros.
 - ``attn_group_f16x8`` takes over from it for grouped-query attention (``use_group``): all query heads of a kv
   group at once, so each cached row is read and widened once per group; keys in flash sub-blocks, split into
   chunks across threads (Qwen2.5-1.5B shape, 1 thread, 16384 keys: 2.7 vs 6.7 ms per layer; see
-  ``benchmarks/results/depth_decode.md``). ``attn_group_f16x8_serial`` is the same code compiled without the
-  parallel launch (its chunk, set-up and merge are inline functions shared by both): a short context's one
-  chunk runs it on the calling thread (``plan_steps.attn_group_step``).
+  ``benchmarks/results/depth_decode.md``).
 - ``attn_split`` is for fewer query heads than threads: a task is one kv head and one chunk of keys; it
   converts each unmasked row once for all ``g`` query heads of the group, keeping a running max, sum and
   weighted value sum per head, and the chunks are merged at the end with the usual rescaling.
@@ -388,7 +386,7 @@ def _group_chunk(ci, q, k, v, mask, has_mask, scale, cap, slopes, Hkv, D, n_chun
     T, H, _ = q.shape
     KV = k.shape[0] // (Hkv * D)
     g = H // Hkv
-    R = T * g  # query rows of a task: (t, head of the group)
+    R = T * g
     row = Hkv * D
     ninf = np.float32(-np.inf)
     csz = (KV + n_chunks - 1) // n_chunks
