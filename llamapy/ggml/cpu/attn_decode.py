@@ -32,7 +32,6 @@ from .vmath import fexp, ftanh
 
 __all__ = [
     "attn_group_f16x8",
-    "attn_group_f16x8_serial",
     "attn_heads",
     "attn_heads_f16x8",
     "attn_split",
@@ -379,178 +378,21 @@ def _widen_block(src, kb, j, kh, row, D, KV):
             vstore(kb, c * D + i, vh8(src, o + i))
 
 
-@njit(inline="always", fastmath=FAST_KEEP_INF, error_model="numpy")
-def _group_chunk(ci, q, k, v, mask, has_mask, scale, cap, slopes, Hkv, D, n_chunks, pm, ps, pa, qall):
-    """Chunk ``ci`` of ``attn_group_f16x8``'s keys: its sub-blocks into the chunk's running max ``pm``, sum
-    ``ps`` and weighted values ``pa`` (written once, inlined into both entry points: the same bits)."""
+@njit(parallel=True, cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
+def attn_group_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n_chunks):
+    """Arguments as ``attn_heads_f16x8`` plus ``n_chunks`` (``group_chunks``): a task is one chunk of keys; in
+    each sub-block of it, each kv head in turn with all ``g`` query heads of its group (and all ``T`` rows) at once, so each cached K/V
+    row is read and widened once per group instead of once per query head (grouped-query attention). Keys
+    go in blocks of ``KB`` rows widened into a float scratch (``KB`` accumulators per query row, one load of
+    ``q`` per block), in sub-blocks of ``SB`` keys with a running max (flash attention); chunks are merged
+    as in ``attn_split``. Masked keys are never read; a fully masked row gives zeros."""
     T, H, _ = q.shape
     KV = k.shape[0] // (Hkv * D)
     g = H // Hkv
-    R = T * g
+    R = T * g  # query rows of a task: (t, head of the group)
     row = Hkv * D
     ninf = np.float32(-np.inf)
     csz = (KV + n_chunks - 1) // n_chunks
-    j0 = ci * csz
-    j1 = min(KV, j0 + csz)
-    s = np.empty(R * SB, np.float32)
-    kb = np.empty(KB * D, np.float32)
-    for b0 in range(j0, j1, SB):
-        nb = min(SB, j1 - b0)
-        # keys from ``nu`` on are masked for every row (a short context's padded view): their dots and
-        # values are never read and their scores are -inf, as the per-key checks below would find,
-        # without those checks (the exp sum still runs over all ``nb``: its order stays the same)
-        nu = _used_end(mask, has_mask, T, b0, nb)
-        for kh in range(Hkv):  # all kv heads of a sub-block in turn: its cache rows are read in order
-            task = kh * n_chunks + ci
-            qs = qall[kh]
-            acc = pa[task]
-            # raw q.k dots; a key no row sees gets 0 (never read) and -inf from its mask below
-            jj = 0
-            while jj < nu:
-                j = b0 + jj
-                if jj + KB <= nu and _all_used(mask, has_mask, T, j, KB):
-                    _widen_block(k, kb, j, kh, row, D, KV)
-                    r = 0
-                    while r + 1 < R:  # two query rows at a time: each widened K vector loaded once for both
-                        a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-                        c0, c1, c2, c3 = vzero(), vzero(), vzero(), vzero()
-                        for i in range(0, D, 8):
-                            qv = vload(qs, r * D + i)
-                            qw = vload(qs, (r + 1) * D + i)
-                            x = vload(kb, i)
-                            a0 = vfma(a0, qv, x)
-                            c0 = vfma(c0, qw, x)
-                            x = vload(kb, D + i)
-                            a1 = vfma(a1, qv, x)
-                            c1 = vfma(c1, qw, x)
-                            x = vload(kb, 2 * D + i)
-                            a2 = vfma(a2, qv, x)
-                            c2 = vfma(c2, qw, x)
-                            x = vload(kb, 3 * D + i)
-                            a3 = vfma(a3, qv, x)
-                            c3 = vfma(c3, qw, x)
-                        vstore_hsum4(s, r * SB + jj, a0, a1, a2, a3)
-                        vstore_hsum4(s, (r + 1) * SB + jj, c0, c1, c2, c3)
-                        r += 2
-                    if r < R:
-                        a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-                        for i in range(0, D, 8):
-                            qv = vload(qs, r * D + i)
-                            a0 = vfma(a0, qv, vload(kb, i))
-                            a1 = vfma(a1, qv, vload(kb, D + i))
-                            a2 = vfma(a2, qv, vload(kb, 2 * D + i))
-                            a3 = vfma(a3, qv, vload(kb, 3 * D + i))
-                        vstore_hsum4(s, r * SB + jj, a0, a1, a2, a3)
-                    jj += KB
-                    continue
-                if _all_used(mask, has_mask, T, j, 1):
-                    ko = j * row + kh * D
-                    for i in range(0, D, 8):
-                        vstore(kb, i, vh8(k, ko + i))
-                    for r in range(R):
-                        a0 = vzero()
-                        for i in range(0, D, 8):
-                            a0 = vfma(a0, vload(qs, r * D + i), vload(kb, i))
-                        s[r * SB + jj] = vhsum(a0)
-                else:
-                    for r in range(R):
-                        s[r * SB + jj] = _F0
-                jj += 1
-            # scores, the running max, exp(score - max) in place, and the accumulators rescaled
-            for r in range(R):
-                t = r // g
-                h = kh * g + r % g
-                mx = ninf
-                for jj in range(nu, nb):
-                    s[r * SB + jj] = ninf
-                for jj in range(nu):
-                    m = mask[t, b0 + jj] if has_mask else _F0
-                    d = _score(s[r * SB + jj], scale, cap, has_mask, slopes[h], m)
-                    if has_mask and m == ninf:
-                        d = ninf
-                    s[r * SB + jj] = d
-                    mx = max(mx, d)
-                old = pm[task, r]
-                new = max(old, mx)
-                if new == ninf:
-                    for jj in range(nb):
-                        s[r * SB + jj] = _F0
-                    continue
-                if new > old and old != ninf:
-                    f = fexp(old - new)
-                    ps[task, r] *= f
-                    vf = vsplat(f)
-                    for i in range(0, D, 8):
-                        vstore(acc, r * D + i, vmul(vload(acc, r * D + i), vf))
-                pm[task, r] = new
-                tot = _F0
-                for jj in range(nb):
-                    d = s[r * SB + jj]
-                    p = _F0 if d == ninf else fexp(d - new)
-                    s[r * SB + jj] = p
-                    tot += p
-                ps[task, r] += tot
-            # weighted values: each V row widened once for the group
-            jj = 0
-            while jj < nu:
-                j = b0 + jj
-                if jj + KB <= nu and _all_used(mask, has_mask, T, j, KB):
-                    _widen_block(v, kb, j, kh, row, D, KV)
-                    r = 0
-                    while r + 1 < R:  # two query rows at a time: each widened V vector loaded once for both
-                        p0 = vsplat(s[r * SB + jj])
-                        p1 = vsplat(s[r * SB + jj + 1])
-                        p2 = vsplat(s[r * SB + jj + 2])
-                        p3 = vsplat(s[r * SB + jj + 3])
-                        w0 = vsplat(s[(r + 1) * SB + jj])
-                        w1 = vsplat(s[(r + 1) * SB + jj + 1])
-                        w2 = vsplat(s[(r + 1) * SB + jj + 2])
-                        w3 = vsplat(s[(r + 1) * SB + jj + 3])
-                        for i in range(0, D, 8):
-                            x = vload(kb, i)
-                            a = vfma(vload(acc, r * D + i), p0, x)
-                            b = vfma(vload(acc, (r + 1) * D + i), w0, x)
-                            x = vload(kb, D + i)
-                            a = vfma(a, p1, x)
-                            b = vfma(b, w1, x)
-                            x = vload(kb, 2 * D + i)
-                            a = vfma(a, p2, x)
-                            b = vfma(b, w2, x)
-                            x = vload(kb, 3 * D + i)
-                            vstore(acc, r * D + i, vfma(a, p3, x))
-                            vstore(acc, (r + 1) * D + i, vfma(b, w3, x))
-                        r += 2
-                    if r < R:
-                        p0 = vsplat(s[r * SB + jj])
-                        p1 = vsplat(s[r * SB + jj + 1])
-                        p2 = vsplat(s[r * SB + jj + 2])
-                        p3 = vsplat(s[r * SB + jj + 3])
-                        for i in range(0, D, 8):
-                            a = vfma(vload(acc, r * D + i), p0, vload(kb, i))
-                            a = vfma(a, p1, vload(kb, D + i))
-                            a = vfma(a, p2, vload(kb, 2 * D + i))
-                            vstore(acc, r * D + i, vfma(a, p3, vload(kb, 3 * D + i)))
-                    jj += KB
-                    continue
-                if _all_used(mask, has_mask, T, j, 1):
-                    vo = j * row + kh * D
-                    for i in range(0, D, 8):
-                        vstore(kb, i, vh8(v, vo + i))
-                    for r in range(R):
-                        p0 = vsplat(s[r * SB + jj])
-                        for i in range(0, D, 8):
-                            vstore(acc, r * D + i, vfma(vload(acc, r * D + i), p0, vload(kb, i)))
-                jj += 1
-
-
-@njit(inline="always", fastmath=FAST_KEEP_INF, error_model="numpy")
-def _group_setup(q, Hkv, D, n_chunks):
-    """The per-chunk state of ``attn_group_f16x8`` (running max, sum, weighted values) and each kv group's
-    query rows side by side."""
-    T, H, _ = q.shape
-    g = H // Hkv
-    R = T * g  # query rows of a task: (t, head of the group)
-    ninf = np.float32(-np.inf)
     n_tasks = Hkv * n_chunks
     pm = np.empty((n_tasks, R), np.float32)  # running max of each chunk
     ps = np.zeros((n_tasks, R), np.float32)  # sum of exp(score - max)
@@ -562,15 +404,163 @@ def _group_setup(q, Hkv, D, n_chunks):
                 for i in range(D):
                     qall[kh, (t * g + hi) * D + i] = q[t, kh * g + hi, i]
     pm[:] = ninf
-    return pm, ps, pa, qall
-
-
-@njit(inline="always", fastmath=FAST_KEEP_INF, error_model="numpy")
-def _group_merge(q, out, Hkv, D, n_chunks, pm, ps, pa):
-    """``attn_group_f16x8``'s chunks merged into ``out`` (serial: a few vector sums per query row)."""
-    T, H, _ = q.shape
-    g = H // Hkv
-    ninf = np.float32(-np.inf)
+    for ci in prange(n_chunks):
+        j0 = ci * csz
+        j1 = min(KV, j0 + csz)
+        s = np.empty(R * SB, np.float32)
+        kb = np.empty(KB * D, np.float32)
+        for b0 in range(j0, j1, SB):
+            nb = min(SB, j1 - b0)
+            # keys from ``nu`` on are masked for every row (a short context's padded view): their dots and
+            # values are never read and their scores are -inf, as the per-key checks below would find,
+            # without those checks (the exp sum still runs over all ``nb``: its order stays the same)
+            nu = _used_end(mask, has_mask, T, b0, nb)
+            for kh in range(Hkv):  # all kv heads of a sub-block in turn: its cache rows are read in order
+                task = kh * n_chunks + ci
+                qs = qall[kh]
+                acc = pa[task]
+                # raw q.k dots; a key no row sees gets 0 (never read) and -inf from its mask below
+                jj = 0
+                while jj < nu:
+                    j = b0 + jj
+                    if jj + KB <= nu and _all_used(mask, has_mask, T, j, KB):
+                        _widen_block(k, kb, j, kh, row, D, KV)
+                        r = 0
+                        while (
+                            r + 1 < R
+                        ):  # two query rows at a time: each widened K vector loaded once for both
+                            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+                            c0, c1, c2, c3 = vzero(), vzero(), vzero(), vzero()
+                            for i in range(0, D, 8):
+                                qv = vload(qs, r * D + i)
+                                qw = vload(qs, (r + 1) * D + i)
+                                x = vload(kb, i)
+                                a0 = vfma(a0, qv, x)
+                                c0 = vfma(c0, qw, x)
+                                x = vload(kb, D + i)
+                                a1 = vfma(a1, qv, x)
+                                c1 = vfma(c1, qw, x)
+                                x = vload(kb, 2 * D + i)
+                                a2 = vfma(a2, qv, x)
+                                c2 = vfma(c2, qw, x)
+                                x = vload(kb, 3 * D + i)
+                                a3 = vfma(a3, qv, x)
+                                c3 = vfma(c3, qw, x)
+                            vstore_hsum4(s, r * SB + jj, a0, a1, a2, a3)
+                            vstore_hsum4(s, (r + 1) * SB + jj, c0, c1, c2, c3)
+                            r += 2
+                        if r < R:
+                            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+                            for i in range(0, D, 8):
+                                qv = vload(qs, r * D + i)
+                                a0 = vfma(a0, qv, vload(kb, i))
+                                a1 = vfma(a1, qv, vload(kb, D + i))
+                                a2 = vfma(a2, qv, vload(kb, 2 * D + i))
+                                a3 = vfma(a3, qv, vload(kb, 3 * D + i))
+                            vstore_hsum4(s, r * SB + jj, a0, a1, a2, a3)
+                        jj += KB
+                        continue
+                    if _all_used(mask, has_mask, T, j, 1):
+                        ko = j * row + kh * D
+                        for i in range(0, D, 8):
+                            vstore(kb, i, vh8(k, ko + i))
+                        for r in range(R):
+                            a0 = vzero()
+                            for i in range(0, D, 8):
+                                a0 = vfma(a0, vload(qs, r * D + i), vload(kb, i))
+                            s[r * SB + jj] = vhsum(a0)
+                    else:
+                        for r in range(R):
+                            s[r * SB + jj] = _F0
+                    jj += 1
+                # scores, the running max, exp(score - max) in place, and the accumulators rescaled
+                for r in range(R):
+                    t = r // g
+                    h = kh * g + r % g
+                    mx = ninf
+                    for jj in range(nu, nb):
+                        s[r * SB + jj] = ninf
+                    for jj in range(nu):
+                        m = mask[t, b0 + jj] if has_mask else _F0
+                        d = _score(s[r * SB + jj], scale, cap, has_mask, slopes[h], m)
+                        if has_mask and m == ninf:
+                            d = ninf
+                        s[r * SB + jj] = d
+                        mx = max(mx, d)
+                    old = pm[task, r]
+                    new = max(old, mx)
+                    if new == ninf:
+                        for jj in range(nb):
+                            s[r * SB + jj] = _F0
+                        continue
+                    if new > old and old != ninf:
+                        f = fexp(old - new)
+                        ps[task, r] *= f
+                        vf = vsplat(f)
+                        for i in range(0, D, 8):
+                            vstore(acc, r * D + i, vmul(vload(acc, r * D + i), vf))
+                    pm[task, r] = new
+                    tot = _F0
+                    for jj in range(nb):
+                        d = s[r * SB + jj]
+                        p = _F0 if d == ninf else fexp(d - new)
+                        s[r * SB + jj] = p
+                        tot += p
+                    ps[task, r] += tot
+                # weighted values: each V row widened once for the group
+                jj = 0
+                while jj < nu:
+                    j = b0 + jj
+                    if jj + KB <= nu and _all_used(mask, has_mask, T, j, KB):
+                        _widen_block(v, kb, j, kh, row, D, KV)
+                        r = 0
+                        while (
+                            r + 1 < R
+                        ):  # two query rows at a time: each widened V vector loaded once for both
+                            p0 = vsplat(s[r * SB + jj])
+                            p1 = vsplat(s[r * SB + jj + 1])
+                            p2 = vsplat(s[r * SB + jj + 2])
+                            p3 = vsplat(s[r * SB + jj + 3])
+                            w0 = vsplat(s[(r + 1) * SB + jj])
+                            w1 = vsplat(s[(r + 1) * SB + jj + 1])
+                            w2 = vsplat(s[(r + 1) * SB + jj + 2])
+                            w3 = vsplat(s[(r + 1) * SB + jj + 3])
+                            for i in range(0, D, 8):
+                                x = vload(kb, i)
+                                a = vfma(vload(acc, r * D + i), p0, x)
+                                b = vfma(vload(acc, (r + 1) * D + i), w0, x)
+                                x = vload(kb, D + i)
+                                a = vfma(a, p1, x)
+                                b = vfma(b, w1, x)
+                                x = vload(kb, 2 * D + i)
+                                a = vfma(a, p2, x)
+                                b = vfma(b, w2, x)
+                                x = vload(kb, 3 * D + i)
+                                vstore(acc, r * D + i, vfma(a, p3, x))
+                                vstore(acc, (r + 1) * D + i, vfma(b, w3, x))
+                            r += 2
+                        if r < R:
+                            p0 = vsplat(s[r * SB + jj])
+                            p1 = vsplat(s[r * SB + jj + 1])
+                            p2 = vsplat(s[r * SB + jj + 2])
+                            p3 = vsplat(s[r * SB + jj + 3])
+                            for i in range(0, D, 8):
+                                a = vfma(vload(acc, r * D + i), p0, vload(kb, i))
+                                a = vfma(a, p1, vload(kb, D + i))
+                                a = vfma(a, p2, vload(kb, 2 * D + i))
+                                vstore(acc, r * D + i, vfma(a, p3, vload(kb, 3 * D + i)))
+                        jj += KB
+                        continue
+                    if _all_used(mask, has_mask, T, j, 1):
+                        vo = j * row + kh * D
+                        for i in range(0, D, 8):
+                            vstore(kb, i, vh8(v, vo + i))
+                        for r in range(R):
+                            p0 = vsplat(s[r * SB + jj])
+                            for i in range(0, D, 8):
+                                vstore(acc, r * D + i, vfma(vload(acc, r * D + i), p0, vload(kb, i)))
+                    jj += 1
+    # merge the chunks (serial: a few vector sums per query row)
     for h in range(H):
         kh = h // g
         hi = h % g
@@ -596,29 +586,3 @@ def _group_merge(q, out, Hkv, D, n_chunks, pm, ps, pa):
             inv = _F1 / tot
             for i in range(D):
                 out[t, h, i] *= inv
-
-
-@njit(parallel=True, cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
-def attn_group_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n_chunks):
-    """Arguments as ``attn_heads_f16x8`` plus ``n_chunks`` (``group_chunks``): a task is one chunk of keys; in
-    each sub-block of it, each kv head in turn with all ``g`` query heads of its group (and all ``T`` rows) at once, so each cached K/V
-    row is read and widened once per group instead of once per query head (grouped-query attention). Keys
-    go in blocks of ``KB`` rows widened into a float scratch (``KB`` accumulators per query row, one load of
-    ``q`` per block), in sub-blocks of ``SB`` keys with a running max (flash attention); chunks are merged
-    as in ``attn_split``. Masked keys are never read; a fully masked row gives zeros."""
-    pm, ps, pa, qall = _group_setup(q, Hkv, D, n_chunks)
-    for ci in prange(n_chunks):
-        _group_chunk(ci, q, k, v, mask, has_mask, scale, cap, slopes, Hkv, D, n_chunks, pm, ps, pa, qall)
-    _group_merge(q, out, Hkv, D, n_chunks, pm, ps, pa)
-
-
-@njit(cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
-def attn_group_f16x8_serial(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n_chunks):
-    """``attn_group_f16x8`` on the calling thread alone, the same code (so the same bits): a short context's
-    one chunk (``plan_steps.attn_group_step``), where a parallel launch cost ~4-5 us more than the work of a
-    few dozen keys (2-core VM, one thread, 9 heads of 64 on 3 kv heads: 6.9 -> 2.9 us at 1 key, 10.7 -> 6.7
-    at 48)."""
-    pm, ps, pa, qall = _group_setup(q, Hkv, D, n_chunks)
-    for ci in range(n_chunks):
-        _group_chunk(ci, q, k, v, mask, has_mask, scale, cap, slopes, Hkv, D, n_chunks, pm, ps, pa, qall)
-    _group_merge(q, out, Hkv, D, n_chunks, pm, ps, pa)
