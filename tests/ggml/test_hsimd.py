@@ -14,7 +14,7 @@ from llamapy.ggml.quants._rowq import _nearest_int
 
 
 @njit(cache=False)
-def _rint(v):
+def _nearest_ints(v):
     out = np.empty_like(v)
     for i in range(v.size):
         out[i] = _nearest_int(v[i])
@@ -38,7 +38,7 @@ def test_nearest_int_is_rint():
             np.float32([0.0, -0.0, 0.49999997, -0.49999997, 2.0**22 - 0.5, -(2.0**22) + 0.5, 1e-30]),
         ]
     )
-    assert np.array_equal(_rint(v), np.rint(v))
+    assert np.array_equal(_nearest_ints(v), np.rint(v))
 
 
 def test_absmax_bits32():

@@ -13,6 +13,7 @@ from llamapy.ggml.quants import (
     dequantize_rows_into,
     get_quant,
     has_fast_dequantize,
+    rows_dequantizer,
 )
 from llamapy.ggml.types import TRAITS, GGMLType
 from llamapy.gguf import GGUFReader
@@ -74,6 +75,42 @@ def test_rows_into_matches_dequantize(t: GGMLType):
         out = np.full((5, 3 * tr.block_size), np.nan, dtype=np.float32)
         assert dequantize_rows_into(raw, t, out) is out
     assert same_bits(out, ref)
+
+
+@pytest.mark.parametrize("t", BLOCK_TYPES, ids=lambda t: t.name)
+def test_rows_dequantizer_is_rows_into(t: GGMLType):
+    """The prepared function gives dequantize_rows_into's bytes, call after call into the same ``out``
+    (the Numba kernel where the type has one, the NumPy codec otherwise)."""
+    rng = np.random.default_rng(200 + int(t))
+    tr = TRAITS[t]
+    out = np.full((4, 2 * tr.block_size), np.nan, dtype=np.float32)
+    deq = rows_dequantizer(t, 4, 2 * tr.type_size, out)
+    for _ in range(2):
+        raw = rng.integers(0, 256, size=(4, 2 * tr.type_size), dtype=np.uint8)
+        with np.errstate(all="ignore"):
+            ref = dequantize_rows_into(raw, t, np.empty_like(out))
+            assert deq(raw) is out
+        assert same_bits(out, ref)
+
+
+def test_rows_dequantizer_checks_once_when_made():
+    out = np.zeros((2, 32), np.float32)
+    with pytest.raises(QuantError, match="not a whole number of 18-byte blocks"):
+        rows_dequantizer(GGMLType.Q4_0, 2, 19, out)
+    with pytest.raises(QuantError, match=r"out must be float32\[3, 32\]"):
+        rows_dequantizer(GGMLType.Q4_0, 3, 18, out)
+    with pytest.raises(QuantError, match=r"out must be float32\[2, 64\]"):
+        rows_dequantizer(GGMLType.Q4_0, 2, 36, out)
+    with pytest.raises(QuantError, match="out must be float32"):
+        rows_dequantizer(GGMLType.Q4_0, 2, 18, out.astype(np.float64))
+    out.flags.writeable = False
+    with pytest.raises(QuantError, match="read-only"):
+        rows_dequantizer(GGMLType.Q4_0, 2, 18, out)
+    with pytest.raises(QuantError, match="unknown ggml type"):
+        rows_dequantizer(4, 2, 18, np.zeros((2, 32), np.float32))
+    assert rows_dequantizer(GGMLType.Q4_K, 0, 144, np.zeros((0, 256), np.float32))(
+        np.zeros((0, 144), np.uint8)
+    ).shape == (0, 256)
 
 
 def test_q8_1_layout_is_llama_cpp():

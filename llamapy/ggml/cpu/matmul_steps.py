@@ -350,32 +350,21 @@ def _get_rows(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         return ComputeError(f"get_rows {nm!r}: row id {int(ids[i])} (at {i}) not in 0..{n - 1}")
 
     if TRAITS[a.type].quantized:
-        from ..quants import dequantize_rows_into
-        from ..quants.fast import KERNELS
+        from ..quants import dequantize_rows_into, rows_dequantizer
 
-        tr = TRAITS[a.type]
-        kern = KERNELS.get(a.type)
-        n_out = A.shape[1] // tr.type_size * tr.block_size if A.ndim == 2 else -1
-        if (
-            kern is not None
-            and ids.ndim == 1
-            and A.ndim == 2
-            and A.shape[1] % tr.type_size == 0
-            and out.dtype == np.float32
-            and out.shape == (len(ids), n_out)
-            and out.flags.c_contiguous
-            and out.flags.writeable
-        ):
-            # what dequantize_rows_into would check, checked once here: a decode token's one row in a
-            # few microseconds instead of its ~60 us of cold Python validation (the mat-vecs before it
-            # have flushed the caches; the tied embedding's row is one of them)
-            def step_direct() -> None:
+        if ids.ndim == 1 and A.ndim == 2:
+            # checked once, when the step is built: a decode token's one row in a few microseconds
+            # instead of ~60 us of cold Python validation a call (the mat-vecs before it have flushed
+            # the caches; the tied embedding's row is one of them)
+            deq = rows_dequantizer(a.type, len(ids), A.shape[1], out)
+
+            def step_rows() -> None:
                 i = check(ids, n)
                 if i >= 0:
                     raise bad(i)
-                kern(A[ids], out)
+                deq(A[ids])
 
-            return step_direct
+            return step_rows
 
         def step_q() -> None:
             i = check(ids, n)

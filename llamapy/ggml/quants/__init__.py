@@ -22,6 +22,7 @@ in llama.cpp); the integer types are not.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -36,6 +37,7 @@ __all__ = [
     "dequantize",
     "dequantize_numpy",
     "dequantize_rows_into",
+    "rows_dequantizer",
     "get_quant",
     "has_fast_dequantize",
     "quantize",
@@ -208,27 +210,53 @@ def dequantize_rows_into(raw2d: np.ndarray, t: GGMLType | int, out: np.ndarray) 
     there is one, else the NumPy codec.
     """
     gt = _type(t)
-    tr = TRAITS[gt]
     raw2d = _as_bytes(raw2d, gt, "dequantize_rows_into")
     if raw2d.ndim != 2:
         raise QuantError(
             f"dequantize_rows_into {gt.name}: raw must be 2-D [rows, row_bytes], got {raw2d.shape}"
         )
-    n = _block_count(raw2d.shape[1], gt, "dequantize_rows_into") * tr.block_size
-    if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != (raw2d.shape[0], n):
+    deq = _rows_dequantizer(gt, raw2d.shape[0], raw2d.shape[1], out, "dequantize_rows_into")
+    return deq(np.ascontiguousarray(raw2d))
+
+
+def rows_dequantizer(
+    t: GGMLType | int, rows: int, row_bytes: int, out: np.ndarray
+) -> Callable[[np.ndarray], np.ndarray]:
+    """``dequantize_rows_into(raw2d, t, out)`` prepared for many calls with the same ``out``: ``t``,
+    ``rows``, ``row_bytes`` and ``out`` are checked here, once (``QuantError`` as
+    ``dequantize_rows_into`` raises); the function returned takes ``raw2d``, C-contiguous
+    ``uint8[rows, row_bytes]`` (not checked again), and returns ``out``. Where ``t`` has a Numba kernel,
+    that kernel's call and nothing else: a decode step's one embedding row costs microseconds, not the
+    ~60 us of cold Python validation it took a call after the mat-vecs had flushed the caches."""
+    return _rows_dequantizer(_type(t), rows, row_bytes, out, "rows_dequantizer")
+
+
+def _rows_dequantizer(
+    gt: GGMLType, rows: int, row_bytes: int, out: np.ndarray, what: str
+) -> Callable[[np.ndarray], np.ndarray]:
+    """The checks of ``dequantize_rows_into``, and the function doing its work on C-contiguous rows."""
+    tr = TRAITS[gt]
+    n = _block_count(row_bytes, gt, what) * tr.block_size
+    ok = isinstance(out, np.ndarray) and out.dtype == np.float32 and out.ndim == 2 and out.shape[1] == n
+    if not ok or out.shape[0] != rows:
         got = f"{out.dtype}{list(out.shape)}" if isinstance(out, np.ndarray) else type(out).__name__
-        raise QuantError(
-            f"dequantize_rows_into {gt.name}: out must be float32[{raw2d.shape[0]}, {n}], got {got}"
-        )
+        raise QuantError(f"{what} {gt.name}: out must be float32[{rows}, {n}], got {got}")
     if not out.flags.writeable:
-        raise QuantError(f"dequantize_rows_into {gt.name}: out is read-only")
-    if raw2d.shape[0] == 0 or n == 0:
-        return out
+        raise QuantError(f"{what} {gt.name}: out is read-only")
     from . import fast
 
     kern = fast.KERNELS.get(gt)
-    if kern is not None and out.strides[1] == 4:
-        kern(np.ascontiguousarray(raw2d), out)
-    else:
-        out[...] = dequantize_numpy(raw2d, gt)
-    return out
+
+    def run_numpy(raw2d: np.ndarray) -> np.ndarray:
+        if rows and n:
+            out[...] = dequantize_numpy(raw2d, gt)
+        return out
+
+    if kern is None or out.strides[1] != 4 or rows == 0 or n == 0:
+        return run_numpy
+
+    def run_kernel(raw2d: np.ndarray) -> np.ndarray:
+        kern(raw2d, out)
+        return out
+
+    return run_kernel
