@@ -153,7 +153,7 @@ def weight_tensor(shape: tuple[int, int], t: T = T.Q4_0) -> Tensor:
 
 
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1])
-@pytest.mark.parametrize("M", [1, 5, 40, 300])
+@pytest.mark.parametrize("M", [1, 5, 40, 300, 513])
 def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(tmp_path, t, M):
     raw, view = mapped_weight(tmp_path, t)
     a = weight_tensor((48, 1536), t)
@@ -172,6 +172,23 @@ def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(tmp_path, t, M):
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     assert q40_x8.mul_mat_step(be, a, view, x, out, None) is not None  # cached: no second repack
     assert q40_x8._cache[a][1] is q40_x8._repacked(a, view, False)
+
+
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1])
+@pytest.mark.parametrize("M", [257, 300, q40_x8.MAX_ROWS])
+def test_chunks_of_rows_give_the_bits_of_one_call(tmp_path, t, M):
+    """Past ``CHUNK_ROWS`` the step calls the kernel once per chunk of rows: the same bits as one call on
+    all of them (a row's result does not depend on the other rows of a call)."""
+    assert q40_x8.CHUNK_ROWS < M <= q40_x8.MAX_ROWS
+    raw, view = mapped_weight(tmp_path, t)
+    a = weight_tensor((48, 1536), t)
+    be = CPUBackend(n_threads=2)
+    x = np.random.default_rng(M).standard_normal((M, 1536)).astype(np.float32)
+    out = np.full((M, 48), np.nan, np.float32)
+    q40_x8.mul_mat_step(be, a, view, x, out, None)()
+    whole = np.full((M, 48), np.nan, np.float32)
+    q40_x8.rows_kernel(t, M)(q40_x8._cache[a][1], x, whole, F16)
+    assert np.array_equal(out.view(np.uint32), whole.view(np.uint32))
 
 
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1])

@@ -218,7 +218,7 @@ def weight_tensor(shape: tuple[int, int]) -> Tensor:
     )
 
 
-@pytest.mark.parametrize("M", [1, 3, 4, 5, 64, 256, 257, 300])
+@pytest.mark.parametrize("M", [1, 3, 4, 5, 64, 256, 257, 300, 513])
 def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(mapped, M, monkeypatch):
     raw, view = mapped
     a = weight_tensor((48, 1536))
@@ -232,8 +232,10 @@ def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(mapped, M, monke
     step = q5k_x8.mul_mat_step(be, a, view, x, out, None)
     assert step is not None
     step()
-    # 1-3 rows: the one-row kernel; 4 .. MAX_ROWS: four rows per pass; more: tiles
-    assert ran == ([] if M > q5k_x8.MAX_ROWS else ["mm_q5_k_x8r4" if M >= 4 else "mm_q5_k_x8"])
+    # 1-3 rows: the one-row kernel; 4 .. MAX_ROWS: four rows per pass, past CHUNK_ROWS one call per chunk
+    # of rows; more: tiles
+    calls = -(-M // q5k_x8.CHUNK_ROWS)
+    assert ran == ([] if M > q5k_x8.MAX_ROWS else ["mm_q5_k_x8r4" if M >= 4 else "mm_q5_k_x8"] * calls)
     if M <= q5k_x8.MAX_ROWS:  # the 8-row kernels: the plain kernels' integer sums
         plain = np.zeros((M, 48), np.float32)
         mk.matvec_kernel("Q5_K", M)(raw, x, plain, F16)
@@ -243,6 +245,21 @@ def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(mapped, M, monke
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     assert q5k_x8.mul_mat_step(be, a, view, x, out, None) is not None  # cached: no second repack
     assert q5k_x8._cache[a][1] is q5k_x8._repacked(a, view, False)
+
+
+@pytest.mark.parametrize("M", [257, 300, q5k_x8.MAX_ROWS])
+def test_chunks_of_rows_give_the_bits_of_one_call(mapped, M):
+    """Past ``CHUNK_ROWS`` the step calls the kernel once per chunk of rows: the same bits as one call on
+    all of them (a row's result does not depend on the other rows of a call)."""
+    raw, view = mapped
+    a = weight_tensor((48, 1536))
+    be = CPUBackend(n_threads=2)
+    x = np.random.default_rng(M).standard_normal((M, 1536)).astype(np.float32)
+    out = np.full((M, 48), np.nan, np.float32)
+    q5k_x8.mul_mat_step(be, a, view, x, out, None)()
+    whole = np.full((M, 48), np.nan, np.float32)
+    qk.mm_q5_k_x8r4(q5k_x8._cache[a][1], x, whole, F16)
+    assert np.array_equal(out.view(np.uint32), whole.view(np.uint32))
 
 
 def test_weights_it_must_not_repack_fall_back(mapped, monkeypatch):

@@ -14,8 +14,9 @@ Up to ``MAX_ROWS`` activation rows run the 8-row kernels: ``mm_q4_0_x8`` for 1-3
 beat dequantized tiles + sgemm well past the plain kernels' ``matvec_max_rows("Q4_0")`` (32): one
 thread, CPU ms per activation row, x8r4 vs tiles (unpacked from the repacked rows, dequantized, sgemm):
 8960x1536 0.35 vs 0.76 at 64 rows, 0.27 vs 0.39 at 256, 0.32 vs 0.34 at 512; 1536x8960 0.33 vs 0.71,
-0.32 vs 0.40, 0.39 vs 0.35 (benchmarks/results/q40_repack.md). So prompts of up to 256 rows multiply
-16-bit activations (1/32767 of each block's largest value) instead of floats. More rows convert a tile
+0.32 vs 0.40, 0.39 vs 0.35 (benchmarks/results/q40_repack.md). So prompts of up to 512 rows (a default
+ubatch; past ``CHUNK_ROWS`` = 256 as even chunks, one call each, which keeps a call's activations small)
+multiply 16-bit activations (1/32767 of each block's largest value) instead of floats. More rows convert a tile
 of rows back to plain bytes in a scratch buffer (``unpack_x8_rows``, bit for bit) for the dequantize +
 sgemm path, as before. From ``R8_MIN_ROWS`` rows, eight rows per pass (``mm_q4_0_x8r8``: each decoded
 weight vector serves eight rows, the last ``M % 8`` rows four at a time), and the activations are
@@ -56,14 +57,18 @@ from ..tensor import Tensor
 from ..types import GGMLType
 from .repack import Cache, copy_rows, repacked, x8_step
 
-__all__ = ["ENABLED", "TYPES", "mul_mat_step", "repack", "rows_kernel"]
+__all__ = ["CHUNK_ROWS", "ENABLED", "MAX_ROWS", "TYPES", "mul_mat_step", "repack", "rows_kernel"]
 
 #: repack Q4_0 / Q4_1 weights for the 8-row kernels (``LLAMAPY_Q40_X8=0``: no)
 ENABLED = os.environ.get("LLAMAPY_Q40_X8", "1") not in ("0", "false", "no", "off")
 #: the types repacked
 TYPES = frozenset({GGMLType.Q4_0, GGMLType.Q4_1})
 #: the most activation rows the 8-row kernels take (more: dequantized tiles + sgemm)
-MAX_ROWS = 256
+MAX_ROWS = 512
+#: more activation rows than this run as even chunks of at most this many, one kernel call each (512 rows
+#: in one call, 2 threads, wall ms: 8960x1536 98.8, 1536x8960 115.4 (the activations outgrow L2); chunks
+#: of 256: 92.8, 94.1; dequantized tiles + sgemm: 102.1, 101.4; median of 7, haswell target, stop 46)
+CHUNK_ROWS = 256
 #: the fewest activation rows that run eight rows per pass (``mm_q4_0_x8r8``; None: four rows per pass)
 R8_MIN_ROWS: int | None = 8
 
@@ -134,4 +139,4 @@ def mul_mat_step(
     def unpack(R: np.ndarray, r0: int, r1: int, q: np.ndarray) -> None:
         unpack_rows(R, r0, r1, q, t)
 
-    return x8_step(be, a, A, x, out2, pre, R, kern, unpack, unpack_x8_rows, "x8_q")
+    return x8_step(be, a, A, x, out2, pre, R, kern, unpack, unpack_x8_rows, "x8_q", CHUNK_ROWS)

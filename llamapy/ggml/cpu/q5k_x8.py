@@ -13,7 +13,11 @@ per activation row (median of 3), 8960x1536 / 1536x8960, x8r4 vs the path before
 ``matvec_max_rows("Q5_K")`` = 128 rows, then tiles): 4 rows 0.26 / 0.34 vs 0.40 / 0.35; 16 rows 0.28 /
 0.23 vs 0.39 / 0.31; 64 rows 0.25 / 0.25 vs 0.41 / 0.35; 128 rows 0.36 / 0.31 vs 0.46 / 0.32 (tiles 0.46
 / 0.36); 256 rows 0.30 / 0.28 vs tiles 0.40 / 0.42; 512 rows 0.28 / 0.45 vs tiles 0.34 / 0.33 (past 256
-rows the Q8_K activations outgrow L2 with a long K). So ``MAX_ROWS`` = 256, as Q4_K and Q6_K.
+rows the Q8_K activations outgrow L2 with a long K). So one call takes at most ``CHUNK_ROWS`` = 256 rows,
+and up to ``MAX_ROWS`` = 512 (a default ubatch) run as chunks of them: two threads, wall ms for 512 rows
+(median of 7, haswell target, stop 46), one call / chunks of 256 / tiles: 8960x1536 94.1 / 92.1 / 125.0,
+1536x8960 94.6 / 93.0 / 108.8, 1536x1536 17.4 / 17.6 / 16.0; Qwen2.5-1.5B-shaped Q5_K_M pp512 went from
+53.4 and 63.4 t/s (tiles) to 69.8 and 74.6 (x8r4), alternating processes.
 Qwen2.5-1.5B-shaped Q5_K_M, pp64, two threads, CPU s (5 runs each, median; the old path: ``mm_q5_k_x8``
 for every row count): 3.47 / 3.16 and 3.68 / 3.17 (load 6-7).
 
@@ -33,12 +37,14 @@ from ..tensor import Tensor
 from ..types import GGMLType
 from .repack import Cache, copy_rows, repacked, x8_step
 
-__all__ = ["ENABLED", "MAX_ROWS", "repack", "mul_mat_step"]
+__all__ = ["CHUNK_ROWS", "ENABLED", "MAX_ROWS", "repack", "mul_mat_step"]
 
 #: repack Q5_K weights for the 8-row kernel (``LLAMAPY_Q5K_X8=0``: no)
 ENABLED = os.environ.get("LLAMAPY_Q5K_X8", "1") not in ("0", "false", "no", "off")
 #: the most activation rows the 8-row kernels take (more: dequantized tiles + sgemm)
-MAX_ROWS = 256
+MAX_ROWS = 512
+#: more activation rows than this run as even chunks of at most this many, one kernel call each
+CHUNK_ROWS = 256
 
 _cache: Cache = weakref.WeakKeyDictionary()
 
@@ -75,4 +81,4 @@ def mul_mat_step(
 
     M = x.shape[0]
     kern = None if M > MAX_ROWS else mm_q5_k_x8r4 if M >= 4 else mm_q5_k_x8
-    return x8_step(be, a, A, x, out2, pre, R, kern, unpack_x8_rows, unpack_x8_rows, "x8_q5")
+    return x8_step(be, a, A, x, out2, pre, R, kern, unpack_x8_rows, unpack_x8_rows, "x8_q5", CHUNK_ROWS)

@@ -222,16 +222,33 @@ def x8_step(
     unpack: Callable[[np.ndarray, int, int, np.ndarray], None],
     unpack_kernel: Any,
     scratch: str,
+    chunk_rows: int = 0,
 ) -> Callable[[], None]:
-    """The ``mul_mat`` step on the repacked ``R`` of ``a`` (plain bytes ``A``): ``kern(R, x, out2, f16)``;
-    or, ``kern`` None, per tile of rows ``unpack(R, r0, r1, q)`` into the scratch ``scratch`` (plain bytes,
-    bit for bit), dequantize, sgemm. ``unpack_kernel``: the Numba kernel ``unpack`` runs."""
+    """The ``mul_mat`` step on the repacked ``R`` of ``a`` (plain bytes ``A``): ``kern(R, x, out2, f16)``
+    (``chunk_rows`` > 0 and more activation rows than that: one call per chunk of rows, the chunks as
+    even as possible, each at most ``chunk_rows``); or, ``kern`` None, per tile of rows ``unpack(R, r0,
+    r1, q)`` into the scratch ``scratch`` (plain bytes, bit for bit), dequantize, sgemm. ``unpack_kernel``:
+    the Numba kernel ``unpack`` runs. Chunks change no bits: each row's result in the x8 kernels does not
+    depend on the other rows of the call."""
     from .backend import TILE_FLOATS, _kernels, _threads
 
     if kern is not None:
         mk, _ = _kernels()
         f16 = mk.F16_TABLE
         be.need(kern)
+        M = x.shape[0]
+        if 0 < chunk_rows < M:
+            n = -(-M // chunk_rows)
+            bounds = [M * i // n for i in range(n + 1)]
+            parts = [(x[b0:b1], out2[b0:b1]) for b0, b1 in zip(bounds[:-1], bounds[1:], strict=True)]
+
+            def step_x8_chunks() -> None:
+                if pre is not None:
+                    pre()
+                for xc, oc in parts:
+                    kern(R, xc, oc, f16)
+
+            return step_x8_chunks
 
         def step_x8() -> None:
             if pre is not None:
