@@ -25,7 +25,12 @@ result differs from it only in the order of the float additions.
 ``mm_q5_k_x8r4`` takes four activation rows per pass over the weight (prompts): each 32 weight bytes are
 decoded (nibbles and fifth bits) once for the four rows, whose 16-bit sums run a quarter chunk (4 groups
 of one nibble half) at a time so that four of them, the four scaled sums and the decoded bytes stay in
-registers. Each row's integer sums and float steps are ``mm_q5_k_x8``'s, so its result is too, bit for
+registers. Between quarters the four 32-bit sums pass through ``batch_template.ibar4`` (an empty ``asm``):
+without it LLVM interleaved the sixteen unrolled quarters of a super-block and spilled (413 stack moves in
+the kernel's assembly, 81 with it; the same bits), and the kernel ran 1.3-1.8x slower (2 threads, 256
+rows, haswell: 8960x1536 62-74 ms -> 46-54, 1536x8960 62-91 -> 48-50; Qwen2.5-1.5B-shaped Q5_K_M pp512
+70-79 -> 100 t/s, alternating processes).
+Each row's integer sums and float steps are ``mm_q5_k_x8``'s, so its result is too, bit for
 bit: the float step (``_x8_step``) is written without fast-math flags, in the order LLVM had compiled the
 one-row kernel's fast-math ``vfma(acc, vmul(d, xd), isum)`` (its results are unchanged bit for bit on
 random weights, checked), so that it cannot be folded differently into the two kernels.
@@ -37,6 +42,7 @@ import numpy as np
 
 from ..._numba import njit, prange
 from ..quants.layouts import Q5_K_BYTES, Q5_K_QH, Q5_K_QS, Q5_K_SCALES
+from .batch_template import ibar4
 from .isimd import bq5, itof, izero
 from .kquant_kernels import _nan_rows, _q8k
 from .rowgroups import prefetch_bytes
@@ -223,9 +229,13 @@ def _chunk4(i0, i1, i2, i3, w, t, x0, x1, x2, x3, xo, c):
     """``_x8_chunk`` for four activation rows (``c`` a constant: the fifth-bit shifts immediates)."""
     o = xo + 64 * c
     i0, i1, i2, i3 = _quarter4(i0, i1, i2, i3, w, t, False, x0, x1, x2, x3, o, c, 0)
+    i0, i1, i2, i3 = ibar4(i0, i1, i2, i3)
     i0, i1, i2, i3 = _quarter4(i0, i1, i2, i3, w, t, True, x0, x1, x2, x3, o + 32, c, 0)
+    i0, i1, i2, i3 = ibar4(i0, i1, i2, i3)
     i0, i1, i2, i3 = _quarter4(i0, i1, i2, i3, w, t, False, x0, x1, x2, x3, o, c, 1)
-    return _quarter4(i0, i1, i2, i3, w, t, True, x0, x1, x2, x3, o + 32, c, 1)
+    i0, i1, i2, i3 = ibar4(i0, i1, i2, i3)
+    i0, i1, i2, i3 = _quarter4(i0, i1, i2, i3, w, t, True, x0, x1, x2, x3, o + 32, c, 1)
+    return ibar4(i0, i1, i2, i3)
 
 
 @njit(inline="always")
