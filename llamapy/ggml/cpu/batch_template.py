@@ -28,11 +28,8 @@ from ..._numba import njit, prange  # first: it sets NUMBA_CACHE_DIR before Numb
 
 # isort: split
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
 
-from .isimd import HAVE_AVX2, I32x8, izero
+from .isimd import ibar4, izero
 from .kquant_kernels import QK_K, _nan_rows, _q8k
 from .rowgroups import PREFETCH_ROWS, prefetch_bytes
 from .simd import vadd, vadd_strict, vfma_strict, vhsum, vload, vmul_strict, vstore, vzero
@@ -166,27 +163,6 @@ def batch8(w, x, out, f16, tab, load, scaled, bbytes, nsub):
                         xf, x0, x1, x2, x3, x4, x5, x6, x7, (b * nsub + s) * 32, n,
                     )  # fmt: skip
             _store8(out, r, m0, a0, a1, a2, a3, a4, a5, a6, a7, n)
-
-
-@intrinsic
-def ibar4(typingctx, s0, s1, s2, s3):  # type: ignore[no-untyped-def]
-    """The four sums unchanged, through an empty ``asm`` that LLVM cannot look into: the products of a
-    run for all rows are done before the next run's start, so the scheduler does not regroup the
-    unrolled runs row by row (which keeps eight unpacked runs and scales alive: spills). Identity
-    where there is no AVX2."""
-    if not all(v == I32x8 for v in (s0, s1, s2, s3)):
-        return None
-    ret = types.UniTuple(I32x8, 4)
-
-    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        if not HAVE_AVX2:
-            return context.make_tuple(builder, ret, list(args))
-        vt = args[0].type
-        st = ir.LiteralStructType([vt] * 4)
-        r = builder.asm(ir.FunctionType(st, [vt] * 4), "", "=x,=x,=x,=x,0,1,2,3", list(args), True)
-        return context.make_tuple(builder, ret, [builder.extract_value(r, i) for i in range(4)])
-
-    return ret(s0, s1, s2, s3), cg
 
 
 @njit(inline="always")

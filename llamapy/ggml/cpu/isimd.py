@@ -41,6 +41,7 @@ __all__ = [
     "imadd",
     "imadd2",
     "izero",
+    "ibar4",
     "iadd",
     "imul",
     "iload",
@@ -343,3 +344,24 @@ def ilane(typingctx, v, k):  # type: ignore[no-untyped-def]
         return builder.extract_element(args[0], context.cast(builder, args[1], sig.args[1], types.int32))
 
     return types.int32(v, k), cg
+
+
+@intrinsic
+def ibar4(typingctx, s0, s1, s2, s3):  # type: ignore[no-untyped-def]
+    """The four sums unchanged, through an empty ``asm`` that LLVM cannot look into: the products of a
+    run for all rows are done before the next run's start, so the scheduler does not regroup the
+    unrolled runs row by row (which keeps eight unpacked runs and scales alive: spills). Identity
+    where there is no AVX2."""
+    if not all(v == I32x8 for v in (s0, s1, s2, s3)):
+        return None
+    ret = types.UniTuple(I32x8, 4)
+
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        if not HAVE_AVX2:
+            return context.make_tuple(builder, ret, list(args))
+        vt = args[0].type
+        st = ir.LiteralStructType([vt] * 4)
+        r = builder.asm(ir.FunctionType(st, [vt] * 4), "", "=x,=x,=x,=x,0,1,2,3", list(args), True)
+        return context.make_tuple(builder, ret, [builder.extract_value(r, i) for i in range(4)])
+
+    return ret(s0, s1, s2, s3), cg

@@ -25,7 +25,7 @@ result differs from it only in the order of the float additions.
 ``mm_q5_k_x8r4`` takes four activation rows per pass over the weight (prompts): each 32 weight bytes are
 decoded (nibbles and fifth bits) once for the four rows, whose 16-bit sums run a quarter chunk (4 groups
 of one nibble half) at a time so that four of them, the four scaled sums and the decoded bytes stay in
-registers. Between quarters the four 32-bit sums pass through ``batch_template.ibar4`` (an empty ``asm``):
+registers. Between quarters the four 32-bit sums pass through ``isimd.ibar4`` (an empty ``asm``):
 without it LLVM interleaved the sixteen unrolled quarters of a super-block and spilled (413 stack moves in
 the kernel's assembly, 81 with it; the same bits), and the kernel ran 1.3-1.8x slower (2 threads, 256
 rows, haswell: 8960x1536 62-74 ms -> 46-54, 1536x8960 62-91 -> 48-50; Qwen2.5-1.5B-shaped Q5_K_M pp512
@@ -42,8 +42,7 @@ import numpy as np
 
 from ..._numba import njit, prange
 from ..quants.layouts import Q5_K_BYTES, Q5_K_QH, Q5_K_QS, Q5_K_SCALES
-from .batch_template import ibar4
-from .isimd import bq5, itof, izero
+from .isimd import bq5, ibar4, itof, izero
 from .kquant_kernels import _nan_rows, _q8k
 from .rowgroups import prefetch_bytes
 from .simd import vfma_strict, vmul_strict, vsplat, vstore, vzero
