@@ -101,7 +101,7 @@ def _tables() -> tuple[np.ndarray, np.ndarray]:
 TO_WORD, TO_QH = _tables()
 
 
-@njit(cache=True)
+@njit(parallel=True, cache=True)
 def repack_x8(A, R, hbytes):
     """Plain Q5_0 / Q5_1 rows ``A`` (uint8[N, nb * (hbytes + 20)], N a multiple of 8) into ``R``
     (uint8[N // 8, nb * 8 * (hbytes + 20)]); ``hbytes``: ``LAYOUT[type]``."""
@@ -109,7 +109,7 @@ def repack_x8(A, R, hbytes):
     sb = hbytes + 20
     nb = rb // sb
     xb = 8 * sb
-    for grp in range(N // 8):
+    for grp in prange(N // 8):
         for b in range(nb):
             s0, t0 = b * sb, b * xb
             for r in range(8):

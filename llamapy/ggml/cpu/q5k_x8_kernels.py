@@ -65,17 +65,17 @@ def _scale_min(w, o, j):
     return (w[q + j + 4] & 15) | ((w[q + j - 4] >> 6) << 4), (w[q + j + 4] >> 4) | ((w[q + j] >> 6) << 4)
 
 
-@njit(cache=True)
+@njit(parallel=True, cache=True)
 def repack_x8(A, R):
     """Q5_K rows ``A`` (uint8[N, nb * 176], N a multiple of 8) into ``R`` (uint8[N // 8, nb * 1440]).
-    One thread: bound by first-touch page faults, as ``q4k_x8_kernels.repack_x8``."""
+    One group of eight rows per ``prange`` item (disjoint writes)."""
     N, rb = A.shape
     nb = rb // Q5_K_BYTES
     A32 = A.view(np.uint32)
     A16 = A.view(np.uint16)
     R32 = R.view(np.uint32)
     R16 = R.view(np.uint16)
-    for grp in range(N // 8):
+    for grp in prange(N // 8):
         dst = R[grp]
         for b in range(nb):  # a whole 8-row block at a time: the destination stays in L1
             for r in range(8):

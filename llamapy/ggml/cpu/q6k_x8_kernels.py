@@ -165,14 +165,14 @@ def _sc_at(j, r):
     return 16 * (j >> 1) + 8 * (r >> 2) + 4 * (j & 1) + (r & 3)
 
 
-@njit(cache=True)
+@njit(parallel=True, cache=True)
 def repack_x8(A, R):
     """Q6_K rows ``A`` (uint8[N, nb * 210], N a multiple of 8) into ``R`` (uint8[N // 8, nb * 1680]).
-    One thread: bound by first-touch page faults, as ``q4k_x8_kernels.repack_x8``."""
+    One group of eight rows per ``prange`` item (disjoint writes)."""
     N, rb = A.shape
     nb = rb // Q6_K_BYTES
-    q = np.empty(QK_K, np.uint8)
-    for grp in range(N // 8):
+    for grp in prange(N // 8):
+        q = np.empty(QK_K, np.uint8)
         dst = R[grp]
         for b in range(nb):  # a whole 8-row block at a time: the destination stays in L1
             o, t = b * Q6_K_BYTES, b * X8_BYTES

@@ -50,14 +50,14 @@ PAR_QUANT_ROWS = 16
 
 
 # -- repacking ----------------------------------------------------------------------------------------
-@njit(cache=True)
+@njit(parallel=True, cache=True)
 def repack_x8(A, R):
     """Plain Q8_0 rows ``A`` (uint8[N, nb * 34], N a multiple of 8) into ``R`` (uint8[N // 8, nb * 272])."""
     N, rb = A.shape
     nb = rb // SRC_BYTES
     A16 = A.view(np.uint16)
     R16 = R.view(np.uint16)
-    for grp in range(N // 8):
+    for grp in prange(N // 8):
         for b in range(nb):
             s0, t0 = b * (SRC_BYTES // 2), b * (X8_BYTES // 2)
             for r in range(8):
