@@ -91,31 +91,42 @@ def iadd_splat(typingctx, acc, v):  # type: ignore[no-untyped-def]
 
 
 # -- repacking ----------------------------------------------------------------------------------------
+@njit(inline="always")
+def _repack_group(A16, R16, g, nb, hb2, qc):
+    """``repack_x8``'s group ``g`` (16-bit views, ``hb2`` / ``qc``: halves in 16-bit units / quants in
+    32-bit units per plain block, constants where inlined)."""
+    sb2, xb2 = hb2 + 2 * qc, 8 * (hb2 + 2 * qc)
+    for b in range(nb):
+        out = R16[g, b * xb2 : (b + 1) * xb2]
+        for r in range(8):
+            w = A16[g * 8 + r, b * sb2 : (b + 1) * sb2]
+            for h in range(hb2):
+                out[8 * h + r] = w[h]
+            for c in range(qc):
+                out[8 * hb2 + 2 * r + 16 * c] = w[hb2 + 2 * c]
+                out[8 * hb2 + 2 * r + 16 * c + 1] = w[hb2 + 2 * c + 1]
+
+
 @njit(parallel=True, cache=True)
 def repack_x8(A, R, sbytes, hbytes, qbytes):
     """Plain rows ``A`` (uint8[N, nb * sbytes], N a multiple of 8, C-contiguous) into ``R`` (uint8[N // 8,
     nb * x8], C-contiguous): ``hbytes`` bytes of halves then ``qbytes`` quant bytes per plain block
-    (``LAYOUT``). Flat 16-bit offsets (every offset is even): the 2-D indexing with its wraparound and
-    division steps ran at ~0.6 GB/s (110 ms for SmolLM2-135M's 66 MB of Q4_1, a copy 9 ms)."""
-    N, rb = A.shape
-    nb = rb // sbytes
-    xb2 = 4 * (hbytes + qbytes)  # 16-bit units of an 8-row block
-    hb2, qc = hbytes >> 1, qbytes >> 2
-    A16 = A.reshape(-1).view(np.uint16)
-    R16 = R.reshape(-1).view(np.uint16)
-    rb2, sb2 = rb >> 1, sbytes >> 1
+    (``LAYOUT``), moved 16 bits at a time. Each block a slice indexed by the loop counters alone, with
+    the layout's sizes as constants (``_repack_group`` inlined once per layout): 2-D indexing with its
+    wraparound and division steps ran at ~0.6 GB/s (110 ms for SmolLM2-135M's 66 MB of Q4_1, a copy 9
+    ms), flat 16-bit offsets at ~2; now, one thread, in cache (``benchmarks/repack_speed.py``), Q4_0
+    2048x1536 0.93 -> 0.20 ms, 1536x8960 4.1-4.3 -> 1.1 ms (Q4_1: 1.0 -> 0.23, 4.3 -> 1.5-1.6)."""
+    N = A.shape[0]
+    nb = A.shape[1] // sbytes
+    A16 = A.view(np.uint16)
+    R16 = R.view(np.uint16)
     for g in prange(N >> 3):
-        for b in range(nb):
-            dst = (g * nb + b) * xb2
-            for r in range(8):
-                src = (g * 8 + r) * rb2 + b * sb2
-                for h in range(hb2):
-                    R16[dst + 8 * h + r] = A16[src + h]
-                qs = src + hb2
-                qd = dst + 4 * hbytes + 2 * r
-                for c in range(qc):
-                    R16[qd + 16 * c] = A16[qs + 2 * c]
-                    R16[qd + 16 * c + 1] = A16[qs + 2 * c + 1]
+        if hbytes == 2 and qbytes == 16:
+            _repack_group(A16, R16, g, nb, 1, 4)
+        elif hbytes == 4 and qbytes == 16:
+            _repack_group(A16, R16, g, nb, 2, 4)
+        else:
+            _repack_group(A16, R16, g, nb, hbytes >> 1, qbytes >> 2)
 
 
 @njit(parallel=True, cache=True)
