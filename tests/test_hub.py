@@ -100,6 +100,9 @@ def test_resolve_model_errors(tmp_path, cache):
         hub.resolve_model(str(tmp_path / "nope.gguf"))
     with pytest.raises(FileNotFoundError, match="is a directory"):
         hub.resolve_model(str(tmp_path))
+    for empty in ("", "  "):  # not the current directory
+        with pytest.raises(FileNotFoundError, match="empty model path"):
+            hub.resolve_model(empty)
     with pytest.raises(hub.ModelFetchError, match="unknown model"):
         hub.pull("no-such-model")
 

@@ -244,6 +244,10 @@ def resolve_model(name_or_path: str | None) -> Path:
             print(
                 f"llamapy: no model given; fetching the default model {DEFAULT_MODEL} (once)", file=sys.stderr
             )
+    if not str(name_or_path).strip():
+        raise FileNotFoundError(
+            "empty model path (give a GGUF file, a Hugging Face repo or a known model name)"
+        )
     p = Path(os.path.expanduser(str(name_or_path)))
     if p.is_file():
         return p
