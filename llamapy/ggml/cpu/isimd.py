@@ -44,6 +44,7 @@ __all__ = [
     "ibar4",
     "iadd",
     "imul",
+    "isra",
     "iload",
     "ib8",
     "itof",
@@ -262,6 +263,19 @@ def _ibinary(op):  # type: ignore[no-untyped-def]
 
 iadd = _ibinary("add")
 imul = _ibinary("mul")
+
+
+@intrinsic
+def isra(typingctx, v, k):  # type: ignore[no-untyped-def]
+    """``v >> k`` in each 32-bit lane, arithmetic (``k`` a constant 0..31): exact on multiples of ``2**k``."""
+    if v != I32x8 or not isinstance(k, types.IntegerLiteral) or not 0 <= k.literal_value < 32:
+        return None
+    n = k.literal_value
+
+    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return builder.ashr(args[0], ir.Constant(_V8D, [n] * 8))
+
+    return I32x8(v, k), cg
 
 
 @intrinsic
