@@ -20,16 +20,17 @@ import time
 
 import numpy as np
 
+
+def _types() -> dict[str, tuple[str, int, int]]:
+    """type name -> (layout module, plain block bytes, weights per block), from ``repack.LAYOUTS``."""
+    from llamapy.ggml.cpu.repack import LAYOUTS
+    from llamapy.ggml.types import TRAITS
+
+    return {t.name: (m, TRAITS[t].type_size, TRAITS[t].block_size) for t, m in LAYOUTS.items()}
+
+
 #: type -> (layout module, plain block bytes, weights per block)
-TYPES = {
-    "Q4_K": ("q4k_x8", 144, 256),
-    "Q5_K": ("q5k_x8", 176, 256),
-    "Q6_K": ("q6k_x8", 210, 256),
-    "Q8_0": ("q80_x8", 34, 32),
-    "Q5_0": ("q50_x8", 22, 32),
-    "Q4_0": ("q40_x8", 18, 32),
-    "Q4_1": ("q40_x8", 20, 32),
-}
+TYPES = _types()
 SHAPES = [(8, 256), (64, 1536), (2048, 1536), (1536, 8960)]
 
 

@@ -151,42 +151,45 @@ def unpack_x8_rows(R, r0, r1, dst, sbytes, hbytes, qbytes):
                     D16[i, q0 + k] = R16[g8, d0 + 16 * (k // 2) + (k & 1)]
 
 
-@intrinsic
-def wnib(typingctx, arr, idx, e):  # type: ignore[no-untyped-def]
-    """Field ``e`` (a constant 0..3) of the 16 words at byte ``idx``: bits ``4e .. 4e + 3`` of each, 0..15."""
-    if not (_is_bytes(arr) and isinstance(idx, types.Integer) and isinstance(e, types.IntegerLiteral)):
-        return None
-    k = e.literal_value
-    if not 0 <= k < 4:
-        return None
+def _word_field(in_place: bool, doc: str):  # type: ignore[no-untyped-def]
+    """An intrinsic ``(arr, idx, e)``: field ``e`` (a constant 0..3) of the 16 words at byte ``idx``,
+    shifted down to 0..15 (``in_place`` False) or left in place (True: one ``and`` for e < 3)."""
 
-    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _V16W), align=1)
-        if k:
-            v = builder.lshr(v, ir.Constant(_V16W, [4 * k] * 16))
-        return v if k == 3 else builder.and_(v, ir.Constant(_V16W, [15] * 16))
+    @intrinsic
+    def fn(typingctx, arr, idx, e):  # type: ignore[no-untyped-def]
+        if not (_is_bytes(arr) and isinstance(idx, types.Integer) and isinstance(e, types.IntegerLiteral)):
+            return None
+        k = e.literal_value
+        if not 0 <= k < 4:
+            return None
 
-    return H16(arr, idx, e), cg
+        def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            ptr = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _V16W)
+            v = builder.load(ptr, align=1)
+            if k == 3:
+                return builder.lshr(v, ir.Constant(_V16W, [12] * 16))
+            if in_place:
+                return builder.and_(v, ir.Constant(_V16W, [15 << (4 * k)] * 16))
+            if k:
+                v = builder.lshr(v, ir.Constant(_V16W, [4 * k] * 16))
+            return builder.and_(v, ir.Constant(_V16W, [15] * 16))
+
+        return H16(arr, idx, e), cg
+
+    fn.__doc__ = doc
+    return fn
 
 
-@intrinsic
-def wfield(typingctx, arr, idx, e):  # type: ignore[no-untyped-def]
+wnib = _word_field(
+    False,
+    "Field ``e`` (a constant 0..3) of the 16 words at byte ``idx``: bits ``4e .. 4e + 3`` of each, 0..15.",
+)
+wfield = _word_field(
+    True,
     """Field ``e`` (a constant 0..3) of the 16 words at byte ``idx`` left in place: ``word & (15 << 4e)``,
     0..15 times ``16**e`` (at most 3840, so it stays a positive int16) for e < 3; the top field shifted
-    down (e = 3). One operation per field where ``wnib`` takes two for the middle ones."""
-    if not (_is_bytes(arr) and isinstance(idx, types.Integer) and isinstance(e, types.IntegerLiteral)):
-        return None
-    k = e.literal_value
-    if not 0 <= k < 4:
-        return None
-
-    def cg(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _V16W), align=1)
-        if k == 3:
-            return builder.lshr(v, ir.Constant(_V16W, [12] * 16))
-        return builder.and_(v, ir.Constant(_V16W, [15 << (4 * k)] * 16))
-
-    return H16(arr, idx, e), cg
+    down (e = 3). One operation per field where ``wnib`` takes two for the middle ones.""",
+)
 
 
 # -- one block of eight rows per type -------------------------------------------------------------------
