@@ -101,3 +101,38 @@ def test_cached_kernel_links_lazily_and_compiler_pages_come_back(tmp_path: Path)
         "[0.0, 2.0, 6.0, 12.0] linked",
         "[1.0, 2.0, 3.0]",
     ]
+
+
+def _mapping(span: str, perms: str, path: str, anonymous: int, flags: bool = True) -> str:
+    lines = [f"{span} {perms} 00000000 fe:00 1234                       {path}", "Size:               8 kB"]
+    lines += ["Rss:                4 kB", f"Anonymous:          {anonymous} kB", "KSM:                0 kB"]
+    if flags:
+        lines.append("VmFlags: rd mr mw me ")
+    return "\n".join(lines) + "\n"
+
+
+def test_clean_read_only_spans_of_a_library() -> None:
+    """Only the library's own read-only mappings without a copied-on-write page: not a writable one, not
+    one holding anonymous pages (relocated data), not another file under a directory of that name, not
+    one whose block has no VmFlags line to end it."""
+    from llamapy._numba import _clean_read_only_spans
+
+    lib = "/x/llvmlite/binding/libllvmlite.so"
+    text = "".join(
+        [
+            _mapping("7f0000000000-7f0000002000", "r--p", lib, 0),
+            _mapping("7f0000002000-7f0000006000", "r-xp", lib, 0),
+            _mapping("7f0000006000-7f0000007000", "r--p", lib, 4),  # RELRO: relocated, copied on write
+            _mapping("7f0000007000-7f0000008000", "rw-p", lib, 0),
+            _mapping("7f0000008000-7f0000009000", "r--p", "/x/libllvmlite/other.so", 0),
+            _mapping("7f0000009000-7f000000a000", "r--p", "/x/libc.so.6", 0),
+            _mapping("7f000000a000-7f000000b000", "r--p", lib + " (deleted)", 0),
+            _mapping("7f000000b000-7f000000c000", "r--p", lib, 0, flags=False),
+        ]
+    )
+    assert _clean_read_only_spans(text, "libllvmlite") == [
+        (0x7F0000000000, 0x7F0000002000),
+        (0x7F0000002000, 0x7F0000006000),
+        (0x7F000000A000, 0x7F000000B000),
+    ]
+    assert _clean_read_only_spans("", "libllvmlite") == []
