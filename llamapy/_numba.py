@@ -453,7 +453,7 @@ def _clean_read_only_spans(smaps: str, library: str) -> list[tuple[int, int]]:
             continue  # not a mapping's first line
         if library not in os.path.basename(head[5].strip()) or "w" in head[1]:
             continue
-        stop = smaps.find("\nVmFlags:", end)  # the mapping's last line (no such line: keep it)
+        stop = smaps.find("\nVmFlags:", end)  # the mapping's last line (none, before Linux 3.8: skip it)
         anon = smaps.find("\nAnonymous:", end, stop) if stop > 0 else -1
         if anon < 0:
             continue
