@@ -22,8 +22,39 @@ from pathlib import Path
 from typing import Any
 
 
+def _cpu_vendor() -> str:
+    """The CPU's ``vendor_id`` (``GenuineIntel``, ``AuthenticAMD``; "" where ``/proc/cpuinfo`` has none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def x8_prefetch_bytes() -> int:
+    """How far ahead of the block being read the 8-row kernels (``ggml/cpu/*_x8_kernels.py``) prefetch
+    their weight, in bytes; 0: two groups of eight rows ahead. ``LLAMAPY_X8_PREFETCH=<bytes>`` sets it.
+
+    The best distance depends on the CPU's own prefetchers. Weight from DRAM (``anonymous`` huge pages),
+    one-row ``mm_q4_k_x8``, GB/s, haswell target (``benchmarks/results/stop49_intel_prefetch.md``): on an
+    Intel Xeon VM (AVX-512, 2.6 GHz) two groups ahead (14-83 KB) read 12.0-12.3 at 1 thread and 24.8-25.6
+    at 2, no software prefetch 12.5-12.9 / 24.4-24.9, 1.5-3 KiB ahead 13.5-14.3 / 27.4-28.2 (+12-16 %); on
+    the AMD EPYC (Zen 4) VM two groups ahead read as fast as a plain streaming read (``stop45_decode.md``),
+    so it keeps them."""
+    env = os.environ.get("LLAMAPY_X8_PREFETCH", "").strip()
+    if env:
+        if not env.isdigit():
+            raise ValueError(f"LLAMAPY_X8_PREFETCH={env!r}: expected a byte count (0: two row groups ahead)")
+        return int(env)
+    return 2048 if _cpu_vendor() == "GenuineIntel" else 0
+
+
 def kernel_sources_digest() -> str:
-    """Short hash of the files whose code ends up in cached kernels."""
+    """Short hash of the files whose code ends up in cached kernels, and of the values computed at
+    import that kernels compile in as constants (``x8_prefetch_bytes``)."""
     root = Path(__file__).resolve().parent
     files = [
         root / "_numba.py",
@@ -38,6 +69,7 @@ def kernel_sources_digest() -> str:
     import numpy
 
     h.update(numpy.__version__.encode())
+    h.update(f"x8_prefetch_bytes={x8_prefetch_bytes()}".encode())
     return h.hexdigest()[:16]
 
 
@@ -474,6 +506,7 @@ __all__ = [
     "max_threads",
     "cap_threads",
     "kernel_sources_digest",
+    "x8_prefetch_bytes",
     "release_compiler_pages",
     "FAST_KEEP_INF",
 ]

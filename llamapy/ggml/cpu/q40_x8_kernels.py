@@ -42,7 +42,7 @@ from numba.extending import intrinsic
 from ..._numba import njit, prange
 from .hsimd import H16, hmadd, quantize_rows_q16
 from .isimd import I32x8, iadd, isra, itof, izero
-from .rowgroups import prefetch_bytes
+from .rowgroups import prefetch_bytes, x8_prefetch_from
 from .simd import _is_bytes, _ptr, vfma, vfma_strict, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
 
@@ -51,8 +51,6 @@ X8_BYTES = {"Q4_0": 144, "Q4_1": 160}
 SRC_BYTES = {"Q4_0": 18, "Q4_1": 20}
 #: (bytes of halves at the start of a plain block: d, or d and m; quant bytes per block)
 LAYOUT = {"Q4_0": (2, 16), "Q4_1": (4, 16)}
-#: groups of eight rows ahead to prefetch (into L2)
-X8_PREFETCH_GROUPS = 2
 
 _I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
@@ -281,7 +279,7 @@ def _mm_x8(R, x, out, blk, xbytes):
     xp, xd, xs, cor, ok = _prepare(x, nb)
     for grp in prange(G):
         w = R[grp]
-        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        pf = x8_prefetch_from(grp, gb)
         for m in range(M):
             xpm = xp[m]
             acc = vzero()

@@ -20,8 +20,8 @@ import numpy as np
 from ..._numba import njit, prange
 from .hsimd import hmadd, quantize_rows_q16
 from .isimd import itof, izero
-from .q40_x8_kernels import X8_PREFETCH_GROUPS, iadd_splat, pbcast, permute_rows_q4, wnib
-from .rowgroups import prefetch_bytes
+from .q40_x8_kernels import iadd_splat, pbcast, permute_rows_q4, wnib
+from .rowgroups import prefetch_bytes, x8_prefetch_from
 from .simd import vfma, vfma_strict, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
 
@@ -177,7 +177,7 @@ def _rows(R, x, out, xbytes, q41, eight):
     M8 = M // 8 * 8 if eight else 0
     for grp in prange(G):
         w = R[grp]
-        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        pf = x8_prefetch_from(grp, gb)
         for m0 in range(0, M8, 8):
             _pass8(w, xp, xd, xs, cor, out, grp, m0, nb, xbytes, q41, m0 == 0, Rf, pf, total)
         for m0 in range(M8, M, 4):

@@ -38,7 +38,7 @@ from ..._numba import njit, prange
 from ..quants.layouts import Q4_K_BYTES, Q4_K_QS, Q4_K_SCALES
 from .isimd import bnib, itof, izero
 from .kquant_kernels import _nan_rows, _q8k
-from .rowgroups import prefetch_bytes
+from .rowgroups import prefetch_bytes, x8_prefetch_from
 from .simd import vfma_strict, vmul_strict, vsplat, vstore, vzero
 from .x8simd import xadd16, xbcast4, xh8, xmaddubs, xmins, xscale, xzero16
 
@@ -46,7 +46,8 @@ QK_K = 256
 #: bytes of one super-block of eight rows
 X8_BYTES = 1184
 X8_D, X8_DMIN, X8_SC, X8_MN, X8_QS = 0, 16, 32, 96, 160
-#: row groups ahead to prefetch (into L2)
+#: work items (row groups) ahead that the MoE kernels prefetch (into L2); the dense kernels:
+#: ``rowgroups.x8_prefetch_from``
 X8_PREFETCH_GROUPS = 2
 
 
@@ -172,7 +173,7 @@ def mm_q4_k_x8(R, x, out, f16):
     xq, xd, bs16, bs32, ok = _q8k(x)
     for grp in prange(G):
         w = R[grp]
-        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        pf = x8_prefetch_from(grp, gb)
         for m in range(x.shape[0]):
             xqm, b32m = xq[m], bs32[m]
             acc = vzero()
@@ -226,7 +227,7 @@ def mm_q4_k_x8r4(R, x, out, f16):
     xq, xd, bs16, bs32, ok = _q8k(x)
     for grp in prange(G):
         w = R[grp]
-        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        pf = x8_prefetch_from(grp, gb)
         for m0 in range(0, full, 4):
             m1, m2, m3 = m0 + 1, m0 + 2, min(m0 + 3, M - 1)
             x0, x1, x2, x3 = xq[m0], xq[m1], xq[m2], xq[m3]

@@ -39,7 +39,7 @@ from ..._numba import njit, prange
 from .hsimd import H16, hmadd, quantize_rows_q16
 from .isimd import itof, izero
 from .q40_x8_kernels import iadd_splat, pbcast, permute_rows_q4
-from .rowgroups import prefetch_bytes
+from .rowgroups import prefetch_bytes, x8_prefetch_from
 from .simd import _is_bytes, _ptr, vfma_strict, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
 
@@ -60,8 +60,6 @@ X8_BYTES = {"Q5_0": 176, "Q5_1": 192}
 SRC_BYTES = {"Q5_0": 22, "Q5_1": 24}
 #: bytes of halves at the start of a plain block (d, or d and m); then 4 bytes of qh, 16 of qs
 LAYOUT = {"Q5_0": 2, "Q5_1": 4}
-#: groups of eight rows ahead to prefetch (into L2)
-X8_PREFETCH_GROUPS = 2
 
 _I16 = ir.IntType(16)
 _V16W = ir.VectorType(_I16, 16)
@@ -270,7 +268,7 @@ def _mm_x8(R, x, out, blk, xbytes, off):
     xp, xd, xs, cor, ok = _prepare(x, nb, off)
     for grp in prange(G):
         w = R[grp]
-        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        pf = x8_prefetch_from(grp, gb)
         for m in range(M):
             xpm = xp[m]
             acc = vzero()
@@ -382,7 +380,7 @@ def mm_q5_0_x8r4(R, x, out, f16):
     xp, xd, xs, cor, ok = _prepare_rows(x, nb, -16)
     for grp in prange(G):
         w = R[grp]
-        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        pf = x8_prefetch_from(grp, gb)
         for m0 in range(0, M, 4):
             _pass4(w, xp, xd, cor, out, grp, m0, M, nb, m0 == 0, Rf, pf, total)
     for m in range(M):

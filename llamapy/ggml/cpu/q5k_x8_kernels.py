@@ -44,7 +44,7 @@ from ..._numba import njit, prange
 from ..quants.layouts import Q5_K_BYTES, Q5_K_QH, Q5_K_QS, Q5_K_SCALES
 from .isimd import bq5, ibar4, itof, izero
 from .kquant_kernels import _nan_rows, _q8k
-from .rowgroups import prefetch_bytes
+from .rowgroups import prefetch_bytes, x8_prefetch_from
 from .simd import vfma_strict, vmul_strict, vsplat, vstore, vzero
 from .x8simd import xadd16, xbcast4, xh8, xmaddubs, xmins, xscale, xzero16
 
@@ -52,8 +52,6 @@ QK_K = 256
 #: bytes of one super-block of eight rows
 X8_BYTES = 1440
 X8_D, X8_DMIN, X8_SC, X8_MN, X8_QS, X8_QH = 0, 16, 32, 96, 160, 1184
-#: row groups ahead to prefetch (into L2)
-X8_PREFETCH_GROUPS = 2
 
 
 @njit(inline="always")
@@ -193,7 +191,7 @@ def mm_q5_k_x8(R, x, out, f16):
     xq, xd, bs16, bs32, ok = _q8k(x)
     for grp in prange(G):
         w = R[grp]
-        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        pf = x8_prefetch_from(grp, gb)
         for m in range(x.shape[0]):
             xqm, b32m = xq[m], bs32[m]
             acc = vzero()
@@ -263,7 +261,7 @@ def mm_q5_k_x8r4(R, x, out, f16):
     xq, xd, bs16, bs32, ok = _q8k(x)
     for grp in prange(G):
         w = R[grp]
-        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        pf = x8_prefetch_from(grp, gb)
         for m0 in range(0, full, 4):
             m1, m2, m3 = m0 + 1, m0 + 2, min(m0 + 3, M - 1)
             x0, x1, x2, x3 = xq[m0], xq[m1], xq[m2], xq[m3]

@@ -45,7 +45,7 @@ from .hsimd import H16
 from .isimd import B32, I32x8, _maddwd, itof, izero
 from .kquant_kernels import _q8k
 from .q40_x8_kernels import pbcast
-from .rowgroups import prefetch_bytes
+from .rowgroups import prefetch_bytes, x8_prefetch_from
 from .simd import _is_bytes, _ptr, vfma_strict, vmul_strict, vsplat, vstore, vzero
 from .x8simd import xadd16, xbcast4, xh8, xmaddubs
 
@@ -54,7 +54,8 @@ QK_K = 256
 X8_BYTES = 1680
 #: offsets in it: the halves, the scales, the codes (96 bytes per sub-block)
 X8_D, X8_SC, X8_Q = 0, 16, 144
-#: row groups ahead to prefetch (into L2)
+#: work items (row groups) ahead that the MoE kernels prefetch (into L2); the dense kernels:
+#: ``rowgroups.x8_prefetch_from``
 X8_PREFETCH_GROUPS = 2
 
 _I8 = ir.IntType(8)
@@ -292,7 +293,7 @@ def mm_q6_k_x8(R, x, out, f16):
     xq, xd, neg, ok = _prepare(x)
     for grp in prange(G):
         w = R[grp]
-        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        pf = x8_prefetch_from(grp, gb)
         for m in range(x.shape[0]):
             xqm, negm = xq[m], neg[m]
             acc = vzero()
@@ -339,7 +340,7 @@ def mm_q6_k_x8r4(R, x, out, f16):
     xq, xd, neg, ok = _prepare(x)
     for grp in prange(G):
         w = R[grp]
-        pf = (grp + X8_PREFETCH_GROUPS) * gb
+        pf = x8_prefetch_from(grp, gb)
         for m0 in range(0, M, 4):
             m1, m2, m3 = min(m0 + 1, M - 1), min(m0 + 2, M - 1), min(m0 + 3, M - 1)
             x0, x1, x2, x3 = xq[m0], xq[m1], xq[m2], xq[m3]

@@ -32,6 +32,7 @@ from ..._numba import njit, prange
 from .hsimd import hmadd, hwiden, quantize_rows_q16
 from .isimd import itof, izero
 from .q40_x8_kernels import pbcast
+from .rowgroups import X8_PREFETCH_BYTES as X8_NEAR
 from .rowgroups import prefetch_bytes
 from .simd import vfma, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
@@ -43,7 +44,10 @@ SRC_BYTES = 34
 #: one-row kernel on the 1.4 GB of a 1.5B-shaped Q8_0 model's matrices (one thread, CPU ms per sweep,
 #: min / median of 8 alternating): plain 49.5 / 51.4; this 49.8 / 52.1; 256 KiB ahead 51.5 / 54.4; two
 #: groups ahead, every block's 272 bytes (5 prefetches, lines twice) 56.4 / 59.4 (10-15 % slower).
-X8_PREFETCH_BYTES = 65536
+#: That was the AMD EPYC VM; where ``rowgroups.X8_PREFETCH_BYTES`` is set (Intel) that distance instead:
+#: the 1.5B-shaped Q8_0 file's tg32 on the Intel Xeon VM, 2 threads, 13.0-13.7 -> 15.8-16.3 t/s
+#: (``benchmarks/results/stop49_intel_prefetch.md``)
+X8_PREFETCH_BYTES = X8_NEAR or 65536
 #: from this many activation rows on, they are quantized in parallel (fewer: one parallel launch costs
 #: more than it saves)
 PAR_QUANT_ROWS = 16

@@ -5,13 +5,25 @@ that multiply float activations (``matvec_float``)."""
 
 from __future__ import annotations
 
-from ..._numba import njit, prange
+from ..._numba import njit, prange, x8_prefetch_bytes
 from .layouts import ROWS_PER_PASS
 from .simd import prefetch, prefetch_l1, u16at, vhsum, vzero
 
 #: rows ahead of the current group whose bytes are prefetched (the hardware prefetcher alone leaves
 #: a large mat-vec at ~40 % of the bus)
 PREFETCH_ROWS = 16
+#: bytes ahead of the block being read that the 8-row kernels prefetch (0: two row groups ahead);
+#: per CPU, a constant in the compiled kernels (``_numba.x8_prefetch_bytes``)
+X8_PREFETCH_BYTES = x8_prefetch_bytes()
+
+
+@njit(inline="always")
+def x8_prefetch_from(grp, gb):
+    """The flat weight offset the 8-row kernels prefetch from while reading the first block of group
+    ``grp`` (``gb`` bytes a group): ``X8_PREFETCH_BYTES`` ahead, or two groups."""
+    if X8_PREFETCH_BYTES:
+        return grp * gb + X8_PREFETCH_BYTES
+    return (grp + 2) * gb
 
 
 @njit(inline="always")
