@@ -23,12 +23,11 @@ import numpy as np
 from ..._numba import njit, prange
 from .isimd import itof, izero
 from .moe_kernels import _nan_pairs, _xrow, moe_plan
-from .moe_x8_kernels import _item
+from .moe_x8_kernels import _item, _prefetch_from
 from .q6k_x8_kernels import (
     QK_K,
     X8_BYTES,
     X8_D,
-    X8_PREFETCH_GROUPS,
     X8_Q,
     X8_SC,
     _prepare,
@@ -63,11 +62,7 @@ def moe_q6_k_x8(R, x, ids, out, max_rows, chunks):
             continue
         e = active[a]
         w = R[e, g]
-        pf = total  # the item this thread runs after the next: prefetched into L2 (an expert's start)
-        if i + X8_PREFETCH_GROUPS < n:
-            a2, g2 = _item(i + X8_PREFETCH_GROUPS, nA, Gc, G)
-            if g2 >= 0:
-                pf = (active[a2] * G + g2) * gb
+        pf = _prefetch_from(i, n, nA, Gc, G, active, e, g, gb, total)
         j0, j1 = starts[e], starts[e + 1]
         j = j0
         while j + 1 < j1:  # 2-4 pairs at a time (``_sub4``: each code register decoded once for all)

@@ -31,7 +31,7 @@ from ..._numba import njit, prange
 from .isimd import bnib, itof, izero
 from .moe_kernels import _nan_pairs, _q8k_par, _xrow, moe_plan
 from .q4k_x8_kernels import QK_K, X8_BYTES, X8_D, X8_DMIN, X8_MN, X8_PREFETCH_GROUPS, X8_QS, X8_SC, _x8_block
-from .rowgroups import prefetch_bytes
+from .rowgroups import X8_PREFETCH_BYTES, prefetch_bytes
 from .simd import vfma, vmul, vsplat, vstore, vzero
 from .x8simd import xadd16, xbcast4, xh8, xmaddubs, xmins, xscale, xzero16
 
@@ -109,6 +109,22 @@ def _item(i, nA, Gc, G):
 
 
 @njit(inline="always")
+def _prefetch_from(i, n, nA, Gc, G, active, e, g, gb, total):
+    """The flat weight offset that work item ``i`` (expert ``e``, group ``g``) prefetches from while it
+    reads its first pairs: ``X8_PREFETCH_BYTES`` past its own group's start where that is set (a stream,
+    as the dense kernels: an expert's groups are consecutive), else the group of the item this thread
+    runs after the next (``total``: none)."""
+    if X8_PREFETCH_BYTES:
+        return (e * G + g) * gb + X8_PREFETCH_BYTES
+    pf = total
+    if i + X8_PREFETCH_GROUPS < n:
+        a2, g2 = _item(i + X8_PREFETCH_GROUPS, nA, Gc, G)
+        if g2 >= 0:
+            pf = (active[a2] * G + g2) * gb
+    return pf
+
+
+@njit(inline="always")
 def _moe_x8(R, x, ids, out, max_rows, chunks, group):
     E, G, gb = R.shape
     T, Ux, K = x.shape
@@ -130,11 +146,7 @@ def _moe_x8(R, x, ids, out, max_rows, chunks, group):
             continue
         e = active[a]
         w = R[e, g]
-        pf = total  # the item this thread runs after the next: prefetched into L2 (an expert's start)
-        if i + X8_PREFETCH_GROUPS < n:
-            a2, g2 = _item(i + X8_PREFETCH_GROUPS, nA, Gc, G)
-            if g2 >= 0:
-                pf = (active[a2] * G + g2) * gb
+        pf = _prefetch_from(i, n, nA, Gc, G, active, e, g, gb, total)
         j0, j1 = starts[e], starts[e + 1]
         j = j0
         while j + 3 < j1 and group >= 4:  # four pairs at a time

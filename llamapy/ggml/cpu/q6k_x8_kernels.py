@@ -54,9 +54,6 @@ QK_K = 256
 X8_BYTES = 1680
 #: offsets in it: the halves, the scales, the codes (96 bytes per sub-block)
 X8_D, X8_SC, X8_Q = 0, 16, 144
-#: work items (row groups) ahead that the MoE kernels prefetch (into L2); the dense kernels:
-#: ``rowgroups.x8_prefetch_from``
-X8_PREFETCH_GROUPS = 2
 
 _I8 = ir.IntType(8)
 _I16 = ir.IntType(16)
