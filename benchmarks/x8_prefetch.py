@@ -5,9 +5,10 @@ weight bytes per wall second, best of 3 sweeps, every variant in each sweep (int
 
     python benchmarks/x8_prefetch.py [--threads 1] [--distances 0,1536,2048,3072,8192] [--l1]
 
-Distance 0 is two row groups ahead (``rowgroups.x8_prefetch_from`` with ``X8_PREFETCH_BYTES`` 0), ``none``
-no software prefetch; ``--l1`` adds ``prefetcht0`` variants. The library's choice per CPU is
-``_numba.x8_prefetch_bytes`` (``LLAMAPY_X8_PREFETCH`` overrides it).
+Distance 0 is two row groups ahead (``rowgroups.x8_prefetch_from`` with ``X8_PREFETCH_BYTES`` 0, the
+default), ``none`` no software prefetch, ``D + 2 groups`` both; ``--l1`` adds ``prefetcht0`` variants;
+``--total-mb 80`` keeps the copies in a large L3. The library's distance: ``_numba.x8_prefetch_bytes``
+(``LLAMAPY_X8_PREFETCH``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _kernel(l1: bool):  # type: ignore[no-untyped-def]
     pfb = prefetch_bytes_l1 if l1 else prefetch_bytes
 
     @njit(parallel=True)
-    def mm(R, x, out, dist):  # type: ignore[no-untyped-def]
+    def mm(R, x, out, dist, both):  # type: ignore[no-untyped-def]
         G, gb = R.shape
         nb = gb // X8_BYTES
         Rf = R.reshape(-1)
@@ -53,6 +54,8 @@ def _kernel(l1: bool):  # type: ignore[no-untyped-def]
                     t = b * X8_BYTES
                     if m == 0:
                         pfb(Rf, pf + t, X8_BYTES, total)
+                        if both:
+                            pfb(Rf, (grp + 2) * gb + t, X8_BYTES, total)
                     isum, msum = _x8_block(w, t, xqm, b * QK_K, b32m, b * 8)
                     acc = _x8_step(acc, xh8(w, t + X8_D), xh8(w, t + X8_DMIN), xd[m, b], isum, msum)
                 vstore(out[m], grp * 8, acc)
@@ -76,13 +79,14 @@ def main() -> None:
     from llamapy.ggml.quants import quantize
 
     set_num_threads(a.threads)
-    print(f"# {machine_line()}; threads {a.threads}; library's choice here: {x8_prefetch_bytes()} bytes")
+    print(f"# {machine_line()}; threads {a.threads}; the library's here: {x8_prefetch_bytes()} bytes")
     print(f"# load average {os.getloadavg()}")
     kern = {False: _kernel(False), True: _kernel(True)}
     dists = [int(d) for d in a.distances.split(",")]
-    variants = [("none", False, 1 << 50)] + [(f"t1 {d or '2 groups'}", False, d) for d in dists]
+    variants = [("none", False, 1 << 50, False)] + [(f"t1 {d or '2 groups'}", False, d, False) for d in dists]
+    variants += [(f"t1 {d} + 2 groups", False, d, True) for d in dists if d]
     if a.l1:
-        variants += [(f"t0 {d}", True, d) for d in dists if d]
+        variants += [(f"t0 {d}", True, d, False) for d in dists if d]
     rng = np.random.default_rng(0)
     keep = []
     for n, k in SHAPES:
@@ -100,14 +104,14 @@ def main() -> None:
             copies.append(c)
         x = rng.standard_normal((1, k)).astype(np.float32)
         out = np.empty((1, n), np.float32)
-        for _, l1, d in variants:
-            kern[l1](R, x, out, d)
+        for _, l1, d, both in variants:
+            kern[l1](R, x, out, d, both)
         best = {v[0]: float("inf") for v in variants}
         for _ in range(3):
-            for name, l1, d in variants:
+            for name, l1, d, both in variants:
                 t0 = time.perf_counter()
                 for c in copies:
-                    kern[l1](c, x, out, d)
+                    kern[l1](c, x, out, d, both)
                 best[name] = min(best[name], (time.perf_counter() - t0) / len(copies))
         cells = "  ".join(f"{nm} {R.nbytes / s / 1e9:.1f}" for nm, s in best.items())
         print(f"Q4_K {n}x{k} ({R.nbytes / 1e6:.1f} MB), GB/s: {cells}", flush=True)

@@ -22,34 +22,25 @@ from pathlib import Path
 from typing import Any
 
 
-def _cpu_vendor() -> str:
-    """The CPU's ``vendor_id`` (``GenuineIntel``, ``AuthenticAMD``; "" where ``/proc/cpuinfo`` has none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 def x8_prefetch_bytes() -> int:
-    """How far ahead of the block being read the 8-row kernels (``ggml/cpu/*_x8_kernels.py``) prefetch
-    their weight, in bytes; 0: two groups of eight rows ahead. ``LLAMAPY_X8_PREFETCH=<bytes>`` sets it.
+    """How far ahead of the block being read the one-row 8-row kernels (``ggml/cpu/*_x8_kernels.py``)
+    prefetch their weight, in bytes; 0 (the default): two groups of eight rows ahead (the Q8_0 kernel:
+    64 KiB). ``LLAMAPY_X8_PREFETCH=<bytes>`` sets it.
 
-    The best distance depends on the CPU's own prefetchers. Weight from DRAM (``anonymous`` huge pages),
-    one-row ``mm_q4_k_x8``, GB/s, haswell target (``benchmarks/results/stop49_intel_prefetch.md``): on an
-    Intel Xeon VM (AVX-512, 2.6 GHz) two groups ahead (14-83 KB) read 12.0-12.3 at 1 thread and 24.8-25.6
-    at 2, no software prefetch 12.5-12.9 / 24.4-24.9, 1.5-3 KiB ahead 13.5-14.3 / 27.4-28.2 (+12-16 %); on
-    the AMD EPYC (Zen 4) VM two groups ahead read as fast as a plain streaming read (``stop45_decode.md``),
-    so it keeps them."""
+    The best distance depends on the CPU and on where the weight comes from
+    (``benchmarks/results/stop49_intel_prefetch.md``). On an Intel Xeon VM (2 threads, haswell target),
+    2048 made decode of files streamed from DRAM 10-19 % faster (1.5B-shaped Q4_K_M 21.6 -> 25.1 t/s,
+    Q4_0 +11 %, Q5_K_M +10 %, Q8_0 +19 %; the MoE shape +5 %) but SmolLM2-135M, whose 92 MB the VM's
+    L3 holds, 17 % slower (225 -> 187 t/s); both distances at once were slower than either. On the AMD
+    EPYC (Zen 4) VM two groups read as fast as a plain streaming read (``stop45_decode.md``). So the
+    default stays two groups everywhere: on an Intel CPU with a model much larger than its L3, 2048
+    is worth setting."""
     env = os.environ.get("LLAMAPY_X8_PREFETCH", "").strip()
-    if env:
-        if not env.isdigit():
-            raise ValueError(f"LLAMAPY_X8_PREFETCH={env!r}: expected a byte count (0: two row groups ahead)")
-        return int(env)
-    return 2048 if _cpu_vendor() == "GenuineIntel" else 0
+    if not env:
+        return 0
+    if not env.isdigit():
+        raise ValueError(f"LLAMAPY_X8_PREFETCH={env!r}: expected a byte count (0: two row groups ahead)")
+    return int(env)
 
 
 def kernel_sources_digest() -> str:

@@ -13,7 +13,7 @@ from .simd import prefetch, prefetch_l1, u16at, vhsum, vzero
 #: a large mat-vec at ~40 % of the bus)
 PREFETCH_ROWS = 16
 #: bytes ahead of the block being read that the 8-row kernels prefetch (0: two row groups ahead);
-#: per CPU, a constant in the compiled kernels (``_numba.x8_prefetch_bytes``)
+#: ``LLAMAPY_X8_PREFETCH``, a constant in the compiled kernels (``_numba.x8_prefetch_bytes``)
 X8_PREFETCH_BYTES = x8_prefetch_bytes()
 
 
