@@ -23,9 +23,9 @@ from typing import Any
 
 
 def x8_prefetch_bytes() -> int:
-    """How far ahead of the block being read the one-row 8-row kernels (``ggml/cpu/*_x8_kernels.py``)
-    prefetch their weight, in bytes; 0 (the default): two groups of eight rows ahead (the Q8_0 kernel:
-    64 KiB). ``LLAMAPY_X8_PREFETCH=<bytes>`` sets it.
+    """How far ahead of the block being read the 8-row kernels (``ggml/cpu/*_x8*.py``) prefetch their
+    weight, in bytes; 0 (the default): two groups of eight rows ahead (the Q8_0 kernel: 64 KiB;
+    ``rowgroups.x8_prefetch_from``). ``LLAMAPY_X8_PREFETCH=<bytes>`` sets it.
 
     The best distance depends on the CPU and on where the weight comes from
     (``benchmarks/results/stop49_intel_prefetch.md``). On an Intel Xeon VM (2 threads, haswell target),

@@ -30,8 +30,8 @@ import numpy as np
 from ..._numba import njit, prange
 from .isimd import bnib, itof, izero
 from .moe_kernels import _nan_pairs, _q8k_par, _xrow, moe_plan
-from .q4k_x8_kernels import QK_K, X8_BYTES, X8_D, X8_DMIN, X8_MN, X8_PREFETCH_GROUPS, X8_QS, X8_SC, _x8_block
-from .rowgroups import X8_PREFETCH_BYTES, prefetch_bytes
+from .q4k_x8_kernels import QK_K, X8_BYTES, X8_D, X8_DMIN, X8_MN, X8_QS, X8_SC, _x8_block
+from .rowgroups import X8_PREFETCH_BYTES, X8_PREFETCH_GROUPS, prefetch_bytes, x8_prefetch_from
 from .simd import vfma, vmul, vsplat, vstore, vzero
 from .x8simd import xadd16, xbcast4, xh8, xmaddubs, xmins, xscale, xzero16
 
@@ -115,7 +115,7 @@ def _prefetch_from(i, n, nA, Gc, G, active, e, g, gb, total):
     as the dense kernels: an expert's groups are consecutive), else the group of the item this thread
     runs after the next (``total``: none)."""
     if X8_PREFETCH_BYTES:
-        return (e * G + g) * gb + X8_PREFETCH_BYTES
+        return x8_prefetch_from(e * G + g, gb)
     pf = total
     if i + X8_PREFETCH_GROUPS < n:
         a2, g2 = _item(i + X8_PREFETCH_GROUPS, nA, Gc, G)

@@ -46,10 +46,6 @@ QK_K = 256
 #: bytes of one super-block of eight rows
 X8_BYTES = 1184
 X8_D, X8_DMIN, X8_SC, X8_MN, X8_QS = 0, 16, 32, 96, 160
-#: work items (row groups) ahead that the MoE kernels prefetch (into L2) where
-#: ``rowgroups.X8_PREFETCH_BYTES`` is 0 (``moe_x8_kernels._prefetch_from``; the dense kernels:
-#: ``rowgroups.x8_prefetch_from``)
-X8_PREFETCH_GROUPS = 2
 
 
 @njit(inline="always")

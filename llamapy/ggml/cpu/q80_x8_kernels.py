@@ -44,10 +44,9 @@ SRC_BYTES = 34
 #: one-row kernel on the 1.4 GB of a 1.5B-shaped Q8_0 model's matrices (one thread, CPU ms per sweep,
 #: min / median of 8 alternating): plain 49.5 / 51.4; this 49.8 / 52.1; 256 KiB ahead 51.5 / 54.4; two
 #: groups ahead, every block's 272 bytes (5 prefetches, lines twice) 56.4 / 59.4 (10-15 % slower).
-#: That was the AMD EPYC VM; where ``rowgroups.X8_PREFETCH_BYTES`` is set (``LLAMAPY_X8_PREFETCH``), that
-#: distance instead:
-#: the 1.5B-shaped Q8_0 file's tg32 on the Intel Xeon VM, 2 threads, 13.0-13.7 -> 15.8-16.3 t/s
-#: (``benchmarks/results/stop49_intel_prefetch.md``)
+#: That was the AMD EPYC VM. Where ``rowgroups.X8_PREFETCH_BYTES`` is set (``LLAMAPY_X8_PREFETCH``), that
+#: distance instead (2048 on the Intel Xeon VM: the 1.5B-shaped Q8_0 file's tg32, 2 threads, 13.0-13.7 ->
+#: 15.8-16.3 t/s; ``benchmarks/results/stop49_intel_prefetch.md``)
 X8_PREFETCH_BYTES = X8_NEAR or 65536
 #: from this many activation rows on, they are quantized in parallel (fewer: one parallel launch costs
 #: more than it saves)

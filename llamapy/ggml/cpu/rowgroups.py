@@ -15,15 +15,18 @@ PREFETCH_ROWS = 16
 #: bytes ahead of the block being read that the 8-row kernels prefetch (0: two row groups ahead);
 #: ``LLAMAPY_X8_PREFETCH``, a constant in the compiled kernels (``_numba.x8_prefetch_bytes``)
 X8_PREFETCH_BYTES = x8_prefetch_bytes()
+#: groups of eight rows (the MoE kernels: work items) ahead that the 8-row kernels prefetch when
+#: ``X8_PREFETCH_BYTES`` is 0
+X8_PREFETCH_GROUPS = 2
 
 
 @njit(inline="always")
 def x8_prefetch_from(grp, gb):
     """The flat weight offset the 8-row kernels prefetch from while reading the first block of group
-    ``grp`` (``gb`` bytes a group): ``X8_PREFETCH_BYTES`` ahead, or two groups."""
+    ``grp`` (``gb`` bytes a group): ``X8_PREFETCH_BYTES`` ahead, or ``X8_PREFETCH_GROUPS`` groups."""
     if X8_PREFETCH_BYTES:
         return grp * gb + X8_PREFETCH_BYTES
-    return (grp + 2) * gb
+    return (grp + X8_PREFETCH_GROUPS) * gb
 
 
 @njit(inline="always")
