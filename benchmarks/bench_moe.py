@@ -48,7 +48,7 @@ def main() -> None:
         moe(w, x, ids, out, F16_TABLE, 128)
 
     def fused_x8(ids: np.ndarray) -> None:
-        moe_q4_k_x8(R, x, ids, out, 128, numba.get_num_threads())
+        moe_q4_k_x8(R, x, ids, out, 128, numba.get_num_threads(), 0)
 
     idss = [rng.choice(E, USED, replace=False).astype(np.int32).reshape(1, USED) for _ in range(200)]
     for f in (loop, fused, fused_x8):

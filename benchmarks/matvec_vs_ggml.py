@@ -71,7 +71,6 @@ def main() -> int:
     import numba
 
     from llamapy.ggml import GGMLType
-    from llamapy.ggml.cpu import matmul_kernels as mk
     from llamapy.ggml.quants import quantize
 
     numba.set_num_threads(1)
@@ -114,7 +113,7 @@ def main() -> int:
         R = importlib.import_module(f"llamapy.ggml.cpu.{mod}").repack(W, gt)
         kern = getattr(importlib.import_module(f"llamapy.ggml.cpu.{mod}_kernels"), kname)
         out = np.zeros((1, a.rows), np.float32)
-        kern(R, x, out, mk.F16_TABLE)
+        kern(R, x, out, 0)
         ggml_call()
         assert np.allclose(out[0], s, rtol=0, atol=1e-2 * np.abs(s).max()), (out[0][:4], s[:4])
         nbytes = W.nbytes
@@ -129,7 +128,7 @@ def main() -> int:
             return best
 
         t_g = timed(ggml_call)
-        t_l = timed(lambda kern=kern, R=R, out=out: kern(R, x, out, mk.F16_TABLE))
+        t_l = timed(lambda kern=kern, R=R, out=out: kern(R, x, out, 0))
         g, l_ = nbytes / t_g / 1e9, nbytes / t_l / 1e9
         print(f"| {name} | {g:.1f} | {kname} | {l_:.1f} | {l_ / g:.2f}x |")
     return 0

@@ -5,10 +5,10 @@ weight bytes per wall second, best of 3 sweeps, every variant in each sweep (int
 
     python benchmarks/x8_prefetch.py [--threads 1] [--distances 0,1536,2048,3072,8192] [--l1]
 
-Distance 0 is two row groups ahead (``rowgroups.x8_prefetch_from`` with ``X8_PREFETCH_BYTES`` 0, the
-default), ``none`` no software prefetch, ``D + 2 groups`` both; ``--l1`` adds ``prefetcht0`` variants;
-``--total-mb 80`` keeps the copies in a large L3. The library's distance: ``_numba.x8_prefetch_bytes``
-(``LLAMAPY_X8_PREFETCH``).
+Distance 0 is two row groups ahead (``rowgroups.x8_prefetch_from`` with ``pfd`` 0, the default),
+``none`` no software prefetch, ``D + 2 groups`` both; ``--l1`` adds ``prefetcht0`` variants;
+``--total-mb 80`` keeps the copies in a large L3. The library measures its distance per model
+(``ggml/cpu/prefetch_tune.py``) unless ``LLAMAPY_X8_PREFETCH`` fixes it.
 """
 
 from __future__ import annotations
@@ -72,14 +72,14 @@ def main() -> None:
     ap.add_argument("--total-mb", type=float, default=400.0)
     a = ap.parse_args()
 
-    from llamapy._numba import set_num_threads, x8_prefetch_bytes
+    from llamapy._numba import set_num_threads
     from llamapy.ggml import GGMLType
     from llamapy.ggml.cpu import q4k_x8_kernels as qk
     from llamapy.ggml.cpu.repack import _huge_mapping, _huge_start
     from llamapy.ggml.quants import quantize
 
     set_num_threads(a.threads)
-    print(f"# {machine_line()}; threads {a.threads}; the library's here: {x8_prefetch_bytes()} bytes")
+    print(f"# {machine_line()}; threads {a.threads}")
     print(f"# load average {os.getloadavg()}")
     kern = {False: _kernel(False), True: _kernel(True)}
     dists = [int(d) for d in a.distances.split(",")]

@@ -22,30 +22,8 @@ from pathlib import Path
 from typing import Any
 
 
-def x8_prefetch_bytes() -> int:
-    """How far ahead of the block being read the 8-row kernels (``ggml/cpu/*_x8*.py``) prefetch their
-    weight, in bytes; 0 (the default): two groups of eight rows ahead (the Q8_0 kernel: 64 KiB;
-    ``rowgroups.x8_prefetch_from``). ``LLAMAPY_X8_PREFETCH=<bytes>`` sets it.
-
-    The best distance depends on the CPU and on where the weight comes from
-    (``benchmarks/results/stop49_intel_prefetch.md``). On an Intel Xeon VM (2 threads, haswell target),
-    2048 made decode of files streamed from DRAM 10-19 % faster (1.5B-shaped Q4_K_M 21.6 -> 25.1 t/s,
-    Q4_0 +11 %, Q5_K_M +10 %, Q8_0 +19 %; the MoE shape +5 %) but SmolLM2-135M, whose 92 MB the VM's
-    L3 holds, 17 % slower (225 -> 187 t/s); both distances at once were slower than either. On the AMD
-    EPYC (Zen 4) VM two groups read as fast as a plain streaming read (``stop45_decode.md``). So the
-    default stays two groups everywhere: on an Intel CPU with a model much larger than its L3, 2048
-    is worth setting."""
-    env = os.environ.get("LLAMAPY_X8_PREFETCH", "").strip()
-    if not env:
-        return 0
-    if not env.isdigit():
-        raise ValueError(f"LLAMAPY_X8_PREFETCH={env!r}: expected a byte count (0: two row groups ahead)")
-    return int(env)
-
-
 def kernel_sources_digest() -> str:
-    """Short hash of the files whose code ends up in cached kernels, and of the values computed at
-    import that kernels compile in as constants (``x8_prefetch_bytes``)."""
+    """Short hash of the files whose code ends up in cached kernels."""
     root = Path(__file__).resolve().parent
     files = [
         root / "_numba.py",
@@ -60,7 +38,6 @@ def kernel_sources_digest() -> str:
     import numpy
 
     h.update(numpy.__version__.encode())
-    h.update(f"x8_prefetch_bytes={x8_prefetch_bytes()}".encode())
     return h.hexdigest()[:16]
 
 
@@ -497,7 +474,6 @@ __all__ = [
     "max_threads",
     "cap_threads",
     "kernel_sources_digest",
-    "x8_prefetch_bytes",
     "release_compiler_pages",
     "FAST_KEEP_INF",
 ]

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 KERNEL = """
 import numpy as np
 from llamapy._numba import njit
@@ -138,18 +136,3 @@ def test_clean_read_only_spans_of_a_library() -> None:
         (0x7F000000A000, 0x7F000000B000),
     ]
     assert _clean_read_only_spans("", "libllvmlite") == []
-
-
-def test_x8_prefetch_bytes_from_the_environment(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import llamapy._numba as ln
-
-    monkeypatch.delenv("LLAMAPY_X8_PREFETCH", raising=False)
-    assert ln.x8_prefetch_bytes() == 0
-    before = ln.kernel_sources_digest()
-    monkeypatch.setenv("LLAMAPY_X8_PREFETCH", "4096")
-    assert ln.x8_prefetch_bytes() == 4096
-    # a kernel compiles the distance in as a constant: another distance, another cache directory
-    assert ln.kernel_sources_digest() != before
-    monkeypatch.setenv("LLAMAPY_X8_PREFETCH", "2k")
-    with pytest.raises(ValueError, match="LLAMAPY_X8_PREFETCH='2k'"):
-        ln.x8_prefetch_bytes()

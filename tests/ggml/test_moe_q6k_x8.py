@@ -59,7 +59,7 @@ def test_kernel_equals_dense_x8_per_expert_plain_moe_and_float64(shared, chunks)
     iv = np.stack([RNG.choice(E, U, replace=False) for _ in range(Tn)]).astype(np.int32)
     iv[0] = [4, 0, 2]
     out = np.full((Tn * U, N), -1.0, np.float32)
-    assert moe_q6_k_x8(R, x, iv, out, 256, chunks) == -1
+    assert moe_q6_k_x8(R, x, iv, out, 256, chunks, 0) == -1
     plain = np.full((Tn * U, N), -1.0, np.float32)
     assert MOE["Q6_K"](raw, x, iv, plain, F16_TABLE, 256) == -1
     for t in range(Tn):
@@ -67,7 +67,7 @@ def test_kernel_equals_dense_x8_per_expert_plain_moe_and_float64(shared, chunks)
             p, e = t * U + u, iv[t, u]
             xr = np.ascontiguousarray(x[t, 0 if shared else u][None])
             y = np.empty((1, N), np.float32)
-            mm_q6_k_x8(R[e], xr, y, F16_TABLE)
+            mm_q6_k_x8(R[e], xr, y, 0)
             np.testing.assert_array_equal(out[p], y[0])
             if t == 2 and (shared or u == 0):
                 assert np.isnan(out[p]).all() and np.isnan(plain[p]).all()
@@ -90,11 +90,11 @@ def test_pairs_grouped_give_the_dense_kernels_bits():
     iv[-1] = [0, 2, 3]
     assert list(np.bincount(iv.ravel())) == [9, 5, 7, 6]
     out = np.full((Tn * U, N), -1.0, np.float32)
-    assert moe_q6_k_x8(R, x, iv, out, 256, 2) == -1
+    assert moe_q6_k_x8(R, x, iv, out, 256, 2, 0) == -1
     for t in range(Tn):
         for u in range(U):
             y = np.empty((1, N), np.float32)
-            mm_q6_k_x8(R[iv[t, u]], np.ascontiguousarray(x[t, u][None]), y, F16_TABLE)
+            mm_q6_k_x8(R[iv[t, u]], np.ascontiguousarray(x[t, u][None]), y, 0)
             np.testing.assert_array_equal(out[t * U + u], y[0])
 
 
@@ -105,10 +105,10 @@ def test_kernel_bad_id_and_expert_limit():
     out = np.full((6, N), -1.0, np.float32)
     for bad in (-1, 3):
         iv = np.array([[0, 1], [2, bad], [bad, 0]], np.int32)
-        assert moe_q6_k_x8(R, x, iv, out, 256, 2) == 3
+        assert moe_q6_k_x8(R, x, iv, out, 256, 2, 0) == 3
         assert (out == -1.0).all()
     iv = np.array([[0, 1], [0, 2], [0, 1]], np.int32)  # expert 0: 3 pairs > 2, left to the caller
-    assert moe_q6_k_x8(R, x, iv, out, 2, 2) == -1
+    assert moe_q6_k_x8(R, x, iv, out, 2, 2, 0) == -1
     assert (out[[0, 2, 4]] == -1.0).all() and (out[[1, 3, 5]] != -1.0).all()
 
 

@@ -77,7 +77,7 @@ def test_x8_kernel_matches_plain_kernel_and_float64(t, N, K):
     plain = np.zeros((3, N), np.float32)
     plain_kern(raw, x, plain, F16)
     out = np.zeros((3, N), np.float32)
-    x8(q40_x8.repack(raw, t), x, out, F16)
+    x8(q40_x8.repack(raw, t), x, out, 0)
     np.testing.assert_allclose(out, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
     ref = q16(x) @ dequantize(raw, t).astype(np.float64).T
     assert float(((out - ref) ** 2).sum() / (ref**2).sum()) < 1e-12
@@ -98,7 +98,7 @@ def test_x8_kernel_integer_sums_are_exact():
     x[1, 5::32] = -32767.0
     expect = (x.astype(np.float64) @ dequantize(raw, T.Q4_0).astype(np.float64).T).astype(np.float32)
     out = np.zeros((2, rows), np.float32)
-    mm_q4_0_x8(q40_x8.repack(raw), x, out, F16)
+    mm_q4_0_x8(q40_x8.repack(raw), x, out, 0)
     np.testing.assert_array_equal(out, expect)
 
 
@@ -112,10 +112,10 @@ def test_several_row_kernels_equal_one_row_kernel_bit_for_bit(t, M):
     x = np.random.default_rng(M).standard_normal((M, 1536)).astype(np.float32)
     x[M // 2, 7] = np.nan
     one = np.zeros((M, 24), np.float32)
-    KERN[t][0](R, x, one, F16)
+    KERN[t][0](R, x, one, 0)
     for kern in ROWS[t]:
         several = np.zeros((M, 24), np.float32)
-        kern(R, x, several, F16)
+        kern(R, x, several, 0)
         np.testing.assert_array_equal(several, one)
         assert np.isnan(several[M // 2]).all() and np.isfinite(np.delete(several, M // 2, 0)).all()
 
@@ -126,7 +126,7 @@ def test_x8_kernel_nonfinite_activation_rows_give_nan(bad):
     x = np.random.default_rng(3).standard_normal((3, 512)).astype(np.float32)
     x[1, 300] = bad
     out = np.zeros((3, 16), np.float32)
-    mm_q4_0_x8(q40_x8.repack(raw), x, out, F16)
+    mm_q4_0_x8(q40_x8.repack(raw), x, out, 0)
     assert np.isfinite(out[[0, 2]]).all()
     assert np.isnan(out[1]).all()
 
@@ -187,7 +187,7 @@ def test_chunks_of_rows_give_the_bits_of_one_call(tmp_path, t, M):
     out = np.full((M, 48), np.nan, np.float32)
     q40_x8.mul_mat_step(be, a, view, x, out, None)()
     whole = np.full((M, 48), np.nan, np.float32)
-    q40_x8.rows_kernel(t, M)(q40_x8._cache[a][1], x, whole, F16)
+    q40_x8.rows_kernel(t, M)(q40_x8._cache[a][1], x, whole, 0)
     assert np.array_equal(out.view(np.uint32), whole.view(np.uint32))
 
 

@@ -69,7 +69,7 @@ def test_x8_kernel_matches_plain_kernel_and_float64(N, K):
     plain = np.zeros((3, N), np.float32)
     kk.mm_q4_k(raw, x, plain, F16)
     out = np.zeros((3, N), np.float32)
-    mm_q4_k_x8(q4k_x8.repack(raw), x, out, F16)
+    mm_q4_k_x8(q4k_x8.repack(raw), x, out, 0)
     np.testing.assert_allclose(out, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
     ref = ref64(raw, x)
     assert float(((out - ref) ** 2).sum() / (ref**2).sum()) < 1e-11
@@ -81,7 +81,7 @@ def test_x8_kernel_nonfinite_activation_rows_give_nan(bad):
     x = np.random.default_rng(3).standard_normal((3, 512)).astype(np.float32)
     x[1, 300] = bad
     out = np.zeros((3, 16), np.float32)
-    mm_q4_k_x8(q4k_x8.repack(raw), x, out, F16)
+    mm_q4_k_x8(q4k_x8.repack(raw), x, out, 0)
     assert np.isfinite(out[[0, 2]]).all()
     assert np.isnan(out[1]).all()
 
@@ -99,7 +99,7 @@ def test_x8_kernel_integer_sums_are_exact():
     x[:, ::256] = 127.0  # d8 = -1, xq = -x exactly
     expect = (x.astype(np.float64) @ dequantize(raw, T.Q4_K).astype(np.float64).T).astype(np.float32)
     out = np.zeros((2, rows), np.float32)
-    mm_q4_k_x8(q4k_x8.repack(raw), x, out, F16)
+    mm_q4_k_x8(q4k_x8.repack(raw), x, out, 0)
     np.testing.assert_array_equal(out, expect)
 
 
@@ -108,8 +108,8 @@ def both_kernels(R: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     M, N = x.shape[0], R.shape[0] * 8
     one = np.full((M, N), -3.0, np.float32)
     four = np.full((M, N), 5.0, np.float32)
-    mm_q4_k_x8(R, x, one, F16)
-    mm_q4_k_x8r4(R, x, four, F16)
+    mm_q4_k_x8(R, x, one, 0)
+    mm_q4_k_x8r4(R, x, four, 0)
     return one, four
 
 
@@ -183,7 +183,7 @@ def test_mul_mat_step_on_a_mapped_weight_matches_the_plain_path(mapped, M):
         mk.matvec_kernel("Q4_K", M)(raw, x, plain, F16)
         np.testing.assert_allclose(out, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
         one = np.zeros((M, 48), np.float32)
-        mm_q4_k_x8(q4k_x8.repack(raw), x, one, F16)
+        mm_q4_k_x8(q4k_x8.repack(raw), x, one, 0)
         np.testing.assert_array_equal(out.view(np.uint32), one.view(np.uint32))
     else:  # dequantized tiles (unpacked from the repacked rows) + sgemm
         ref = x.astype(np.float64) @ dequantize(raw, T.Q4_K).astype(np.float64).T

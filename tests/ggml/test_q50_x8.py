@@ -87,7 +87,7 @@ def test_x8_kernel_matches_plain_kernel_and_float64(t, N, K):
     plain = np.zeros((3, N), np.float32)
     plain_kern(raw, x, plain, F16)
     out = np.zeros((3, N), np.float32)
-    x8(q50_x8.repack(raw, t), x, out, F16)
+    x8(q50_x8.repack(raw, t), x, out, 0)
     np.testing.assert_allclose(out, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
     ref = q16(x) @ dequantize(raw, t).astype(np.float64).T
     assert float(((out - ref) ** 2).sum() / (ref**2).sum()) < 1e-12
@@ -109,7 +109,7 @@ def test_x8_kernel_integer_sums_are_exact(t):
     x[1, 5::32] = -32767.0
     expect = (x.astype(np.float64) @ dequantize(raw, t).astype(np.float64).T).astype(np.float32)
     out = np.zeros((2, rows), np.float32)
-    KERN[t][0](q50_x8.repack(raw, t), x, out, F16)
+    KERN[t][0](q50_x8.repack(raw, t), x, out, 0)
     np.testing.assert_array_equal(out, expect)
 
 
@@ -122,9 +122,9 @@ def test_four_row_kernel_equals_one_row_kernel_bit_for_bit(M):
     x = np.random.default_rng(M).standard_normal((M, 896)).astype(np.float32)
     x[M // 2, 7] = np.nan
     one = np.zeros((M, 24), np.float32)
-    mm_q5_0_x8(R, x, one, F16)
+    mm_q5_0_x8(R, x, one, 0)
     several = np.zeros((M, 24), np.float32)
-    mm_q5_0_x8r4(R, x, several, F16)
+    mm_q5_0_x8r4(R, x, several, 0)
     np.testing.assert_array_equal(several, one)
     assert np.isnan(several[M // 2]).all() and np.isfinite(np.delete(several, M // 2, 0)).all()
 
@@ -135,7 +135,7 @@ def test_x8_kernel_nonfinite_activation_rows_give_nan(bad):
     x = np.random.default_rng(3).standard_normal((3, 512)).astype(np.float32)
     x[1, 300] = bad
     out = np.zeros((3, 16), np.float32)
-    mm_q5_0_x8(q50_x8.repack(raw), x, out, F16)
+    mm_q5_0_x8(q50_x8.repack(raw), x, out, 0)
     assert np.isfinite(out[[0, 2]]).all()
     assert np.isnan(out[1]).all()
 

@@ -72,7 +72,7 @@ def test_x8_kernel_matches_plain_kernel_and_float64(N, K):
     plain = np.zeros((3, N), np.float32)
     kk.mm_q5_k(raw, x, plain, F16)
     out = np.zeros((3, N), np.float32)
-    mm_q5_k_x8(q5k_x8.repack(raw), x, out, F16)
+    mm_q5_k_x8(q5k_x8.repack(raw), x, out, 0)
     np.testing.assert_allclose(out, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
     ref = ref64(raw, x)
     assert float(((out - ref) ** 2).sum() / (ref**2).sum()) < 1e-11
@@ -84,7 +84,7 @@ def test_x8_kernel_nonfinite_activation_rows_give_nan(bad):
     x = np.random.default_rng(3).standard_normal((3, 512)).astype(np.float32)
     x[1, 300] = bad
     out = np.zeros((3, 16), np.float32)
-    mm_q5_k_x8(q5k_x8.repack(raw), x, out, F16)
+    mm_q5_k_x8(q5k_x8.repack(raw), x, out, 0)
     assert np.isfinite(out[[0, 2]]).all()
     assert np.isnan(out[1]).all()
 
@@ -100,8 +100,8 @@ def test_four_row_kernel_matches_one_row_kernel_bit_for_bit(M):
         x[M - 1, K - 1] = np.inf if M % 2 else -np.inf  # the row a trailing group of 4 repeats
     R = q5k_x8.repack(raw)
     one, four = np.zeros((M, N), np.float32), np.full((M, N), -1.0, np.float32)
-    mm_q5_k_x8(R, x, one, F16)
-    mm_q5_k_x8r4(R, x, four, F16)
+    mm_q5_k_x8(R, x, one, 0)
+    mm_q5_k_x8r4(R, x, four, 0)
     np.testing.assert_array_equal(four, one)
     bad = ~np.isfinite(x).all(axis=1)
     assert np.isnan(four[bad]).all() and np.isfinite(four[~bad]).all()
@@ -122,8 +122,8 @@ def test_four_row_kernel_worst_case_16_bit_sums_and_exact_integers():
     for w, xx in ((raw, x), (ints, xi)):
         R = q5k_x8.repack(w)
         one, four = np.zeros((len(xx), rows), np.float32), np.zeros((len(xx), rows), np.float32)
-        mm_q5_k_x8(R, xx, one, F16)
-        mm_q5_k_x8r4(R, xx, four, F16)
+        mm_q5_k_x8(R, xx, one, 0)
+        mm_q5_k_x8r4(R, xx, four, 0)
         np.testing.assert_array_equal(four, one)
     expect = (xi.astype(np.float64) @ dequantize(ints, T.Q5_K).astype(np.float64).T).astype(np.float32)
     np.testing.assert_array_equal(four, expect)
@@ -143,8 +143,8 @@ plain = np.zeros((7, 16), np.float32)
 kk.mm_q5_k(raw, x, plain, mk.F16_TABLE)
 R = q5k_x8.repack(raw)
 one, four = np.zeros((7, 16), np.float32), np.zeros((7, 16), np.float32)
-mm_q5_k_x8(R, x, one, mk.F16_TABLE)
-mm_q5_k_x8r4(R, x, four, mk.F16_TABLE)
+mm_q5_k_x8(R, x, one, 0)
+mm_q5_k_x8r4(R, x, four, 0)
 np.testing.assert_allclose(one, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
 np.testing.assert_array_equal(four, one)
 print("ok")
@@ -178,7 +178,7 @@ def test_x8_kernel_integer_sums_are_exact():
     x[:, ::256] = 127.0  # d8 = -1, xq = -x exactly
     expect = (x.astype(np.float64) @ dequantize(raw, T.Q5_K).astype(np.float64).T).astype(np.float32)
     out = np.zeros((2, rows), np.float32)
-    mm_q5_k_x8(q5k_x8.repack(raw), x, out, F16)
+    mm_q5_k_x8(q5k_x8.repack(raw), x, out, 0)
     np.testing.assert_array_equal(out, expect)
 
 
@@ -195,7 +195,7 @@ def test_x8_kernel_worst_case_16_bit_sums():
         x = np.full((1, K), sign, np.float32)  # Q8_K: every byte -127 with d8 = -1/127 (exact sums)
         expect = ref64(raw, x)
         out = np.zeros((1, rows), np.float32)
-        mm_q5_k_x8(q5k_x8.repack(raw), x, out, F16)
+        mm_q5_k_x8(q5k_x8.repack(raw), x, out, 0)
         np.testing.assert_allclose(out, expect, rtol=1e-6)
         plain = np.zeros((1, rows), np.float32)
         kk.mm_q5_k(raw, x, plain, F16)
@@ -258,7 +258,7 @@ def test_chunks_of_rows_give_the_bits_of_one_call(mapped, M):
     out = np.full((M, 48), np.nan, np.float32)
     q5k_x8.mul_mat_step(be, a, view, x, out, None)()
     whole = np.full((M, 48), np.nan, np.float32)
-    qk.mm_q5_k_x8r4(q5k_x8._cache[a][1], x, whole, F16)
+    qk.mm_q5_k_x8r4(q5k_x8._cache[a][1], x, whole, 0)
     assert np.array_equal(out.view(np.uint32), whole.view(np.uint32))
 
 

@@ -71,8 +71,8 @@ def test_x8_kernels_match_plain_kernel_and_float64(N, K, M):
     kk.mm_q6_k(raw, x, plain, F16)
     R = q6k_x8.repack(raw)
     one, four = np.zeros((M, N), np.float32), np.zeros((M, N), np.float32)
-    mm_q6_k_x8(R, x, one, F16)
-    mm_q6_k_x8r4(R, x, four, F16)
+    mm_q6_k_x8(R, x, one, 0)
+    mm_q6_k_x8r4(R, x, four, 0)
     np.testing.assert_allclose(one, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
     np.testing.assert_array_equal(four, one)
     ref = ref64(raw, x)
@@ -86,7 +86,7 @@ def test_x8_kernels_nonfinite_activation_rows_give_nan(bad, kern):
     x = np.random.default_rng(3).standard_normal((5, 512)).astype(np.float32)
     x[1, 300] = bad
     out = np.zeros((5, 16), np.float32)
-    kern(q6k_x8.repack(raw), x, out, F16)
+    kern(q6k_x8.repack(raw), x, out, 0)
     assert np.isfinite(np.delete(out, 1, 0)).all()
     assert np.isnan(out[1]).all()
 
@@ -110,7 +110,7 @@ def test_x8_kernels_integer_sums_are_exact(kern):
     x[:, ::256] = 127.0  # d8 = -1, xq = -x exactly
     expect = (x.astype(np.float64) @ dequantize(raw, T.Q6_K).astype(np.float64).T).astype(np.float32)
     out = np.zeros((5, rows), np.float32)
-    kern(q6k_x8.repack(raw), x, out, F16)
+    kern(q6k_x8.repack(raw), x, out, 0)
     np.testing.assert_array_equal(out, expect)
 
 
@@ -132,7 +132,7 @@ def test_x8_kernels_extreme_16_bit_sums(code):
         kk.mm_q6_k(raw, x, plain, F16)
         for kern in KERNELS:
             out = np.zeros((4, rows), np.float32)
-            kern(q6k_x8.repack(raw), x, out, F16)
+            kern(q6k_x8.repack(raw), x, out, 0)
             np.testing.assert_allclose(out, expect, rtol=1e-6)
             np.testing.assert_allclose(out, plain, rtol=1e-6)
 
@@ -152,7 +152,7 @@ kk.mm_q6_k(raw, x, plain, mk.F16_TABLE)
 R = q6k_x8.repack(raw)
 for kern in (mm_q6_k_x8, mm_q6_k_x8r4):
     out = np.zeros((5, 16), np.float32)
-    kern(R, x, out, mk.F16_TABLE)
+    kern(R, x, out, 0)
     np.testing.assert_allclose(out, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
 print("ok")
 """

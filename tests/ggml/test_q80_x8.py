@@ -82,7 +82,7 @@ def test_x8_kernels_match_plain_kernel_and_float64(N, K, M):
     ref = q16(x) @ dequantize(raw, T.Q8_0).astype(np.float64).T
     for kern in (mm_q8_0_x8, mm_q8_0_x8r4):
         out = np.zeros((M, N), np.float32)
-        kern(R, x, out, F16)
+        kern(R, x, out, 0)
         np.testing.assert_allclose(out, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
         assert float(((out - ref) ** 2).sum() / (ref**2).sum()) < 1e-12
 
@@ -107,7 +107,7 @@ def test_x8_kernel_integer_sums_are_exact():
     R = q80_x8.repack(raw)
     for kern in (mm_q8_0_x8, mm_q8_0_x8r4):
         out = np.zeros((5, rows), np.float32)
-        kern(R, x, out, F16)
+        kern(R, x, out, 0)
         np.testing.assert_array_equal(out, expect)
 
 
@@ -119,8 +119,8 @@ def test_four_row_kernel_equals_one_row_kernel_bit_for_bit(M):
     x = np.random.default_rng(M).standard_normal((M, 1536)).astype(np.float32)
     x[M // 2, 7] = np.nan
     one, four = np.zeros((M, 24), np.float32), np.zeros((M, 24), np.float32)
-    mm_q8_0_x8(R, x, one, F16)
-    mm_q8_0_x8r4(R, x, four, F16)
+    mm_q8_0_x8(R, x, one, 0)
+    mm_q8_0_x8r4(R, x, four, 0)
     np.testing.assert_array_equal(four, one)
     assert np.isnan(four[M // 2]).all() and np.isfinite(np.delete(four, M // 2, 0)).all()
 
@@ -132,7 +132,7 @@ def test_x8_kernels_nonfinite_activation_rows_give_nan(bad, kern):
     x = np.random.default_rng(3).standard_normal((5, 512)).astype(np.float32)
     x[1, 300] = bad
     out = np.zeros((5, 16), np.float32)
-    kern(q80_x8.repack(raw), x, out, F16)
+    kern(q80_x8.repack(raw), x, out, 0)
     assert np.isfinite(np.delete(out, 1, 0)).all()
     assert np.isnan(out[1]).all()
 
@@ -152,7 +152,7 @@ qk.mm16_q8_0(raw, x, plain, mk.F16_TABLE)
 R = q80_x8.repack(raw)
 for kern in (mm_q8_0_x8, mm_q8_0_x8r4):
     out = np.zeros((5, 16), np.float32)
-    kern(R, x, out, mk.F16_TABLE)
+    kern(R, x, out, 0)
     np.testing.assert_allclose(out, plain, rtol=2e-6, atol=2e-6 * np.abs(plain).max())
 print("ok")
 """

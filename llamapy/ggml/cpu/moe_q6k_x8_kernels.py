@@ -13,7 +13,7 @@ An expert's pairs run four at a time where it has two or more (``q6k_x8_kernels.
 the last single one alone; the float steps are the same either way, so a pair's result does not depend on
 the others.
 
-Call: ``moe_q6_k_x8(R, x, ids, out, max_rows, chunks) -> bad``, as ``moe_x8_kernels.moe_q4_k_x8``.
+Call: ``moe_q6_k_x8(R, x, ids, out, max_rows, chunks, pfd) -> bad``, as ``moe_x8_kernels.moe_q4_k_x8``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from .x8simd import xh8
 
 
 @njit(parallel=True, cache=True)
-def moe_q6_k_x8(R, x, ids, out, max_rows, chunks):
+def moe_q6_k_x8(R, x, ids, out, max_rows, chunks, pfd):
     E, G, gb = R.shape
     T, Ux, K = x.shape
     U = ids.shape[1]
@@ -62,7 +62,7 @@ def moe_q6_k_x8(R, x, ids, out, max_rows, chunks):
             continue
         e = active[a]
         w = R[e, g]
-        pf = _prefetch_from(i, n, nA, Gc, G, active, e, g, gb, total)
+        pf = _prefetch_from(i, n, nA, Gc, G, active, e, g, gb, total, pfd)
         j0, j1 = starts[e], starts[e + 1]
         j = j0
         while j + 1 < j1:  # 2-4 pairs at a time (``_sub4``: each code register decoded once for all)

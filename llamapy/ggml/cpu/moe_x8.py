@@ -155,9 +155,15 @@ def mul_mat_id_step(
             gemm_nt(x, W, y[:, r0 : r0 + n], threads)
         out[t_idx, u_idx] = y
 
+    tuner = be.prefetch
+    state = tuner.counter() if B.shape[0] == 1 else None  # one token: the tuner may measure it
+
     def step_x8() -> None:
         x = B if direct else np.ascontiguousarray(B, dtype=np.float32)
-        bad = kern(R, x, ids, out2, max_rows, get_nt())
+        if state is not None and tuner.tuning:
+            bad = tuner.run(lambda d: kern(R, x, ids, out2, max_rows, get_nt(), d), state)
+        else:
+            bad = kern(R, x, ids, out2, max_rows, get_nt(), tuner.distance)
         if bad >= 0:
             raise bad_id(ids.reshape(-1)[bad])
         if ids.size > max_rows:  # experts with more pairs than the kernel takes

@@ -16,11 +16,12 @@ a time (``benchmarks/results/moe_x8.md``). Per pair the integer sums and the flo
 whichever way it is grouped (``moe_q4_k_x8_1``, one pair at a time, gives the same bits: a token's result
 does not depend on which other tokens chose its experts).
 
-Call: ``moe_q4_k_x8(R, x, ids, out, max_rows, chunks) -> bad``, as ``moe_kernels.MOE``'s (``x``
+Call: ``moe_q4_k_x8(R, x, ids, out, max_rows, chunks, pfd) -> bad``, as ``moe_kernels.MOE``'s (``x``
 ``float32[T, 1 or U, K]`` C-contiguous, ``ids`` ``int[T, U]``, ``out`` ``float32[T * U, N]``; ``chunks``:
 the thread count, ``numba.get_num_threads()``, see ``_item``): experts with more than
 ``max_rows`` pairs are skipped (the caller runs them as tiles unpacked to plain Q4_K); ``bad`` is -1 or
-the first pair whose id is outside ``0..E-1`` (nothing written).
+the first pair whose id is outside ``0..E-1`` (nothing written); ``pfd``: the prefetch distance in
+bytes (``_prefetch_from``, ``prefetch_tune``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..._numba import njit, prange
 from .isimd import bnib, itof, izero
 from .moe_kernels import _nan_pairs, _q8k_par, _xrow, moe_plan
 from .q4k_x8_kernels import QK_K, X8_BYTES, X8_D, X8_DMIN, X8_MN, X8_QS, X8_SC, _x8_block
-from .rowgroups import X8_PREFETCH_BYTES, X8_PREFETCH_GROUPS, prefetch_bytes, x8_prefetch_from
+from .rowgroups import X8_PREFETCH_GROUPS, prefetch_bytes, x8_prefetch_from
 from .simd import vfma, vmul, vsplat, vstore, vzero
 from .x8simd import xadd16, xbcast4, xh8, xmaddubs, xmins, xscale, xzero16
 
@@ -109,13 +110,13 @@ def _item(i, nA, Gc, G):
 
 
 @njit(inline="always")
-def _prefetch_from(i, n, nA, Gc, G, active, e, g, gb, total):
+def _prefetch_from(i, n, nA, Gc, G, active, e, g, gb, total, pfd):
     """The flat weight offset that work item ``i`` (expert ``e``, group ``g``) prefetches from while it
-    reads its first pairs: ``X8_PREFETCH_BYTES`` past its own group's start where that is set (a stream,
-    as the dense kernels: an expert's groups are consecutive), else the group of the item this thread
-    runs after the next (``total``: none)."""
-    if X8_PREFETCH_BYTES:
-        return x8_prefetch_from(e * G + g, gb)
+    reads its first pairs: ``pfd`` bytes past its own group's start where that is > 0 (a stream, as the
+    dense kernels: an expert's groups are consecutive), else the group of the item this thread runs
+    ``X8_PREFETCH_GROUPS`` after this one (``total``: none)."""
+    if pfd > 0:
+        return x8_prefetch_from(e * G + g, gb, pfd)
     pf = total
     if i + X8_PREFETCH_GROUPS < n:
         a2, g2 = _item(i + X8_PREFETCH_GROUPS, nA, Gc, G)
@@ -125,7 +126,7 @@ def _prefetch_from(i, n, nA, Gc, G, active, e, g, gb, total):
 
 
 @njit(inline="always")
-def _moe_x8(R, x, ids, out, max_rows, chunks, group):
+def _moe_x8(R, x, ids, out, max_rows, chunks, pfd, group):
     E, G, gb = R.shape
     T, Ux, K = x.shape
     U = ids.shape[1]
@@ -146,7 +147,7 @@ def _moe_x8(R, x, ids, out, max_rows, chunks, group):
             continue
         e = active[a]
         w = R[e, g]
-        pf = _prefetch_from(i, n, nA, Gc, G, active, e, g, gb, total)
+        pf = _prefetch_from(i, n, nA, Gc, G, active, e, g, gb, total, pfd)
         j0, j1 = starts[e], starts[e + 1]
         j = j0
         while j + 3 < j1 and group >= 4:  # four pairs at a time
@@ -211,11 +212,11 @@ def _moe_x8(R, x, ids, out, max_rows, chunks, group):
 
 
 @njit(parallel=True, cache=True)
-def moe_q4_k_x8(R, x, ids, out, max_rows, chunks):
-    return _moe_x8(R, x, ids, out, max_rows, chunks, 4)
+def moe_q4_k_x8(R, x, ids, out, max_rows, chunks, pfd):
+    return _moe_x8(R, x, ids, out, max_rows, chunks, pfd, 4)
 
 
 @njit(parallel=True, cache=True)
-def moe_q4_k_x8_1(R, x, ids, out, max_rows, chunks):
+def moe_q4_k_x8_1(R, x, ids, out, max_rows, chunks, pfd):
     """``moe_q4_k_x8`` with each pair on its own (the same outputs bit for bit; tests and A/B)."""
-    return _moe_x8(R, x, ids, out, max_rows, chunks, 1)
+    return _moe_x8(R, x, ids, out, max_rows, chunks, pfd, 1)

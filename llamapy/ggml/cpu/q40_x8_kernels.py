@@ -270,7 +270,7 @@ def _blk_q4_1(acc, w, t, xpm, x0, d, xsum, cor):
 
 # -- the loop -----------------------------------------------------------------------------------------------
 @njit(inline="always")
-def _mm_x8(R, x, out, blk, xbytes):
+def _mm_x8(R, x, out, pfd, blk, xbytes):
     G, gb = R.shape
     nb = gb // xbytes
     M = x.shape[0]
@@ -279,7 +279,7 @@ def _mm_x8(R, x, out, blk, xbytes):
     xp, xd, xs, cor, ok = _prepare(x, nb)
     for grp in prange(G):
         w = R[grp]
-        pf = x8_prefetch_from(grp, gb)
+        pf = x8_prefetch_from(grp, gb, pfd)
         for m in range(M):
             xpm = xp[m]
             acc = vzero()
@@ -312,16 +312,16 @@ def _prepare(x, nb):
 
 
 @njit(parallel=True, cache=True)
-def mm_q4_0_x8(R, x, out, f16):
+def mm_q4_0_x8(R, x, out, pfd):
     """out[m, :] = W @ (the 16-bit quantized x[m]) for the repacked Q4_0 weight ``R`` (uint8[N // 8,
-    nb * 144]); ``f16`` is unused (the halves convert in-register), kept for the ``MATVEC`` call shape."""
-    _mm_x8(R, x, out, _blk_q4_0, 144)
+    nb * 144]); ``pfd``: the prefetch distance in bytes (``rowgroups.x8_prefetch_from``)."""
+    _mm_x8(R, x, out, pfd, _blk_q4_0, 144)
 
 
 @njit(parallel=True, cache=True)
-def mm_q4_1_x8(R, x, out, f16):
+def mm_q4_1_x8(R, x, out, pfd):
     """As ``mm_q4_0_x8`` for Q4_1 (uint8[N // 8, nb * 160])."""
-    _mm_x8(R, x, out, _blk_q4_1, 160)
+    _mm_x8(R, x, out, pfd, _blk_q4_1, 160)
 
 
 #: the kernel of each type (several rows per pass: ``q40_x8_rows``)

@@ -165,7 +165,7 @@ def _prepare_rows(x, nb):
 
 
 @njit(inline="always")
-def _rows(R, x, out, xbytes, q41, eight):
+def _rows(R, x, out, pfd, xbytes, q41, eight):
     """Every row of ``x`` against the repacked ``R``: passes of eight rows (``eight``), the rest four at a
     time."""
     G, gb = R.shape
@@ -177,7 +177,7 @@ def _rows(R, x, out, xbytes, q41, eight):
     M8 = M // 8 * 8 if eight else 0
     for grp in prange(G):
         w = R[grp]
-        pf = x8_prefetch_from(grp, gb)
+        pf = x8_prefetch_from(grp, gb, pfd)
         for m0 in range(0, M8, 8):
             _pass8(w, xp, xd, xs, cor, out, grp, m0, nb, xbytes, q41, m0 == 0, Rf, pf, total)
         for m0 in range(M8, M, 4):
@@ -189,29 +189,29 @@ def _rows(R, x, out, xbytes, q41, eight):
 
 
 @njit(parallel=True, cache=True)
-def mm_q4_0_x8r4(R, x, out, f16):
+def mm_q4_0_x8r4(R, x, out, pfd):
     """As ``q40_x8_kernels.mm_q4_0_x8``, four activation rows per pass over the weight: each weight vector
     is decoded once for four rows; every row's result is the one-row kernel's, bit for bit."""
-    _rows(R, x, out, 144, False, False)
+    _rows(R, x, out, pfd, 144, False, False)
 
 
 @njit(parallel=True, cache=True)
-def mm_q4_1_x8r4(R, x, out, f16):
+def mm_q4_1_x8r4(R, x, out, pfd):
     """As ``mm_q4_0_x8r4`` for Q4_1 (``q40_x8_kernels.mm_q4_1_x8``'s result, bit for bit)."""
-    _rows(R, x, out, 160, True, False)
+    _rows(R, x, out, pfd, 160, True, False)
 
 
 @njit(parallel=True, cache=True)
-def mm_q4_0_x8r8(R, x, out, f16):
+def mm_q4_0_x8r8(R, x, out, pfd):
     """As ``mm_q4_0_x8r4``, eight activation rows per pass (the last ``M % 8`` four at a time): each decoded
     weight vector serves eight rows; every row's result is the one-row kernel's, bit for bit."""
-    _rows(R, x, out, 144, False, True)
+    _rows(R, x, out, pfd, 144, False, True)
 
 
 @njit(parallel=True, cache=True)
-def mm_q4_1_x8r8(R, x, out, f16):
+def mm_q4_1_x8r8(R, x, out, pfd):
     """As ``mm_q4_0_x8r8`` for Q4_1."""
-    _rows(R, x, out, 160, True, True)
+    _rows(R, x, out, pfd, 160, True, True)
 
 
 #: the several-rows-per-pass kernel of each type

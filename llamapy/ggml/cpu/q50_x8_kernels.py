@@ -259,7 +259,7 @@ def _prepare(x, nb, off):
 
 
 @njit(inline="always")
-def _mm_x8(R, x, out, blk, xbytes, off):
+def _mm_x8(R, x, out, pfd, blk, xbytes, off):
     G, gb = R.shape
     nb = gb // xbytes
     M = x.shape[0]
@@ -268,7 +268,7 @@ def _mm_x8(R, x, out, blk, xbytes, off):
     xp, xd, xs, cor, ok = _prepare(x, nb, off)
     for grp in prange(G):
         w = R[grp]
-        pf = x8_prefetch_from(grp, gb)
+        pf = x8_prefetch_from(grp, gb, pfd)
         for m in range(M):
             xpm = xp[m]
             acc = vzero()
@@ -285,16 +285,16 @@ def _mm_x8(R, x, out, blk, xbytes, off):
 
 
 @njit(parallel=True, cache=True)
-def mm_q5_0_x8(R, x, out, f16):
+def mm_q5_0_x8(R, x, out, pfd):
     """out[m, :] = W @ (the 16-bit quantized x[m]) for the repacked Q5_0 weight ``R`` (uint8[N // 8,
-    nb * 176]); ``f16`` is unused (the halves convert in-register), kept for the ``MATVEC`` call shape."""
-    _mm_x8(R, x, out, _blk_q5_0, 176, -16)
+    nb * 176]); ``pfd``: the prefetch distance in bytes (``rowgroups.x8_prefetch_from``)."""
+    _mm_x8(R, x, out, pfd, _blk_q5_0, 176, -16)
 
 
 @njit(parallel=True, cache=True)
-def mm_q5_1_x8(R, x, out, f16):
+def mm_q5_1_x8(R, x, out, pfd):
     """As ``mm_q5_0_x8`` for Q5_1 (uint8[N // 8, nb * 192])."""
-    _mm_x8(R, x, out, _blk_q5_1, 192, 0)
+    _mm_x8(R, x, out, pfd, _blk_q5_1, 192, 0)
 
 
 # -- four activation rows per pass (prompts) ----------------------------------------------------------------
@@ -369,7 +369,7 @@ def _prepare_rows(x, nb, off):
 
 
 @njit(parallel=True, cache=True)
-def mm_q5_0_x8r4(R, x, out, f16):
+def mm_q5_0_x8r4(R, x, out, pfd):
     """As ``mm_q5_0_x8``, four activation rows per pass over the weight: each five-bit vector is decoded
     once for four rows; every row's result is the one-row kernel's, bit for bit."""
     G, gb = R.shape
@@ -380,7 +380,7 @@ def mm_q5_0_x8r4(R, x, out, f16):
     xp, xd, xs, cor, ok = _prepare_rows(x, nb, -16)
     for grp in prange(G):
         w = R[grp]
-        pf = x8_prefetch_from(grp, gb)
+        pf = x8_prefetch_from(grp, gb, pfd)
         for m0 in range(0, M, 4):
             _pass4(w, xp, xd, cor, out, grp, m0, M, nb, m0 == 0, Rf, pf, total)
     for m in range(M):

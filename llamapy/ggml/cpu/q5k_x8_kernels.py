@@ -181,9 +181,9 @@ def _x8_step(acc, d, dm, xd, isum, msum):
 
 
 @njit(parallel=True, cache=True)
-def mm_q5_k_x8(R, x, out, f16):
+def mm_q5_k_x8(R, x, out, pfd):
     """out[m, :] = W @ dequantize(quantize(x[m], Q8_K)) for the repacked Q5_K weight ``R``
-    (uint8[N // 8, nb * 1440]); ``f16`` is unused (kept for the ``MATVEC`` call shape)."""
+    (uint8[N // 8, nb * 1440]); ``pfd``: the prefetch distance (``rowgroups.x8_prefetch_from``)."""
     G, gb = R.shape
     nb = gb // X8_BYTES
     Rf = R.reshape(-1)
@@ -191,7 +191,7 @@ def mm_q5_k_x8(R, x, out, f16):
     xq, xd, bs16, bs32, ok = _q8k(x)
     for grp in prange(G):
         w = R[grp]
-        pf = x8_prefetch_from(grp, gb)
+        pf = x8_prefetch_from(grp, gb, pfd)
         for m in range(x.shape[0]):
             xqm, b32m = xq[m], bs32[m]
             acc = vzero()
@@ -248,7 +248,7 @@ def _x8_sums4(w, t, x0, x1, x2, x3, xo):
 
 
 @njit(parallel=True, cache=True)
-def mm_q5_k_x8r4(R, x, out, f16):
+def mm_q5_k_x8r4(R, x, out, pfd):
     """As ``mm_q5_k_x8``, four activation rows per pass over the weight (prompts): each row's result is
     the one-row kernel's, bit for bit. The last ``M % 4`` rows: three run as a pass of four (the last row
     repeated), one or two one at a time."""
@@ -261,7 +261,7 @@ def mm_q5_k_x8r4(R, x, out, f16):
     xq, xd, bs16, bs32, ok = _q8k(x)
     for grp in prange(G):
         w = R[grp]
-        pf = x8_prefetch_from(grp, gb)
+        pf = x8_prefetch_from(grp, gb, pfd)
         for m0 in range(0, full, 4):
             m1, m2, m3 = m0 + 1, m0 + 2, min(m0 + 3, M - 1)
             x0, x1, x2, x3 = xq[m0], xq[m1], xq[m2], xq[m3]

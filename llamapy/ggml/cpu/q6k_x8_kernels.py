@@ -280,9 +280,9 @@ def _x8_block(w, t, xq, x0, negm):
 
 
 @njit(parallel=True, cache=True)
-def mm_q6_k_x8(R, x, out, f16):
+def mm_q6_k_x8(R, x, out, pfd):
     """out[m, :] = W @ dequantize(quantize(x[m], Q8_K)) for the repacked Q6_K weight ``R``
-    (uint8[N // 8, nb * 1680]); ``f16`` is unused (kept for the ``MATVEC`` call shape)."""
+    (uint8[N // 8, nb * 1680]); ``pfd``: the prefetch distance (``rowgroups.x8_prefetch_from``)."""
     G, gb = R.shape
     nb = gb // X8_BYTES
     Rf = R.reshape(-1)
@@ -290,7 +290,7 @@ def mm_q6_k_x8(R, x, out, f16):
     xq, xd, neg, ok = _prepare(x)
     for grp in prange(G):
         w = R[grp]
-        pf = x8_prefetch_from(grp, gb)
+        pf = x8_prefetch_from(grp, gb, pfd)
         for m in range(x.shape[0]):
             xqm, negm = xq[m], neg[m]
             acc = vzero()
@@ -326,7 +326,7 @@ def _sub4(i0, i1, i2, i3, w, s, x0, x1, x2, x3, xo, n0, n1, n2, n3, j2, sc):
 
 
 @njit(parallel=True, cache=True)
-def mm_q6_k_x8r4(R, x, out, f16):
+def mm_q6_k_x8r4(R, x, out, pfd):
     """As ``mm_q6_k_x8``, four activation rows per pass over the weight: each row's result is the
     one-row kernel's, bit for bit."""
     G, gb = R.shape
@@ -337,7 +337,7 @@ def mm_q6_k_x8r4(R, x, out, f16):
     xq, xd, neg, ok = _prepare(x)
     for grp in prange(G):
         w = R[grp]
-        pf = x8_prefetch_from(grp, gb)
+        pf = x8_prefetch_from(grp, gb, pfd)
         for m0 in range(0, M, 4):
             m1, m2, m3 = min(m0 + 1, M - 1), min(m0 + 2, M - 1), min(m0 + 3, M - 1)
             x0, x1, x2, x3 = xq[m0], xq[m1], xq[m2], xq[m3]

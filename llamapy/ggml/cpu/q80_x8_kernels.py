@@ -32,7 +32,6 @@ from ..._numba import njit, prange
 from .hsimd import hmadd, hwiden, quantize_rows_q16
 from .isimd import itof, izero
 from .q40_x8_kernels import pbcast
-from .rowgroups import X8_PREFETCH_BYTES as X8_NEAR
 from .rowgroups import prefetch_bytes
 from .simd import vfma, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
@@ -44,10 +43,10 @@ SRC_BYTES = 34
 #: one-row kernel on the 1.4 GB of a 1.5B-shaped Q8_0 model's matrices (one thread, CPU ms per sweep,
 #: min / median of 8 alternating): plain 49.5 / 51.4; this 49.8 / 52.1; 256 KiB ahead 51.5 / 54.4; two
 #: groups ahead, every block's 272 bytes (5 prefetches, lines twice) 56.4 / 59.4 (10-15 % slower).
-#: That was the AMD EPYC VM. Where ``rowgroups.X8_PREFETCH_BYTES`` is set (``LLAMAPY_X8_PREFETCH``), that
-#: distance instead (2048 on the Intel Xeon VM: the 1.5B-shaped Q8_0 file's tg32, 2 threads, 13.0-13.7 ->
-#: 15.8-16.3 t/s; ``benchmarks/results/stop49_intel_prefetch.md``)
-X8_PREFETCH_BYTES = X8_NEAR or 65536
+#: That was the AMD EPYC VM. A kernel given a distance (``pfd`` > 0, ``prefetch_tune``) prefetches at
+#: that distance instead (2048 on the Intel Xeon VM: the 1.5B-shaped Q8_0 file's tg32, 2 threads,
+#: 13.0-13.7 -> 15.8-16.3 t/s; ``benchmarks/results/stop49_intel_prefetch.md``)
+X8_PREFETCH_BYTES = 65536
 #: from this many activation rows on, they are quantized in parallel (fewer: one parallel launch costs
 #: more than it saves)
 PAR_QUANT_ROWS = 16
@@ -111,9 +110,9 @@ def _prepare(x, nb):
 
 
 @njit(inline="always")
-def _prefetch_ahead(Rf, p, total):
-    """Prefetch the 64-byte lines that start in the block ``X8_PREFETCH_BYTES`` after flat offset ``p``."""
-    q = p + X8_PREFETCH_BYTES
+def _prefetch_ahead(Rf, p, d, total):
+    """Prefetch the 64-byte lines that start in the block ``d`` bytes after flat offset ``p``."""
+    q = p + d
     if q + X8_BYTES <= total:
         for c in range((q + 63) // 64 * 64, q + X8_BYTES, 64):
             prefetch_bytes(Rf, c, 1, total)
@@ -137,15 +136,16 @@ def _blk_sum(wi, q, xm, x0):
 
 
 @njit(parallel=True, cache=True)
-def mm_q8_0_x8(R, x, out, f16):
+def mm_q8_0_x8(R, x, out, pfd):
     """out[m, :] = W @ (the 16-bit quantized x[m]) for the repacked Q8_0 weight ``R`` (uint8[N // 8,
-    nb * 272]); ``f16`` is unused (the halves convert in-register), kept for the ``MATVEC`` call shape."""
+    nb * 272]); ``pfd``: the prefetch distance in bytes (0: ``X8_PREFETCH_BYTES``)."""
     G, gb = R.shape
     nb = gb // X8_BYTES
     M = x.shape[0]
     Rf = R.reshape(-1)
     total = G * gb
     xq, xd, ok = _prepare(x, nb)
+    ahead = pfd if pfd > 0 else X8_PREFETCH_BYTES
     for grp in prange(G):
         w = R[grp]
         wi = w.view(np.int8)
@@ -156,7 +156,7 @@ def mm_q8_0_x8(R, x, out, f16):
             for b in range(nb):
                 t = b * X8_BYTES
                 if m == 0:
-                    _prefetch_ahead(Rf, g0 + t, total)
+                    _prefetch_ahead(Rf, g0 + t, ahead, total)
                 s = _blk_sum(wi, t + 16, xm, b * 32)
                 acc = vfma(acc, vmul(xh8(w, t), vsplat(xd[m, b])), itof(s))
             vstore(out[m], grp * 8, acc)
@@ -164,7 +164,7 @@ def mm_q8_0_x8(R, x, out, f16):
 
 
 @njit(parallel=True, cache=True)
-def mm_q8_0_x8r4(R, x, out, f16):
+def mm_q8_0_x8r4(R, x, out, pfd):
     """As ``mm_q8_0_x8``, four activation rows per pass over the weight (prompts): each widened weight
     vector is used for four rows. Every row's integer sums and float steps are the one-row kernel's, so
     its result is too, bit for bit."""
@@ -174,6 +174,7 @@ def mm_q8_0_x8r4(R, x, out, f16):
     Rf = R.reshape(-1)
     total = G * gb
     xq, xd, ok = _prepare(x, nb)
+    ahead = pfd if pfd > 0 else X8_PREFETCH_BYTES
     for grp in prange(G):
         w = R[grp]
         wi = w.view(np.int8)
@@ -185,7 +186,7 @@ def mm_q8_0_x8r4(R, x, out, f16):
             for b in range(nb):
                 t = b * X8_BYTES
                 if m0 == 0:
-                    _prefetch_ahead(Rf, g0 + t, total)
+                    _prefetch_ahead(Rf, g0 + t, ahead, total)
                 s0, s1, s2, s3 = izero(), izero(), izero(), izero()
                 for c in range(16):
                     v = hwiden(wi, t + 16 + 16 * c)

@@ -224,17 +224,17 @@ def x8_step(
     scratch: str,
     chunk_rows: int = 0,
 ) -> Callable[[], None]:
-    """The ``mul_mat`` step on the repacked ``R`` of ``a`` (plain bytes ``A``): ``kern(R, x, out2, f16)``
-    (``chunk_rows`` > 0 and more activation rows than that: one call per chunk of rows, the chunks as
+    """The ``mul_mat`` step on the repacked ``R`` of ``a`` (plain bytes ``A``): ``kern(R, x, out2, distance)``
+    with the prefetch distance of ``be.prefetch`` (``prefetch_tune``; one activation row: its decode
+    steps, which it may measure) (``chunk_rows`` > 0 and more activation rows than that: one call per chunk of rows, the chunks as
     even as possible, each at most ``chunk_rows``); or, ``kern`` None, per tile of rows ``unpack(R, r0,
     r1, q)`` into the scratch ``scratch`` (plain bytes, bit for bit), dequantize, sgemm. ``unpack_kernel``:
     the Numba kernel ``unpack`` runs. Chunks change no bits: each row's result in the x8 kernels does not
     depend on the other rows of the call."""
-    from .backend import TILE_FLOATS, _kernels, _threads
+    from .backend import TILE_FLOATS, _threads
 
     if kern is not None:
-        mk, _ = _kernels()
-        f16 = mk.F16_TABLE
+        tuner = be.prefetch
         be.need(kern)
         M = x.shape[0]
         if 0 < chunk_rows < M:
@@ -246,14 +246,29 @@ def x8_step(
                 if pre is not None:
                     pre()
                 for xc, oc in parts:
-                    kern(R, xc, oc, f16)
+                    kern(R, xc, oc, tuner.distance)
 
             return step_x8_chunks
+        if M == 1:  # decode: the tuner may measure it (``prefetch_tune``)
+            state = tuner.counter()
+
+            def call(d: int) -> None:
+                kern(R, x, out2, d)
+
+            def step_x8_decode() -> None:
+                if pre is not None:
+                    pre()
+                if tuner.tuning:
+                    tuner.run(call, state)
+                else:
+                    kern(R, x, out2, tuner.distance)
+
+            return step_x8_decode
 
         def step_x8() -> None:
             if pre is not None:
                 pre()
-            kern(R, x, out2, f16)
+            kern(R, x, out2, tuner.distance)
 
         return step_x8
     be.need(unpack_kernel)

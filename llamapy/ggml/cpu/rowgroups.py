@@ -5,27 +5,24 @@ that multiply float activations (``matvec_float``)."""
 
 from __future__ import annotations
 
-from ..._numba import njit, prange, x8_prefetch_bytes
+from ..._numba import njit, prange
 from .layouts import ROWS_PER_PASS
 from .simd import prefetch, prefetch_l1, u16at, vhsum, vzero
 
 #: rows ahead of the current group whose bytes are prefetched (the hardware prefetcher alone leaves
 #: a large mat-vec at ~40 % of the bus)
 PREFETCH_ROWS = 16
-#: bytes ahead of the block being read that the 8-row kernels prefetch (0: two row groups ahead);
-#: ``LLAMAPY_X8_PREFETCH``, a constant in the compiled kernels (``_numba.x8_prefetch_bytes``)
-X8_PREFETCH_BYTES = x8_prefetch_bytes()
-#: groups of eight rows (the MoE kernels: work items) ahead that the 8-row kernels prefetch when
-#: ``X8_PREFETCH_BYTES`` is 0
+#: groups of eight rows (the MoE kernels: work items) ahead that the 8-row kernels prefetch at the
+#: distance 0 (``prefetch_tune``)
 X8_PREFETCH_GROUPS = 2
 
 
 @njit(inline="always")
-def x8_prefetch_from(grp, gb):
+def x8_prefetch_from(grp, gb, pfd):
     """The flat weight offset the 8-row kernels prefetch from while reading the first block of group
-    ``grp`` (``gb`` bytes a group): ``X8_PREFETCH_BYTES`` ahead, or ``X8_PREFETCH_GROUPS`` groups."""
-    if X8_PREFETCH_BYTES:
-        return grp * gb + X8_PREFETCH_BYTES
+    ``grp`` (``gb`` bytes a group): ``pfd`` bytes ahead, or (``pfd`` 0) ``X8_PREFETCH_GROUPS`` groups."""
+    if pfd > 0:
+        return grp * gb + pfd
     return (grp + X8_PREFETCH_GROUPS) * gb
 
 

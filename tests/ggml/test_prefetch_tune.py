@@ -1,0 +1,248 @@
+"""The 8-row kernels' prefetch distance (``prefetch_tune``): every kernel gives the same bits at any
+distance; the tuner measures the distances in turn on the decode steps (counting complete rounds only)
+and keeps the fastest by a margin, else the default; ``LLAMAPY_X8_PREFETCH`` fixes it; a backend's
+decode steps go through it and their results do not change when it decides."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llamapy.ggml import GGMLType as T
+from llamapy.ggml import ops
+from llamapy.ggml.cpu import prefetch_tune as pt
+from llamapy.ggml.cpu import q4k_x8, q5k_x8, q6k_x8, q40_x8, q50_x8, q80_x8
+from llamapy.ggml.cpu.backend import CPUBackend
+from llamapy.ggml.quants import quantize
+
+#: 0: the default (two groups ahead); one line; the distance measured on Intel; past every weight's end
+DISTANCES = (0, 64, 2048, 1 << 40)
+
+
+def _q(t: T, rows: int, K: int, seed: int) -> np.ndarray:
+    w = np.random.default_rng(seed).standard_normal((rows, K)).astype(np.float32)
+    return np.asarray(quantize(w, t)).reshape(rows, -1)
+
+
+def _dense() -> list[tuple[str, T, object, object]]:
+    from llamapy.ggml.cpu import q4k_x8_kernels as k4
+    from llamapy.ggml.cpu import q5k_x8_kernels as k5
+    from llamapy.ggml.cpu import q6k_x8_kernels as k6
+    from llamapy.ggml.cpu import q40_x8_kernels as k40
+    from llamapy.ggml.cpu import q40_x8_rows as r40
+    from llamapy.ggml.cpu import q50_x8_kernels as k50
+    from llamapy.ggml.cpu import q80_x8_kernels as k80
+
+    return [
+        ("q4_k", T.Q4_K, q4k_x8.repack, (k4.mm_q4_k_x8, k4.mm_q4_k_x8r4)),
+        ("q5_k", T.Q5_K, q5k_x8.repack, (k5.mm_q5_k_x8, k5.mm_q5_k_x8r4)),
+        ("q6_k", T.Q6_K, q6k_x8.repack, (k6.mm_q6_k_x8, k6.mm_q6_k_x8r4)),
+        ("q4_0", T.Q4_0, q40_x8.repack, (k40.mm_q4_0_x8, r40.mm_q4_0_x8r4, r40.mm_q4_0_x8r8)),
+        ("q4_1", T.Q4_1, q40_x8.repack, (k40.mm_q4_1_x8, r40.mm_q4_1_x8r4, r40.mm_q4_1_x8r8)),
+        ("q5_0", T.Q5_0, q50_x8.repack, (k50.mm_q5_0_x8, k50.mm_q5_0_x8r4)),
+        ("q5_1", T.Q5_1, q50_x8.repack, (k50.mm_q5_1_x8,)),
+        ("q8_0", T.Q8_0, q80_x8.repack, (k80.mm_q8_0_x8, k80.mm_q8_0_x8r4)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(8), ids=lambda i: _dense()[i][0])
+def test_every_dense_kernel_gives_the_same_bits_at_every_distance(case):
+    _, t, repack, kernels = _dense()[case]
+    R = repack(_q(t, 40, 768, case), t)  # 5 groups of eight rows
+    for M in (1, 9):
+        x = np.random.default_rng(M).standard_normal((M, 768)).astype(np.float32)
+        for kern in kernels:
+            ref = np.zeros((M, 40), np.float32)
+            kern(R, x, ref, 0)
+            assert np.isfinite(ref).all()
+            for d in DISTANCES[1:]:
+                out = np.zeros((M, 40), np.float32)
+                kern(R, x, out, d)
+                np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_moe_kernels_give_the_same_bits_at_every_distance(t):
+    from llamapy.ggml.cpu.moe_x8 import _layout
+
+    E, N, K, U, Tn = 3, 16, 512, 2, 3
+    raw = _q(t, E * N, K, 7).reshape(E, N, -1)
+    R = np.stack([(q4k_x8.repack if t == T.Q4_K else q6k_x8.repack)(raw[e]) for e in range(E)])
+    kern = _layout(t)[4]
+    x = np.random.default_rng(3).standard_normal((Tn, U, K)).astype(np.float32)
+    ids = np.array([[0, 2], [1, 2], [2, 0]], np.int32)
+    ref = np.zeros((Tn * U, N), np.float32)
+    assert kern(R, x, ids, ref, 256, 2, 0) == -1
+    for d in DISTANCES[1:]:
+        out = np.zeros((Tn * U, N), np.float32)
+        assert kern(R, x, ids, out, 256, 2, d) == -1
+        np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32))
+
+
+def test_distance_from_the_environment(monkeypatch):
+    monkeypatch.delenv("LLAMAPY_X8_PREFETCH", raising=False)
+    assert pt.distance_from_env() is None
+    monkeypatch.setenv("LLAMAPY_X8_PREFETCH", "auto")
+    assert pt.distance_from_env() is None
+    monkeypatch.setenv("LLAMAPY_X8_PREFETCH", " 4096 ")
+    assert pt.distance_from_env() == 4096
+    tu = pt.PrefetchTuner.from_env()
+    assert (tu.distance, tu.tuning) == (4096, False)
+    monkeypatch.setenv("LLAMAPY_X8_PREFETCH", "2k")
+    with pytest.raises(ValueError, match="LLAMAPY_X8_PREFETCH='2k'"):
+        pt.distance_from_env()
+
+
+class FakeClock:
+    """A clock that the fake kernels advance by their cost at each distance."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _run_tokens(
+    tu: pt.PrefetchTuner, clock: FakeClock, cost: dict[int, float], steps: int, tokens: int
+) -> list:
+    """``tokens`` decode tokens of ``steps`` steps (step ``s`` costs ``(s + 1) * cost[d]``); the
+    distances each step ran at, per token."""
+    states = [tu.counter() for _ in range(steps)]
+    seen = []
+
+    for _ in range(tokens):
+        row = []
+        for s in range(steps):
+
+            def call(d: int, s: int = s, row: list = row) -> int:
+                clock.now += (s + 1) * cost[d]
+                row.append(d)
+                return d
+
+            assert tu.run(call, states[s]) == row[-1]
+        seen.append(row)
+    return seen
+
+
+def test_the_tuner_takes_the_faster_distance_after_its_rounds():
+    clock = FakeClock()
+    tu = pt.PrefetchTuner(candidates=(0, 2048), warmup=2, rounds=3, margin=0.04, clock=clock)
+    seen = _run_tokens(tu, clock, {0: 1.0, 2048: 0.8}, steps=4, tokens=12)
+    assert seen[0] == seen[1] == [0] * 4  # warm-up: the default, not timed
+    assert [r[0] for r in seen[2:8]] == [0, 2048] * 3  # each token one distance, in turn
+    assert all(len(set(r)) == 1 for r in seen)
+    assert tu.by_round == [pytest.approx([10 * 1.0, 10 * 0.8])] * 3  # steps cost 1 + 2 + 3 + 4 units
+    assert not tu.tuning and tu.distance == 2048
+    assert all(r == [2048] * 4 for r in seen[8:])
+
+
+@pytest.mark.parametrize(("alt", "expect"), [(0.97, 0), (1.2, 0), (0.9, 2048)])
+def test_the_default_stays_unless_another_is_faster_by_the_margin(alt, expect):
+    clock = FakeClock()
+    tu = pt.PrefetchTuner(candidates=(0, 2048), warmup=0, rounds=2, margin=0.04, clock=clock)
+    _run_tokens(tu, clock, {0: 1.0, 2048: alt}, steps=2, tokens=6)
+    assert not tu.tuning and tu.distance == expect
+
+
+def test_the_median_round_decides_not_a_burst():
+    """One round slowed 50-fold (a VM's noisy neighbour) does not outweigh the others."""
+    clock = FakeClock()
+    tu = pt.PrefetchTuner(candidates=(0, 2048), warmup=0, rounds=5, clock=clock)
+    states = [tu.counter()]
+    for r in range(5):
+        cost = {0: 50.0 if r == 2 else 1.0, 2048: 1.2}
+        for d in (0, 2048):
+
+            def call(dd: int, cost: dict = cost) -> int:
+                clock.now += cost[dd]
+                return dd
+
+            assert tu.run(call, states[0]) == d
+    assert tu.totals[0] > tu.totals[1]  # the sum would take 2048
+    tu.run(lambda d: d, states[0])
+    assert not tu.tuning and tu.distance == 0
+
+
+def test_fast_tokens_are_measured_for_more_rounds():
+    """Rounds are added until each distance has run ``min_seconds`` (at most ``max_rounds``)."""
+    clock = FakeClock()
+    tu = pt.PrefetchTuner(
+        candidates=(0, 2048), warmup=0, rounds=2, clock=clock, min_seconds=0.01, max_rounds=8
+    )
+    seen = _run_tokens(tu, clock, {0: 0.001, 2048: 0.0005}, steps=2, tokens=16)  # 3 ms a token at 0
+    # 7 rounds: 1.5 ms a token at 2048, 10.5 ms after 7
+    assert [r[0] for r in seen[:14]] == [0, 2048] * 7 and seen[14] == [2048, 2048]
+    assert len(tu.by_round) == 7 and not tu.tuning and tu.distance == 2048
+    tu = pt.PrefetchTuner(
+        candidates=(0, 2048), warmup=0, rounds=2, clock=clock, min_seconds=10.0, max_rounds=3
+    )
+    _run_tokens(tu, clock, {0: 0.001, 2048: 0.0005}, steps=2, tokens=8)
+    assert len(tu.by_round) == 3 and not tu.tuning
+
+
+def test_an_incomplete_round_counts_nothing():
+    """A step that stops being called after the first distance of a round (its graph was replaced)
+    adds nothing."""
+    clock = FakeClock()
+    tu = pt.PrefetchTuner(candidates=(0, 2048), warmup=0, rounds=4, clock=clock)
+    _run_tokens(tu, clock, {0: 100.0, 2048: 1.0}, steps=1, tokens=3)  # a round and a half
+    assert tu.by_round == [[100.0, 1.0]]
+
+
+def test_a_fixed_distance_is_never_measured():
+    clock = FakeClock()
+    tu = pt.PrefetchTuner(fixed=4096, clock=clock)
+    seen = _run_tokens(tu, clock, {4096: 1.0}, steps=2, tokens=10)
+    assert all(r == [4096, 4096] for r in seen) and tu.by_round == []
+
+
+def _decode_step(be: CPUBackend, t: T, M: int):
+    raw = _q(t, 48, 1536, 11)
+    a = ops.weight("blk.0.ffn_up.weight", t, (48, 1536), raw)
+    x = np.random.default_rng(M).standard_normal((M, 1536)).astype(np.float32)
+    out = np.zeros((M, 48), np.float32)
+    mod = {T.Q4_K: q4k_x8, T.Q8_0: q80_x8}[t]
+    step = mod.mul_mat_step(be, a, raw, x, out, None, any_memory=True)
+    assert step is not None
+    return step, out
+
+
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q8_0], ids=lambda t: t.name)
+def test_a_backend_decode_step_is_measured_and_its_result_never_changes(t, monkeypatch):
+    monkeypatch.delenv("LLAMAPY_X8_PREFETCH", raising=False)
+    be = CPUBackend(n_threads=2)
+    clock = FakeClock()
+    seen: list[int] = []
+    be.prefetch = pt.PrefetchTuner(candidates=(0, 2048), warmup=1, rounds=2, clock=clock)
+    step, out = _decode_step(be, t, 1)
+    prompt, _ = _decode_step(be, t, 6)  # several rows: never measured
+    real_run = be.prefetch.run
+
+    def run(call, state):  # the kernel at 2048 "costs" less
+        def timed(d: int):
+            clock.now += 1.0 if d == 0 else 0.5
+            seen.append(d)
+            return call(d)
+
+        return real_run(timed, state)
+
+    be.prefetch.run = run  # type: ignore[method-assign]
+    outs = []
+    for _ in range(8):
+        step()
+        prompt()
+        outs.append(out.copy())
+    assert seen == [0, 0, 2048, 0, 2048, 2048]  # warm-up, two rounds; the sixth call decides
+    assert be.prefetch.distance == 2048 and not be.prefetch.tuning
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o.view(np.uint32), outs[0].view(np.uint32))
+
+
+def test_the_environment_fixes_a_backend_distance(monkeypatch):
+    monkeypatch.setenv("LLAMAPY_X8_PREFETCH", "2048")
+    be = CPUBackend(n_threads=1)
+    assert be.prefetch.distance == 2048 and not be.prefetch.tuning
+    step, out = _decode_step(be, T.Q4_K, 1)
+    step()
+    assert np.isfinite(out).all()
