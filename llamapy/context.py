@@ -78,6 +78,7 @@ class ContextParams:
     n_gpu_layers: int = 0  # the last N layers on the CUDA backend (-1: all and the output layer)
     main_gpu: int = 0
     offload_kqv: bool = True  # the KV cache of offloaded layers on the GPU (False: --no-kv-offload)
+    repack: bool = True  # weights in the backend's kernel layouts (False: the file's rows; --no-repack)
     cb_eval: EvalCallback | None = None  # reads named intermediates (``attn_norm-3``, ``l_out-3``...)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -172,6 +173,7 @@ class Context:
             self.memory.device_sync = offload_to_cuda(self.sched, off, p.main_gpu)
             self.offload = off if self.memory.device_sync is not None else None
         self._graphs: OrderedDict[tuple, _GraphEntry] = OrderedDict()
+        self.repack = p.repack
         self._loras: list[tuple[Any, float]] = []  # (LoraAdapter, scale), applied in the graph
         self._logits = np.zeros((0, hp.n_vocab), dtype=np.float32)
         self._embd = np.zeros((0, hp.n_embd), dtype=np.float32)
@@ -377,6 +379,22 @@ class Context:
         items = [(ad, s) for ad, s in items if s != 0.0]  # scale 0: as if absent (llama-server's)
         if [(id(a), s) for a, s in items] != [(id(a), s) for a, s in self._loras]:
             self._loras = items
+            self._graphs.clear()
+
+    @property
+    def repack(self) -> bool:
+        """Whether the backends copy weights into their own kernel layouts on first use (the CPU's 8-row
+        layouts: faster decode and prompts, at the cost of one copy of each weight, made by the first
+        graph that uses it); False: they read the file's rows as they are (llama.cpp's ``--no-repack``).
+        Setting it drops the compiled graphs; weights already repacked stay so for the graphs that do."""
+        return all(b.repack for b in self.sched.backends)
+
+    @repack.setter
+    def repack(self, on: bool) -> None:
+        on = bool(on)
+        if any(b.repack != on for b in self.sched.backends):
+            for b in self.sched.backends:
+                b.repack = on
             self._graphs.clear()
 
     def set_adapter_lora(self, adapter: LoraAdapter, scale: float = 1.0) -> None:

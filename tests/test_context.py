@@ -320,3 +320,27 @@ def test_set_causal_attn(tiny):
     c.decode(Batch.from_tokens(TOKS[4:8], logits_all=True))
     np.testing.assert_allclose(c.get_logits(), ref[4:8], rtol=1e-5, atol=1e-5)
     assert c.n_graph_builds == 2 and c.n_graph_reuses >= 1  # the causal graph again
+
+
+def test_repack_off_reads_the_file_rows(tmp_path):
+    """``ContextParams(repack=False)`` (llama.cpp's ``--no-repack``): no weight gets an 8-row copy, and the
+    logits are the plain kernels' (close to the repacked ones; another arithmetic, so not the same bits).
+    Turning it on drops the compiled graphs, and the next decode repacks."""
+    from llamapy.ggml.cpu import q40_x8
+    from llamapy.ggml.types import GGMLType
+
+    m = Model.load(tiny_llama(tmp_path / "q40.gguf", seed=3, ggml_type="q4_0"))
+    ws = [t for n, t in m.impl.w.items() if t.type == GGMLType.Q4_0 and n != "token_embd.weight"]
+    assert ws
+    c = ctx_of(m, repack=False)
+    assert c.repack is False and "repack=False" in repr(c.sched.backends[0])
+    c.decode(Batch.from_tokens(TOKS[:6], logits_all=True))
+    plain = c.get_logits().copy()
+    assert not any(w in q40_x8._cache for w in ws)
+    builds = c.n_graph_builds
+    c.repack = True
+    c.decode(Batch.from_tokens([TOKS[6]]))
+    assert c.n_graph_builds == builds + 1 and all(w in q40_x8._cache for w in ws)
+    repacked = full_logits(m, TOKS[:6], repack=True)
+    np.testing.assert_allclose(plain, repacked, rtol=0, atol=2e-3 * np.abs(repacked).max())
+    assert not np.array_equal(plain, repacked)

@@ -55,6 +55,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         logits_all: bool = False,
         embedding: bool = False,
         offload_kqv: bool = True,
+        repack: bool = True,
         flash_attn: bool | None = None,
         no_perf: bool = False,
         last_n_tokens_size: int = 64,
@@ -129,6 +130,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
             cp: dict[str, Any] = dict(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads)
             cp.update(embeddings=embedding, pooling_type=pooling_type)
             cp.update(n_gpu_layers=int(n_gpu_layers), main_gpu=int(main_gpu), offload_kqv=bool(offload_kqv))
+            cp["repack"] = bool(repack)  # False: llama.cpp's --no-repack (Context.repack)
             # embeddings: several inputs per decode (llama-embedding runs as many sequences as it can)
             cp["n_seq_max"] = int(n_seq_max) if n_seq_max else (64 if embedding else 1)
             if n_ctx:

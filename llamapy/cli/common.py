@@ -17,6 +17,9 @@ from . import gcpause
 
 #: ``model.hparams.PoolingType``'s names, spelled here so that building the parsers loads no model code
 POOLING_NAMES = ("none", "mean", "cls", "last", "rank")
+#: ``run`` repacks the weights (``--repack``) only when its prompt and ``-n`` add up to this many tokens: below
+#: it, the one copy of each weight costs more than its faster kernels save
+REPACK_MIN_TOKENS = 128
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
@@ -107,6 +110,20 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--no-mmap", dest="use_mmap", action="store_false", help="read the file instead of mapping it"
     )
     g.add_argument("--mlock", action="store_true", help="keep the model in RAM")
+    g.add_argument(
+        "--repack", dest="repack", action="store_const", const=True, default=None,
+        help="copy the weights into the kernels' 8-row layouts on first use: faster prompts and decode, one "
+        "copy of each weight (default: on, except in a run whose prompt and -n together are under "
+        f"{REPACK_MIN_TOKENS} tokens)",
+    )  # fmt: skip
+    g.add_argument(
+        "-nr",
+        "--no-repack",
+        dest="repack",
+        action="store_const",
+        const=False,
+        help="the file's rows as they are",
+    )
     g.add_argument("--lora", action="append", default=[], metavar="FILE", help="LoRA adapter (repeatable)")
     g.add_argument(
         "--lora-scaled", nargs=2, action="append", default=[], metavar=("FILE", "SCALE"),
@@ -353,6 +370,7 @@ def llama_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         n_gpu_layers=args.n_gpu_layers,
         main_gpu=getattr(args, "main_gpu", 0),
         offload_kqv=getattr(args, "offload_kqv", True),
+        repack=getattr(args, "repack", None) is not False,
         use_mmap=args.use_mmap,
         use_mlock=args.mlock,
         type_k=args.cache_type_k,

@@ -32,6 +32,9 @@ class Backend:
     name = "backend"
     buffer_type = "host"  # where this backend's buffers live; equal types share memory
     host = True
+    #: weights copied into the backend's own kernel layouts on first use (the CPU's 8-row layouts);
+    #: False: the plain layout of the file (llama.cpp's ``--no-repack``). Read when a graph is compiled.
+    repack = True
 
     def supports_op(self, node: Tensor) -> bool:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -13,6 +13,7 @@ import pytest
 
 from llamapy import Llama
 from llamapy.cli import main
+from llamapy.cli.run import repack_pays
 from tests.test_api import assert_greedy_like_reference
 from tests.util import ROOT, shared_path
 
@@ -100,7 +101,9 @@ def test_run_greedy_reference_prompts(model, ref_dir, request, capfd):
         rc, out, err = run_inprocess(capfd, "-m", str(path), "-p", prompt, "-n", str(N_PREDICT), "--temp", "0", "-c", "256")  # fmt: skip
         assert rc == 0, err
         ref = z[f"p{i}_greedy"][:N_PREDICT].tolist()
-        assert_greedy_like_reference(llm, z[f"p{i}_ids"].tolist(), ref, out)
+        ids = z[f"p{i}_ids"].tolist()
+        llm.ctx.repack = repack_pays(len(ids), N_PREDICT)  # the near ties of the kernels the run used
+        assert_greedy_like_reference(llm, ids, ref, out)
 
 
 def test_run_same_seed_same_text(smollm2_path, capfd, tmp_path):
@@ -152,3 +155,34 @@ def test_bad_grammar_flags_are_one_line_errors(smollm2_path, flags, fragment):
     r = llamapy_cmd("run", "-m", str(smollm2_path), "-p", "x", *flags)
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.strip().splitlines()[-1].startswith("error: ") and fragment in r.stderr
+
+
+def test_repack_flags_and_when_a_run_repacks():
+    """``--repack`` / ``--no-repack`` (``-nr``, llama.cpp's); unset, ``run`` repacks only when its prompt and
+    ``-n`` add up to ``REPACK_MIN_TOKENS`` (or ``-n -1``)."""
+    from llamapy.cli import build_parser
+    from llamapy.cli.common import REPACK_MIN_TOKENS, llama_kwargs
+
+    p = build_parser()
+    for flags, want in (([], None), (["--repack"], True), (["--no-repack"], False), (["-nr"], False)):
+        a = p.parse_args(["run", "-p", "x", *flags])
+        assert a.repack is want
+        assert llama_kwargs(a)["repack"] is (want is not False)
+    assert repack_pays(1, -1) and not repack_pays(1, 16)
+    assert repack_pays(REPACK_MIN_TOKENS - 16, 16) and not repack_pays(REPACK_MIN_TOKENS - 17, 16)
+
+
+def test_short_run_reads_the_file_rows_long_prompt_repacks(smollm2_path, capfd, monkeypatch):
+    import llamapy.cli.common as common
+
+    loaded = []
+    real = common.load_llama
+    monkeypatch.setattr(common, "load_llama", lambda args: loaded.append(real(args)) or loaded[-1])
+    cases = [("Hello", [], False), ("Hello", ["--repack"], True), ("1, 2, 3, " * 20, [], True),
+             ("1, 2, 3, " * 20, ["-nr"], False)]  # fmt: skip
+    for prompt, flags, want in cases:
+        rc, out, err = run_inprocess(
+            capfd, "-m", str(smollm2_path), "-p", prompt, "-n", "2", "-c", "256", *flags
+        )
+        assert rc == 0, err
+        assert loaded[-1].ctx.repack is want

@@ -109,8 +109,9 @@ class CPUBackend(Backend):
 
     name = "cpu"
 
-    def __init__(self, n_threads: int | None = None) -> None:
+    def __init__(self, n_threads: int | None = None, repack: bool = True) -> None:
         self.n_threads = n_threads
+        self.repack = bool(repack)  # the 8-row layouts (``repack``); False: the file's plain rows
         #: the 8-row kernels' prefetch distance, measured on the first decode tokens (``prefetch_tune``)
         self.prefetch = PrefetchTuner.from_env()
         self._ref = NumpyBackend()
@@ -132,7 +133,7 @@ class CPUBackend(Backend):
         self._thread_val = 0  # the count that left in force
 
     def __repr__(self) -> str:
-        return f"CPUBackend(n_threads={self.n_threads})"
+        return f"CPUBackend(n_threads={self.n_threads}{'' if self.repack else ', repack=False'})"
 
     # -- backend interface -----------------------------------------------------------------------
     def supports_op(self, node: Tensor) -> bool:

@@ -165,7 +165,8 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
             gemm_nt(x, A, out2, threads)
 
         return step_f32
-    if a.type in X8_LAYOUTS:  # Q4_K, Q5_K, Q4_0 repacked 8 rows at a time where they can be (repack)
+    # Q4_K, Q5_K, Q4_0... repacked 8 rows at a time where they can be (repack), unless the backend is told not to
+    if be.repack and a.type in X8_LAYOUTS:
         from .repack import mul_mat_step as x8_mul_mat_step
 
         step_x8 = x8_mul_mat_step(be, a, A, x, out2, pre)
@@ -286,7 +287,7 @@ def _mul_mat_id(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
             np.matmul(A[flat], x, out=out3)
 
         return step_f32
-    if MOE_FUSED and a.type in (GGMLType.Q4_K, GGMLType.Q6_K):  # experts repacked 8 rows at a time
+    if MOE_FUSED and be.repack and a.type in (GGMLType.Q4_K, GGMLType.Q6_K):  # experts, 8 rows at a time
         from .moe_x8 import mul_mat_id_step
 
         step_x8 = mul_mat_id_step(be, a, A, B, ids, out, bad_id)
