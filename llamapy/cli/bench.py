@@ -98,6 +98,7 @@ def bench(
     n_gpu_layers: int = 0,
     main_gpu: int = 0,
     offload_kqv: bool = True,
+    repack: bool = True,
 ) -> list[dict[str, Any]]:
     from .._numba import set_num_threads
     from ..context import Context, ContextParams
@@ -113,7 +114,7 @@ def bench(
         n_ctx = max(256, p + g + d)
         ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
                                            type_k=type_k, type_v=type_v, n_gpu_layers=n_gpu_layers,
-                                           main_gpu=main_gpu, offload_kqv=offload_kqv))  # fmt: skip
+                                           main_gpu=main_gpu, offload_kqv=offload_kqv, repack=repack))  # fmt: skip
         off = ctx.offload
         secs = run_test(ctx, model, p, g, reps, n_depth=d)
         n_tok = p + g
@@ -137,6 +138,7 @@ def bench(
             "n_gpu_layers": n_gpu_layers if off is not None else 0,
             "main_gpu": main_gpu,
             "no_kv_offload": not offload_kqv,
+            "repack": repack,
             "flash_attn": True,
             "test_time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "n_prompt": p,
@@ -292,6 +294,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "-nkvo", "--no-kv-offload", type=int, choices=(0, 1), default=0, help="1: the KV cache on the CPU"
     )
+    p.add_argument(
+        "--repack",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="0: the file's rows, not the 8-row copies (default 1)",
+    )
     p.add_argument("-o", "--output", choices=("md", "json", "jsonl"), default="md")
     p.add_argument("--profile", action="store_true", help="also profile a tg run (time by function)")
     p.add_argument("--profile-top", type=int, default=25, help="rows of the --profile table (default 25)")
@@ -309,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
     path = str(hf_model_or(args, _resolve_model))
     recs = bench(path, args.n_prompt, args.n_gen, args.repetitions, args.threads, args.batch_size,
                  args.ubatch_size, args.cache_type_k, args.cache_type_v, args.n_depth, args.n_gpu_layers,
-                 args.main_gpu, not args.no_kv_offload)  # fmt: skip
+                 args.main_gpu, not args.no_kv_offload, bool(args.repack))  # fmt: skip
     if args.output == "json":
         print(json.dumps(recs, indent=2))
     elif args.output == "jsonl":
