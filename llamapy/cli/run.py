@@ -11,7 +11,14 @@ import sys
 import time
 from typing import Any
 
-from .common import add_generation_args, add_model_args, add_mtmd_args, add_sampling_args, log
+from .common import (
+    REPACK_MIN_TOKENS,
+    add_generation_args,
+    add_model_args,
+    add_mtmd_args,
+    add_sampling_args,
+    log,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -110,8 +117,6 @@ def repack_pays(n_prompt: int, n_predict: int) -> bool:
     save (SmolLM2-135M Q4_1: 40 ms warm, 0.3 s where the memory is new to the process, 1.7 ms a token
     saved; Qwen2.5-1.5B Q4_K_M: 0.3-6 s, most of it the system faulting in 1 GB of fresh memory on a VM),
     so a short run reads the file's rows as they are."""
-    from .common import REPACK_MIN_TOKENS
-
     return n_predict < 0 or n_prompt + n_predict >= REPACK_MIN_TOKENS
 
 
