@@ -2,7 +2,7 @@
 
     python benchmarks/vs_llamacpp.py --quick | --mid | --full [--avx2] [-t 2] [--rounds R] [--reps N] [--only LABEL,...]
                                      [--tests tg32,pp64,tg32@d4096,...]
-                                     [--depth-rounds N] [--hello-runs N] [--make-only] [--no-profile] [--out NAME]
+                                     [--depth-rounds N] [--hello-runs N] [--hello-only] [--make-only] [--no-profile] [--out NAME]
 
 (``benchmarks/compare_llamacpp.sh`` and ``benchmarks/compare_avx2.sh --quick|--mid|--full`` call this.)
 
@@ -299,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument(
+        "--hello-only", action="store_true", help="only the whole `run -p Hello` of the files that have it"
+    )
+    ap.add_argument(
         "--smoke", action="store_true", help="tg2/pp8, one round: does every step work (not a measurement)"
     )
     ap.add_argument("--out", default=None, help="result name under benchmarks/results/ (no suffix)")
@@ -313,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         items = [Item(i.label, i.source, [t for t in i.tests if test_name(*t).replace(" ", "") in keep], i.run_hello, i.profile)
                  for i in items]  # fmt: skip
         items = [i for i in items if i.tests]
+    if a.hello_only:
+        items = [Item(i.label, i.source, [], True, False) for i in items if i.run_hello]
     if a.smoke:
         items = [Item(i.label, i.source, sorted({(8 if p else 0, 0 if p else 2, 0) for p, _, _ in i.tests}),
                       i.run_hello, i.profile) for i in items]  # fmt: skip

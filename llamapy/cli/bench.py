@@ -175,9 +175,11 @@ def markdown(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def profile_tg(model_path: str, n_gen: int, n_threads: int | None, top: int = 25, n_depth: int = 0) -> str:
+def profile_tg(
+    model_path: str, n_gen: int, n_threads: int | None, top: int = 25, n_depth: int = 0, repack: bool = True
+) -> str:
     """cProfile of ``n_gen`` generated tokens (after ``n_depth`` tokens of context), sorted by own time, after
-    a table of the mat-vec kernels' read rate per weight type (``kernel_rates``)."""
+    a table of the mat-vec kernels' read rate per weight type (``kernel_rates``); ``repack`` as the run's."""
     import cProfile
     import io
     import pstats
@@ -186,7 +188,7 @@ def profile_tg(model_path: str, n_gen: int, n_threads: int | None, top: int = 25
     from ..model import Model
 
     model = Model.load(model_path)
-    ctx = Context(model, ContextParams(n_ctx=max(256, n_gen + n_depth), n_threads=n_threads))
+    ctx = Context(model, ContextParams(n_ctx=max(256, n_gen + n_depth), n_threads=n_threads, repack=repack))
     run_test(ctx, model, 0, 2, 1, n_depth=n_depth)  # compile kernels and build the graph first
     prof = cProfile.Profile()
     prof.enable()
@@ -328,7 +330,10 @@ def run(args: argparse.Namespace) -> int:
         print(markdown(recs))
     if args.profile:
         n = max(args.n_gen or [0]) or 32  # prompt tests only (-n 0): profile 32 generated tokens
-        print(profile_tg(path, n, args.threads, args.profile_top, max(args.n_depth or [0])), file=sys.stderr)
+        prof = profile_tg(
+            path, n, args.threads, args.profile_top, max(args.n_depth or [0]), bool(args.repack)
+        )
+        print(prof, file=sys.stderr)
     if any(not math.isfinite(r["avg_ts"]) for r in recs):
         return 1
     return 0

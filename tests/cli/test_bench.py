@@ -87,3 +87,13 @@ def test_bench_profile_with_prompt_tests_only(tmp_path, capsys):
     assert main(["bench", "-m", str(path), "-p", "8", "-n", "0", "-r", "1", "-t", "1", "--profile"]) == 0
     cap = capsys.readouterr()
     assert "| pp8 |" in cap.out and "tg32:" in cap.err
+
+
+def test_bench_profile_follows_repack(tmp_path):
+    """``--profile`` profiles the kernels the bench ran: ``--repack 0`` reads the file's rows (no 8-row
+    kernel in its table), the default repacks (8-row kernels)."""
+    from llamapy.cli.bench import profile_tg
+
+    path = tiny_llama(tmp_path / "t.gguf", ggml_type="Q4_0")
+    assert "_x8" in profile_tg(str(path), 2, 1, top=40)
+    assert "_x8" not in profile_tg(str(path), 2, 1, top=40, repack=False)
