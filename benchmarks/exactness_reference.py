@@ -28,6 +28,9 @@ _LAYER = {
     "attn_k.weight": "self_attn.k_proj.weight",
     "attn_v.weight": "self_attn.v_proj.weight",
     "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
@@ -91,6 +94,13 @@ def exact_model(path: Path) -> Any:
             **common, rope_parameters={"rope_type": "default", "rope_theta": float(k("rope.freq_base"))}
         )
         cls = transformers.LlamaForCausalLM
+    elif arch == "qwen2":  # llama's graph with q/k/v biases; its q/k rows are stored as HF's (NEOX rope)
+        cfg = transformers.Qwen2Config(
+            **common,
+            use_sliding_window=False,
+            rope_parameters={"rope_type": "default", "rope_theta": float(k("rope.freq_base"))},
+        )
+        cls = transformers.Qwen2ForCausalLM
     elif arch == "gemma3":
         n_layer = common["num_hidden_layers"]
         # llamapy's and llama.cpp's default pattern: every 6th layer global

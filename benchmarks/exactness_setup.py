@@ -12,9 +12,17 @@ from benchmarks.harness import llamacpp_bin  # noqa: E402
 
 MODELS_DIR = Path.home() / ".cache/llamapy/models"
 LLAMACPP_BIN = llamacpp_bin()
+_CHATML = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 MODELS = {
-    "smollm2": ("SmolLM2-135M-Instruct.Q4_1.gguf", "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"),
+    "smollm2": ("SmolLM2-135M-Instruct.Q4_1.gguf", _CHATML),
     "gemma3": ("gemma-3-270m-q4_k_m.gguf", "<start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n"),
+    # the real file (``llamapy pull Qwen/Qwen2.5-0.5B-Instruct-GGUF:q4_k_m``, copied into the models dir)
+    "qwen2.5-0.5b": ("qwen2.5-0.5b-instruct-q4_k_m.gguf", _CHATML),
+    # its shape's random-weight file (``vs_llamacpp.py --make-only``): the arithmetic, not a model's answers
+    "qwen2.5-0.5b-shape": (
+        str(Path.home() / ".cache/llamapy/bench/shaped/qwen2.5-0.5b.Q4_K_M.gguf"),
+        _CHATML,
+    ),
 }
 N_GEN = 32
 N_PROBS = 10
