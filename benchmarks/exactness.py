@@ -3,10 +3,10 @@ weights (issue 16, "Exactness must not be the price").
 
 The exact model: every tensor of the GGUF file dequantized by llamapy's reader/dequantizer
 (``llamapy.ggml.quants.dequantize``; bit-identical to gguf-py's for the types of these files), loaded into
-transformers' ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Gemma3ForCausalLM`` built from the file's hyper-parameters (q/k rows
-un-permuted, Gemma's stored ``1 + w`` norms back to ``w``), run in float64 (rotary angles too). Each run
-first checks it against llamapy's NumPy backend (dequantized float32 weights and activations, f32 KV cache)
-on one prompt.
+transformers' ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Gemma3ForCausalLM`` built from the file's
+hyper-parameters (Llama's q/k rows un-permuted, Gemma's stored ``1 + w`` norms back to ``w``), run in float64
+(rotary angles too). Each run first checks it against llamapy's NumPy backend (dequantized float32 weights and
+activations, f32 KV cache) on one prompt.
 
 For each model, 24 fixed held-out prompts (chat questions, code, prose, numbers), the SAME token ids fed to
 all three, greedy (EOG tokens masked, ``ignore_eos``), 32 tokens:

@@ -9,6 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.harness import llamacpp_bin  # noqa: E402
+from benchmarks.shaped import DIR as SHAPED_DIR  # noqa: E402
 
 MODELS_DIR = Path.home() / ".cache/llamapy/models"
 LLAMACPP_BIN = llamacpp_bin()
@@ -18,11 +19,9 @@ MODELS = {
     "gemma3": ("gemma-3-270m-q4_k_m.gguf", "<start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n"),
     # the real file (``llamapy pull Qwen/Qwen2.5-0.5B-Instruct-GGUF:q4_k_m``, copied into the models dir)
     "qwen2.5-0.5b": ("qwen2.5-0.5b-instruct-q4_k_m.gguf", _CHATML),
-    # its shape's random-weight file (``vs_llamacpp.py --make-only``): the arithmetic, not a model's answers
-    "qwen2.5-0.5b-shape": (
-        str(Path.home() / ".cache/llamapy/bench/shaped/qwen2.5-0.5b.Q4_K_M.gguf"),
-        _CHATML,
-    ),
+    # its shape's random-weight file (``shaped.ensure("qwen2.5-0.5b", "Q4_K_M")``, absolute, so MODELS_DIR / it
+    # is itself): the arithmetic, not a model's answers
+    "qwen2.5-0.5b-shape": (str(SHAPED_DIR / "qwen2.5-0.5b.Q4_K_M.gguf"), _CHATML),
 }
 N_GEN = 32
 N_PROBS = 10

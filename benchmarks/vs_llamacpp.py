@@ -34,7 +34,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                  for i in items]  # fmt: skip
         items = [i for i in items if i.tests]
     if a.hello_only:
-        items = [Item(i.label, i.source, [], True, False) for i in items if i.run_hello]
+        items = [replace(i, tests=[], profile=False) for i in items if i.run_hello]
     if a.smoke:
         items = [Item(i.label, i.source, sorted({(8 if p else 0, 0 if p else 2, 0) for p, _, _ in i.tests}),
                       i.run_hello, i.profile) for i in items]  # fmt: skip

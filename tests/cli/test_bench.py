@@ -26,28 +26,8 @@ def test_bench_records_and_table(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out[0]["n_prompt"] == 8 and out[1]["n_gen"] == 2 and out[0]["model_size"] > 0
     assert out[0]["repack"] is True
-    assert (
-        main(
-            [
-                "bench",
-                "-m",
-                str(path),
-                "-p",
-                "8",
-                "-n",
-                "0",
-                "-r",
-                "1",
-                "-t",
-                "1",
-                "--repack",
-                "0",
-                "-o",
-                "json",
-            ]
-        )
-        == 0
-    )
+    args = ["bench", "-m", str(path), *"-p 8 -n 0 -r 1 -t 1 --repack 0 -o json".split()]
+    assert main(args) == 0
     assert json.loads(capsys.readouterr().out)[0]["repack"] is False
 
 
