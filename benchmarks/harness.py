@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import os
 import platform
@@ -318,6 +319,7 @@ def run_json(cmd: Sequence[str], env: dict[str, str] | None = None, timeout: flo
 # -- bandwidth and bytes per token ----------------------------------------------------------------------
 
 
+@functools.cache
 def read_kernel(ahead: int) -> Any:
     """A compiled parallel streaming read of a ``float32[rows, 64]`` array: 64 independent accumulators per
     thread (8 AVX2 lanes x 8, so the adds never wait on each other), with a software prefetch ``ahead`` rows

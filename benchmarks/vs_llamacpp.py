@@ -16,9 +16,10 @@ Per file and round, each tool (the order alternating): ``llama-bench`` / ``llama
 file's tests (tg, pp64, pp512; tg at depth 4096/16384 where listed), then ``run -p Hello -n 16`` (wall time and
 peak RSS; llama.cpp's ``llama-completion`` or ``llama-cli -no-cnv``) where listed. Medians over rounds; the
 depth tests (``-r 1``) only in the first ``--depth-rounds`` rounds (default 1: a 16k fill of the 7B takes most of
-an hour on 2 cores). Before: the 2-thread read bandwidth (``harness.read_bandwidth``); per file the weight bytes a token reads, so tg t/s
-gives GB/s and the fraction of the bandwidth limit. After: ``llamapy bench --profile`` on the listed files
-(per-kernel GB/s). ``--avx2``: llama.cpp's AVX2-only build and llamapy's Numba target Haswell (no AVX-512).
+an hour on 2 cores). Each round starts with the 2-thread read bandwidth (``harness.read_bandwidth``; a VM's
+moved between 23 and 37 GB/s over a week); per file the weight bytes a token reads, so tg t/s gives GB/s and,
+against the probe of the same round, the fraction of the bandwidth limit (the median over rounds). After:
+``llamapy bench --profile`` on the listed files (per-kernel GB/s). ``--avx2``: llama.cpp's AVX2-only build and llamapy's Numba target Haswell (no AVX-512).
 
 ``--quick`` (~10 min on 2 cores once the files exist; ``--make-only`` makes them and compiles llamapy's kernels
 beforehand): Qwen2.5-0.5B (real or shaped) tg32; 1.5B-shaped Q4_K_M tg16 + pp64 (+ profile); SmolLM2 tg64 and
@@ -177,10 +178,15 @@ def run(items: list[Item], args: argparse.Namespace, bin_: Path, env: dict[str, 
                        env=env, capture_output=True)  # fmt: skip
     if args.make_only:
         return data
-    log("read bandwidth ...")
-    data["bandwidth_gbs"] = H.read_bandwidth(args.threads)
     data["load_start"] = H.load()
+    data["bandwidth_rounds"] = []
+    bw = float("nan")
     for rnd, tool in H.interleave(args.rounds, ("llama.cpp", "llamapy")):
+        if len(data["bandwidth_rounds"]) == rnd:  # the probe again each round: a VM's bandwidth moves
+            log(f"round {rnd + 1}: read bandwidth ...")
+            bw = H.read_bandwidth(args.threads)
+            data["bandwidth_rounds"].append(bw)
+            data["bandwidth_gbs"] = H.median(data["bandwidth_rounds"])
         for it in items:
             if it.label not in paths:
                 continue
@@ -194,7 +200,9 @@ def run(items: list[Item], args: argparse.Namespace, bin_: Path, env: dict[str, 
                 out = H.run_json(cmd, env=env if tool == "llamapy" else None, timeout=3600) or []
                 for r in out:
                     key = test_name(r["n_prompt"], r["n_gen"], r.get("n_depth", 0))
-                    rec["tests"].setdefault(key, {}).setdefault(tool, []).append(r["avg_ts"])
+                    by = rec["tests"].setdefault(key, {})
+                    by.setdefault(tool, []).append(r["avg_ts"])
+                    by.setdefault(f"{tool} bandwidth", []).append(bw)  # this round's probe
             if it.run_hello:
                 cmd = hello_cmd(tool, paths[it.label], args.threads, bin_)
                 if cmd is None:
@@ -231,15 +239,26 @@ def _f(x: float) -> str:
     return "—" if x != x else f"{x:.2f}"
 
 
+def _fraction(nbytes: int, tps: list[float], probes: list[float] | None, bw: float) -> str:
+    """The median over rounds of each round's GB/s over that round's read bandwidth (``probes``, one
+    per t/s; results without them: ``bw``, the one probe of the run)."""
+    if probes and len(probes) == len(tps):
+        return f"{H.median([nbytes * t / 1e9 / p for t, p in zip(tps, probes, strict=True)]):.0%}"
+    return f"{nbytes * H.median(tps) / 1e9 / bw:.0%}" if bw == bw else ""
+
+
 def report(data: dict[str, Any], cmd: str) -> str:
     bw = data.get("bandwidth_gbs", float("nan"))
+    rounds = data.get("bandwidth_rounds") or []
+    spread = f" (median of one probe per round: {', '.join(f'{x:.1f}' for x in rounds)})" if rounds else ""
     lines = [
         "# llamapy vs llama.cpp, side by side (interleaved rounds, medians)", "",
         f"- when: {data['when']}; machine: {data['machine']}",
         f"- llama.cpp: `{data['llamacpp_bin']}`; threads -t {data['threads']}; rounds {data['rounds']}",
         f"- load average at start {data.get('load_start')}, at the end {data.get('load_end')}",
-        f"- measured read bandwidth, {data['threads']} threads: {_f(bw)} GB/s", f"- command: `{cmd}`", "",
-        "| file | test | llama.cpp t/s | llamapy t/s | ratio | llamapy GB/s | of bandwidth |",
+        f"- measured read bandwidth, {data['threads']} threads: {_f(bw)} GB/s{spread}",
+        f"- command: `{cmd}`", "",
+        "| file | test | llama.cpp t/s | llamapy t/s | ratio | llamapy GB/s | of bandwidth (its round's) |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]  # fmt: skip
     notes = []
@@ -251,7 +270,8 @@ def report(data: dict[str, Any], cmd: str) -> str:
             gbs = frac = ""
             if test.startswith("tg") and "@" not in test and b == b:
                 g = rec["bytes_per_token"] * b / 1e9
-                gbs, frac = f"{g:.1f}", f"{g / bw:.0%}" if bw == bw else ""
+                gbs, frac = f"{g:.1f}", _fraction(rec["bytes_per_token"], by.get("llamapy", []),
+                                                  by.get("llamapy bandwidth"), bw)  # fmt: skip
             lines.append(
                 f"| {label} | {test} | {_f(a)} | {_f(b)} | {_f(b / a) if a else '—'}x | {gbs} | {frac} |"
             )

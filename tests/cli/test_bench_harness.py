@@ -129,3 +129,9 @@ def test_vs_llamacpp_commands_and_report():
     md = V.report(data, "cmd")
     assert "| A | tg16 | 3.00 | 3.30 | 1.10x | 3.3 | 33% |" in md
     assert "| C | 1.00 | 2.00 | 2.00x | 100 | 110 | 1.10x |" in md and "- B: skipped: no disk" in md
+    # a probe per round: each round's GB/s against its own probe, the median of those fractions
+    data["bandwidth_rounds"] = [10.0, 5.0, 12.0]
+    data["files"]["A"]["tests"]["tg16"]["llamapy bandwidth"] = [10.0, 5.0, 12.0]
+    md = V.report(data, "cmd")
+    assert "| A | tg16 | 3.00 | 3.30 | 1.10x | 3.3 | 30% |" in md  # 30 %, 66 %, 30 %
+    assert "10.0, 5.0, 12.0" in md
