@@ -26,6 +26,10 @@ def _argmax(row: np.ndarray, forbid: np.ndarray) -> int:
     return int(np.argmax(r))
 
 
+#: exact float64 logits this close (relative to the largest) count as a tie for the greedy token
+TIE_TOL = 1e-9
+
+
 @dataclass
 class PyRun:
     prompt_logits: np.ndarray  # float32[n_prompt, n_vocab]: one batch, every position (the prompt path)
@@ -105,11 +109,29 @@ def first_divergence(steps: np.ndarray, ref_ids: np.ndarray, forbid: np.ndarray)
     return int(bad[0]) if len(bad) else None
 
 
+def first_untied_divergence(
+    steps: np.ndarray, ref_ids: np.ndarray, ref_steps: np.ndarray, forbid: np.ndarray, tol: float
+) -> int | None:
+    """As ``first_divergence``, skipping the steps where the token taken instead of ``ref_ids``' ties with
+    it in ``ref_steps`` (reference logits no more than ``tol`` apart: a random-weight file's repeated output
+    rows give many exactly equal top logits, where either choice is exact)."""
+    s = steps.astype(np.float64, copy=True)
+    s[:, forbid] = -np.inf
+    got = np.argmax(s, axis=1)
+    for i in np.nonzero(got != ref_ids[: len(s)])[0]:
+        if ref_steps[i, ref_ids[i]] - ref_steps[i, got[i]] > tol:
+            return int(i)
+    return None
+
+
 @dataclass
 class PromptResult:
     n_prompt: int
     py_div: int | None  # llamapy's first step whose greedy token is not exact's (None: all 32 equal)
     cpp_div: int | None
+    # as py_div, not counting a token that ties exactly with exact's (exact logits within TIE_TOL)
+    py_div_untied: int | None = None
+    cpp_tie: bool = False  # llama.cpp's first divergence is such a tie (after it, its prefix is not exact's)
     py_gap: float = math.nan  # exact's logit margin of its token over llamapy's at the divergence
     cpp_gap: float = math.nan
     prompt_err: tuple[float, float] = (0.0, 0.0)  # llamapy prompt path, every position: max abs, rms
@@ -147,6 +169,9 @@ def compare(
         r.py_gap = float(ex_steps[py_div, ex_ids[py_div]] - ex_steps[py_div, int(np.argmax(s))])
     if cpp_div is not None and cpp_div < len(cpp_ids):
         r.cpp_gap = float(ex_steps[cpp_div, ex_ids[cpp_div]] - ex_steps[cpp_div, cpp_ids[cpp_div]])
+    tol = TIE_TOL * max(1.0, r.logit_scale)
+    r.py_div_untied = first_untied_divergence(py.steps, ex_ids, ex_steps, forbid, tol)
+    r.cpp_tie = bool(r.cpp_gap <= tol)  # False where NaN (no divergence)
 
     def err(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
         d = np.abs(a.astype(np.float64) - b)

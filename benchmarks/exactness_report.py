@@ -83,12 +83,24 @@ def report(reps: list[ModelReport], cmd: str, machine: str, elapsed: float) -> s
         lpd = [r.lp_dec for r in rows if r.n_lp_dec]
         lpdc, lpdp = (max(x[0] for x in lpd), max(x[1] for x in lpd)) if lpd else (math.nan, math.nan)
         lp_better = sum(x[1] < x[0] for x in lpd)
+        py_untied = sum(r.py_div_untied is None for r in rows)
+        cpp_untied = sum(r.cpp_div is None or r.cpp_tie for r in rows)
+        ties = (
+            [
+                f"| the same up to exact ties (a token whose exact logit equals exact's top one; llama.cpp: its "
+                f"first divergence such a tie, its prefix not exact's after it) | {py_untied}/{n} | | "
+                f"{cpp_untied}/{n} |"
+            ]
+            if py_untied != py_ok or cpp_untied != cpp_ok
+            else []
+        )
         out += [
             f"## {rep.name}: {rep.file} ({rep.types}; {rep.seconds:.0f} s, {rep.n_exact_forwards} exact forwards)",
             "",
             "| | llamapy (f16 KV) | llamapy (f32 KV) | llama.cpp |",
             "| --- | --- | --- | --- |",
             f"| prompts whose 32 greedy tokens equal exact's | **{py_ok}/{n}** | {py32_ok}/{n} | **{cpp_ok}/{n}** |",
+            *ties,
             f"| max \\|Δlogp\\| of llama.cpp's top-{S.N_PROBS} tokens, step 0 (prompt path), all prompts | "
             f"{_f(lp0p)} | | {_f(lp0c)} |",
             f"| same, decode steps on exact's prefix ({sum(r.n_lp_dec for r in rows)} steps) | {_f(lpdp)} | | "
