@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,7 @@ import http.server, sys
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200 if self.path == "/health" else 404); self.end_headers(); self.wfile.write(b"ok")
-    def log_message(self, *a): sys.stderr.write("request\\n")
+    def log_message(self, *a): sys.stderr.write("request\\n"); sys.stderr.flush()
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
 
@@ -58,6 +59,9 @@ def test_server_started_and_stopped(tmp_path):
     port = H.free_port()
     with H.Server([sys.executable, "-c", HEALTH, str(port)], port, timeout=30, log=tmp_path / "s.log") as srv:
         assert srv.base == f"http://127.0.0.1:{port}" and srv.seconds < 30 and srv.proc.poll() is None
+        assert (
+            urllib.request.urlopen(srv.base + "/health", timeout=10).read() == b"ok"
+        )  # logged before it ends
     assert srv.proc.poll() is not None and "request" in (tmp_path / "s.log").read_text()
     t0 = time.monotonic()  # a server that dies at once: a clear error with its stderr, not a wait
     with pytest.raises(RuntimeError, match="exited .*no such model"):
