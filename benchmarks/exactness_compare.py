@@ -101,11 +101,16 @@ def _logsoftmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True))
 
 
-def first_divergence(steps: np.ndarray, ref_ids: np.ndarray, forbid: np.ndarray) -> int | None:
-    """The first step whose argmax (EOG masked) is not ``ref_ids``' token; None when all agree."""
+def greedy_ids(steps: np.ndarray, forbid: np.ndarray) -> np.ndarray:
+    """Each step's argmax, the ``forbid`` tokens (EOG) masked."""
     s = steps.astype(np.float64, copy=True)
     s[:, forbid] = -np.inf
-    bad = np.nonzero(np.argmax(s, axis=1) != ref_ids[: len(s)])[0]
+    return np.argmax(s, axis=1)
+
+
+def first_divergence(steps: np.ndarray, ref_ids: np.ndarray, forbid: np.ndarray) -> int | None:
+    """The first step whose argmax (EOG masked) is not ``ref_ids``' token; None when all agree."""
+    bad = np.nonzero(greedy_ids(steps, forbid) != ref_ids[: len(steps)])[0]
     return int(bad[0]) if len(bad) else None
 
 
@@ -115,10 +120,8 @@ def first_untied_divergence(
     """As ``first_divergence``, skipping the steps where the token taken instead of ``ref_ids``' ties with
     it in ``ref_steps`` (reference logits no more than ``tol`` apart: a random-weight file's repeated output
     rows give many exactly equal top logits, where either choice is exact)."""
-    s = steps.astype(np.float64, copy=True)
-    s[:, forbid] = -np.inf
-    got = np.argmax(s, axis=1)
-    for i in np.nonzero(got != ref_ids[: len(s)])[0]:
+    got = greedy_ids(steps, forbid)
+    for i in np.nonzero(got != ref_ids[: len(steps)])[0]:
         if ref_steps[i, ref_ids[i]] - ref_steps[i, got[i]] > tol:
             return int(i)
     return None
@@ -164,9 +167,8 @@ def compare(
     r = PromptResult(n_prompt, py_div, cpp_div)
     r.logit_scale = float(np.abs(ex_steps).max())
     if py_div is not None:
-        s = py.steps[py_div].astype(np.float64)
-        s[forbid] = -np.inf
-        r.py_gap = float(ex_steps[py_div, ex_ids[py_div]] - ex_steps[py_div, int(np.argmax(s))])
+        got = int(greedy_ids(py.steps[py_div : py_div + 1], forbid)[0])
+        r.py_gap = float(ex_steps[py_div, ex_ids[py_div]] - ex_steps[py_div, got])
     if cpp_div is not None and cpp_div < len(cpp_ids):
         r.cpp_gap = float(ex_steps[cpp_div, ex_ids[cpp_div]] - ex_steps[cpp_div, cpp_ids[cpp_div]])
     tol = TIE_TOL * max(1.0, r.logit_scale)

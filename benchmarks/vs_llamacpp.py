@@ -19,7 +19,8 @@ depth tests (``-r 1``) only in the first ``--depth-rounds`` rounds (default 1: a
 an hour on 2 cores). Each round starts with the 2-thread read bandwidth (``harness.read_bandwidth``; a VM's
 moved between 23 and 37 GB/s over a week); per file the weight bytes a token reads, so tg t/s gives GB/s and,
 against the probe of the same round, the fraction of the bandwidth limit (the median over rounds). After:
-``llamapy bench --profile`` on the listed files (per-kernel GB/s). ``--avx2``: llama.cpp's AVX2-only build and llamapy's Numba target Haswell (no AVX-512).
+``llamapy bench --profile`` on the listed files (per-kernel GB/s). ``--avx2``: llama.cpp's AVX2-only build
+and llamapy's Numba target Haswell (no AVX-512).
 
 ``--quick`` (~10 min on 2 cores once the files exist; ``--make-only`` makes them and compiles llamapy's kernels
 beforehand): Qwen2.5-0.5B (real or shaped) tg32; 1.5B-shaped Q4_K_M tg16 + pp64 (+ profile); SmolLM2 tg64 and
@@ -202,7 +203,8 @@ def run(items: list[Item], args: argparse.Namespace, bin_: Path, env: dict[str, 
                     key = test_name(r["n_prompt"], r["n_gen"], r.get("n_depth", 0))
                     by = rec["tests"].setdefault(key, {})
                     by.setdefault(tool, []).append(r["avg_ts"])
-                    by.setdefault(f"{tool} bandwidth", []).append(bw)  # this round's probe
+                    if tool == "llamapy":  # the fraction column is llamapy's: this round's probe
+                        by.setdefault("llamapy bandwidth", []).append(bw)
             if it.run_hello:
                 cmd = hello_cmd(tool, paths[it.label], args.threads, bin_)
                 if cmd is None:
