@@ -176,10 +176,18 @@ def markdown(records: list[dict[str, Any]]) -> str:
 
 
 def profile_tg(
-    model_path: str, n_gen: int, n_threads: int | None, top: int = 25, n_depth: int = 0, repack: bool = True
+    model_path: str,
+    n_gen: int,
+    n_threads: int | None,
+    top: int = 25,
+    n_depth: int = 0,
+    repack: bool = True,
+    **ctx_opts: Any,
 ) -> str:
     """cProfile of ``n_gen`` generated tokens (after ``n_depth`` tokens of context), sorted by own time, after
-    a table of the mat-vec kernels' read rate per weight type (``kernel_rates``); ``repack`` as the run's."""
+    a table of the mat-vec kernels' read rate per weight type (``kernel_rates``); ``repack`` and ``ctx_opts``
+    (other ``ContextParams`` fields: ``n_ubatch``, ``type_k``, ``type_v``, ``n_gpu_layers``, ...) as the
+    run's."""
     import cProfile
     import io
     import pstats
@@ -188,7 +196,8 @@ def profile_tg(
     from ..model import Model
 
     model = Model.load(model_path)
-    ctx = Context(model, ContextParams(n_ctx=max(256, n_gen + n_depth), n_threads=n_threads, repack=repack))
+    n_ctx = max(256, n_gen + n_depth)
+    ctx = Context(model, ContextParams(n_ctx=n_ctx, n_threads=n_threads, repack=repack, **ctx_opts))
     run_test(ctx, model, 0, 2, 1, n_depth=n_depth)  # compile kernels and build the graph first
     prof = cProfile.Profile()
     prof.enable()
@@ -330,9 +339,10 @@ def run(args: argparse.Namespace) -> int:
         print(markdown(recs))
     if args.profile:
         n = max(args.n_gen or [0]) or 32  # prompt tests only (-n 0): profile 32 generated tokens
-        prof = profile_tg(
-            path, n, args.threads, args.profile_top, max(args.n_depth or [0]), bool(args.repack)
-        )
+        prof = profile_tg(path, n, args.threads, args.profile_top, max(args.n_depth or [0]), bool(args.repack),
+                          n_batch=args.batch_size, n_ubatch=args.ubatch_size, type_k=args.cache_type_k,
+                          type_v=args.cache_type_v, n_gpu_layers=args.n_gpu_layers, main_gpu=args.main_gpu,
+                          offload_kqv=not args.no_kv_offload)  # fmt: skip
         print(prof, file=sys.stderr)
     if any(not math.isfinite(r["avg_ts"]) for r in recs):
         return 1

@@ -77,3 +77,26 @@ def test_bench_profile_follows_repack(tmp_path):
     path = tiny_llama(tmp_path / "t.gguf", ggml_type="Q4_0")
     assert "_x8" in profile_tg(str(path), 2, 1, top=40)
     assert "_x8" not in profile_tg(str(path), 2, 1, top=40, repack=False)
+
+
+def test_bench_profile_uses_the_runs_context_options(tmp_path, monkeypatch, capsys):
+    """``--profile`` builds its context with the run's ``-ub``/``-ctk``/``-ctv``/``-nkvo`` (it used the
+    defaults: a q8_0 cache run was profiled on an f16 cache)."""
+    import llamapy.context as context_mod
+
+    seen = []
+    real = context_mod.Context
+
+    class Recording(real):  # type: ignore[misc, valid-type]
+        def __init__(self, model, params=None, *a, **k):  # type: ignore[no-untyped-def]
+            seen.append(params)
+            super().__init__(model, params, *a, **k)
+
+    monkeypatch.setattr(context_mod, "Context", Recording)
+    path = tiny_llama(tmp_path / "t.gguf")
+    argv = ["bench", "-m", str(path), "-p", "0", "-n", "2", "-r", "1", "-t", "1", "-ub", "64"]
+    assert main([*argv, "-ctk", "q8_0", "-ctv", "q8_0", "-nkvo", "1", "--profile"]) == 0
+    assert "tg2:" in capsys.readouterr().err
+    assert len(seen) == 2  # the bench's test, then the profile's context
+    for p in seen:
+        assert (p.type_k, p.type_v, p.n_ubatch, p.offload_kqv) == ("q8_0", "q8_0", 64, False)
