@@ -49,6 +49,7 @@ def kernel() -> Any:
         X8_DMIN,
         X8_QS,
         X8_SC,
+        _x8_block,
         _x8_mins,
         _x8_step,
     )
@@ -57,11 +58,12 @@ def kernel() -> Any:
     from llamapy.ggml.cpu.x8simd import xadd16, xbcast4, xh8, xmaddubs, xscale, xzero16
 
     @njit(inline="always")
-    def block(w, t, xq, x0, b32, bb, Rf, p, total):  # type: ignore[no-untyped-def]
-        """``q4k_x8_kernels._x8_block``, with 5 lines from ``p`` prefetched before each chunk (p >= 0)."""
+    def spread_block(w, t, xq, x0, b32, bb, Rf, p, total):  # type: ignore[no-untyped-def]
+        """``q4k_x8_kernels._x8_block`` (its loop copied: the library has no hook between the chunks) with
+        5 lines from ``p`` prefetched before each of the four chunks: the ``spread`` variant."""
         isum = izero()
         for c in range(4):
-            if p >= 0 and p + 1280 <= total:
+            if p + 1280 <= total:
                 for k in range(5):
                     prefetch(Rf, p + 320 * c + 64 * k)
             slo = xzero16()
@@ -91,7 +93,7 @@ def kernel() -> Any:
             for b in range(nb):
                 t = b * X8_BYTES
                 if mode == 1:
-                    isum, msum = block(w, t, xqm, b * QK_K, b32m, b * 8, Rf, pf + t, total)
+                    isum, msum = spread_block(w, t, xqm, b * QK_K, b32m, b * 8, Rf, pf + t, total)
                 else:
                     if mode == 2:
                         if pf + t + X8_BYTES <= total:
@@ -106,7 +108,7 @@ def kernel() -> Any:
                         for i in range(t // 8, (t + X8_BYTES) // 8, 8):  # a word of every line
                             s += R64[grp, i]
                         continue
-                    isum, msum = block(w, t, xqm, b * QK_K, b32m, b * 8, Rf, -1, total)
+                    isum, msum = _x8_block(w, t, xqm, b * QK_K, b32m, b * 8)
                 acc = _x8_step(acc, xh8(w, t + X8_D), xh8(w, t + X8_DMIN), xd[0, b], isum, msum)
             if mode == 4:
                 out[0, grp * 8] = np.float32(s & np.uint64(1))
@@ -121,29 +123,14 @@ def run(
     shapes: list[tuple[int, int]], variants: list[tuple[str, int]], total_mb: float, sweeps: int
 ) -> list[str]:
     """One line per shape: each variant's GB/s (best sweep)."""
-    from llamapy.ggml import GGMLType
+    from benchmarks.harness import q4k_x8_copies
     from llamapy.ggml.cpu import q4k_x8_kernels as qk
-    from llamapy.ggml.cpu.repack import _huge_mapping, _huge_start
-    from llamapy.ggml.quants import quantize
 
     mm = kernel()
     rng = np.random.default_rng(0)
     lines = []
     for n, k in shapes:
-        A = np.ascontiguousarray(quantize(rng.standard_normal((n, k)).astype(np.float32), GGMLType.Q4_K))
-        A = A.view(np.uint8).reshape(n, -1)
-        R = np.empty((n // 8, A.shape[1] // 144 * qk.X8_BYTES), np.uint8)
-        qk.repack_x8(A, R)
-        keep, copies = [], []
-        for _ in range(max(2, int(total_mb * 1e6 // R.nbytes))):
-            m = _huge_mapping(R.nbytes + (2 << 20))
-            if m is None:
-                c = np.empty_like(R)
-            else:
-                keep.append(m)
-                c = np.frombuffer(m, np.uint8, count=R.nbytes, offset=_huge_start(m)).reshape(R.shape)
-            c[:] = R
-            copies.append(c)
+        R, copies, keep = q4k_x8_copies(n, k, total_mb, rng)
         x = rng.standard_normal((1, k)).astype(np.float32)
         ref = np.empty((1, n), np.float32)
         qk.mm_q4_k_x8(R, x, ref, 2048)

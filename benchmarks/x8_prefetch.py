@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness import machine_line  # noqa: E402
+from benchmarks.harness import machine_line, q4k_x8_copies  # noqa: E402
 
 SHAPES = ((8960, 1536), (1536, 8960), (1536, 1536))
 
@@ -73,10 +73,6 @@ def main() -> None:
     a = ap.parse_args()
 
     from llamapy._numba import set_num_threads
-    from llamapy.ggml import GGMLType
-    from llamapy.ggml.cpu import q4k_x8_kernels as qk
-    from llamapy.ggml.cpu.repack import _huge_mapping, _huge_start
-    from llamapy.ggml.quants import quantize
 
     set_num_threads(a.threads)
     print(f"# {machine_line()}; threads {a.threads}")
@@ -88,20 +84,8 @@ def main() -> None:
     if a.l1:
         variants += [(f"t0 {d}", True, d, False) for d in dists if d]
     rng = np.random.default_rng(0)
-    keep = []
     for n, k in SHAPES:
-        plain = quantize(rng.standard_normal((n, k)).astype(np.float32), GGMLType.Q4_K)
-        A = np.ascontiguousarray(plain).view(np.uint8).reshape(n, -1)
-        R = np.empty((n // 8, A.shape[1] // 144 * qk.X8_BYTES), np.uint8)
-        qk.repack_x8(A, R)
-        copies = []
-        for _ in range(max(2, int(a.total_mb * 1e6 // R.nbytes))):
-            m = _huge_mapping(R.nbytes + (2 << 20))
-            assert m is not None
-            keep.append(m)
-            c = np.frombuffer(m, np.uint8, count=R.nbytes, offset=_huge_start(m)).reshape(R.shape)
-            c[:] = R
-            copies.append(c)
+        R, copies, keep = q4k_x8_copies(n, k, a.total_mb, rng)
         x = rng.standard_normal((1, k)).astype(np.float32)
         out = np.empty((1, n), np.float32)
         for _, l1, d, both in variants:
@@ -115,8 +99,7 @@ def main() -> None:
                 best[name] = min(best[name], (time.perf_counter() - t0) / len(copies))
         cells = "  ".join(f"{nm} {R.nbytes / s / 1e9:.1f}" for nm, s in best.items())
         print(f"Q4_K {n}x{k} ({R.nbytes / 1e6:.1f} MB), GB/s: {cells}", flush=True)
-        del copies
-        keep.clear()
+        del copies, keep
 
 
 if __name__ == "__main__":
