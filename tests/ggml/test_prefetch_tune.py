@@ -1,9 +1,12 @@
 """The 8-row kernels' prefetch distance (``prefetch_tune``): every kernel gives the same bits at any
-distance; the tuner measures the distances in turn on the decode steps (counting complete rounds only)
-and keeps the fastest by a margin, else the default; ``LLAMAPY_X8_PREFETCH`` fixes it; a backend's
-decode steps go through it and their results do not change when it decides."""
+distance, into L2 or (negative) L1; the tuner measures the distances in turn on the decode steps
+(counting complete rounds only) and keeps the fastest by a margin, else the default;
+``LLAMAPY_X8_PREFETCH`` fixes it; a backend's decode steps go through their type's tuner, each type
+decides on its own, and their results do not change when it decides."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -15,8 +18,9 @@ from llamapy.ggml.cpu import q4k_x8, q5k_x8, q6k_x8, q40_x8, q50_x8, q80_x8
 from llamapy.ggml.cpu.backend import CPUBackend
 from llamapy.ggml.quants import quantize
 
-#: 0: the default (two groups ahead); one line; the distance measured on Intel; past every weight's end
-DISTANCES = (0, 64, 2048, 1 << 40)
+#: 0: the default (two groups ahead); one line; the distance measured on Intel; past every weight's end;
+#: the same into L1
+DISTANCES = (0, 64, 2048, 1 << 40, -64, -2048, -(1 << 40))
 
 
 def _q(t: T, rows: int, K: int, seed: int) -> np.ndarray:
@@ -88,9 +92,14 @@ def test_distance_from_the_environment(monkeypatch):
     assert pt.distance_from_env() == 4096
     tu = pt.PrefetchTuner.from_env()
     assert (tu.distance, tu.tuning) == (4096, False)
-    monkeypatch.setenv("LLAMAPY_X8_PREFETCH", "2k")
-    with pytest.raises(ValueError, match="LLAMAPY_X8_PREFETCH='2k'"):
-        pt.distance_from_env()
+    monkeypatch.setenv("LLAMAPY_X8_PREFETCH", "-2048")  # into L1
+    assert pt.distance_from_env() == -2048
+    tu = pt.PrefetchTuners.from_env().for_type("Q5_0")
+    assert (tu.distance, tu.tuning) == (-2048, False)
+    for bad in ("2k", "-", "--2048", "+2048"):
+        monkeypatch.setenv("LLAMAPY_X8_PREFETCH", bad)
+        with pytest.raises(ValueError, match=re.escape(f"LLAMAPY_X8_PREFETCH={bad!r}")):
+            pt.distance_from_env()
 
 
 class FakeClock:
@@ -214,10 +223,11 @@ def test_a_backend_decode_step_is_measured_and_its_result_never_changes(t, monke
     be = CPUBackend(n_threads=2)
     clock = FakeClock()
     seen: list[int] = []
-    be.prefetch = pt.PrefetchTuner(candidates=(0, 2048), warmup=1, rounds=2, clock=clock)
+    be.prefetch = pt.PrefetchTuners(candidates=(0, 2048), warmup=1, rounds=2, clock=clock)
     step, out = _decode_step(be, t, 1)
     prompt, _ = _decode_step(be, t, 6)  # several rows: never measured
-    real_run = be.prefetch.run
+    tu = be.prefetch.for_type(t.name)
+    real_run = tu.run
 
     def run(call, state):  # the kernel at 2048 "costs" less
         def timed(d: int):
@@ -227,22 +237,73 @@ def test_a_backend_decode_step_is_measured_and_its_result_never_changes(t, monke
 
         return real_run(timed, state)
 
-    be.prefetch.run = run  # type: ignore[method-assign]
+    tu.run = run  # type: ignore[method-assign]
     outs = []
     for _ in range(8):
         step()
         prompt()
         outs.append(out.copy())
     assert seen == [0, 0, 2048, 0, 2048, 2048]  # warm-up, two rounds; the sixth call decides
-    assert be.prefetch.distance == 2048 and not be.prefetch.tuning
+    assert tu.distance == 2048 and not tu.tuning and list(be.prefetch.by_type) == [t.name]
     for o in outs[1:]:
         np.testing.assert_array_equal(o.view(np.uint32), outs[0].view(np.uint32))
 
 
 def test_the_environment_fixes_a_backend_distance(monkeypatch):
-    monkeypatch.setenv("LLAMAPY_X8_PREFETCH", "2048")
+    monkeypatch.setenv("LLAMAPY_X8_PREFETCH", "-2048")
     be = CPUBackend(n_threads=1)
-    assert be.prefetch.distance == 2048 and not be.prefetch.tuning
     step, out = _decode_step(be, T.Q4_K, 1)
     step()
     assert np.isfinite(out).all()
+    tu = be.prefetch.for_type("Q4_K")
+    assert tu.distance == -2048 and not tu.tuning
+
+
+def test_each_weight_type_decides_its_own_distance(monkeypatch):
+    """Two types' decode steps in one backend: each type's tuner measures its own steps and keeps the
+    distance that is faster for it (Q4_K: 2048 into L2; Q8_0: 2048 into L1), the results unchanged."""
+    monkeypatch.delenv("LLAMAPY_X8_PREFETCH", raising=False)
+    be = CPUBackend(n_threads=2)
+    clock = FakeClock()
+    be.prefetch = pt.PrefetchTuners(candidates=(0, 2048, -2048), warmup=1, rounds=2, clock=clock)
+    fast = {"Q4_K": 2048, "Q8_0": -2048}
+    seen: dict[str, list[int]] = {"Q4_K": [], "Q8_0": []}
+    steps = []
+    for t in (T.Q4_K, T.Q8_0):
+        step, out = _decode_step(be, t, 1)
+        tu = be.prefetch.for_type(t.name)
+        real_run = tu.run
+
+        def run(call, state, real_run=real_run, name=t.name):  # its fast distance "costs" less
+            def timed(d: int):
+                clock.now += 0.5 if d == fast[name] else 1.0
+                seen[name].append(d)
+                return call(d)
+
+            return real_run(timed, state)
+
+        tu.run = run  # type: ignore[method-assign]
+        steps.append((step, out))
+    outs = []
+    for _ in range(9):
+        for step, _ in steps:
+            step()
+        outs.append([o.copy() for _, o in steps])
+    assert sorted(be.prefetch.by_type) == ["Q4_K", "Q8_0"]
+    for name, d in fast.items():
+        tu = be.prefetch.for_type(name)
+        assert tu.distance == d and not tu.tuning
+        assert seen[name] == [0, 0, 2048, -2048, 0, 2048, -2048, d]  # warm-up, two rounds, decided
+    for o in outs[1:]:
+        for a, b in zip(o, outs[0], strict=True):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_the_32_element_types_also_measure_into_l1():
+    tus = pt.PrefetchTuners()
+    for key in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
+        assert tus.for_type(key).candidates == pt.L1_CANDIDATES == (0, 2048, -2048)
+    for key in ("Q4_K", "Q5_K", "Q6_K", "moe Q4_K", "moe Q6_K"):
+        assert tus.for_type(key).candidates == pt.CANDIDATES == (0, 2048)
+    assert tus.for_type("Q5_0") is tus.for_type("Q5_0") and tus.for_type("Q5_0").name == "Q5_0"
+    assert pt.PrefetchTuners(candidates=(0, 4096)).for_type("Q5_0").candidates == (0, 4096)

@@ -22,7 +22,7 @@ from ..ops import alibi_slopes
 from ..tensor import VIEW_OPS, Tensor
 from ..types import TRAITS, GGMLType
 from .layouts import GLU_KIND, UNARY_KIND
-from .prefetch_tune import PrefetchTuner
+from .prefetch_tune import PrefetchTuners
 
 __all__ = ["CPUBackend", "MATVEC_MAX_TOKENS", "matvec_max_rows"]
 
@@ -112,8 +112,9 @@ class CPUBackend(Backend):
     def __init__(self, n_threads: int | None = None, repack: bool = True) -> None:
         self.n_threads = n_threads
         self.repack = bool(repack)  # the 8-row layouts (``repack``); False: the file's plain rows
-        #: the 8-row kernels' prefetch distance, measured on the first decode tokens (``prefetch_tune``)
-        self.prefetch = PrefetchTuner.from_env()
+        #: the 8-row kernels' prefetch distance per weight type, measured on the first decode tokens
+        #: (``prefetch_tune``)
+        self.prefetch = PrefetchTuners.from_env()
         self._ref = NumpyBackend()
         self._scratch: dict[str, np.ndarray] = {}
         self._rope_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}

@@ -35,7 +35,7 @@ from .q6k_x8_kernels import (
     _x6scale,
     _x8_block,
 )
-from .rowgroups import prefetch_bytes
+from .rowgroups import x8_prefetch
 from .simd import vfma_strict, vmul_strict, vsplat, vstore, vzero
 from .x8simd import xh8
 
@@ -75,7 +75,7 @@ def moe_q6_k_x8(R, x, ids, out, max_rows, chunks, pfd):
             for b in range(nb):
                 t = b * X8_BYTES
                 if j == j0:
-                    prefetch_bytes(Rf, pf + t, X8_BYTES, total)
+                    x8_prefetch(Rf, pf + t, X8_BYTES, total, pfd)
                 i0, i1, i2, i3 = izero(), izero(), izero(), izero()
                 for q in range(8):
                     s, c, xo, j2 = t + X8_Q + 192 * q, t + X8_SC + 16 * q, b * QK_K + 32 * q, b * 32 + 4 * q
@@ -103,7 +103,7 @@ def moe_q6_k_x8(R, x, ids, out, max_rows, chunks, pfd):
             for b in range(nb):
                 t = b * X8_BYTES
                 if j == j0:
-                    prefetch_bytes(Rf, pf + t, X8_BYTES, total)
+                    x8_prefetch(Rf, pf + t, X8_BYTES, total, pfd)
                 isum = _x8_block(w, t, xqm, b * QK_K, negm)
                 acc = vfma_strict(acc, vmul_strict(xh8(w, t + X8_D), vsplat(xd[xr, b])), itof(isum))
             vstore(out[p], g * 8, acc)

@@ -155,7 +155,7 @@ def mul_mat_id_step(
             gemm_nt(x, W, y[:, r0 : r0 + n], threads)
         out[t_idx, u_idx] = y
 
-    tuner = be.prefetch
+    tuner = be.prefetch.for_type(f"moe {a.type.name}")
     state = tuner.counter() if B.shape[0] == 1 else None  # one token: the tuner may measure it
 
     def step_x8() -> None:

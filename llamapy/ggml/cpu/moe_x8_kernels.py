@@ -32,7 +32,7 @@ from ..._numba import njit, prange
 from .isimd import bnib, itof, izero
 from .moe_kernels import _nan_pairs, _q8k_par, _xrow, moe_plan
 from .q4k_x8_kernels import QK_K, X8_BYTES, X8_D, X8_DMIN, X8_MN, X8_QS, X8_SC, _x8_block
-from .rowgroups import X8_PREFETCH_GROUPS, prefetch_bytes, x8_prefetch_from
+from .rowgroups import X8_PREFETCH_GROUPS, x8_prefetch, x8_prefetch_from
 from .simd import vfma, vmul, vsplat, vstore, vzero
 from .x8simd import xadd16, xbcast4, xh8, xmaddubs, xmins, xscale, xzero16
 
@@ -112,10 +112,10 @@ def _item(i, nA, Gc, G):
 @njit(inline="always")
 def _prefetch_from(i, n, nA, Gc, G, active, e, g, gb, total, pfd):
     """The flat weight offset that work item ``i`` (expert ``e``, group ``g``) prefetches from while it
-    reads its first pairs: ``pfd`` bytes past its own group's start where that is > 0 (a stream, as the
-    dense kernels: an expert's groups are consecutive), else the group of the item this thread runs
-    ``X8_PREFETCH_GROUPS`` after this one (``total``: none)."""
-    if pfd > 0:
+    reads its first pairs: ``|pfd|`` bytes past its own group's start where ``pfd`` is not 0 (a stream, as
+    the dense kernels: an expert's groups are consecutive; negative: into L1, ``rowgroups.x8_prefetch``),
+    else the group of the item this thread runs ``X8_PREFETCH_GROUPS`` after this one (``total``: none)."""
+    if pfd != 0:
         return x8_prefetch_from(e * G + g, gb, pfd)
     pf = total
     if i + X8_PREFETCH_GROUPS < n:
@@ -157,7 +157,7 @@ def _moe_x8(R, x, ids, out, max_rows, chunks, pfd, group):
             for b in range(nb):
                 t = b * X8_BYTES
                 if j == j0:
-                    prefetch_bytes(Rf, pf + t, X8_BYTES, total)
+                    x8_prefetch(Rf, pf + t, X8_BYTES, total, pfd)
                 ia, ib, ic, ie = _x8_block4(w, t, xq[ra], xq[rb_], xq[rc], xq[re], b * QK_K)
                 ma, mb = _x8_mins(w, t, bs32[ra], b * 8), _x8_mins(w, t, bs32[rb_], b * 8)
                 mc, me = _x8_mins(w, t, bs32[rc], b * 8), _x8_mins(w, t, bs32[re], b * 8)
@@ -183,7 +183,7 @@ def _moe_x8(R, x, ids, out, max_rows, chunks, pfd, group):
             for b in range(nb):
                 t = b * X8_BYTES
                 if j == j0:
-                    prefetch_bytes(Rf, pf + t, X8_BYTES, total)
+                    x8_prefetch(Rf, pf + t, X8_BYTES, total, pfd)
                 ia, ma, ib, mb = _x8_block2(w, t, xqa, xqb, b * QK_K, bsa, bsb, b * 8)
                 dh, mh = xh8(w, t + X8_D), xh8(w, t + X8_DMIN)
                 acc = vfma(acc, vmul(dh, vsplat(xd[xr, b])), itof(ia))
@@ -201,7 +201,7 @@ def _moe_x8(R, x, ids, out, max_rows, chunks, pfd, group):
             for b in range(nb):
                 t = b * X8_BYTES
                 if j == j0:
-                    prefetch_bytes(Rf, pf + t, X8_BYTES, total)
+                    x8_prefetch(Rf, pf + t, X8_BYTES, total, pfd)
                 isum, msum = _x8_block(w, t, xqm, b * QK_K, b32m, b * 8)
                 acc = vfma(acc, vmul(xh8(w, t + X8_D), vsplat(xd[xr, b])), itof(isum))
                 acc = vfma(acc, vmul(xh8(w, t + X8_DMIN), vsplat(-xd[xr, b])), itof(msum))

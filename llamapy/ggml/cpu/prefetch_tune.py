@@ -1,21 +1,26 @@
-"""The 8-row mat-vec kernels' prefetch distance, chosen per model by measuring its decode.
+"""The 8-row mat-vec kernels' prefetch distance, chosen per model and weight type by measuring its decode.
 
 Every 8-row kernel (``*_x8_kernels``, ``q40_x8_rows``, the MoE kernels) takes the distance ahead of
 the block it reads at which it prefetches the weight, in bytes, as its fourth argument (0: two groups
-of eight rows ahead; the Q8_0 kernel 64 KiB; ``rowgroups.x8_prefetch_from``). No distance suits every
-case (``benchmarks/results/stop49_intel_prefetch.md``). On an Intel Xeon VM (2 threads, haswell
-target) 2048 made the decode of files streamed from DRAM 10-19 % faster (1.5B-shaped Q4_K_M, Q4_0,
-Q5_K_M, Q8_0; the MoE shape +5 %) and SmolLM2-135M, whose 92 MB that VM's L3 holds, 17 % slower. On
-an AMD EPYC (Zen 4) VM two groups ahead already read as fast as a plain streaming read. Whether a
-model's weights stream from DRAM depends on the model, the CPU's caches and what else runs, so the
-backend measures instead of guessing: ``PrefetchTuner``.
+of eight rows ahead; the Q8_0 kernel 64 KiB; ``rowgroups.x8_prefetch_from``; negative: that distance
+into L1, ``prefetcht0``, where positive ones prefetch into L2: ``rowgroups.x8_prefetch``). No distance
+suits every case (``benchmarks/results/stop49_intel_prefetch.md``). On an Intel Xeon VM (2 threads,
+haswell target) 2048 made the decode of files streamed from DRAM 10-19 % faster (1.5B-shaped Q4_K_M,
+Q4_0, Q5_K_M, Q8_0; the MoE shape +5 %) and SmolLM2-135M, whose 92 MB that VM's L3 holds, 17 % slower.
+On an AMD EPYC (Zen 4) VM two groups ahead already read as fast as a plain streaming read. On the Intel
+VM, into L1 made the Q5_0 kernel 4-14 % faster and Q4_0, Q5_K and Q8_0 2-8 %, Q4_K no faster and Q6_K
+1-8 % slower (``benchmarks/results/stop55_prefetch_l1.md``); on the AMD VM the one-row kernels wanted L2
+(``results/prefetch_locality.md``). Whether a model's weights stream from DRAM, and which level suits a
+type, depends on the model, the CPU's caches and what else runs, so the backend measures instead of
+guessing: a ``PrefetchTuner`` per weight type (``PrefetchTuners``); the types of 32-element blocks
+measure 2048 into L1 as well (``L1_TYPES``).
 
 The tuner times the decode steps (one activation row) of the first tokens, each distance in turn
 (every step alternates, so each pair of tokens compares the distances on the same weights), and from
 then on uses the fastest by the median over those pairs (a VM's bursts of noise move a sum), or the
 default where none is ``MARGIN`` faster. The distance changes no
 result: the kernels' arithmetic does not depend on it. ``LLAMAPY_X8_PREFETCH=<bytes>`` fixes the
-distance (no measuring); ``auto`` or unset: measure."""
+distance of every type (no measuring; ``-<bytes>``: into L1); ``auto`` or unset: measure."""
 
 from __future__ import annotations
 
@@ -31,6 +36,12 @@ log = logging.getLogger("llamapy.ggml")
 
 #: the distances measured; the first is the default (two row groups ahead)
 CANDIDATES = (0, 2048)
+#: the weight types that also measure 2048 bytes ahead into L1 (``L1_CANDIDATES``): those of 32-element
+#: blocks, whose kernels gained from it on the Intel VM (Q5_0 4-14 %, Q4_0 2-8 %, Q8_0 2-6 %); the
+#: k-quants' did not (Q4_K even, Q6_K 1-8 % slower; measured in the model, the tuning's tokens at -2048
+#: cost a 3B Q4_K_M file's tg32 5 %; Q5_K within noise), so they measure the two L2 distances only
+L1_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"})
+L1_CANDIDATES = (0, 2048, -2048)
 #: calls of each step before measuring (the first token reads cold pages)
 WARMUP_CALLS = 2
 #: rounds (one token per distance) measured at least, and at most
@@ -46,13 +57,13 @@ MARGIN = 0.04
 
 
 def distance_from_env() -> int | None:
-    """``LLAMAPY_X8_PREFETCH``: a byte count (0: two row groups ahead), or None (unset or ``auto``:
-    measure)."""
+    """``LLAMAPY_X8_PREFETCH``: a byte count (0: two row groups ahead; negative: that many bytes ahead,
+    into L1), or None (unset or ``auto``: measure)."""
     env = os.environ.get("LLAMAPY_X8_PREFETCH", "").strip().lower()
     if env in ("", "auto"):
         return None
-    if not env.isdigit():
-        raise ValueError(f"LLAMAPY_X8_PREFETCH={env!r}: expected a byte count or 'auto'")
+    if not env.removeprefix("-").isdigit():
+        raise ValueError(f"LLAMAPY_X8_PREFETCH={env!r}: expected a byte count (negative: into L1) or 'auto'")
     return int(env)
 
 
@@ -78,6 +89,8 @@ class PrefetchTuner:
         self.min_seconds, self.max_rounds = min_seconds, max(max_rounds, rounds)
         #: round -> each distance's seconds, summed over the steps that completed that round
         self.by_round: list[list[float]] = []
+        #: what it tunes (``PrefetchTuners``: the weight type), for the log
+        self.name = ""
 
     @classmethod
     def from_env(cls) -> PrefetchTuner:
@@ -136,4 +149,35 @@ class PrefetchTuner:
             if rel[best] < 1.0 - self.margin:
                 self.distance = self.candidates[best]
         ms = ", ".join(f"{d}: {t * 1e3:.1f} ms" for d, t in zip(self.candidates, self.totals, strict=True))
-        log.debug("8-row kernels' prefetch distance %d (%d rounds: %s)", self.distance, len(rows), ms)
+        log.debug(
+            "%s 8-row kernels' prefetch distance %d (%d rounds: %s)", self.name, self.distance, len(rows), ms
+        )
+
+
+class PrefetchTuners:
+    """A backend's tuners, one per weight type (``for_type``): each type's decode steps measure and
+    decide on their own, since the best distance and cache level differ by type on one machine. A
+    type in ``L1_TYPES`` measures ``L1_CANDIDATES``, the others ``CANDIDATES``, unless ``candidates``
+    sets every type's; the other keyword arguments are every tuner's (``PrefetchTuner``)."""
+
+    def __init__(
+        self, fixed: int | None = None, candidates: Sequence[int] | None = None, **kwargs: object
+    ) -> None:
+        self.fixed = fixed
+        self.candidates = candidates
+        self._kwargs = kwargs
+        self.by_type: dict[str, PrefetchTuner] = {}
+
+    @classmethod
+    def from_env(cls) -> PrefetchTuners:
+        return cls(distance_from_env())
+
+    def for_type(self, key: str) -> PrefetchTuner:
+        """The tuner of the weight type ``key`` (one name per kernel family: ``"Q4_K"``, ``"moe Q4_K"``)."""
+        tu = self.by_type.get(key)
+        if tu is None:
+            cands = self.candidates or (L1_CANDIDATES if key in L1_TYPES else CANDIDATES)
+            tu = PrefetchTuner(self.fixed, cands, **self._kwargs)  # type: ignore[arg-type]
+            tu.name = key
+            self.by_type[key] = tu
+        return tu

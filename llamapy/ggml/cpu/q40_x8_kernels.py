@@ -42,7 +42,7 @@ from numba.extending import intrinsic
 from ..._numba import njit, prange
 from .hsimd import H16, hmadd, quantize_rows_q16
 from .isimd import I32x8, iadd, isra, itof, izero
-from .rowgroups import prefetch_bytes, x8_prefetch_from
+from .rowgroups import x8_prefetch, x8_prefetch_from
 from .simd import _is_bytes, _ptr, vfma, vfma_strict, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
 
@@ -286,7 +286,7 @@ def _mm_x8(R, x, out, pfd, blk, xbytes):
             for b in range(nb):
                 t = b * xbytes
                 if m == 0:
-                    prefetch_bytes(Rf, pf + t, xbytes, total)
+                    x8_prefetch(Rf, pf + t, xbytes, total, pfd)
                 acc = blk(acc, w, t, xpm, b * 32, xd[m, b], xs[m, b], cor[m, b])
             vstore(out[m], grp * 8, acc)
     for m in range(M):

@@ -39,7 +39,7 @@ from ..._numba import njit, prange
 from .hsimd import H16, hmadd, quantize_rows_q16
 from .isimd import itof, izero
 from .q40_x8_kernels import iadd_splat, pbcast, permute_rows_q4
-from .rowgroups import prefetch_bytes, x8_prefetch_from
+from .rowgroups import prefetch_bytes, x8_prefetch, x8_prefetch_from
 from .simd import _is_bytes, _ptr, vfma_strict, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
 
@@ -275,7 +275,7 @@ def _mm_x8(R, x, out, pfd, blk, xbytes, off):
             for b in range(nb):
                 t = b * xbytes
                 if m == 0:
-                    prefetch_bytes(Rf, pf + t, xbytes, total)
+                    x8_prefetch(Rf, pf + t, xbytes, total, pfd)
                 acc = blk(acc, w, t, xpm, b * 32, xd[m, b], xs[m, b], cor[m, b])
             vstore(out[m], grp * 8, acc)
     for m in range(M):

@@ -44,7 +44,7 @@ from ..._numba import njit, prange
 from ..quants.layouts import Q5_K_BYTES, Q5_K_QH, Q5_K_QS, Q5_K_SCALES
 from .isimd import bq5, ibar4, itof, izero
 from .kquant_kernels import _nan_rows, _q8k
-from .rowgroups import prefetch_bytes, x8_prefetch_from
+from .rowgroups import prefetch_bytes, x8_prefetch, x8_prefetch_from
 from .simd import vfma_strict, vmul_strict, vsplat, vstore, vzero
 from .x8simd import xadd16, xbcast4, xh8, xmaddubs, xmins, xscale, xzero16
 
@@ -198,7 +198,7 @@ def mm_q5_k_x8(R, x, out, pfd):
             for b in range(nb):
                 t = b * X8_BYTES
                 if m == 0:
-                    prefetch_bytes(Rf, pf + t, X8_BYTES, total)
+                    x8_prefetch(Rf, pf + t, X8_BYTES, total, pfd)
                 isum, msum = _x8_block(w, t, xqm, b * QK_K, b32m, b * 8)
                 acc = _x8_step(acc, xh8(w, t + X8_D), xh8(w, t + X8_DMIN), xd[m, b], isum, msum)
             vstore(out[m], grp * 8, acc)

@@ -45,7 +45,7 @@ from .hsimd import H16
 from .isimd import B32, I32x8, _maddwd, itof, izero
 from .kquant_kernels import _q8k
 from .q40_x8_kernels import pbcast
-from .rowgroups import prefetch_bytes, x8_prefetch_from
+from .rowgroups import prefetch_bytes, x8_prefetch, x8_prefetch_from
 from .simd import _is_bytes, _ptr, vfma_strict, vmul_strict, vsplat, vstore, vzero
 from .x8simd import xadd16, xbcast4, xh8, xmaddubs
 
@@ -297,7 +297,7 @@ def mm_q6_k_x8(R, x, out, pfd):
             for b in range(nb):
                 t = b * X8_BYTES
                 if m == 0:
-                    prefetch_bytes(Rf, pf + t, X8_BYTES, total)
+                    x8_prefetch(Rf, pf + t, X8_BYTES, total, pfd)
                 isum = _x8_block(w, t, xqm, b * QK_K, negm)
                 acc = vfma_strict(acc, vmul_strict(xh8(w, t + X8_D), vsplat(xd[m, b])), itof(isum))
             vstore(out[m], grp * 8, acc)

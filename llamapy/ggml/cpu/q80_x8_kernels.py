@@ -32,7 +32,7 @@ from ..._numba import njit, prange
 from .hsimd import hmadd, hwiden, quantize_rows_q16
 from .isimd import itof, izero
 from .q40_x8_kernels import pbcast
-from .rowgroups import prefetch_bytes
+from .rowgroups import x8_prefetch
 from .simd import vfma, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
 
@@ -43,7 +43,7 @@ SRC_BYTES = 34
 #: one-row kernel on the 1.4 GB of a 1.5B-shaped Q8_0 model's matrices (one thread, CPU ms per sweep,
 #: min / median of 8 alternating): plain 49.5 / 51.4; this 49.8 / 52.1; 256 KiB ahead 51.5 / 54.4; two
 #: groups ahead, every block's 272 bytes (5 prefetches, lines twice) 56.4 / 59.4 (10-15 % slower).
-#: That was the AMD EPYC VM. A kernel given a distance (``pfd`` > 0, ``prefetch_tune``) prefetches at
+#: That was the AMD EPYC VM. A kernel given a distance (``pfd`` != 0, ``prefetch_tune``) prefetches at
 #: that distance instead (2048 on the Intel Xeon VM: the 1.5B-shaped Q8_0 file's tg32, 2 threads,
 #: 13.0-13.7 -> 15.8-16.3 t/s; ``benchmarks/results/stop49_intel_prefetch.md``)
 X8_PREFETCH_BYTES = 65536
@@ -110,12 +110,13 @@ def _prepare(x, nb):
 
 
 @njit(inline="always")
-def _prefetch_ahead(Rf, p, d, total):
-    """Prefetch the 64-byte lines that start in the block ``d`` bytes after flat offset ``p``."""
+def _prefetch_ahead(Rf, p, d, total, pfd):
+    """Prefetch the 64-byte lines that start in the block ``d`` bytes after flat offset ``p`` (into L1
+    where ``pfd`` < 0: ``rowgroups.x8_prefetch``)."""
     q = p + d
     if q + X8_BYTES <= total:
         for c in range((q + 63) // 64 * 64, q + X8_BYTES, 64):
-            prefetch_bytes(Rf, c, 1, total)
+            x8_prefetch(Rf, c, 1, total, pfd)
 
 
 @njit(inline="always")
@@ -145,7 +146,7 @@ def mm_q8_0_x8(R, x, out, pfd):
     Rf = R.reshape(-1)
     total = G * gb
     xq, xd, ok = _prepare(x, nb)
-    ahead = pfd if pfd > 0 else X8_PREFETCH_BYTES
+    ahead = abs(pfd) if pfd != 0 else X8_PREFETCH_BYTES
     for grp in prange(G):
         w = R[grp]
         wi = w.view(np.int8)
@@ -156,7 +157,7 @@ def mm_q8_0_x8(R, x, out, pfd):
             for b in range(nb):
                 t = b * X8_BYTES
                 if m == 0:
-                    _prefetch_ahead(Rf, g0 + t, ahead, total)
+                    _prefetch_ahead(Rf, g0 + t, ahead, total, pfd)
                 s = _blk_sum(wi, t + 16, xm, b * 32)
                 acc = vfma(acc, vmul(xh8(w, t), vsplat(xd[m, b])), itof(s))
             vstore(out[m], grp * 8, acc)
@@ -174,7 +175,7 @@ def mm_q8_0_x8r4(R, x, out, pfd):
     Rf = R.reshape(-1)
     total = G * gb
     xq, xd, ok = _prepare(x, nb)
-    ahead = pfd if pfd > 0 else X8_PREFETCH_BYTES
+    ahead = abs(pfd) if pfd != 0 else X8_PREFETCH_BYTES  # prompts: into L2 whatever the sign
     for grp in prange(G):
         w = R[grp]
         wi = w.view(np.int8)
@@ -186,7 +187,7 @@ def mm_q8_0_x8r4(R, x, out, pfd):
             for b in range(nb):
                 t = b * X8_BYTES
                 if m0 == 0:
-                    _prefetch_ahead(Rf, g0 + t, ahead, total)
+                    _prefetch_ahead(Rf, g0 + t, ahead, total, ahead)
                 s0, s1, s2, s3 = izero(), izero(), izero(), izero()
                 for c in range(16):
                     v = hwiden(wi, t + 16 + 16 * c)

@@ -225,7 +225,7 @@ def x8_step(
     chunk_rows: int = 0,
 ) -> Callable[[], None]:
     """The ``mul_mat`` step on the repacked ``R`` of ``a`` (plain bytes ``A``): ``kern(R, x, out2, distance)``
-    with the prefetch distance of ``be.prefetch`` (``prefetch_tune``; one activation row: its decode
+    with the prefetch distance of ``a``'s type in ``be.prefetch`` (``prefetch_tune``; one activation row: its decode
     steps, which it may measure) (``chunk_rows`` > 0 and more activation rows than that: one call per chunk of rows, the chunks as
     even as possible, each at most ``chunk_rows``); or, ``kern`` None, per tile of rows ``unpack(R, r0,
     r1, q)`` into the scratch ``scratch`` (plain bytes, bit for bit), dequantize, sgemm. ``unpack_kernel``:
@@ -234,7 +234,7 @@ def x8_step(
     from .backend import TILE_FLOATS, _threads
 
     if kern is not None:
-        tuner = be.prefetch
+        tuner = be.prefetch.for_type(a.type.name)
         be.need(kern)
         M = x.shape[0]
         if 0 < chunk_rows < M:

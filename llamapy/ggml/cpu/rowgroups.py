@@ -20,9 +20,10 @@ X8_PREFETCH_GROUPS = 2
 @njit(inline="always")
 def x8_prefetch_from(grp, gb, pfd):
     """The flat weight offset the 8-row kernels prefetch from while reading the first block of group
-    ``grp`` (``gb`` bytes a group): ``pfd`` bytes ahead, or (``pfd`` 0) ``X8_PREFETCH_GROUPS`` groups."""
-    if pfd > 0:
-        return grp * gb + pfd
+    ``grp`` (``gb`` bytes a group): ``|pfd|`` bytes ahead, or (``pfd`` 0) ``X8_PREFETCH_GROUPS`` groups. A
+    negative ``pfd`` is the same distance into L1 (``x8_prefetch``)."""
+    if pfd != 0:
+        return grp * gb + abs(pfd)
     return (grp + X8_PREFETCH_GROUPS) * gb
 
 
@@ -47,6 +48,20 @@ def prefetch_bytes_l1(wf, p, nbytes, total):
     if p + nbytes <= total:
         for c in range(0, nbytes, 64):
             prefetch_l1(wf, p + c)
+
+
+@njit(inline="always")
+def x8_prefetch(wf, p, nbytes, total, pfd):
+    """The one-row loops of the 8-row kernels: ``prefetch_bytes`` (into L2), or where the distance
+    ``pfd`` is negative ``prefetch_bytes_l1`` (``prefetcht0``). Which is faster depends on the type and
+    the CPU (Intel Xeon VM, haswell target, weights from DRAM: Q5_0 +10-14 % into L1, Q4_0 +2-7 %, Q8_0
+    +2-6 %, Q5_K +3-8 %, Q4_K even, Q6_K 1-4 % slower; ``benchmarks/results/stop55_prefetch_l1.md``), so
+    ``prefetch_tune`` measures it per type. The prompt loops (several activation rows per pass) prefetch
+    into L2 at ``|pfd|`` whatever its sign."""
+    if pfd < 0:
+        prefetch_bytes_l1(wf, p, nbytes, total)
+    else:
+        prefetch_bytes(wf, p, nbytes, total)
 
 
 @njit(inline="always")
