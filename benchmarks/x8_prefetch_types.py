@@ -64,6 +64,7 @@ def run(types: list[str], shapes: list[tuple[int, int]], distances: list[int], t
 
     from llamapy.ggml import GGMLType
     from llamapy.ggml.quants import quantize
+    from llamapy.ggml.types import TRAITS
 
     rng = np.random.default_rng(0)
     lines = []
@@ -72,7 +73,11 @@ def run(types: list[str], shapes: list[tuple[int, int]], distances: list[int], t
         repack = importlib.import_module(f"llamapy.ggml.cpu.{rep_mod}").repack
         kern = getattr(importlib.import_module(f"llamapy.ggml.cpu.{kern_mod}"), kern_name)
         t = GGMLType[tn]
+        blk = TRAITS[t].block_size
         for n, k in shapes:
+            if k % blk:
+                lines.append(f"{tn} {n}x{k}: skipped (K not a multiple of {blk})")
+                continue
             A = np.asarray(quantize(rng.standard_normal((n, k)).astype(np.float32), t)).reshape(n, -1)
             R = repack(np.ascontiguousarray(A.view(np.uint8)), t)
             copies, keep = _copies(R, total_mb)
@@ -102,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--types", default=TYPES, help=f"comma list of {', '.join(KERNELS)}")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
-        "--shapes", default="4864x896,2048x2048,3072x8192", help="NxK comma list (K a multiple of 256)"
+        "--shapes",
+        default="4864x896,2048x2048,3072x8192",
+        help="NxK comma list (a type skips a K its blocks do not divide)",
     )
     ap.add_argument(
         "--distances", default="2048,-2048,0", help="bytes ahead; negative: into L1; 0: two groups"
@@ -121,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print("error: --shapes must be NxK,... and --distances integers", file=sys.stderr)
         return 1
-    if any(n % 8 or k % 256 for n, k in shapes):
-        print("error: --shapes: N must be a multiple of 8 and K of 256", file=sys.stderr)
+    if any(n % 8 or k % 32 or n <= 0 or k <= 0 for n, k in shapes):
+        print("error: --shapes: N must be a multiple of 8 and K of 32", file=sys.stderr)
         return 1
 
     from benchmarks.harness import machine_line
