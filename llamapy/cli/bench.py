@@ -175,6 +175,26 @@ def markdown(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: at most this many tokens decoded before the profile while the backends' prefetch tuners measure
+PROFILE_TUNE_TOKENS = 128
+
+
+def _until_tuned(ctx: Any, model: Any, limit: int = PROFILE_TUNE_TOKENS) -> int:
+    """Decode single tokens (from an empty cache) while a backend's 8-row kernels are still measuring their
+    prefetch distance (``ggml/cpu/prefetch_tune.py``: their first decode tokens alternate distances), at
+    most ``limit``; how many. So the profile shows the kernels as the rest of a decode runs them."""
+    from ..batch import Batch
+
+    tuners = [t for b in ctx.sched.backends if (t := getattr(b, "prefetch", None)) is not None]
+    n = 0
+    ctx.memory.clear()
+    rng = np.random.default_rng(0)
+    while n < limit and any(t.tuning for t in tuners):
+        ctx.decode(Batch.from_tokens(rng.integers(0, model.n_vocab, size=1), pos0=n))
+        n += 1
+    return n
+
+
 def profile_tg(
     model_path: str,
     n_gen: int,
@@ -184,8 +204,9 @@ def profile_tg(
     repack: bool = True,
     **ctx_opts: Any,
 ) -> str:
-    """cProfile of ``n_gen`` generated tokens (after ``n_depth`` tokens of context), sorted by own time, after
-    a table of the mat-vec kernels' read rate per weight type (``kernel_rates``); ``repack`` and ``ctx_opts``
+    """cProfile of ``n_gen`` generated tokens (after ``n_depth`` tokens of context, and once the prefetch
+    tuners have decided: ``_until_tuned``), sorted by own time, after a table of the mat-vec kernels' read
+    rate per weight type (``kernel_rates``); ``repack`` and ``ctx_opts``
     (other ``ContextParams`` fields: ``n_ubatch``, ``type_k``, ``type_v``, ``n_gpu_layers``, ...) as the
     run's."""
     import cProfile
@@ -196,16 +217,18 @@ def profile_tg(
     from ..model import Model
 
     model = Model.load(model_path)
-    n_ctx = max(256, n_gen + n_depth)
+    n_ctx = max(256, n_gen + n_depth, PROFILE_TUNE_TOKENS)
     ctx = Context(model, ContextParams(n_ctx=n_ctx, n_threads=n_threads, repack=repack, **ctx_opts))
     run_test(ctx, model, 0, 2, 1, n_depth=n_depth)  # compile kernels and build the graph first
+    tuned = _until_tuned(ctx, model)
     prof = cProfile.Profile()
     prof.enable()
     secs = run_test(ctx, model, 0, n_gen, 1, n_depth=n_depth)
     prof.disable()
     out = io.StringIO()
     at = f" @ d{n_depth}" if n_depth else ""
-    out.write(f"tg{n_gen}{at}: {n_gen / secs[0]:.2f} t/s ({1e3 * secs[0] / n_gen:.2f} ms/token)\n")
+    after = f", after {tuned} tokens of prefetch tuning" if tuned else ""
+    out.write(f"tg{n_gen}{at}: {n_gen / secs[0]:.2f} t/s ({1e3 * secs[0] / n_gen:.2f} ms/token{after})\n")
     stats = pstats.Stats(prof, stream=out)
     out.write(kernel_rates(model_path, stats, n_gen + 1) + "\n")  # run_test's warm-up token too
     stats.sort_stats("tottime").print_stats(top)

@@ -79,6 +79,38 @@ def test_bench_profile_follows_repack(tmp_path):
     assert "_x8" not in profile_tg(str(path), 2, 1, top=40, repack=False)
 
 
+def test_bench_profile_runs_after_the_prefetch_tuning(tmp_path, monkeypatch):
+    """The profiled tokens come after the 8-row kernels' prefetch tuners have decided (their first decode
+    tokens alternate distances, so a profile of them showed rates the decode does not run at); a fixed
+    distance needs no tuning tokens."""
+    from llamapy.cli.bench import PROFILE_TUNE_TOKENS, profile_tg
+
+    path = tiny_llama(tmp_path / "t.gguf", ggml_type="Q4_0")
+    monkeypatch.delenv("LLAMAPY_X8_PREFETCH", raising=False)
+    head = profile_tg(str(path), 2, 1, top=5).splitlines()[0]
+    n = int(head.split("after ")[1].split(" tokens of prefetch tuning")[0])
+    assert 0 < n <= PROFILE_TUNE_TOKENS
+    monkeypatch.setenv("LLAMAPY_X8_PREFETCH", "2048")
+    assert "tuning" not in profile_tg(str(path), 2, 1, top=5).splitlines()[0]
+
+
+def test_until_tuned_stops_at_its_limit(tmp_path, monkeypatch):
+    from llamapy.cli.bench import _until_tuned, run_test
+    from llamapy.context import Context, ContextParams
+    from llamapy.model import Model
+
+    monkeypatch.delenv("LLAMAPY_X8_PREFETCH", raising=False)
+    model = Model.load(str(tiny_llama(tmp_path / "t.gguf", ggml_type="Q4_0")))
+    ctx = Context(model, ContextParams(n_ctx=256, n_threads=1))
+    tuners = ctx.sched.backends[0].prefetch
+    assert _until_tuned(ctx, model) == 0 and not tuners.by_type  # no decode graph yet: nothing to tune
+    run_test(ctx, model, 0, 1, 1)  # builds the decode graph: its steps' tuners
+    assert tuners.tuning and "Q4_0" in tuners.by_type
+    assert _until_tuned(ctx, model, limit=3) == 3 and tuners.tuning
+    n = _until_tuned(ctx, model)
+    assert n > 0 and not tuners.tuning and _until_tuned(ctx, model) == 0
+
+
 def test_bench_profile_uses_the_runs_context_options(tmp_path, monkeypatch, capsys):
     """``--profile`` builds its context with the run's ``-ub``/``-ctk``/``-ctv``/``-nkvo`` (it used the
     defaults: a q8_0 cache run was profiled on an f16 cache)."""

@@ -306,4 +306,8 @@ def test_the_32_element_types_also_measure_into_l1():
     for key in ("Q4_K", "Q5_K", "Q6_K", "moe Q4_K", "moe Q6_K"):
         assert tus.for_type(key).candidates == pt.CANDIDATES == (0, 2048)
     assert tus.for_type("Q5_0") is tus.for_type("Q5_0") and tus.for_type("Q5_0").name == "Q5_0"
+    assert tus.tuning  # until every type's tuner has decided
+    for tu in tus.by_type.values():
+        tu.tuning = False
+    assert not tus.tuning and not pt.PrefetchTuners().tuning and not pt.PrefetchTuners(fixed=0).tuning
     assert pt.PrefetchTuners(candidates=(0, 4096)).for_type("Q5_0").candidates == (0, 4096)

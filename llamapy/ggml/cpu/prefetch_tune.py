@@ -172,6 +172,11 @@ class PrefetchTuners:
     def from_env(cls) -> PrefetchTuners:
         return cls(distance_from_env())
 
+    @property
+    def tuning(self) -> bool:
+        """Whether a type's tuner is still measuring (its decode steps run other distances in turn)."""
+        return any(tu.tuning for tu in self.by_type.values())
+
     def for_type(self, key: str) -> PrefetchTuner:
         """The tuner of the weight type ``key`` (one name per kernel family: ``"Q4_K"``, ``"moe Q4_K"``)."""
         tu = self.by_type.get(key)
