@@ -54,10 +54,10 @@ def prefetch_bytes_l1(wf, p, nbytes, total):
 def x8_prefetch(wf, p, nbytes, total, pfd):
     """The one-row loops of the 8-row kernels: ``prefetch_bytes`` (into L2), or where the distance
     ``pfd`` is negative ``prefetch_bytes_l1`` (``prefetcht0``). Which is faster depends on the type and
-    the CPU (Intel Xeon VM, haswell target, weights from DRAM: Q5_0 +10-14 % into L1, Q4_0 +2-7 %, Q8_0
-    +2-6 %, Q5_K +3-8 %, Q4_K even, Q6_K 1-4 % slower; ``benchmarks/results/stop55_prefetch_l1.md``), so
-    ``prefetch_tune`` measures it per type. The prompt loops (several activation rows per pass) prefetch
-    into L2 at ``|pfd|`` whatever its sign."""
+    the CPU (Intel Xeon VM, haswell target, weights from DRAM, into L1: Q5_0 +10-18 %, Q4_0 +2-9 %, Q8_0
+    +3-9 %; the k-quants from -31 % to +8 % by shape and run, and slower in the model;
+    ``benchmarks/results/stop55_prefetch_l1.md``), so ``prefetch_tune`` measures it per type. The prompt
+    loops (several activation rows per pass) prefetch into L2 at ``|pfd|`` whatever its sign."""
     if pfd < 0:
         prefetch_bytes_l1(wf, p, nbytes, total)
     else:
