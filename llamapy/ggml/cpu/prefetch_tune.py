@@ -8,8 +8,8 @@ suits every case (``benchmarks/results/stop49_intel_prefetch.md``). On an Intel 
 haswell target) 2048 made the decode of files streamed from DRAM 10-19 % faster (1.5B-shaped Q4_K_M,
 Q4_0, Q5_K_M, Q8_0; the MoE shape +5 %) and SmolLM2-135M, whose 92 MB that VM's L3 holds, 17 % slower.
 On an AMD EPYC (Zen 4) VM two groups ahead already read as fast as a plain streaming read. On the Intel
-VM, into L1 made the Q5_0 kernel 4-14 % faster and Q4_0, Q5_K and Q8_0 2-8 %, Q4_K no faster and Q6_K
-1-8 % slower (``benchmarks/results/stop55_prefetch_l1.md``); on the AMD VM the one-row kernels wanted L2
+VM, into L1 made the kernels of the 32-element types faster and the k-quants' not (``rowgroups.x8_prefetch``,
+``benchmarks/results/stop55_prefetch_l1.md``); on the AMD VM the one-row kernels wanted L2
 (``results/prefetch_locality.md``). Whether a model's weights stream from DRAM, and which level suits a
 type, depends on the model, the CPU's caches and what else runs, so the backend measures instead of
 guessing: a ``PrefetchTuner`` per weight type (``PrefetchTuners``); the types of 32-element blocks
@@ -37,9 +37,9 @@ log = logging.getLogger("llamapy.ggml")
 #: the distances measured; the first is the default (two row groups ahead)
 CANDIDATES = (0, 2048)
 #: the weight types that also measure 2048 bytes ahead into L1 (``L1_CANDIDATES``): those of 32-element
-#: blocks, whose kernels gained from it on the Intel VM (Q5_0 4-14 %, Q4_0 2-8 %, Q8_0 2-6 %); the
-#: k-quants' did not (Q4_K even, Q6_K 1-8 % slower; measured in the model, the tuning's tokens at -2048
-#: cost a 3B Q4_K_M file's tg32 5 %; Q5_K within noise), so they measure the two L2 distances only
+#: blocks, whose kernels gained from it on the Intel VM (``rowgroups.x8_prefetch``); the k-quants' did not
+#: (in the model, the tuning's tokens at -2048 cost a 3B Q4_K_M file's tg32 5 %), so they measure the two
+#: L2 distances only
 L1_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"})
 L1_CANDIDATES = (0, 2048, -2048)
 #: calls of each step before measuring (the first token reads cold pages)
