@@ -319,22 +319,15 @@ def run_json(cmd: Sequence[str], env: dict[str, str] | None = None, timeout: flo
 # -- bandwidth and bytes per token ----------------------------------------------------------------------
 
 
-def q4k_x8_copies(n: int, k: int, total_mb: float, rng: Any) -> tuple[Any, list[Any], list[Any]]:
-    """A random ``n`` x ``k`` Q4_K weight repacked eight rows at a time (``q4k_x8_kernels.repack_x8``) and
-    copies of it in fresh huge-page memory, as ``repack`` allocates a model's (``max(2, total_mb / size)``
-    of them: cycled through, past the caches, they are what a decode step reads from DRAM): ``(R, copies,
-    keep)``, ``keep`` the mappings the copies are views of (drop it with the copies)."""
+def huge_copies(R: Any, total_mb: float) -> tuple[list[Any], list[Any]]:
+    """Copies of the array ``R`` in fresh huge-page memory, as ``repack`` allocates a model's weights
+    (``max(2, total_mb / size)`` of them: cycled through, past the caches, they are what a decode step
+    reads from DRAM): ``(copies, keep)``, ``keep`` the mappings the copies are views of (drop it with the
+    copies)."""
     import numpy as np
 
-    from llamapy.ggml import GGMLType
-    from llamapy.ggml.cpu import q4k_x8_kernels as qk
     from llamapy.ggml.cpu.repack import _huge_mapping, _huge_start
-    from llamapy.ggml.quants import quantize
 
-    A = np.ascontiguousarray(quantize(rng.standard_normal((n, k)).astype(np.float32), GGMLType.Q4_K))
-    A = A.view(np.uint8).reshape(n, -1)
-    R = np.empty((n // 8, A.shape[1] // 144 * qk.X8_BYTES), np.uint8)
-    qk.repack_x8(A, R)
     keep, copies = [], []
     for _ in range(max(2, int(total_mb * 1e6 // R.nbytes))):
         m = _huge_mapping(R.nbytes + (2 << 20))
@@ -345,6 +338,23 @@ def q4k_x8_copies(n: int, k: int, total_mb: float, rng: Any) -> tuple[Any, list[
             c = np.frombuffer(m, np.uint8, count=R.nbytes, offset=_huge_start(m)).reshape(R.shape)
         c[:] = R
         copies.append(c)
+    return copies, keep
+
+
+def q4k_x8_copies(n: int, k: int, total_mb: float, rng: Any) -> tuple[Any, list[Any], list[Any]]:
+    """A random ``n`` x ``k`` Q4_K weight repacked eight rows at a time (``q4k_x8_kernels.repack_x8``) and
+    its ``huge_copies``: ``(R, copies, keep)``."""
+    import numpy as np
+
+    from llamapy.ggml import GGMLType
+    from llamapy.ggml.cpu import q4k_x8_kernels as qk
+    from llamapy.ggml.quants import quantize
+
+    A = np.ascontiguousarray(quantize(rng.standard_normal((n, k)).astype(np.float32), GGMLType.Q4_K))
+    A = A.view(np.uint8).reshape(n, -1)
+    R = np.empty((n // 8, A.shape[1] // 144 * qk.X8_BYTES), np.uint8)
+    qk.repack_x8(A, R)
+    copies, keep = huge_copies(R, total_mb)
     return R, copies, keep
 
 

@@ -19,7 +19,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -39,29 +38,12 @@ KERNELS = {
 }
 
 
-def _copies(R: np.ndarray, total_mb: float) -> tuple[list[np.ndarray], list[Any]]:
-    """``max(2, total_mb / size)`` copies of ``R`` in fresh huge-page memory (``repack``'s allocation)."""
-    from llamapy.ggml.cpu.repack import _huge_mapping, _huge_start
-
-    keep: list[Any] = []
-    copies = []
-    for _ in range(max(2, int(total_mb * 1e6 // R.nbytes))):
-        m = _huge_mapping(R.nbytes + (2 << 20))
-        if m is None:  # no private anonymous mapping on this platform
-            c = np.empty_like(R)
-        else:
-            keep.append(m)
-            c = np.frombuffer(m, np.uint8, count=R.nbytes, offset=_huge_start(m)).reshape(R.shape)
-        c[:] = R
-        copies.append(c)
-    return copies, keep
-
-
 def run(types: list[str], shapes: list[tuple[int, int]], distances: list[int], total_mb: float,
         sweeps: int) -> list[str]:  # fmt: skip
     """One line per type and shape: each distance's GB/s (best sweep)."""
     import importlib
 
+    from benchmarks.harness import huge_copies
     from llamapy.ggml import GGMLType
     from llamapy.ggml.quants import quantize
     from llamapy.ggml.types import TRAITS
@@ -80,7 +62,7 @@ def run(types: list[str], shapes: list[tuple[int, int]], distances: list[int], t
                 continue
             A = np.asarray(quantize(rng.standard_normal((n, k)).astype(np.float32), t)).reshape(n, -1)
             R = repack(np.ascontiguousarray(A.view(np.uint8)), t)
-            copies, keep = _copies(R, total_mb)
+            copies, keep = huge_copies(R, total_mb)
             x = rng.standard_normal((1, k)).astype(np.float32)
             ref = np.empty((1, n), np.float32)
             kern(R, x, ref, 0)
