@@ -104,3 +104,26 @@ def test_small_copies_share_a_huge_page_arena() -> None:
     del parts, full, big, chunk
     gc.collect()
     assert ref() is None
+
+
+def test_a_decode_step_says_what_weight_it_reads() -> None:
+    """The one-row step of an 8-row kernel carries ``weight`` (``repack.X8Weight``: name, type, shape,
+    repacked bytes, kernel; ``benchmarks/decode_steps.py`` reads it); the several-rows steps do not."""
+    from llamapy.ggml import ops
+    from llamapy.ggml.cpu import q40_x8
+    from llamapy.ggml.cpu.backend import CPUBackend
+    from llamapy.ggml.quants import quantize
+
+    rng = np.random.default_rng(0)
+    raw = quantize(rng.standard_normal((16, 512)).astype(np.float32), GGMLType.Q4_0).reshape(16, -1)
+    a = ops.weight("blk.3.attn_q.weight", GGMLType.Q4_0, (16, 512), raw)
+    be = CPUBackend(n_threads=1)
+    steps = []
+    for m in (1, 4):
+        x = rng.standard_normal((m, 512)).astype(np.float32)
+        out = np.zeros((m, 16), np.float32)
+        steps.append(q40_x8.mul_mat_step(be, a, raw, x, out, None, any_memory=True))
+    w = steps[0].weight
+    assert isinstance(w, repack.X8Weight)
+    assert w == ("blk.3.attn_q.weight", "Q4_0", 16, 512, raw.nbytes, "mm_q4_0_x8")
+    assert not hasattr(steps[1], "weight")

@@ -20,7 +20,7 @@ import mmap
 import threading
 import weakref
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from ..types import GGMLType
 
 __all__ = [
     "CHUNK_BYTES", "LAYOUTS", "anonymous", "copy_rows", "mapped_source", "mul_mat_step", "release_pages", "repacked",
-    "x8_step",
+    "X8Weight", "x8_step",
 ]  # fmt: skip
 
 #: the repacked 2-D types and the module of each layout (its ``mul_mat_step``)
@@ -210,6 +210,18 @@ def repacked(
     return R
 
 
+class X8Weight(NamedTuple):
+    """What a decode step of an 8-row kernel reads (its ``weight`` attribute, for
+    ``benchmarks/decode_steps.py``): the weight's name, type, rows and columns, repacked bytes, kernel."""
+
+    name: str
+    type: str
+    rows: int
+    cols: int
+    nbytes: int
+    kernel: str
+
+
 def x8_step(
     be: Any,
     a: Tensor,
@@ -263,6 +275,8 @@ def x8_step(
                 else:
                     kern(R, x, out2, tuner.distance)
 
+            info = X8Weight(a.name, a.type.name, a.shape[-2], a.shape[-1], R.nbytes, kern.__name__)
+            step_x8_decode.weight = info  # type: ignore[attr-defined]
             return step_x8_decode
 
         def step_x8() -> None:
