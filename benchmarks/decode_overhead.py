@@ -1,5 +1,6 @@
 """Where a decode token's CPU time goes besides the mat-vec kernels: the scheduler's step loop, Numba
 dispatch, the small ops, and the work outside the graph (batch checks, KV bookkeeping, inputs, logits).
+(``decode_steps.py``: wall time per step, the mat-vecs per weight with their read rate.)
 
     python benchmarks/decode_overhead.py MODEL.gguf [--threads 1] [--tokens 40] [--ab]
 
