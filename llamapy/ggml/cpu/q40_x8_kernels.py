@@ -42,8 +42,8 @@ from numba.extending import intrinsic
 from ..._numba import njit, prange
 from .hsimd import H16, hmadd, quantize_rows_q16
 from .isimd import I32x8, iadd, isra, itof, izero
-from .rowgroups import x8_prefetch, x8_prefetch_from
-from .simd import _is_bytes, _ptr, vfma, vfma_strict, vmul, vsplat, vstore, vzero
+from .rowgroups import x8_group_prefetch, x8_rows
+from .simd import _is_bytes, _ptr, vfma_strict, vmul, vsplat
 from .x8simd import xh8
 
 #: bytes of one block of eight rows, per type; the plain block's bytes; its quant bytes' offset
@@ -258,7 +258,7 @@ def _q4_sum(w, q, xpm, x0):
 @njit(inline="always")
 def _blk_q4_0(acc, w, t, xpm, x0, d, xsum, cor):
     s = iadd_splat(_q4_sum(w, t + 16, xpm, x0), cor)
-    return vfma(acc, vmul(xh8(w, t), vsplat(d)), itof(s))
+    return vfma_strict(acc, vmul(xh8(w, t), vsplat(d)), itof(s))
 
 
 @njit(inline="always")
@@ -268,27 +268,27 @@ def _blk_q4_1(acc, w, t, xpm, x0, d, xsum, cor):
     return vfma_strict(acc, xh8(w, t + 16), vsplat(xsum))
 
 
+@njit(inline="always")
+def _row_q4_0(acc, w, t, m, b, a):
+    """``rowgroups.x8_rows``' block: activation row ``m``'s step of block ``b`` (``a``: ``_prepare``'s)."""
+    xp, xd, xs, cor = a
+    return _blk_q4_0(acc, w, t, xp[m], b * 32, xd[m, b], xs[m, b], cor[m, b])
+
+
+@njit(inline="always")
+def _row_q4_1(acc, w, t, m, b, a):
+    xp, xd, xs, cor = a
+    return _blk_q4_1(acc, w, t, xp[m], b * 32, xd[m, b], xs[m, b], cor[m, b])
+
+
 # -- the loop -----------------------------------------------------------------------------------------------
 @njit(inline="always")
-def _mm_x8(R, x, out, pfd, blk, xbytes):
-    G, gb = R.shape
-    nb = gb // xbytes
+def _mm_x8(R, x, out, pfd, nth, blk, xbytes):
+    """The one-row kernels' body: ``rowgroups.x8_rows`` with ``blk`` (``_row_q4_0`` / ``_row_q4_1``)."""
+    nb = R.shape[1] // xbytes
     M = x.shape[0]
-    Rf = R.reshape(-1)
-    total = G * gb
     xp, xd, xs, cor, ok = _prepare(x, nb)
-    for grp in prange(G):
-        w = R[grp]
-        pf = x8_prefetch_from(grp, gb, pfd)
-        for m in range(M):
-            xpm = xp[m]
-            acc = vzero()
-            for b in range(nb):
-                t = b * xbytes
-                if m == 0:
-                    x8_prefetch(Rf, pf + t, xbytes, total, pfd)
-                acc = blk(acc, w, t, xpm, b * 32, xd[m, b], xs[m, b], cor[m, b])
-            vstore(out[m], grp * 8, acc)
+    x8_rows(R, out, M, pfd, nth, xbytes, blk, x8_group_prefetch, (xp, xd, xs, cor))
     for m in range(M):
         if not ok[m]:
             for r in range(out.shape[1]):
@@ -312,16 +312,16 @@ def _prepare(x, nb):
 
 
 @njit(parallel=True, cache=True)
-def mm_q4_0_x8(R, x, out, pfd):
+def mm_q4_0_x8(R, x, out, pfd, nth=2):
     """out[m, :] = W @ (the 16-bit quantized x[m]) for the repacked Q4_0 weight ``R`` (uint8[N // 8,
     nb * 144]); ``pfd``: the prefetch distance in bytes (``rowgroups.x8_prefetch_from``)."""
-    _mm_x8(R, x, out, pfd, _blk_q4_0, 144)
+    _mm_x8(R, x, out, pfd, nth, _row_q4_0, 144)
 
 
 @njit(parallel=True, cache=True)
-def mm_q4_1_x8(R, x, out, pfd):
+def mm_q4_1_x8(R, x, out, pfd, nth=2):
     """As ``mm_q4_0_x8`` for Q4_1 (uint8[N // 8, nb * 160])."""
-    _mm_x8(R, x, out, pfd, _blk_q4_1, 160)
+    _mm_x8(R, x, out, pfd, nth, _row_q4_1, 160)
 
 
 #: the kernel of each type (several rows per pass: ``q40_x8_rows``)

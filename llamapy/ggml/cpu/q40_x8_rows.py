@@ -22,7 +22,7 @@ from .hsimd import hmadd, quantize_rows_q16
 from .isimd import itof, izero
 from .q40_x8_kernels import iadd_splat, pbcast, permute_rows_q4, wnib
 from .rowgroups import prefetch_bytes, x8_prefetch_from
-from .simd import vfma, vfma_strict, vmul, vsplat, vstore, vzero
+from .simd import vfma_strict, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
 
 
@@ -85,7 +85,7 @@ def _acc(a, s, d, mn, xd, xs, cor, m, b, q41):
     if q41:  # d * xd * sum, then + m * (xd * sum(x)), each FMA rounded
         a = vfma_strict(a, vmul(d, vsplat(xd[m, b])), itof(s))
         return vfma_strict(a, mn, vsplat(xs[m, b]))
-    return vfma(a, vmul(d, vsplat(xd[m, b])), itof(iadd_splat(s, cor[m, b])))  # d * xd * (sum - 8 sum(x))
+    return vfma_strict(a, vmul(d, vsplat(xd[m, b])), itof(iadd_splat(s, cor[m, b])))  # d * xd * (sum - 8 sum(x))
 
 
 @njit(inline="always")

@@ -39,7 +39,7 @@ from ..._numba import njit, prange
 from .hsimd import H16, hmadd, quantize_rows_q16
 from .isimd import itof, izero
 from .q40_x8_kernels import iadd_splat, pbcast, permute_rows_q4
-from .rowgroups import prefetch_bytes, x8_prefetch, x8_prefetch_from
+from .rowgroups import prefetch_bytes, x8_group_prefetch, x8_prefetch_from, x8_rows
 from .simd import _is_bytes, _ptr, vfma_strict, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
 
@@ -240,6 +240,19 @@ def _blk_q5_1(acc, w, t, xpm, x0, d, xsum, cor):
     return vfma_strict(acc, xh8(w, t + 16), vsplat(xsum))
 
 
+@njit(inline="always")
+def _row_q5_0(acc, w, t, m, b, a):
+    """``rowgroups.x8_rows``' block: activation row ``m``'s step of block ``b`` (``a``: ``_prepare``'s)."""
+    xp, xd, xs, cor = a
+    return _blk_q5_0(acc, w, t, xp[m], b * 32, xd[m, b], xs[m, b], cor[m, b])
+
+
+@njit(inline="always")
+def _row_q5_1(acc, w, t, m, b, a):
+    xp, xd, xs, cor = a
+    return _blk_q5_1(acc, w, t, xp[m], b * 32, xd[m, b], xs[m, b], cor[m, b])
+
+
 # -- the loop (``q40_x8_kernels._mm_x8`` / ``_prepare`` with the offset -16: copied, not shared, while
 # that module changes; the blocks' permutation is shared: ``permute_rows_q4``) ------------------------------
 @njit(inline="always")
@@ -259,25 +272,11 @@ def _prepare(x, nb, off):
 
 
 @njit(inline="always")
-def _mm_x8(R, x, out, pfd, blk, xbytes, off):
-    G, gb = R.shape
-    nb = gb // xbytes
+def _mm_x8(R, x, out, pfd, nth, blk, xbytes, off):
+    nb = R.shape[1] // xbytes
     M = x.shape[0]
-    Rf = R.reshape(-1)
-    total = G * gb
     xp, xd, xs, cor, ok = _prepare(x, nb, off)
-    for grp in prange(G):
-        w = R[grp]
-        pf = x8_prefetch_from(grp, gb, pfd)
-        for m in range(M):
-            xpm = xp[m]
-            acc = vzero()
-            for b in range(nb):
-                t = b * xbytes
-                if m == 0:
-                    x8_prefetch(Rf, pf + t, xbytes, total, pfd)
-                acc = blk(acc, w, t, xpm, b * 32, xd[m, b], xs[m, b], cor[m, b])
-            vstore(out[m], grp * 8, acc)
+    x8_rows(R, out, M, pfd, nth, xbytes, blk, x8_group_prefetch, (xp, xd, xs, cor))
     for m in range(M):
         if not ok[m]:
             for r in range(out.shape[1]):
@@ -285,16 +284,16 @@ def _mm_x8(R, x, out, pfd, blk, xbytes, off):
 
 
 @njit(parallel=True, cache=True)
-def mm_q5_0_x8(R, x, out, pfd):
+def mm_q5_0_x8(R, x, out, pfd, nth=2):
     """out[m, :] = W @ (the 16-bit quantized x[m]) for the repacked Q5_0 weight ``R`` (uint8[N // 8,
     nb * 176]); ``pfd``: the prefetch distance in bytes (``rowgroups.x8_prefetch_from``)."""
-    _mm_x8(R, x, out, pfd, _blk_q5_0, 176, -16)
+    _mm_x8(R, x, out, pfd, nth, _row_q5_0, 176, -16)
 
 
 @njit(parallel=True, cache=True)
-def mm_q5_1_x8(R, x, out, pfd):
+def mm_q5_1_x8(R, x, out, pfd, nth=2):
     """As ``mm_q5_0_x8`` for Q5_1 (uint8[N // 8, nb * 192])."""
-    _mm_x8(R, x, out, pfd, _blk_q5_1, 192, 0)
+    _mm_x8(R, x, out, pfd, nth, _row_q5_1, 192, 0)
 
 
 # -- four activation rows per pass (prompts) ----------------------------------------------------------------

@@ -44,7 +44,7 @@ from ..._numba import njit, prange
 from ..quants.layouts import Q5_K_BYTES, Q5_K_QH, Q5_K_QS, Q5_K_SCALES
 from .isimd import bq5, ibar4, itof, izero
 from .kquant_kernels import _nan_rows, _q8k
-from .rowgroups import prefetch_bytes, x8_prefetch, x8_prefetch_from
+from .rowgroups import prefetch_bytes, x8_group_prefetch, x8_prefetch_from, x8_rows
 from .simd import vfma_strict, vmul_strict, vsplat, vstore, vzero
 from .x8simd import xadd16, xbcast4, xh8, xmaddubs, xmins, xscale, xzero16
 
@@ -181,28 +181,20 @@ def _x8_step(acc, d, dm, xd, isum, msum):
 
 
 @njit(parallel=True, cache=True)
-def mm_q5_k_x8(R, x, out, pfd):
+def mm_q5_k_x8(R, x, out, pfd, nth=2):
     """out[m, :] = W @ dequantize(quantize(x[m], Q8_K)) for the repacked Q5_K weight ``R``
     (uint8[N // 8, nb * 1440]); ``pfd``: the prefetch distance (``rowgroups.x8_prefetch_from``)."""
-    G, gb = R.shape
-    nb = gb // X8_BYTES
-    Rf = R.reshape(-1)
-    total = G * gb
     xq, xd, bs16, bs32, ok = _q8k(x)
-    for grp in prange(G):
-        w = R[grp]
-        pf = x8_prefetch_from(grp, gb, pfd)
-        for m in range(x.shape[0]):
-            xqm, b32m = xq[m], bs32[m]
-            acc = vzero()
-            for b in range(nb):
-                t = b * X8_BYTES
-                if m == 0:
-                    x8_prefetch(Rf, pf + t, X8_BYTES, total, pfd)
-                isum, msum = _x8_block(w, t, xqm, b * QK_K, b32m, b * 8)
-                acc = _x8_step(acc, xh8(w, t + X8_D), xh8(w, t + X8_DMIN), xd[m, b], isum, msum)
-            vstore(out[m], grp * 8, acc)
+    x8_rows(R, out, x.shape[0], pfd, nth, X8_BYTES, _x8_row_block, x8_group_prefetch, (xq, xd, bs32))
     _nan_rows(out, ok)
+
+
+@njit(inline="always")
+def _x8_row_block(acc, w, t, m, b, a):
+    """``rowgroups.x8_rows``' block: activation row ``m``'s step of super-block ``b``."""
+    xq, xd, bs32 = a
+    isum, msum = _x8_block(w, t, xq[m], b * QK_K, bs32[m], b * 8)
+    return _x8_step(acc, xh8(w, t + X8_D), xh8(w, t + X8_DMIN), xd[m, b], isum, msum)
 
 
 @njit(inline="always")

@@ -45,7 +45,7 @@ from .hsimd import H16
 from .isimd import B32, I32x8, _maddwd, itof, izero
 from .kquant_kernels import _q8k
 from .q40_x8_kernels import pbcast
-from .rowgroups import prefetch_bytes, x8_prefetch, x8_prefetch_from
+from .rowgroups import prefetch_bytes, x8_group_prefetch, x8_prefetch_from, x8_rows
 from .simd import _is_bytes, _ptr, vfma_strict, vmul_strict, vsplat, vstore, vzero
 from .x8simd import xadd16, xbcast4, xh8, xmaddubs
 
@@ -280,28 +280,20 @@ def _x8_block(w, t, xq, x0, negm):
 
 
 @njit(parallel=True, cache=True)
-def mm_q6_k_x8(R, x, out, pfd):
+def mm_q6_k_x8(R, x, out, pfd, nth=2):
     """out[m, :] = W @ dequantize(quantize(x[m], Q8_K)) for the repacked Q6_K weight ``R``
     (uint8[N // 8, nb * 1680]); ``pfd``: the prefetch distance (``rowgroups.x8_prefetch_from``)."""
-    G, gb = R.shape
-    nb = gb // X8_BYTES
-    Rf = R.reshape(-1)
-    total = G * gb
     xq, xd, neg, ok = _prepare(x)
-    for grp in prange(G):
-        w = R[grp]
-        pf = x8_prefetch_from(grp, gb, pfd)
-        for m in range(x.shape[0]):
-            xqm, negm = xq[m], neg[m]
-            acc = vzero()
-            for b in range(nb):
-                t = b * X8_BYTES
-                if m == 0:
-                    x8_prefetch(Rf, pf + t, X8_BYTES, total, pfd)
-                isum = _x8_block(w, t, xqm, b * QK_K, negm)
-                acc = vfma_strict(acc, vmul_strict(xh8(w, t + X8_D), vsplat(xd[m, b])), itof(isum))
-            vstore(out[m], grp * 8, acc)
+    x8_rows(R, out, x.shape[0], pfd, nth, X8_BYTES, _x8_row_block, x8_group_prefetch, (xq, xd, neg))
     _nan_rows(out, ok)
+
+
+@njit(inline="always")
+def _x8_row_block(acc, w, t, m, b, a):
+    """``rowgroups.x8_rows``' block: activation row ``m``'s step of super-block ``b``."""
+    xq, xd, neg = a
+    isum = _x8_block(w, t, xq[m], b * QK_K, neg[m])
+    return vfma_strict(acc, vmul_strict(xh8(w, t + X8_D), vsplat(xd[m, b])), itof(isum))
 
 
 @njit(inline="always")

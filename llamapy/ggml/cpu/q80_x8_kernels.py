@@ -32,8 +32,8 @@ from ..._numba import njit, prange
 from .hsimd import hmadd, hwiden, quantize_rows_q16
 from .isimd import itof, izero
 from .q40_x8_kernels import pbcast
-from .rowgroups import x8_prefetch
-from .simd import vfma, vmul, vsplat, vstore, vzero
+from .rowgroups import x8_prefetch, x8_rows
+from .simd import vfma_strict, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
 
 #: bytes of one block of eight rows; of one plain block; of the halves at the start of a plain block
@@ -137,31 +137,27 @@ def _blk_sum(wi, q, xm, x0):
 
 
 @njit(parallel=True, cache=True)
-def mm_q8_0_x8(R, x, out, pfd):
+def mm_q8_0_x8(R, x, out, pfd, nth=2):
     """out[m, :] = W @ (the 16-bit quantized x[m]) for the repacked Q8_0 weight ``R`` (uint8[N // 8,
     nb * 272]); ``pfd``: the prefetch distance in bytes (0: ``X8_PREFETCH_BYTES``)."""
-    G, gb = R.shape
-    nb = gb // X8_BYTES
-    M = x.shape[0]
-    Rf = R.reshape(-1)
-    total = G * gb
+    nb = R.shape[1] // X8_BYTES
     xq, xd, ok = _prepare(x, nb)
-    ahead = abs(pfd) if pfd != 0 else X8_PREFETCH_BYTES
-    for grp in prange(G):
-        w = R[grp]
-        wi = w.view(np.int8)
-        g0 = grp * gb
-        for m in range(M):
-            xm = xq[m]
-            acc = vzero()
-            for b in range(nb):
-                t = b * X8_BYTES
-                if m == 0:
-                    _prefetch_ahead(Rf, g0 + t, ahead, total, pfd)
-                s = _blk_sum(wi, t + 16, xm, b * 32)
-                acc = vfma(acc, vmul(xh8(w, t), vsplat(xd[m, b])), itof(s))
-            vstore(out[m], grp * 8, acc)
+    x8_rows(R, out, x.shape[0], pfd, nth, X8_BYTES, _row_block, _row_prefetch, (xq, xd))
     _nan_rows(out, ok)
+
+
+@njit(inline="always")
+def _row_block(acc, w, t, m, b, a):
+    """``rowgroups.x8_rows``' block: activation row ``m``'s step of block ``b``."""
+    xq, xd = a
+    s = _blk_sum(w.view(np.int8), t + 16, xq[m], b * 32)
+    return vfma_strict(acc, vmul(xh8(w, t), vsplat(xd[m, b])), itof(s))
+
+
+@njit(inline="always")
+def _row_prefetch(Rf, grp, gb, t, xbytes, total, pfd):
+    """``rowgroups.x8_rows``' prefetch: ``|pfd|`` bytes ahead (0: ``X8_PREFETCH_BYTES``)."""
+    _prefetch_ahead(Rf, grp * gb + t, abs(pfd) if pfd != 0 else X8_PREFETCH_BYTES, total, pfd)
 
 
 @njit(parallel=True, cache=True)
@@ -197,10 +193,10 @@ def mm_q8_0_x8r4(R, x, out, pfd):
                     s2 = hmadd(s2, v, pbcast(x2, xc))
                     s3 = hmadd(s3, v, pbcast(x3, xc))
                 d = xh8(w, t)
-                a0 = vfma(a0, vmul(d, vsplat(xd[m0, b])), itof(s0))
-                a1 = vfma(a1, vmul(d, vsplat(xd[m1, b])), itof(s1))
-                a2 = vfma(a2, vmul(d, vsplat(xd[m2, b])), itof(s2))
-                a3 = vfma(a3, vmul(d, vsplat(xd[m3, b])), itof(s3))
+                a0 = vfma_strict(a0, vmul(d, vsplat(xd[m0, b])), itof(s0))
+                a1 = vfma_strict(a1, vmul(d, vsplat(xd[m1, b])), itof(s1))
+                a2 = vfma_strict(a2, vmul(d, vsplat(xd[m2, b])), itof(s2))
+                a3 = vfma_strict(a3, vmul(d, vsplat(xd[m3, b])), itof(s3))
             vstore(out[m3], grp * 8, a3)  # rows past M repeat the last one: written again, same values
             vstore(out[m2], grp * 8, a2)
             vstore(out[m1], grp * 8, a1)

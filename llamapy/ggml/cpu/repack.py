@@ -237,6 +237,7 @@ def x8_step(
     chunk_rows: int = 0,
 ) -> Callable[[], None]:
     """The ``mul_mat`` step on the repacked ``R`` of ``a`` (plain bytes ``A``): ``kern(R, x, out2, distance)``
+    (a one-row kernel, which takes a fifth argument: also the backend's threads)
     with the prefetch distance of ``a``'s type in ``be.prefetch`` (``prefetch_tune``; one activation row: its decode
     steps, which it may measure) (``chunk_rows`` > 0 and more activation rows than that: one call per chunk of rows, the chunks as
     even as possible, each at most ``chunk_rows``); or, ``kern`` None, per tile of rows ``unpack(R, r0,
@@ -261,11 +262,13 @@ def x8_step(
                     kern(R, xc, oc, tuner.distance)
 
             return step_x8_chunks
+        # the one-row kernels' fifth argument: the threads (``rowgroups.x8_rows``' parts)
+        nth = (_threads(be),) if kern.py_func.__code__.co_argcount > 4 else ()
         if M == 1:  # decode: the tuner may measure it (``prefetch_tune``)
             state = tuner.counter()
 
             def call(d: int) -> None:
-                kern(R, x, out2, d)
+                kern(R, x, out2, d, *nth)
 
             def step_x8_decode() -> None:
                 if pre is not None:
@@ -273,7 +276,7 @@ def x8_step(
                 if tuner.tuning:
                     tuner.run(call, state)
                 else:
-                    kern(R, x, out2, tuner.distance)
+                    kern(R, x, out2, tuner.distance, *nth)
 
             info = X8Weight(a.name, a.type.name, a.shape[-2], a.shape[-1], R.nbytes, kern.__name__)
             step_x8_decode.weight = info  # type: ignore[attr-defined]
@@ -282,7 +285,7 @@ def x8_step(
         def step_x8() -> None:
             if pre is not None:
                 pre()
-            kern(R, x, out2, tuner.distance)
+            kern(R, x, out2, tuner.distance, *nth)
 
         return step_x8
     be.need(unpack_kernel)

@@ -5,9 +5,12 @@ that multiply float activations (``matvec_float``)."""
 
 from __future__ import annotations
 
+from ... import _numba  # noqa: F401  (first: it sets NUMBA_CACHE_DIR before Numba is imported)
+
+# isort: split
 from ..._numba import njit, prange
 from .layouts import ROWS_PER_PASS
-from .simd import prefetch, prefetch_l1, u16at, vhsum, vzero
+from .simd import prefetch, prefetch_l1, u16at, vhsum, vstore, vzero
 
 #: rows ahead of the current group whose bytes are prefetched (the hardware prefetcher alone leaves
 #: a large mat-vec at ~40 % of the bus)
@@ -62,6 +65,68 @@ def x8_prefetch(wf, p, nbytes, total, pfd):
         prefetch_bytes_l1(wf, p, nbytes, total)
     else:
         prefetch_bytes(wf, p, nbytes, total)
+
+
+@njit(inline="always")
+def x8_group_prefetch(Rf, grp, gb, t, xbytes, total, pfd):
+    """``x8_rows``' default ``pre``: block ``t`` of group ``grp`` at the distance ``pfd``
+    (``x8_prefetch_from``, ``x8_prefetch``)."""
+    x8_prefetch(Rf, x8_prefetch_from(grp, gb, pfd) + t, xbytes, total, pfd)
+
+
+@njit(inline="always")
+def x8_rows(R, out, M, pfd, nth, xbytes, blk, pre, a):
+    """The one-row (decode) loop of the 8-row kernels, written once: ``out[m, 8g:8g + 8]`` for each group
+    ``g`` of ``R`` (uint8[G, nb * xbytes]) and activation row ``m < M``, ``blk(acc, w, t, m, b, a) -> acc``
+    the type's block ``b`` at byte ``t`` of the group's bytes ``w`` (``a``: the kernel's prepared
+    activations), ``pre(Rf, g, gb, t, xbytes, total, pfd)`` its prefetch, for the first row only.
+
+    Each of ``nth`` parts (``prange``: one a thread where ``nth`` is the thread count) is a contiguous
+    range of groups, read as two streams: the first and second halves of the range together, a block of
+    one, then the same block of the other. On the Intel VM (haswell target, 2 threads, weights from DRAM)
+    the kernels read 5-30 % faster by type and shape than one group after the other, and the 0.5B-shaped
+    Q4_K_M file decoded 23 % faster (``benchmarks/results/stop56_decode_steps.md``); two adjacent groups
+    together, or whole groups alternating between the halves, were not faster. Each group's sum runs
+    block by block as before, whatever the parts: the same bits for any ``nth`` (so the types' float
+    steps are ``vfma_strict``: with fast-math flags LLVM contracted them differently in the paired and
+    the single code paths)."""
+    G, gb = R.shape
+    nb = gb // xbytes
+    Rf = R.reshape(-1)
+    total = G * gb
+    parts = max(1, min(nth, G))
+    for th in prange(parts):
+        lo = th * G // parts
+        hi = (th + 1) * G // parts
+        h = (hi - lo) // 2
+        for i in range(h):
+            g0 = lo + i
+            g1 = g0 + h
+            w0 = R[g0]
+            w1 = R[g1]
+            for m in range(M):
+                a0 = vzero()
+                a1 = vzero()
+                for b in range(nb):
+                    t = b * xbytes
+                    if m == 0:
+                        pre(Rf, g0, gb, t, xbytes, total, pfd)
+                        pre(Rf, g1, gb, t, xbytes, total, pfd)
+                    a0 = blk(a0, w0, t, m, b, a)
+                    a1 = blk(a1, w1, t, m, b, a)
+                vstore(out[m], g0 * 8, a0)
+                vstore(out[m], g1 * 8, a1)
+        if (hi - lo) & 1:
+            g = hi - 1
+            w = R[g]
+            for m in range(M):
+                acc = vzero()
+                for b in range(nb):
+                    t = b * xbytes
+                    if m == 0:
+                        pre(Rf, g, gb, t, xbytes, total, pfd)
+                    acc = blk(acc, w, t, m, b, a)
+                vstore(out[m], g * 8, acc)
 
 
 @njit(inline="always")
