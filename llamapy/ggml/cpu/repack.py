@@ -263,7 +263,8 @@ def x8_step(
 
             return step_x8_chunks
         # the one-row kernels' fifth argument: the threads (``rowgroups.x8_rows``' parts)
-        nth = (_threads(be),) if kern.py_func.__code__.co_argcount > 4 else ()
+        code = getattr(getattr(kern, "py_func", kern), "__code__", None)
+        nth = (_threads(be),) if code is not None and code.co_argcount > 4 else ()
         if M == 1:  # decode: the tuner may measure it (``prefetch_tune``)
             state = tuner.counter()
 
