@@ -268,17 +268,21 @@ def _blk_q4_1(acc, w, t, xpm, x0, d, xsum, cor):
     return vfma_strict(acc, xh8(w, t + 16), vsplat(xsum))
 
 
-@njit(inline="always")
-def _row_q4_0(acc, w, t, m, b, a):
-    """``rowgroups.x8_rows``' block: activation row ``m``'s step of block ``b`` (``a``: ``_prepare``'s)."""
-    xp, xd, xs, cor = a
-    return _blk_q4_0(acc, w, t, xp[m], b * 32, xd[m, b], xs[m, b], cor[m, b])
+def row_block(blk):  # type: ignore[no-untyped-def]
+    """``blk`` as ``rowgroups.x8_rows``' block ``(acc, w, t, m, b, a)``: activation row ``m``'s step of
+    block ``b``, ``a`` being ``_prepare``'s (permuted activations, scales, scaled sums, corrections; the
+    Q5 kernels' ``_prepare`` too)."""
+
+    @njit(inline="always")
+    def row(acc, w, t, m, b, a):  # type: ignore[no-untyped-def]
+        xp, xd, xs, cor = a
+        return blk(acc, w, t, xp[m], b * 32, xd[m, b], xs[m, b], cor[m, b])
+
+    return row
 
 
-@njit(inline="always")
-def _row_q4_1(acc, w, t, m, b, a):
-    xp, xd, xs, cor = a
-    return _blk_q4_1(acc, w, t, xp[m], b * 32, xd[m, b], xs[m, b], cor[m, b])
+_row_q4_0 = row_block(_blk_q4_0)
+_row_q4_1 = row_block(_blk_q4_1)
 
 
 # -- the loop -----------------------------------------------------------------------------------------------

@@ -85,9 +85,8 @@ def _acc(a, s, d, mn, xd, xs, cor, m, b, q41):
     if q41:  # d * xd * sum, then + m * (xd * sum(x)), each FMA rounded
         a = vfma_strict(a, vmul(d, vsplat(xd[m, b])), itof(s))
         return vfma_strict(a, mn, vsplat(xs[m, b]))
-    return vfma_strict(
-        a, vmul(d, vsplat(xd[m, b])), itof(iadd_splat(s, cor[m, b]))
-    )  # d * xd * (sum - 8 sum(x))
+    # d * xd * (sum - 8 sum(x))
+    return vfma_strict(a, vmul(d, vsplat(xd[m, b])), itof(iadd_splat(s, cor[m, b])))
 
 
 @njit(inline="always")

@@ -38,7 +38,7 @@ from numba.extending import intrinsic
 from ..._numba import njit, prange
 from .hsimd import H16, hmadd, quantize_rows_q16
 from .isimd import itof, izero
-from .q40_x8_kernels import iadd_splat, pbcast, permute_rows_q4
+from .q40_x8_kernels import iadd_splat, pbcast, permute_rows_q4, row_block
 from .rowgroups import prefetch_bytes, x8_group_prefetch, x8_prefetch_from, x8_rows
 from .simd import _is_bytes, _ptr, vfma_strict, vmul, vsplat, vstore, vzero
 from .x8simd import xh8
@@ -240,17 +240,8 @@ def _blk_q5_1(acc, w, t, xpm, x0, d, xsum, cor):
     return vfma_strict(acc, xh8(w, t + 16), vsplat(xsum))
 
 
-@njit(inline="always")
-def _row_q5_0(acc, w, t, m, b, a):
-    """``rowgroups.x8_rows``' block: activation row ``m``'s step of block ``b`` (``a``: ``_prepare``'s)."""
-    xp, xd, xs, cor = a
-    return _blk_q5_0(acc, w, t, xp[m], b * 32, xd[m, b], xs[m, b], cor[m, b])
-
-
-@njit(inline="always")
-def _row_q5_1(acc, w, t, m, b, a):
-    xp, xd, xs, cor = a
-    return _blk_q5_1(acc, w, t, xp[m], b * 32, xd[m, b], xs[m, b], cor[m, b])
+_row_q5_0 = row_block(_blk_q5_0)
+_row_q5_1 = row_block(_blk_q5_1)
 
 
 # -- the loop (``q40_x8_kernels._mm_x8`` / ``_prepare`` with the offset -16: copied, not shared, while
