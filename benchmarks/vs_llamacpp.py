@@ -18,7 +18,10 @@ peak RSS; llama.cpp's ``llama-completion`` or ``llama-cli -no-cnv``) where liste
 depth tests (``-r 1``) only in the first ``--depth-rounds`` rounds (default 1: a 16k fill of the 7B takes most of
 an hour on 2 cores). Each round starts with the 2-thread read bandwidth (``harness.read_bandwidth``; a VM's
 moved between 23 and 37 GB/s over a week); per file the weight bytes a token reads, so tg t/s gives GB/s and,
-against the probe of the same round, the fraction of the bandwidth limit (the median over rounds). After:
+against the probe of the same round, the fraction of the bandwidth limit (the median over rounds). Before the
+rounds, a first llamapy run on each file (``FIRST_RUN_TOKENS``) compiles its kernels and lets the prefetch
+tuners decide, which they keep for that file (``LLAMAPY_X8_PREFETCH=auto`` in the environment: every
+process measures anew). After:
 ``llamapy bench --profile`` on the listed files (per-kernel GB/s). ``--avx2``: llama.cpp's AVX2-only build
 and llamapy's Numba target Haswell (no AVX-512).
 
@@ -162,6 +165,12 @@ def test_name(p: int, n: int, d: int) -> str:
     return (f"pp{p}" if p else f"tg{n}") + (f" @ d{d}" if d else "")
 
 
+#: tokens the first llamapy run on each file decodes before the timed rounds (with the kernels' compile):
+#: enough for the prefetch tuners to decide (``ggml/cpu/prefetch_tune.py``: at most 16 rounds of four
+#: candidates), which they keep for the file on this machine, as a user's first run would
+FIRST_RUN_TOKENS = 72
+
+
 def run(items: list[Item], args: argparse.Namespace, bin_: Path, env: dict[str, str]) -> dict[str, Any]:
     data: dict[str, Any] = {"machine": H.machine_line(), "when": H.now(), "threads": args.threads,
                             "rounds": args.rounds, "llamacpp_bin": str(bin_), "files": {}}  # fmt: skip
@@ -174,9 +183,9 @@ def run(items: list[Item], args: argparse.Namespace, bin_: Path, env: dict[str, 
             continue
         paths[it.label] = p
         data["files"][it.label]["bytes_per_token"] = H.bytes_per_token(p)
-        log(f"{it.label}: {p} (compiling llamapy's kernels for it)")
-        subprocess.run(H.llamapy_cmd("bench", "-m", str(p), "-p", "16", "-n", "4", "-r", "1", "-t", str(args.threads)),
-                       env=env, capture_output=True)  # fmt: skip
+        log(f"{it.label}: {p} (compiling llamapy's kernels for it, its first run on the file)")
+        subprocess.run(H.llamapy_cmd("bench", "-m", str(p), "-p", "16", "-n", str(FIRST_RUN_TOKENS), "-r", "1",
+                                     "-t", str(args.threads)), env=env, capture_output=True)  # fmt: skip
     if args.make_only:
         return data
     data["load_start"] = H.load()

@@ -60,6 +60,22 @@ EvalCallback = Callable[[Tensor, bool, "np.ndarray | None"], bool]
 _STATE_MAGIC = b"LPYS"
 
 
+def _keep_prefetch_decisions(sched: Scheduler, model: Model, threads: int) -> None:
+    """Bind the CPU backends' prefetch tuners to the kept decisions of this model file (its path, size
+    and modification time) on this machine (``ggml/cpu/prefetch_tune.py``, ``PrefetchStore``)."""
+    try:
+        st = os.stat(model.path)
+    except (OSError, TypeError):
+        return
+    from .hub import cache_dir
+
+    scope = f"{os.path.realpath(model.path)}|{st.st_size}|{st.st_mtime_ns}"
+    for b in sched.backends:
+        tuners = getattr(b, "prefetch", None)
+        if tuners is not None:
+            tuners.bind(cache_dir() / "tune" / "prefetch.json", scope, threads)
+
+
 @dataclass
 class ContextParams:
     n_ctx: int = 0
@@ -162,6 +178,7 @@ class Context:
             )
         else:
             self.sched = Scheduler(n_threads=self.n_threads)
+        _keep_prefetch_decisions(self.sched, model, self.n_threads)
         self.offload = None  # where n_gpu_layers put things (llamapy.ggml.cuda.offload.Offload), if on a GPU
         self.stage: Any = None  # a pipeline stage's layer cut (llamapy.ray.pipeline_stage.StageCut)
         if p.n_gpu_layers:

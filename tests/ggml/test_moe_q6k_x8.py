@@ -175,3 +175,37 @@ def test_more_pairs_than_the_kernel_takes_run_unpacked_tiles(tmp_path: Path, mon
     ref = run(*graph(raw, K, iv)[1:], NumpyBackend())
     assert nmse(x8[0], plain[0]) <= 1e-10
     assert nmse(x8[0], ref[0]) <= Q8_NMSE
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize(("E", "U", "Tn"), [(9, 4, 1), (9, 3, 1), (12, 2, 3)])
+@pytest.mark.parametrize("chunks", [1, 2, 3, 64])
+def test_one_pair_each_two_streams_equal_dense(shared, E, U, Tn, chunks):
+    """Every chosen expert with one pair (decode): the two-stream loop (``moe_x8_kernels.moe_x8_rows``)
+    equals the dense Q6_K 8-row kernel per pair bit for bit, for any work split and an even or odd item
+    count, and the four-pair loop where the same pairs are also chosen by a second token; a non-finite
+    activation row gives NaN for its pairs only."""
+    N, K = 40, 512
+    raw = q6k_experts(E, N, K, 7)
+    R = repack(raw)
+    x = RNG.standard_normal((Tn, 1 if shared else U, K)).astype(np.float32)
+    iv = RNG.permutation(E)[: Tn * U].reshape(Tn, U).astype(np.int32)
+    if Tn > 1:
+        x[1, 0, 5] = np.inf
+    out = np.full((Tn * U, N), -1.0, np.float32)
+    assert moe_q6_k_x8(R, x, iv, out, 256, chunks, 0) == -1
+    for t in range(Tn):
+        for u in range(U):
+            y = np.empty((1, N), np.float32)
+            mm_q6_k_x8(R[iv[t, u]], np.ascontiguousarray(x[t, 0 if shared else u][None]), y, 0)
+            np.testing.assert_array_equal(out[t * U + u], y[0])
+            assert np.isnan(y).all() == (t == 1 and (shared or u == 0))
+    neg = np.full((Tn * U, N), -3.0, np.float32)
+    assert moe_q6_k_x8(R, x, iv, neg, 256, -chunks, 0) == -1  # one item after the other (``prefetch_tune``)
+    np.testing.assert_array_equal(neg, out)
+    # the same token twice: each expert has two pairs (the four-pair loop), the same bits per pair
+    x2 = np.concatenate([x[:1], x[:1]])
+    twice = np.full((2 * U, N), -1.0, np.float32)
+    assert moe_q6_k_x8(R, x2, np.concatenate([iv[:1], iv[:1]]), twice, 256, chunks, 0) == -1
+    np.testing.assert_array_equal(twice[:U], out[:U])
+    np.testing.assert_array_equal(twice[U:], out[:U])

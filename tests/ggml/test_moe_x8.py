@@ -112,6 +112,37 @@ def test_pairs_grouped_four_two_one_give_the_same_bits(shared):
             np.testing.assert_array_equal(grouped[t * U + u], y[0])
 
 
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize(("E", "U", "Tn"), [(9, 4, 1), (9, 3, 1), (7, 1, 1), (12, 2, 3)])
+@pytest.mark.parametrize("chunks", [1, 2, 3, 7, 64])
+def test_one_pair_each_two_streams_equal_dense_and_one_item_at_a_time(shared, E, U, Tn, chunks):
+    """Every chosen expert with one pair (decode; ``Tn`` 3: three tokens on distinct experts): the
+    two-stream loop (``moe_x8_rows``) equals the dense 8-row kernel per pair and the one-item-at-a-time
+    loop bit for bit, for any work split (1, 2, 3, 7 and 64 > the 5 row groups) and an even or odd item
+    count; a non-finite activation row gives NaN for its pairs only."""
+    N, K = 40, 512
+    raw = q4k_experts(E, N, K, 7)
+    R = q4k_x8.repack(raw)
+    x = RNG.standard_normal((Tn, 1 if shared else U, K)).astype(np.float32)
+    iv = RNG.permutation(E)[: Tn * U].reshape(Tn, U).astype(np.int32)
+    if Tn > 1:
+        x[1, 0, 5] = np.inf
+    two = np.full((Tn * U, N), -1.0, np.float32)
+    one = np.full((Tn * U, N), -2.0, np.float32)
+    assert moe_q4_k_x8(R, x, iv, two, 256, chunks, 0) == -1
+    assert moe_q4_k_x8_1(R, x, iv, one, 256, chunks, 2048) == -1
+    np.testing.assert_array_equal(two, one)
+    neg = np.full((Tn * U, N), -3.0, np.float32)
+    assert moe_q4_k_x8(R, x, iv, neg, 256, -chunks, 0) == -1  # one stream a thread (``prefetch_tune``)
+    np.testing.assert_array_equal(neg, two)
+    for t in range(Tn):
+        for u in range(U):
+            y = np.empty((1, N), np.float32)
+            mm_q4_k_x8(R[iv[t, u]], np.ascontiguousarray(x[t, 0 if shared else u][None]), y, 0)
+            np.testing.assert_array_equal(two[t * U + u], y[0])
+            assert np.isnan(y).all() == (t == 1 and (shared or u == 0))
+
+
 def test_kernel_bad_id_and_expert_limit():
     E, N, K, U = 3, 8, 256, 2
     raw = q4k_experts(E, N, K, 3)

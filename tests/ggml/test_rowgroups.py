@@ -1,6 +1,7 @@
 """``rowgroups.x8_rows``: the one-row loop of every 8-row kernel, each part of the row groups read as two
 streams. Its result does not depend on how many parts (threads) it is split into, nor on odd group
-counts or more parts than groups: the same bits as one part, for every dense type's one-row kernel."""
+counts or more parts than groups, nor on one group a part (``nth`` 0: one stream a thread): the same
+bits as one part, for every dense type's one-row kernel."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_the_parts_change_no_bit(case):
             ref = np.zeros((M, 8 * groups), np.float32)
             one_row(R, x, ref, 2048, 1)
             assert np.isfinite(ref).all()
-            for parts in (2, 3, 5, 64):
+            for parts in (2, 3, 5, 64, 0):
                 out = np.zeros_like(ref)
                 one_row(R, x, out, 2048, parts)
                 np.testing.assert_array_equal(

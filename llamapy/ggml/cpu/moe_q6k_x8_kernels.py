@@ -11,7 +11,8 @@ those of ``mm_q6_k_x8(R[e], ...)``: the output equals that kernel's per expert b
 An expert's pairs run four at a time where it has two or more (``q6k_x8_kernels._sub4``, as
 ``mm_q6_k_x8r4``: each code register decoded once for all four; a group of 2 or 3 repeats its last pair),
 the last single one alone; the float steps are the same either way, so a pair's result does not depend on
-the others.
+the others. Where each active expert has one pair (decode), ``moe_x8_kernels.moe_x8_rows`` reads the items
+as two streams a thread, with the dense kernel's block.
 
 Call: ``moe_q6_k_x8(R, x, ids, out, max_rows, chunks, pfd) -> bad``, as ``moe_x8_kernels.moe_q4_k_x8``.
 """
@@ -23,7 +24,7 @@ import numpy as np
 from ..._numba import njit, prange
 from .isimd import itof, izero
 from .moe_kernels import _nan_pairs, _xrow, moe_plan
-from .moe_x8_kernels import _item, _prefetch_from
+from .moe_x8_kernels import _item, _prefetch_from, moe_x8_rows, one_pair_each
 from .q6k_x8_kernels import (
     QK_K,
     X8_BYTES,
@@ -34,6 +35,7 @@ from .q6k_x8_kernels import (
     _sub4,
     _x6scale,
     _x8_block,
+    _x8_row_block,
 )
 from .rowgroups import x8_prefetch
 from .simd import vfma_strict, vmul_strict, vsplat, vstore, vzero
@@ -50,8 +52,12 @@ def moe_q6_k_x8(R, x, ids, out, max_rows, chunks, pfd):
         return bad
     nb = gb // X8_BYTES
     xq, xd, neg, ok = _prepare(x.reshape(T * Ux, K))
+    if chunks > 0 and one_pair_each(starts, active):  # decode: two streams a thread (``moe_x8_rows``)
+        moe_x8_rows(R, out, order, starts, active, U, Ux, chunks, pfd, X8_BYTES, _x8_row_block, (xq, xd, neg))
+        _nan_pairs(out, order, starts, active, U, Ux, ok)
+        return np.int64(-1)
     nA = active.shape[0]
-    C = max(1, min(chunks, G))
+    C = max(1, min(abs(chunks), G))
     Gc = (G + C - 1) // C
     n = C * nA * Gc
     Rf = R.reshape(-1)

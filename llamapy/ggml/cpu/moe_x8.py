@@ -42,6 +42,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ..types import GGMLType
+from .prefetch_tune import Choice, distance_of, streams_of
 
 __all__ = ["ENABLED", "mul_mat_id_step"]
 
@@ -158,12 +159,17 @@ def mul_mat_id_step(
     tuner = be.prefetch.for_type(f"moe {a.type.name}")
     state = tuner.counter() if B.shape[0] == 1 else None  # one token: the tuner may measure it
 
+    def call(x: np.ndarray, c: Choice) -> int:
+        """The kernel at the choice ``c``: one stream a thread is a negative thread count."""
+        nt = get_nt()
+        return kern(R, x, ids, out2, max_rows, nt if streams_of(c) == 2 else -nt, distance_of(c))
+
     def step_x8() -> None:
         x = B if direct else np.ascontiguousarray(B, dtype=np.float32)
         if state is not None and tuner.tuning:
-            bad = tuner.run(lambda d: kern(R, x, ids, out2, max_rows, get_nt(), d), state)
+            bad = tuner.run(lambda c: call(x, c), state)
         else:
-            bad = kern(R, x, ids, out2, max_rows, get_nt(), tuner.distance)
+            bad = call(x, tuner.choice)
         if bad >= 0:
             raise bad_id(ids.reshape(-1)[bad])
         if ids.size > max_rows:  # experts with more pairs than the kernel takes

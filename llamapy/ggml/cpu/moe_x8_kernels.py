@@ -14,12 +14,15 @@ weight bytes are unpacked to nibbles once for all of them while the group's 8 ro
 an expert (pp64 on Qwen3-30B-A3B: 512 pairs over 128 experts) that is 0.8-0.9x the CPU time of one pair at
 a time (``benchmarks/results/moe_x8.md``). Per pair the integer sums and the float steps are the same
 whichever way it is grouped (``moe_q4_k_x8_1``, one pair at a time, gives the same bits: a token's result
-does not depend on which other tokens chose its experts).
+does not depend on which other tokens chose its experts). Where each active expert has one pair (decode),
+``moe_x8_rows`` reads the (expert, group) items as two streams a thread with the dense kernel's block
+(``moe_q4_k_x8_1`` keeps the loop of one item at a time: tests and A/B).
 
 Call: ``moe_q4_k_x8(R, x, ids, out, max_rows, chunks, pfd) -> bad``, as ``moe_kernels.MOE``'s (``x``
 ``float32[T, 1 or U, K]`` C-contiguous, ``ids`` ``int[T, U]``, ``out`` ``float32[T * U, N]``; ``chunks``:
-the thread count, ``numba.get_num_threads()``, see ``_item``): experts with more than
-``max_rows`` pairs are skipped (the caller runs them as tiles unpacked to plain Q4_K); ``bad`` is -1 or
+the thread count, ``numba.get_num_threads()``, see ``_item``; negative: that count, one item after the
+other in decode too, not ``moe_x8_rows``' two streams, which ``prefetch_tune`` measures against): experts
+with more than ``max_rows`` pairs are skipped (the caller runs them as tiles unpacked to plain Q4_K); ``bad`` is -1 or
 the first pair whose id is outside ``0..E-1`` (nothing written); ``pfd``: the prefetch distance in
 bytes (``_prefetch_from``, ``prefetch_tune``).
 """
@@ -31,8 +34,8 @@ import numpy as np
 from ..._numba import njit, prange
 from .isimd import bnib, itof, izero
 from .moe_kernels import _nan_pairs, _q8k_par, _xrow, moe_plan
-from .q4k_x8_kernels import QK_K, X8_BYTES, X8_D, X8_DMIN, X8_MN, X8_QS, X8_SC, _x8_block
-from .rowgroups import X8_PREFETCH_GROUPS, x8_prefetch, x8_prefetch_from
+from .q4k_x8_kernels import QK_K, X8_BYTES, X8_D, X8_DMIN, X8_MN, X8_QS, X8_SC, _x8_block, _x8_row_block
+from .rowgroups import X8_PREFETCH_GROUPS, x8_group_prefetch, x8_prefetch, x8_prefetch_from
 from .simd import vfma, vmul, vsplat, vstore, vzero
 from .x8simd import xadd16, xbcast4, xh8, xmaddubs, xmins, xscale, xzero16
 
@@ -126,6 +129,56 @@ def _prefetch_from(i, n, nA, Gc, G, active, e, g, gb, total, pfd):
 
 
 @njit(inline="always")
+def one_pair_each(starts, active):
+    """Whether every active expert has exactly one pair (a decode token's experts): ``moe_x8_rows``."""
+    for a in range(active.shape[0]):
+        e = active[a]
+        if starts[e + 1] - starts[e] != 1:
+            return False
+    return True
+
+
+@njit(inline="always")
+def moe_x8_rows(R, out, order, starts, active, U, Ux, chunks, pfd, xbytes, blk, a):
+    """The experts' loop where each active expert has one pair (``one_pair_each``: decode), as
+    ``rowgroups.x8_rows`` reads a dense weight: each of ``chunks`` parts (``prange``; the thread count)
+    takes the same range of row groups of every active expert, and reads its items (expert, group) as two
+    streams, the first and second halves of its list together, block by block. ``blk`` is the dense
+    8-row kernel's block (``x8_rows``' ``blk``, ``m``: the pair's activation row), so a pair's output is
+    that kernel's per expert bit for bit; ``a`` its prepared activations. On the Intel VM the dense
+    kernels read 5-30 % faster this way than one group after the other
+    (``benchmarks/results/stop56_decode_steps.md``); one stream an item at a time is the other loop's."""
+    E, G, gb = R.shape
+    nb = gb // xbytes
+    Rf = R.reshape(-1)
+    total = Rf.shape[0]
+    nA = active.shape[0]
+    parts = max(1, min(chunks, G))
+    for th in prange(parts):
+        lo = th * G // parts
+        ng = (th + 1) * G // parts - lo
+        n = nA * ng
+        h = n // 2
+        for i in range(h + (n & 1)):
+            k0 = i if i < h else n - 1  # an odd item left runs as both streams (the same bits twice)
+            k1 = i + h if i < h else n - 1
+            e0, g0 = active[k0 // ng], lo + k0 % ng
+            e1, g1 = active[k1 // ng], lo + k1 % ng
+            p0, p1 = order[starts[e0]], order[starts[e1]]
+            m0, m1 = _xrow(p0, U, Ux), _xrow(p1, U, Ux)
+            w0, w1 = R[e0, g0], R[e1, g1]
+            a0, a1 = vzero(), vzero()
+            for b in range(nb):
+                t = b * xbytes
+                x8_group_prefetch(Rf, e0 * G + g0, gb, t, xbytes, total, pfd)
+                x8_group_prefetch(Rf, e1 * G + g1, gb, t, xbytes, total, pfd)
+                a0 = blk(a0, w0, t, m0, b, a)
+                a1 = blk(a1, w1, t, m1, b, a)
+            vstore(out[p0], g0 * 8, a0)
+            vstore(out[p1], g1 * 8, a1)
+
+
+@njit(inline="always")
 def _moe_x8(R, x, ids, out, max_rows, chunks, pfd, group):
     E, G, gb = R.shape
     T, Ux, K = x.shape
@@ -135,8 +188,14 @@ def _moe_x8(R, x, ids, out, max_rows, chunks, pfd, group):
         return bad
     nb = gb // X8_BYTES
     xq, xd, bs16, bs32, ok = _q8k_par(x.reshape(T * Ux, K))
+    if chunks > 0 and group >= 4 and one_pair_each(starts, active):
+        moe_x8_rows(
+            R, out, order, starts, active, U, Ux, chunks, pfd, X8_BYTES, _x8_row_block, (xq, xd, bs32)
+        )
+        _nan_pairs(out, order, starts, active, U, Ux, ok)
+        return np.int64(-1)
     nA = active.shape[0]
-    C = max(1, min(chunks, G))
+    C = max(1, min(abs(chunks), G))
     Gc = (G + C - 1) // C
     n = C * nA * Gc
     Rf = R.reshape(-1)

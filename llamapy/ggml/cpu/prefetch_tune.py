@@ -18,35 +18,56 @@ measure 2048 into L1 as well (``L1_TYPES``).
 The tuner times the decode steps (one activation row) of the first tokens, each distance in turn
 (every step alternates, so each pair of tokens compares the distances on the same weights), and from
 then on uses the fastest by the median over those pairs (a VM's bursts of noise move a sum), or the
-default where none is ``MARGIN`` faster. The distance changes no
-result: the kernels' arithmetic does not depend on it. ``LLAMAPY_X8_PREFETCH=<bytes>`` fixes the
-distance of every type (no measuring; ``-<bytes>``: into L1); ``auto`` or unset: measure."""
+default where none is ``MARGIN`` faster. Past ``ROUNDS`` rounds it measures on (up to ``MAX_ROUNDS``)
+while a distance has run less than ``MIN_SECONDS``, unless the default was the fastest in every round.
+The distance changes no result: the kernels' arithmetic does not depend on it.
+
+A decision is kept (``PrefetchStore``: ``<llamapy cache>/tune/prefetch.json``) for the model file, the
+CPU, the kernels' target and the thread count that the context binds (``PrefetchTuners.bind``): a later
+process on the same model and machine starts with it and measures nothing. Measuring costs the first
+tokens of a process: on an AMD EPYC (Zen 4) VM, haswell target, the MoE shape's small Q6_K experts took
+80 tokens, half of them at a distance 4-28 % slower (``benchmarks/results/stop57_amd.md``).
+
+``LLAMAPY_X8_PREFETCH=<bytes>`` fixes the distance of every type (no measuring; ``-<bytes>``: into L1);
+unset: the kept decision, else measure (and keep it); ``auto``: measure anew (and keep it)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
 log = logging.getLogger("llamapy.ggml")
 
+#: a candidate: a distance (each thread reading its row groups as two streams, ``rowgroups.x8_rows``), or
+#: (distance, streams) where streams 1 is one row group after the other (``x8_rows`` with ``nth`` 0; the MoE
+#: kernels' one-item loop: a negative thread count). Two streams made the kernels read 5-30 % faster from
+#: DRAM on the Intel VM and one stream 2-20 % faster on the AMD (Zen 4) VM (Q6_K: 34 against 28.6 GB/s;
+#: ``benchmarks/results/stop57_amd.md``), so the tuner measures both
+Choice = int | tuple[int, int]
+#: one stream per thread at the default distance
+ONE_STREAM = (0, 1)
 #: the distances measured; the first is the default (two row groups ahead)
-CANDIDATES = (0, 2048)
+CANDIDATES: tuple[Choice, ...] = (0, 2048, ONE_STREAM)
 #: the weight types that also measure 2048 bytes ahead into L1 (``L1_CANDIDATES``): those of 32-element
 #: blocks, whose kernels gained from it on the Intel VM (``rowgroups.x8_prefetch``); the k-quants' did not
 #: (in the model, the tuning's tokens at -2048 cost a 3B Q4_K_M file's tg32 5 %), so they measure the two
 #: L2 distances only
 L1_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"})
-L1_CANDIDATES = (0, 2048, -2048)
+L1_CANDIDATES: tuple[Choice, ...] = (0, 2048, -2048, ONE_STREAM)
 #: calls of each step before measuring (the first token reads cold pages)
 WARMUP_CALLS = 2
-#: rounds (one token per distance) measured at least, and at most
+#: rounds (one token per candidate) measured at least, and at most (with four candidates, 64 tokens: a
+#: decision is kept, ``PrefetchStore``, so a model file pays them once on a machine)
 ROUNDS = 4
-MAX_ROUNDS = 40
+MAX_ROUNDS = 16
 #: measuring goes on (up to ``MAX_ROUNDS``) until each distance has run this many seconds of kernels:
 #: a small model's token is ~5 ms, where a VM's noise moves four tokens by more than ``MARGIN``
 #: (SmolLM2-135M on the Intel VM: 4 rounds took 2048 once in three runs, 8-10 rounds never)
@@ -54,6 +75,21 @@ MIN_SECONDS = 0.04
 #: a distance other than the default is taken only when the median over rounds of its time over the
 #: default's is below ``1 - MARGIN``
 MARGIN = 0.04
+
+
+def distance_of(c: Choice) -> int:
+    """The prefetch distance of the candidate ``c``."""
+    return c if isinstance(c, int) else int(c[0])
+
+
+def streams_of(c: Choice) -> int:
+    """The streams a thread reads in the candidate ``c`` (2, or 1: one row group after the other)."""
+    return 2 if isinstance(c, int) else int(c[1])
+
+
+def remeasure_from_env() -> bool:
+    """``LLAMAPY_X8_PREFETCH=auto``: measure even where a decision is kept (``PrefetchStore``)."""
+    return os.environ.get("LLAMAPY_X8_PREFETCH", "").strip().lower() == "auto"
 
 
 def distance_from_env() -> int | None:
@@ -68,13 +104,14 @@ def distance_from_env() -> int | None:
 
 
 class PrefetchTuner:
-    """The prefetch distance the 8-row kernels of one backend use (``distance``), measured on its
-    first decode tokens unless ``fixed``. A step calls ``run`` with its own state (``counter()``)."""
+    """The candidate (``Choice``) the 8-row kernels of one weight type use (``choice``: its ``distance``
+    and ``streams``), measured on its first decode tokens unless ``fixed``. A step calls ``run`` with its
+    own state (``counter()``)."""
 
     def __init__(
         self,
-        fixed: int | None = None,
-        candidates: Sequence[int] = CANDIDATES,
+        fixed: Choice | None = None,
+        candidates: Sequence[Choice] = CANDIDATES,
         warmup: int = WARMUP_CALLS,
         rounds: int = ROUNDS,
         margin: float = MARGIN,
@@ -83,7 +120,7 @@ class PrefetchTuner:
         max_rounds: int = MAX_ROUNDS,
     ) -> None:
         self.candidates = tuple(candidates)
-        self.distance = self.candidates[0] if fixed is None else fixed
+        self.choice: Choice = self.candidates[0] if fixed is None else fixed
         self.tuning = fixed is None and len(self.candidates) > 1
         self.warmup, self.rounds, self.margin, self.clock = warmup, rounds, margin, clock
         self.min_seconds, self.max_rounds = min_seconds, max(max_rounds, rounds)
@@ -91,10 +128,22 @@ class PrefetchTuner:
         self.by_round: list[list[float]] = []
         #: what it tunes (``PrefetchTuners``: the weight type), for the log
         self.name = ""
+        #: called with the choice once measuring has decided (``PrefetchTuners``: to keep it)
+        self.on_decide: Callable[[Choice], None] | None = None
 
     @classmethod
     def from_env(cls) -> PrefetchTuner:
         return cls(distance_from_env())
+
+    @property
+    def distance(self) -> int:
+        """The prefetch distance of the current choice."""
+        return distance_of(self.choice)
+
+    @property
+    def streams(self) -> int:
+        """The streams a thread reads in the current choice (2, or 1)."""
+        return streams_of(self.choice)
 
     @property
     def totals(self) -> list[float]:
@@ -105,28 +154,28 @@ class PrefetchTuner:
         """A step's state: [its calls so far, then the seconds of its current round, one per distance]."""
         return [0.0] * (1 + len(self.candidates))
 
-    def run(self, call: Callable[[int], T], state: list[float]) -> T:
-        """``call(distance)`` for one decode step whose state is ``state``. While tuning, past the
+    def run(self, call: Callable[[Choice], T], state: list[float]) -> T:
+        """``call(choice)`` for one decode step whose state is ``state``. While tuning, past the
         warm-up, each call takes the next distance in turn (so every step runs one token at each) and
         is timed; a round's times count once the step completed it (a step that stops being called
         mid-round adds nothing). The first call of a step past the last round decides (every step of
         the token before has completed its rounds), or, where the distances have not run
-        ``min_seconds`` each yet, adds a round."""
+        ``min_seconds`` each yet, adds a round, unless the default was the fastest in every round."""
         if not self.tuning:
-            return call(self.distance)
+            return call(self.choice)
         n = int(state[0])
         state[0] = n + 1
         k = n - self.warmup
         if k < 0:
-            return call(self.distance)
+            return call(self.choice)
         c = len(self.candidates)
         r, i = divmod(k, c)
         if r >= self.rounds:
-            if r < self.max_rounds and min(self.totals) < self.min_seconds:
+            if r < self.max_rounds and min(self.totals) < self.min_seconds and not self._default_clear():
                 self.rounds = r + 1
             else:
                 self._decide()
-                return call(self.distance)
+                return call(self.choice)
         t0 = self.clock()
         out = call(self.candidates[i])
         state[1 + i] = self.clock() - t0
@@ -137,40 +186,139 @@ class PrefetchTuner:
                 self.by_round[r][j] += state[1 + j]
         return out
 
+    def _default_clear(self) -> bool:
+        """Whether every complete round has the default faster than each other distance."""
+        rows = [r for r in self.by_round if r[0] > 0.0]
+        return bool(rows) and all(r[0] < r[j] for r in rows for j in range(1, len(r)))
+
     def _decide(self) -> None:
         """The distance whose median (over rounds) time relative to the default's is lowest, where that
         is below ``1 - margin``; else the default."""
         self.tuning = False
         rows = [r for r in self.by_round if r[0] > 0.0]
-        self.distance = self.candidates[0]
+        self.choice = self.candidates[0]
         if rows:
             rel = [statistics.median(r[j] / r[0] for r in rows) for j in range(len(self.candidates))]
             best = min(range(len(rel)), key=rel.__getitem__)
             if rel[best] < 1.0 - self.margin:
-                self.distance = self.candidates[best]
+                self.choice = self.candidates[best]
         ms = ", ".join(f"{d}: {t * 1e3:.1f} ms" for d, t in zip(self.candidates, self.totals, strict=True))
         log.debug(
-            "%s 8-row kernels' prefetch distance %d (%d rounds: %s)", self.name, self.distance, len(rows), ms
+            "%s 8-row kernels' prefetch choice %s (%d rounds: %s)", self.name, self.choice, len(rows), ms
         )
+        if self.on_decide is not None and rows:
+            self.on_decide(self.choice)
+
+
+def machine_key(threads: int) -> str:
+    """The CPU (its model name), the kernels' target (``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` or the
+    host's) and ``threads``: what a kept decision holds for."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    target = os.environ.get("NUMBA_CPU_NAME", "host") + "/" + os.environ.get("NUMBA_CPU_FEATURES", "")
+    return f"{model or os.uname().machine}|{target}|t{threads}"
+
+
+class PrefetchStore:
+    """Decisions kept across processes: ``path`` (JSON: key -> [choice, unix time]), each key the
+    ``scope`` a context binds (its model file and ``machine_key``), the weight type and its candidates.
+    Entries older than ``MAX_AGE_S`` are ignored; past ``MAX_ENTRIES`` the oldest go. Written whole to a
+    temporary file and renamed (a concurrent writer's decision may be lost, then measured again); an
+    unreadable file reads as empty and an unwritable one keeps nothing."""
+
+    MAX_ENTRIES = 256
+    MAX_AGE_S = 30 * 86400.0
+
+    def __init__(self, path: str | os.PathLike[str], scope: str) -> None:
+        self.path = Path(path)
+        self.scope = scope
+
+    def _key(self, type_key: str, candidates: Sequence[Choice]) -> str:
+        return f"{self.scope}|{type_key}|{','.join(map(str, candidates))}"
+
+    def _read(self) -> dict[str, list[float]]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def get(self, type_key: str, candidates: Sequence[Choice]) -> Choice | None:
+        """The kept choice of ``type_key`` (measured among ``candidates``), or None."""
+        v = self._read().get(self._key(type_key, candidates))
+        if not (isinstance(v, list) and len(v) == 2 and isinstance(v[1], (int, float))):
+            return None
+        c, when = v[0], float(v[1])
+        if isinstance(c, list) and len(c) == 2 and all(type(x) is int for x in c):
+            c = (c[0], c[1])
+        if not isinstance(c, (int, tuple)) or isinstance(c, bool) or c not in candidates:
+            return None
+        if not 0 <= time.time() - when < self.MAX_AGE_S:
+            return None
+        return c
+
+    def put(self, type_key: str, candidates: Sequence[Choice], choice: Choice) -> None:
+        data = self._read()
+        data[self._key(type_key, candidates)] = [
+            list(choice) if isinstance(choice, tuple) else choice,
+            time.time(),
+        ]
+        if len(data) > self.MAX_ENTRIES:
+            keep = sorted(data.items(), key=lambda kv: -float(kv[1][1]) if isinstance(kv[1], list) else 0.0)
+            data = dict(keep[: self.MAX_ENTRIES])
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".prefetch-", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump(data, f)
+                os.replace(tmp, self.path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError as e:
+            log.debug("prefetch decisions not kept (%s): %s", self.path, e)
 
 
 class PrefetchTuners:
     """A backend's tuners, one per weight type (``for_type``): each type's decode steps measure and
     decide on their own, since the best distance and cache level differ by type on one machine. A
     type in ``L1_TYPES`` measures ``L1_CANDIDATES``, the others ``CANDIDATES``, unless ``candidates``
-    sets every type's; the other keyword arguments are every tuner's (``PrefetchTuner``)."""
+    sets every type's; the other keyword arguments are every tuner's (``PrefetchTuner``). Once bound
+    to a ``PrefetchStore`` (``bind``), a type starts with its kept decision, unless ``remeasure``, and
+    keeps what it measures."""
 
     def __init__(
-        self, fixed: int | None = None, candidates: Sequence[int] | None = None, **kwargs: object
+        self,
+        fixed: int | None = None,
+        candidates: Sequence[Choice] | None = None,
+        remeasure: bool = False,
+        **kwargs: object,
     ) -> None:
         self.fixed = fixed
         self.candidates = candidates
+        self.remeasure = remeasure
+        self.store: PrefetchStore | None = None
         self._kwargs = kwargs
         self.by_type: dict[str, PrefetchTuner] = {}
 
     @classmethod
     def from_env(cls) -> PrefetchTuners:
-        return cls(distance_from_env())
+        return cls(distance_from_env(), remeasure=remeasure_from_env())
+
+    def bind(self, path: str | os.PathLike[str], scope: str, threads: int) -> None:
+        """Keep decisions in ``path`` for ``scope`` (what the weights are: the context's model file) on
+        this machine with ``threads`` threads (``machine_key``), and start the types not yet met with
+        theirs. Nothing where the distance is fixed."""
+        if self.fixed is None:
+            self.store = PrefetchStore(path, f"{scope}|{machine_key(threads)}")
 
     @property
     def tuning(self) -> bool:
@@ -181,8 +329,13 @@ class PrefetchTuners:
         """The tuner of the weight type ``key`` (one name per kernel family: ``"Q4_K"``, ``"moe Q4_K"``)."""
         tu = self.by_type.get(key)
         if tu is None:
-            cands = self.candidates or (L1_CANDIDATES if key in L1_TYPES else CANDIDATES)
-            tu = PrefetchTuner(self.fixed, cands, **self._kwargs)  # type: ignore[arg-type]
+            cands = tuple(self.candidates or (L1_CANDIDATES if key in L1_TYPES else CANDIDATES))
+            fixed, store = self.fixed, self.store
+            if fixed is None and store is not None and not self.remeasure:
+                fixed = store.get(key, cands)
+            tu = PrefetchTuner(fixed, cands, **self._kwargs)  # type: ignore[arg-type]
             tu.name = key
+            if store is not None and tu.tuning:
+                tu.on_decide = lambda d, key=key, cands=cands, store=store: store.put(key, cands, d)
             self.by_type[key] = tu
         return tu

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ..types import GGMLType
+from .prefetch_tune import Choice, distance_of, streams_of
 
 __all__ = [
     "CHUNK_BYTES", "LAYOUTS", "anonymous", "copy_rows", "mapped_source", "mul_mat_step", "release_pages", "repacked",
@@ -262,14 +263,22 @@ def x8_step(
                     kern(R, xc, oc, tuner.distance)
 
             return step_x8_chunks
-        # the one-row kernels' fifth argument: the threads (``rowgroups.x8_rows``' parts)
+        # the one-row kernels' fifth argument: the threads (``rowgroups.x8_rows``' parts; 0: one stream)
         code = getattr(getattr(kern, "py_func", kern), "__code__", None)
-        nth = (_threads(be),) if code is not None and code.co_argcount > 4 else ()
+        takes_nth = code is not None and code.co_argcount > 4
+        nth = (_threads(be),) if takes_nth else ()
         if M == 1:  # decode: the tuner may measure it (``prefetch_tune``)
             state = tuner.counter()
+            threads = _threads(be)
 
-            def call(d: int) -> None:
-                kern(R, x, out2, d, *nth)
+            def call(c: Choice) -> None:
+                kern(
+                    R,
+                    x,
+                    out2,
+                    distance_of(c),
+                    *((threads if streams_of(c) == 2 else 0,) if takes_nth else ()),
+                )
 
             def step_x8_decode() -> None:
                 if pre is not None:
@@ -277,7 +286,7 @@ def x8_step(
                 if tuner.tuning:
                     tuner.run(call, state)
                 else:
-                    kern(R, x, out2, tuner.distance, *nth)
+                    call(tuner.choice)
 
             info = X8Weight(a.name, a.type.name, a.shape[-2], a.shape[-1], R.nbytes, kern.__name__)
             step_x8_decode.weight = info  # type: ignore[attr-defined]

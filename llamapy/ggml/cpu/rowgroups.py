@@ -89,12 +89,14 @@ def x8_rows(R, out, M, pfd, nth, xbytes, blk, pre, a):
     together, or whole groups alternating between the halves, were not faster. Each group's sum runs
     block by block as before, whatever the parts: the same bits for any ``nth`` (so the types' float
     steps are ``vfma_strict``: with fast-math flags LLVM contracted them differently in the paired and
-    the single code paths)."""
+    the single code paths). ``nth`` 0: one group a part, so each thread reads one group after the other
+    (``prange`` hands a thread a contiguous range): on the AMD (Zen 4) VM that read 2-20 % faster by type
+    (``benchmarks/results/stop57_amd.md``), so ``prefetch_tune`` measures both."""
     G, gb = R.shape
     nb = gb // xbytes
     Rf = R.reshape(-1)
     total = G * gb
-    parts = max(1, min(nth, G))
+    parts = G if nth <= 0 else max(1, min(nth, G))  # nth 0: a group a part, one stream a thread
     for th in prange(parts):
         lo = th * G // parts
         hi = (th + 1) * G // parts
