@@ -54,7 +54,7 @@ log = logging.getLogger("llamapy.ggml")
 Choice = int | tuple[int, int]
 #: one stream per thread at the default distance
 ONE_STREAM = (0, 1)
-#: the distances measured; the first is the default (two row groups ahead)
+#: the candidates measured; the first is the default (two row groups ahead, two streams a thread)
 CANDIDATES: tuple[Choice, ...] = (0, 2048, ONE_STREAM)
 #: the weight types that also measure 2048 bytes ahead into L1 (``L1_CANDIDATES``): those of 32-element
 #: blocks, whose kernels gained from it on the Intel VM (``rowgroups.x8_prefetch``); the k-quants' did not
