@@ -14,11 +14,24 @@ the output. ``LLAMAPY_ADAPTIVE_THREADS=0`` turns it off; without ``/proc`` it do
 from __future__ import annotations
 
 import os
+import platform
 import time
 
-__all__ = ["ThreadPolicy", "other_busy_cores"]
+__all__ = ["ThreadPolicy", "cpu_model", "other_busy_cores"]
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _cpu_ticks() -> tuple[int, int] | None:

@@ -60,9 +60,10 @@ EvalCallback = Callable[[Tensor, bool, "np.ndarray | None"], bool]
 _STATE_MAGIC = b"LPYS"
 
 
-def _keep_prefetch_decisions(sched: Scheduler, model: Model, threads: int) -> None:
-    """Bind the CPU backends' prefetch tuners to the kept decisions of this model file (its path, size
-    and modification time) on this machine (``ggml/cpu/prefetch_tune.py``, ``PrefetchStore``)."""
+def _keep_tuning(sched: Scheduler, model: Model, threads: int) -> None:
+    """Let the backends keep what they measure about their kernels (the CPU's prefetch choices,
+    ``ggml/cpu/prefetch_tune.py``) for this model file (its path, size and modification time) in the
+    llamapy cache (``Backend.keep_tuning``)."""
     try:
         st = os.stat(model.path)
     except (OSError, TypeError):
@@ -71,9 +72,7 @@ def _keep_prefetch_decisions(sched: Scheduler, model: Model, threads: int) -> No
 
     scope = f"{os.path.realpath(model.path)}|{st.st_size}|{st.st_mtime_ns}"
     for b in sched.backends:
-        tuners = getattr(b, "prefetch", None)
-        if tuners is not None:
-            tuners.bind(cache_dir() / "tune" / "prefetch.json", scope, threads)
+        b.keep_tuning(cache_dir() / "tune" / "prefetch.json", scope, threads)
 
 
 @dataclass
@@ -178,7 +177,7 @@ class Context:
             )
         else:
             self.sched = Scheduler(n_threads=self.n_threads)
-        _keep_prefetch_decisions(self.sched, model, self.n_threads)
+        _keep_tuning(self.sched, model, self.n_threads)
         self.offload = None  # where n_gpu_layers put things (llamapy.ggml.cuda.offload.Offload), if on a GPU
         self.stage: Any = None  # a pipeline stage's layer cut (llamapy.ray.pipeline_stage.StageCut)
         if p.n_gpu_layers:

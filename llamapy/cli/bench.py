@@ -17,7 +17,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -25,16 +24,7 @@ from typing import Any
 
 import numpy as np
 
-
-def _cpu_info() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from .._cpuload import cpu_model
 
 
 def _tokens(model: Any, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -123,7 +113,7 @@ def bench(
         records.append({
             "build_commit": "llamapy",
             "build_number": 0,
-            "cpu_info": _cpu_info(),
+            "cpu_info": cpu_model(),
             "gpu_info": off.device if off is not None else "",
             "backends": "CUDA" if off is not None else "CPU",
             "model_filename": os.path.abspath(model_path),

@@ -8,6 +8,7 @@ host backend produced is read in place by another; a device backend would add co
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,11 @@ class Backend:
 
     def synchronize(self) -> None:
         """Wait for queued work (host backends run synchronously)."""
+
+    def keep_tuning(self, path: str | os.PathLike[str], scope: str, threads: int) -> None:
+        """Keep what this backend measures about its kernels (the CPU's prefetch choices) in ``path``, for
+        ``scope`` (what the weights are: the context's model file) run on ``threads`` threads, and start
+        from what is kept there. Nothing by default."""
 
     def compute(self, graph: Any, inputs: dict[Tensor, np.ndarray] | None = None) -> Any:
         """Run a whole graph on this backend alone; returns the scheduler (``.get(t)`` reads outputs)."""

@@ -18,6 +18,7 @@ from llamapy.ggml.cpu.backend import CPUBackend
 from llamapy.ggml.cpu.matmul_kernels import F16_TABLE
 from llamapy.ggml.cpu.moe_kernels import MOE
 from llamapy.ggml.quants import dequantize, quantize
+from tests.ggml.test_moe_x8 import dense_per_pair
 
 q6k = pytest.importorskip("llamapy.ggml.cpu.q6k_x8_kernels")  # the Q6_K 8-row layout
 X8_BYTES, mm_q6_k_x8, repack_x8 = q6k.X8_BYTES, q6k.mm_q6_k_x8, q6k.repack_x8
@@ -194,12 +195,11 @@ def test_one_pair_each_two_streams_equal_dense(shared, E, U, Tn, chunks):
         x[1, 0, 5] = np.inf
     out = np.full((Tn * U, N), -1.0, np.float32)
     assert moe_q6_k_x8(R, x, iv, out, 256, chunks, 0) == -1
+    dense = dense_per_pair(mm_q6_k_x8, R, x, iv)
+    np.testing.assert_array_equal(out, dense)
     for t in range(Tn):
         for u in range(U):
-            y = np.empty((1, N), np.float32)
-            mm_q6_k_x8(R[iv[t, u]], np.ascontiguousarray(x[t, 0 if shared else u][None]), y, 0)
-            np.testing.assert_array_equal(out[t * U + u], y[0])
-            assert np.isnan(y).all() == (t == 1 and (shared or u == 0))
+            assert np.isnan(dense[t * U + u]).all() == (t == 1 and (shared or u == 0))
     neg = np.full((Tn * U, N), -3.0, np.float32)
     assert moe_q6_k_x8(R, x, iv, neg, 256, -chunks, 0) == -1  # one item after the other (``prefetch_tune``)
     np.testing.assert_array_equal(neg, out)

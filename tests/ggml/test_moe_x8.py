@@ -7,6 +7,7 @@ odd expert counts, unchosen experts; weights it must not repack fall back."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,20 @@ def q4k_experts(E: int, N: int, K: int, seed: int) -> np.ndarray:
         np.float32
     )
     return np.asarray(quantize(w, T.Q4_K)).reshape(E, N, -1)
+
+
+def dense_per_pair(kern: Callable[..., object], R: np.ndarray, x: np.ndarray, iv: np.ndarray) -> np.ndarray:
+    """The dense one-row 8-row kernel ``kern`` on each pair's expert and activation row: row ``t * U + u``
+    (``x`` ``[T, 1 or U, K]``)."""
+    Tn, U = iv.shape
+    out = np.empty((Tn * U, R.shape[1] * 8), np.float32)
+    for t in range(Tn):
+        for u in range(U):
+            p = t * U + u
+            kern(
+                R[iv[t, u]], np.ascontiguousarray(x[t, 0 if x.shape[1] == 1 else u][None]), out[p : p + 1], 0
+            )
+    return out
 
 
 def ref64(raw: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -105,11 +120,7 @@ def test_pairs_grouped_four_two_one_give_the_same_bits(shared):
     assert moe_q4_k_x8(R, x, iv, grouped, 256, 2, 0) == -1
     assert moe_q4_k_x8_1(R, x, iv, single, 256, 2, 0) == -1
     np.testing.assert_array_equal(grouped, single)
-    for t in range(Tn):
-        for u in range(U):
-            y = np.empty((1, N), np.float32)
-            mm_q4_k_x8(R[iv[t, u]], np.ascontiguousarray(x[t, 0 if shared else u][None]), y, 0)
-            np.testing.assert_array_equal(grouped[t * U + u], y[0])
+    np.testing.assert_array_equal(grouped, dense_per_pair(mm_q4_k_x8, R, x, iv))
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -135,12 +146,11 @@ def test_one_pair_each_two_streams_equal_dense_and_one_item_at_a_time(shared, E,
     neg = np.full((Tn * U, N), -3.0, np.float32)
     assert moe_q4_k_x8(R, x, iv, neg, 256, -chunks, 0) == -1  # one stream a thread (``prefetch_tune``)
     np.testing.assert_array_equal(neg, two)
+    dense = dense_per_pair(mm_q4_k_x8, R, x, iv)
+    np.testing.assert_array_equal(two, dense)
     for t in range(Tn):
         for u in range(U):
-            y = np.empty((1, N), np.float32)
-            mm_q4_k_x8(R[iv[t, u]], np.ascontiguousarray(x[t, 0 if shared else u][None]), y, 0)
-            np.testing.assert_array_equal(two[t * U + u], y[0])
-            assert np.isnan(y).all() == (t == 1 and (shared or u == 0))
+            assert np.isnan(dense[t * U + u]).all() == (t == 1 and (shared or u == 0))
 
 
 def test_kernel_bad_id_and_expert_limit():

@@ -133,6 +133,10 @@ class CPUBackend(Backend):
         self._thread_key: tuple[int | None, int] | None = None  # (n_threads, cap) the last split set
         self._thread_val = 0  # the count that left in force
 
+    def keep_tuning(self, path: str | os.PathLike[str], scope: str, threads: int) -> None:
+        """The prefetch tuners' decisions (``prefetch_tune.PrefetchTuners.bind``)."""
+        self.prefetch.bind(path, scope, threads)
+
     def __repr__(self) -> str:
         return f"CPUBackend(n_threads={self.n_threads}{'' if self.repack else ', repack=False'})"
 

@@ -43,6 +43,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from ..._cpuload import cpu_model
+
 T = TypeVar("T")
 log = logging.getLogger("llamapy.ggml")
 
@@ -213,17 +215,15 @@ class PrefetchTuner:
 def machine_key(threads: int) -> str:
     """The CPU (its model name), the kernels' target (``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` or the
     host's) and ``threads``: what a kept decision holds for."""
-    model = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     target = os.environ.get("NUMBA_CPU_NAME", "host") + "/" + os.environ.get("NUMBA_CPU_FEATURES", "")
-    return f"{model or os.uname().machine}|{target}|t{threads}"
+    return f"{cpu_model()}|{target}|t{threads}"
+
+
+def _when(v: object) -> float:
+    """The time of a kept entry ``[choice, unix time]`` (0 for anything else)."""
+    if isinstance(v, list) and len(v) == 2 and isinstance(v[1], (int, float)):
+        return float(v[1])
+    return 0.0
 
 
 class PrefetchStore:
@@ -253,9 +253,10 @@ class PrefetchStore:
     def get(self, type_key: str, candidates: Sequence[Choice]) -> Choice | None:
         """The kept choice of ``type_key`` (measured among ``candidates``), or None."""
         v = self._read().get(self._key(type_key, candidates))
-        if not (isinstance(v, list) and len(v) == 2 and isinstance(v[1], (int, float))):
+        when = _when(v)
+        if not when:
             return None
-        c, when = v[0], float(v[1])
+        c = v[0]  # type: ignore[index]
         if isinstance(c, list) and len(c) == 2 and all(type(x) is int for x in c):
             c = (c[0], c[1])
         if not isinstance(c, (int, tuple)) or isinstance(c, bool) or c not in candidates:
@@ -271,8 +272,7 @@ class PrefetchStore:
             time.time(),
         ]
         if len(data) > self.MAX_ENTRIES:
-            keep = sorted(data.items(), key=lambda kv: -float(kv[1][1]) if isinstance(kv[1], list) else 0.0)
-            data = dict(keep[: self.MAX_ENTRIES])
+            data = dict(sorted(data.items(), key=lambda kv: -_when(kv[1]))[: self.MAX_ENTRIES])
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".prefetch-", suffix=".tmp")

@@ -269,16 +269,14 @@ def x8_step(
         nth = (_threads(be),) if takes_nth else ()
         if M == 1:  # decode: the tuner may measure it (``prefetch_tune``)
             state = tuner.counter()
-            threads = _threads(be)
+            # each candidate's last kernel arguments, made once (one stream a thread: ``nth`` 0)
+            args = {
+                c: (distance_of(c), *(nth if streams_of(c) == 2 else (0,) * len(nth)))
+                for c in {*tuner.candidates, tuner.choice}
+            }
 
             def call(c: Choice) -> None:
-                kern(
-                    R,
-                    x,
-                    out2,
-                    distance_of(c),
-                    *((threads if streams_of(c) == 2 else 0,) if takes_nth else ()),
-                )
+                kern(R, x, out2, *args[c])
 
             def step_x8_decode() -> None:
                 if pre is not None:
@@ -286,7 +284,7 @@ def x8_step(
                 if tuner.tuning:
                     tuner.run(call, state)
                 else:
-                    call(tuner.choice)
+                    kern(R, x, out2, *args[tuner.choice])
 
             info = X8Weight(a.name, a.type.name, a.shape[-2], a.shape[-1], R.nbytes, kern.__name__)
             step_x8_decode.weight = info  # type: ignore[attr-defined]
