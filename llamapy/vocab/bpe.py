@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..gguf.string_index import StringIndex
+from ..gguf.strings import StringArray
 from . import unicode as U
 from .pretokenize import PreTokenizer, compile_regexes, split
 
@@ -20,13 +22,16 @@ class OverBudget(Exception):
     """(internal) A fragment takes more tokens than the ``max_tokens`` it was given."""
 
 
-def parse_merges(merges: Sequence[str]) -> dict[str, int]:
-    """Merge rank by merge line ``"left right"``; like llama.cpp the first occurrence wins.
+def parse_merges(merges: Sequence[str]) -> Mapping[str, int]:
+    """Merge rank by merge line ``"left right"``; like llama.cpp the first occurrence wins. The file's
+    array (a :class:`StringArray`) is looked up in its bytes until a dict pays (:class:`StringIndex`).
 
     Lookups use ``left + " " + right``. Symbols never contain a space (byte-level BPE maps it to 'Ġ',
     SPM-style BPE to '▁'), so this finds exactly llama.cpp's (left, right) pairs, which split a line
     at its first space after position 0.
     """
+    if isinstance(merges, StringArray):
+        return StringIndex(merges, last=False)
     n = len(merges)
     return dict(zip(reversed(merges), range(n - 1, -1, -1), strict=True))
 
@@ -50,7 +55,7 @@ class BPETokenizer:
     """Word-level BPE over the pre-tokenizer's words."""
 
     def __init__(
-        self, token_to_id: dict[str, int], merges: Sequence[str], pre: PreTokenizer, is_gemma4: bool
+        self, token_to_id: Mapping[str, int], merges: Sequence[str], pre: PreTokenizer, is_gemma4: bool
     ):
         self.token_to_id = token_to_id
         self.ranks = parse_merges(merges)

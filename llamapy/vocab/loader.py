@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..gguf.string_index import StringIndex
 from ..gguf.strings import StringArray
 from .pretokenize import pre_tokenizer
 from .spm import TokenIndex
@@ -100,12 +101,15 @@ def load_into(v: Vocab, md: Mapping[str, Any]) -> None:
     scores = _as_array(md, "scores", n, "fi")
     types = _as_array(md, "token_type", n, "iu")
     v.tokens = _texts(tokens)
-    # SPM looks texts up in its kernel's hash table; the others' Python loops want a dict
-    v.token_to_id = (
-        TokenIndex(v.tokens)
-        if v.type is VocabType.SPM
-        else dict(zip(_as_list(v.tokens), range(n), strict=True))
-    )
+    # SPM looks texts up in its kernel's hash table; the others' Python loops want a mapping
+    if v.type is VocabType.SPM:
+        v.token_to_id = TokenIndex(v.tokens)
+    elif isinstance(
+        v.tokens, StringArray
+    ):  # the file's array: looked up in its bytes until it pays to decode
+        v.token_to_id = StringIndex(v.tokens, last=True)
+    else:
+        v.token_to_id = dict(zip(v.tokens, range(n), strict=True))
     v.scores = np.zeros(n, dtype=np.float32) if scores is None else scores.astype(np.float32)
     if types is None:
         attrs = np.full(n, int(TokenAttr.NORMAL), dtype=np.int32)
@@ -128,10 +132,6 @@ def load_into(v: Vocab, md: Mapping[str, Any]) -> None:
     _eog(v)
     v.special_ids = special_ids_sorted(v.tokens, v.attrs)
     _per_model_attrs(v, md)
-
-
-def _as_list(texts: list[str] | StringArray) -> list[str]:
-    return texts.tolist() if isinstance(texts, StringArray) else texts
 
 
 def _texts(tokens: list[str] | StringArray) -> list[str] | StringArray:

@@ -49,6 +49,27 @@ def test_ids_match_llama_cpp(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_ids_match_llama_cpp_from_the_bytes(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same cases with every token and merge looked up in the file's encoded strings (a
+    ``StringIndex`` that never builds its dict), as a short prompt's are."""
+    from llamapy.gguf import string_index
+
+    monkeypatch.setattr(string_index, "BUDGET", 10**9)
+    v = load_vocab(shared_path("vocab", name))
+    maps = [m for m in (v.token_to_id, getattr(getattr(v._tokenizer, "bpe", None), "ranks", None))
+            if isinstance(m, string_index.StringIndex)]  # fmt: skip
+    if v.type is not VocabType.SPM:
+        assert maps, "a file's vocabulary is looked up in its bytes"
+    bad = []
+    for text, expected in _cases(name):
+        got = v.tokenize(text, add_special=False, parse_special=False)
+        if got != expected:
+            bad.append((text, got, expected))
+    assert not bad, f"{len(bad)} mismatches, first: {bad[0]!r}"
+    assert all(m.built or m._left < 10**9 for m in maps)  # asked, and answered from the bytes
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_round_trip_byte_level(name: str) -> None:
     """Byte-level BPE without space clean-up and SPM keep every byte: detokenize(tokenize(s)) == s."""
     v = _vocab(name)
