@@ -37,8 +37,9 @@ class StringIndex(Mapping[str, int]):
         self._s = strings
         self._last = last
         self._left = BUDGET if budget is None else budget
-        self._keys: np.ndarray | None = None  # sorted keys (length, last eight bytes) ...
-        self._order: np.ndarray | None = None  # ... and the positions they came from
+        # the sorted keys (length, last eight bytes) and the positions they came from, one attribute so
+        # that a lookup reads both at once (the index may be shared by threads, and dropped once built)
+        self._sorted: tuple[np.ndarray, np.ndarray] | None = None
         self._dict: dict[str, int] | None = None
 
     # -- the dict ------------------------------------------------------------------------------------
@@ -53,7 +54,7 @@ class StringIndex(Mapping[str, int]):
             else:
                 d = dict(zip(reversed(texts), range(n - 1, -1, -1), strict=True))
             self._dict = d
-            self._keys = self._order = None
+            self._sorted = None
             self.get = d.get  # type: ignore[method-assign]  # from now on the dict's lookup, at C speed
         return d
 
@@ -62,14 +63,14 @@ class StringIndex(Mapping[str, int]):
         return self._dict is not None
 
     # -- lookups from the bytes ----------------------------------------------------------------------
-    def _prepare(self) -> np.ndarray:
+    def _prepare(self) -> tuple[np.ndarray, np.ndarray]:
         u8, starts, lens = self._s.blob()
         ends = starts + lens  # every string has its 8-byte length field before it: ends - 8 >= 0
         last8 = np.lib.stride_tricks.as_strided(u8, shape=(max(u8.size - 7, 0), 8), strides=(1, 1))
         key = last8[ends - 8].view("<u8").ravel() ^ (lens.astype(np.uint64) * np.uint64(_MIX))
-        self._order = np.argsort(key)
-        self._keys = key[self._order]
-        return self._keys
+        order = np.argsort(key)
+        self._sorted = (key[order], order)
+        return self._sorted
 
     @staticmethod
     def _key(enc: bytes) -> int:
@@ -95,12 +96,12 @@ class StringIndex(Mapping[str, int]):
             return default
         n = len(enc)
         k = np.uint64(self._key(enc))
-        keys = self._keys if self._keys is not None else self._prepare()
+        keys, order = self._sorted or self._prepare()
         lo = int(keys.searchsorted(k, "left"))
         hi = int(keys.searchsorted(k, "right"))
         if lo == hi:
             return default
-        cand = sorted(self._order[lo:hi].tolist())  # type: ignore[index]
+        cand = sorted(order[lo:hi].tolist())
         raw, off = self._s.raw, self._s.offsets
         for i in reversed(cand) if self._last else cand:
             s = int(off[i]) + 8

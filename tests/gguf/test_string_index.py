@@ -64,3 +64,27 @@ def test_lookups_stay_cheap_until_the_budget() -> None:
     assert idx.get("t5") == 5 and idx.get("t999") == 999 and not idx.built
     assert idx.get("t5") == 5 and idx.built  # the third lookup builds the dict, the same answer
     assert StringIndex(arr, last=True).get("t5") == 1000
+
+
+def test_threads_share_an_index_while_it_builds() -> None:
+    """Lookups from several threads, the dict built by one of them midway: every answer is the dict's."""
+    import threading
+
+    strings = [f"w{i % 700}" for i in range(2000)]
+    arr = StringArray.from_strings(strings)
+    want = _expected(strings, True)
+    idx = StringIndex(arr, last=True, budget=500)
+    bad: list[str] = []
+
+    def work(k: int) -> None:
+        for i in range(k, 2000, 4):
+            key = strings[i] if i % 3 else f"x{i}"
+            if idx.get(key) != want.get(key):
+                bad.append(key)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad and idx.built
