@@ -18,6 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,17 +63,19 @@ _STATE_MAGIC = b"LPYS"
 
 def _keep_tuning(sched: Scheduler, model: Model, threads: int) -> None:
     """Let the backends keep what they measure about their kernels (the CPU's prefetch choices,
-    ``ggml/cpu/prefetch_tune.py``) for this model file (its path, size and modification time) in the
-    llamapy cache (``Backend.keep_tuning``)."""
+    ``ggml/cpu/prefetch_tune.py``) for this model file (its path, size and modification time) in
+    ``$LLAMAPY_TUNE_DIR``, else ``<llamapy cache>/tune`` (``Backend.keep_tuning``)."""
     try:
         st = os.stat(model.path)
     except (OSError, TypeError):
         return
     from .hub import cache_dir
 
+    where = os.environ.get("LLAMAPY_TUNE_DIR")
+    store = (Path(where) if where else cache_dir() / "tune") / "prefetch.json"
     scope = f"{os.path.realpath(model.path)}|{st.st_size}|{st.st_mtime_ns}"
     for b in sched.backends:
-        b.keep_tuning(cache_dir() / "tune" / "prefetch.json", scope, threads)
+        b.keep_tuning(store, scope, threads)
 
 
 @dataclass

@@ -149,6 +149,7 @@ def test_a_second_context_on_the_same_file_starts_decided(tmp_path, monkeypatch)
     from tests.model.tiny import tiny_llama
 
     monkeypatch.delenv("LLAMAPY_X8_PREFETCH", raising=False)
+    monkeypatch.delenv("LLAMAPY_TUNE_DIR", raising=False)  # the default place: the llamapy cache
     monkeypatch.setenv("LLAMAPY_CACHE", str(tmp_path / "cache"))
 
     def context(path: object) -> tuple[Context, Model]:
@@ -173,3 +174,23 @@ def test_a_second_context_on_the_same_file_starts_decided(tmp_path, monkeypatch)
     ctx4, model4 = context(path)
     run_test(ctx4, model4, 0, 1, 1)
     assert ctx4.sched.backends[0].prefetch.tuning
+
+
+def test_the_tune_dir_holds_the_decisions(tmp_path, monkeypatch):
+    """``LLAMAPY_TUNE_DIR`` moves the kept decisions out of the llamapy cache (the tests keep theirs in a
+    directory of the run, ``tests/conftest.py``)."""
+    from llamapy.cli.bench import _until_tuned, run_test
+    from llamapy.context import Context, ContextParams
+    from llamapy.model import Model
+    from tests.model.tiny import tiny_llama
+
+    monkeypatch.delenv("LLAMAPY_X8_PREFETCH", raising=False)
+    monkeypatch.setenv("LLAMAPY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LLAMAPY_TUNE_DIR", str(tmp_path / "tune"))
+    path = tiny_llama(tmp_path / "t.gguf", ggml_type="Q4_0")
+    model = Model.load(str(path))
+    ctx = Context(model, ContextParams(n_ctx=256, n_threads=1))
+    run_test(ctx, model, 0, 1, 1)
+    assert _until_tuned(ctx, model) > 0
+    assert (tmp_path / "tune" / "prefetch.json").exists()
+    assert not (tmp_path / "cache" / "tune").exists()
