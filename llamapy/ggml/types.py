@@ -102,7 +102,8 @@ TRAITS: dict[GGMLType, TypeTraits] = {
 
 
 def traits(t: GGMLType | int) -> TypeTraits:
-    return TRAITS[GGMLType(t)]
+    tr = TRAITS.get(t)  # type: ignore[call-overload]  # an int equal to a member finds it: no enum call
+    return tr if tr is not None else TRAITS[GGMLType(t)]
 
 
 def row_size(t: GGMLType | int, n: int) -> int:
