@@ -200,6 +200,9 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        # the reader writes the pipe's last lines into the log: let it finish before the log closes (a
+        # server's final lines were lost, and a write could hit the closed file, when the test host was busy)
+        self._reader.join(5)
         if self._log:
             self._log.close()
             self._log = None
