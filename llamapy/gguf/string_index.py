@@ -13,7 +13,7 @@ it paid before, a short one never builds it.
 from __future__ import annotations
 
 import struct
-from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,14 @@ _U64 = (1 << 64) - 1
 
 #: lookups answered from the bytes before the dict is built (each ~3 us; the dict costs about 5000 of them)
 BUDGET = 1024
+
+
+def positions(texts: Sequence[str], *, last: bool = True) -> dict[str, int]:
+    """``texts``' positions by text: a repeated text maps to its last position (``last``) or its first."""
+    n = len(texts)
+    if last:
+        return dict(zip(texts, range(n), strict=True))
+    return dict(zip(reversed(texts), range(n - 1, -1, -1), strict=True))
 
 
 class StringIndex(Mapping[str, int]):
@@ -47,12 +55,7 @@ class StringIndex(Mapping[str, int]):
         """The whole map (built once; later lookups are the dict's own)."""
         d = self._dict
         if d is None:
-            texts = self._s.tolist()
-            n = len(texts)
-            if self._last:
-                d = dict(zip(texts, range(n), strict=True))
-            else:
-                d = dict(zip(reversed(texts), range(n - 1, -1, -1), strict=True))
+            d = positions(self._s.tolist(), last=self._last)
             self._dict = d
             self._sorted = None
             self.get = d.get  # type: ignore[method-assign]  # from now on the dict's lookup, at C speed

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..gguf.string_index import StringIndex
+from ..gguf.string_index import StringIndex, positions
 from ..gguf.strings import StringArray
 from . import unicode as U
 from .pretokenize import PreTokenizer, compile_regexes, split
@@ -32,8 +32,7 @@ def parse_merges(merges: Sequence[str]) -> Mapping[str, int]:
     """
     if isinstance(merges, StringArray):
         return StringIndex(merges, last=False)
-    n = len(merges)
-    return dict(zip(reversed(merges), range(n - 1, -1, -1), strict=True))
+    return positions(merges, last=False)
 
 
 class _WordCache(dict):

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..gguf.string_index import StringIndex
+from ..gguf.string_index import StringIndex, positions
 from ..gguf.strings import StringArray
 from .pretokenize import pre_tokenizer
 from .spm import TokenIndex
@@ -109,7 +109,7 @@ def load_into(v: Vocab, md: Mapping[str, Any]) -> None:
     ):  # the file's array: looked up in its bytes until it pays to decode
         v.token_to_id = StringIndex(v.tokens, last=True)
     else:
-        v.token_to_id = dict(zip(v.tokens, range(n), strict=True))
+        v.token_to_id = positions(v.tokens)
     v.scores = np.zeros(n, dtype=np.float32) if scores is None else scores.astype(np.float32)
     if types is None:
         attrs = np.full(n, int(TokenAttr.NORMAL), dtype=np.int32)

@@ -37,14 +37,19 @@ def _cases(name: str) -> list[tuple[str, list[int]]]:
     return [(t, [int(x) for x in line.split()]) for t, line in zip(texts, lines, strict=True)]
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_ids_match_llama_cpp(name: str) -> None:
-    v = _vocab(name)
+def _mismatches(v: Vocab, name: str) -> list[tuple[str, list[int], list[int]]]:
+    """(text, llamapy's ids, llama.cpp's) for each case of ``name`` where they differ."""
     bad = []
     for text, expected in _cases(name):
         got = v.tokenize(text, add_special=False, parse_special=False)
         if got != expected:
             bad.append((text, got, expected))
+    return bad
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ids_match_llama_cpp(name: str) -> None:
+    bad = _mismatches(_vocab(name), name)
     assert not bad, f"{len(bad)} mismatches, first: {bad[0]!r}"
 
 
@@ -60,11 +65,7 @@ def test_ids_match_llama_cpp_from_the_bytes(name: str, monkeypatch: pytest.Monke
             if isinstance(m, string_index.StringIndex)]  # fmt: skip
     if v.type is not VocabType.SPM:
         assert maps, "a file's vocabulary is looked up in its bytes"
-    bad = []
-    for text, expected in _cases(name):
-        got = v.tokenize(text, add_special=False, parse_special=False)
-        if got != expected:
-            bad.append((text, got, expected))
+    bad = _mismatches(v, name)
     assert not bad, f"{len(bad)} mismatches, first: {bad[0]!r}"
     assert all(m.built or m._left < 10**9 for m in maps)  # asked, and answered from the bytes
 
