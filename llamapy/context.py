@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,8 +45,10 @@ from .memory import ContextFullError, StateError, create_memory, kv_type
 from .memory.fit import fit_n_ctx
 from .model.blocks import GraphBuilder, Inputs
 from .model.hparams import PoolingType
-from .model.lora import LoraAdapter, lora_map
 from .model.model import Model
+
+if TYPE_CHECKING:
+    from .model.lora import LoraAdapter
 
 __all__ = ["BatchError", "Context", "ContextFullError", "ContextParams", "EvalCallback", "StateError"]
 
@@ -333,7 +335,7 @@ class Context:
         pos = InpPos(n_tokens, self.memory.n_pos_per_embd)
         oid = InpOutIds(n_tokens, n_out)
         inp = Inputs(n_tokens, n_out, pos.pos, emb.tokens, emb.embd, oid.out_ids, n_ctx=self.n_ctx_seq,
-                     flash_attn=self.flash_attn, loras=lora_map(self._loras))  # fmt: skip
+                     flash_attn=self.flash_attn, loras=_lora_map(self._loras))  # fmt: skip
         gis: list[GraphInput] = [emb, pos, oid, *self.memory.build_inputs(inp, self.causal_attn)]
         if self.encoder:  # masks over the ubatch itself: full layers, then sliding-window ones
             enc = InpAttnNoCache(n_tokens, self.causal_attn, hp.n_swa if hp.has_swa else 0, hp.swa_type,
@@ -388,6 +390,8 @@ class Context:
     def set_adapters_lora(self, adapters: list[tuple[LoraAdapter, float]]) -> None:
         """Make exactly ``adapters`` (each with its scale) active; the next graph applies them. The KV
         cache is left as it is: tokens already in it were computed with the adapters of their time."""
+        from .model.lora import LoraAdapter
+
         items = []
         for ad, scale in adapters:
             if not isinstance(ad, LoraAdapter):
@@ -539,3 +543,12 @@ class Context:
         """``{"ok": bool, "error": reason or None}``: a local context can always answer (a Ray pipeline's
         context overrides this with the state of its stages)."""
         return {"ok": True, "error": None}
+
+
+def _lora_map(adapters: list[tuple[Any, float]]) -> dict[str, Any]:
+    """``model.lora.lora_map``, imported only when an adapter is set (most runs have none)."""
+    if not adapters:
+        return {}
+    from .model.lora import lora_map
+
+    return lora_map(adapters)

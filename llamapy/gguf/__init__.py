@@ -1,9 +1,13 @@
 """The GGUF file format: reading (mmap, strict validation), writing, splits."""
 
+from typing import TYPE_CHECKING
+
 from .constants import GGUFValueType
 from .reader import GGUFError, GGUFField, GGUFReader, TensorInfo
 from .split import GGUFModelFiles, open_model
-from .writer import GGUFWriter
+
+if TYPE_CHECKING:
+    from .writer import GGUFWriter
 
 __all__ = [
     "GGUFError",
@@ -15,3 +19,12 @@ __all__ = [
     "TensorInfo",
     "open_model",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``GGUFWriter`` imported on first use: reading a model needs no writer."""
+    if name == "GGUFWriter":
+        from .writer import GGUFWriter
+
+        return GGUFWriter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

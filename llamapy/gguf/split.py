@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .constants import (
     GGUF_DEFAULT_ALIGNMENT,
@@ -22,7 +22,9 @@ from .constants import (
     GGUFValueType,
 )
 from .reader import GGUFError, GGUFField, GGUFReader, TensorInfo
-from .writer import GGUFWriter
+
+if TYPE_CHECKING:
+    from .writer import GGUFWriter
 
 SPLIT_KEYS = (KEY_SPLIT_NO, KEY_SPLIT_COUNT, KEY_SPLIT_TENSORS_COUNT)
 _SPLIT_NAME = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -248,6 +250,8 @@ def split_model(
         plan = [(split_path(out_prefix, i, n), g) for i, g in enumerate(groups)]
         if dry_run:
             return plan
+        from .writer import GGUFWriter  # here: reading a model needs no writer
+
         align = src.alignment
         for i, (p, group) in enumerate(plan):
             tmp = p + ".tmp"
@@ -272,6 +276,8 @@ def merge_model(first_split: str | os.PathLike, out: str | os.PathLike) -> list[
     with open_model(first_split) as src:
         if src.get(KEY_SPLIT_COUNT) is None:
             raise GGUFError(f"{src.path}: not a split model (no {KEY_SPLIT_COUNT} key)")
+        from .writer import GGUFWriter
+
         w = GGUFWriter(out + ".tmp")
         _copy_metadata(w, src, SPLIT_KEYS)
         _write_into(w, out + ".tmp", out, src.tensors)

@@ -7,8 +7,6 @@ page cache (the ggml weight is a zero-copy view of the mapped file).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import sys
 import warnings
@@ -38,6 +36,9 @@ def _mlock(arr: np.ndarray) -> bool:
     """Lock the pages of ``arr`` in memory; False (with a warning) when the OS refuses."""
     if sys.platform.startswith("win"):
         return False
+    import ctypes
+    import ctypes.util  # here: its import (2-4 ms) is for --mlock only
+
     libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
     addr = arr.__array_interface__["data"][0]
     page = os.sysconf("SC_PAGE_SIZE")

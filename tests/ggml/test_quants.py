@@ -207,3 +207,28 @@ def test_q8_k_dequantize():
     q = (np.arange(256) - 128).astype(np.int8)
     blk = np.concatenate([np.frombuffer(d.tobytes(), np.uint8), q.view(np.uint8), np.zeros(32, np.uint8)])
     np.testing.assert_array_equal(dequantize(blk, GGMLType.Q8_K), q.astype(np.float32) * d)
+
+
+def test_codecs_register_on_first_read_of_the_registry() -> None:
+    """Importing the package registers no codec (a model run reads none); the first read of ``QUANTS``
+    imports them all, once, also when several threads read it first."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, threading\n"
+        "from llamapy.ggml.quants import QUANTS, get_quant\n"
+        "from llamapy.ggml.types import GGMLType\n"
+        "print(any(m in sys.modules for m in ('llamapy.ggml.quants.kquants', 'llamapy.ggml.quants.legacy')))\n"
+        "got = []\n"
+        "ts = [threading.Thread(target=lambda: got.append(QUANTS[GGMLType.Q4_K].__name__)) for _ in range(8)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+        "print(sorted(set(got)), len(got), GGMLType.Q8_0 in QUANTS, len(QUANTS) == len(dict(QUANTS)) > 30)\n"
+        "print(get_quant(GGMLType.IQ4_NL).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    assert lines[0] == "False"
+    assert lines[1] == f"[{QUANTS[GGMLType.Q4_K].__name__!r}] 8 True True"
+    assert lines[2] == QUANTS[GGMLType.IQ4_NL].__name__

@@ -27,7 +27,6 @@ from collections.abc import Callable
 import numpy as np
 
 from ..types import TRAITS, GGMLType
-from . import iquants, kquants, legacy  # noqa: F401  (registers the codecs)
 from .base import QUANTS, BlockQuant, QuantError
 
 __all__ = [

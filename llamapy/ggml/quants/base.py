@@ -7,7 +7,9 @@ type_size]``. The public functions in ``llamapy.ggml.quants`` reshape arrays int
 
 from __future__ import annotations
 
-from typing import ClassVar
+import threading
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -19,7 +21,73 @@ class QuantError(LlamapyError, ValueError):
     """Bad input to quantize/dequantize (wrong type, shape or size); the message says what and where."""
 
 
-QUANTS: dict[GGMLType, type[BlockQuant]] = {}
+class _Registry(dict):  # type: ignore[type-arg]
+    """``QUANTS``: the codec modules (``legacy``, ``kquants``, ``iquants``, with their Numba quantizers:
+    6-8 ms of imports) register their classes when something first reads it, not when the package is
+    imported: running a model reads none of them (its kernels are in ``fast`` and ``ggml.cpu``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.RLock()
+        self._done = self._loading = False
+
+    def _load(self) -> None:
+        if self._done:
+            return
+        with self._lock:
+            if self._done or self._loading:  # loaded meanwhile, or a codec module's register() asking
+                return
+            self._loading = True
+            try:
+                from . import iquants, kquants, legacy  # noqa: F401  (each registers its codecs)
+            finally:
+                self._loading = False
+            self._done = True
+
+    def __getitem__(self, k: GGMLType) -> type[BlockQuant]:
+        self._load()
+        return super().__getitem__(k)
+
+    def get(self, k: Any, default: Any = None) -> Any:
+        self._load()
+        return super().get(k, default)
+
+    def __contains__(self, k: object) -> bool:
+        self._load()
+        return super().__contains__(k)
+
+    def __iter__(self) -> Iterator[GGMLType]:
+        self._load()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._load()
+        return super().__len__()
+
+    def keys(self) -> Any:
+        self._load()
+        return super().keys()
+
+    def values(self) -> Any:
+        self._load()
+        return super().values()
+
+    def items(self) -> Any:
+        self._load()
+        return super().items()
+
+    def __repr__(self) -> str:
+        self._load()
+        return super().__repr__()
+
+    def __eq__(self, other: object) -> bool:
+        self._load()
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+QUANTS: dict[GGMLType, type[BlockQuant]] = _Registry()
 
 
 class BlockQuant:
@@ -56,7 +124,7 @@ def register(t: GGMLType):
         cls.block_size = tr.block_size
         cls.type_size = tr.type_size
         cls.can_quantize = cls.quantize_blocks.__func__ is not BlockQuant.quantize_blocks.__func__  # type: ignore[attr-defined]
-        if t in QUANTS:
+        if dict.__contains__(QUANTS, t):
             raise RuntimeError(f"{t.name} registered twice")
         QUANTS[t] = cls
         return cls
