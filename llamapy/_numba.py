@@ -105,6 +105,8 @@ _import_numba()
 import numba  # noqa: E402
 from numba import prange  # noqa: E402
 
+from ._numba_defer import njit  # noqa: E402
+
 
 def _after_import(name: str, fn: Callable[[Any], None]) -> None:
     """Run ``fn(module)`` once module ``name`` has been imported (now, if it already is): a one-shot
@@ -434,115 +436,6 @@ def _cache_loads_import_less() -> None:
 
 
 _cache_loads_import_less()
-
-
-_DEFER_OPTIONS = frozenset({"cache", "parallel", "fastmath", "nogil", "inline", "error_model", "boundscheck"})
-_defer_lock = threading.RLock()
-_deferred_classes: dict[type, type] = {}
-
-
-def njit(*args: Any, **options: Any) -> Any:
-    """``numba.njit``, the dispatcher built on first use: a run imports ~100 kernels (their modules
-    and the inlined helpers), builds a dispatcher for each (signature inspection, a cache locator that
-    stats and test-writes its directory: ~0.12 ms each) and calls ~15 of them. A deferred kernel is an
-    instance of a subclass of the dispatcher class that holds only its function and options; any
-    attribute read, call, ``repr`` or Numba typing (another kernel's compile reads it as a global)
-    first turns it into the dispatcher ``numba.njit`` would have made (``__class__`` set back to the
-    dispatcher class and its ``__init__`` run on the same object: no wrapper, no cost per call
-    after). Signatures, other options, ``NUMBA_DISABLE_JIT`` and LLAMAPY_NUMBA_PLAIN=1 get
-    ``numba.njit`` itself."""
-    if args and callable(args[0]) and len(args) == 1:
-        return njit(**options)(args[0])
-    wrapper = numba.njit(*args, **options)
-    cells = _jit_cells(wrapper) if not args and set(options) <= _DEFER_OPTIONS else None
-    if cells is None or _PLAIN or numba.config.DISABLE_JIT or cells["sigs"] is not None:
-        return wrapper
-
-    def deco(func: Any) -> Any:
-        import inspect
-
-        if not inspect.isfunction(func):
-            return wrapper(func)  # Numba's own error
-        cls = _deferred_class(cells["dispatcher"])
-        obj = cls.__new__(cls)
-        object.__getattribute__(obj, "__dict__")["_llamapy_defer"] = (func, cells)
-        return obj
-
-    return deco
-
-
-def _jit_cells(wrapper: Any) -> dict[str, Any] | None:
-    """What Numba's ``_jit`` closure would build a dispatcher from (its free variables by name), or
-    None where its shape is not the one this module knows."""
-    code, closure = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
-    need = ("cache", "dispatcher", "dispatcher_args", "locals", "sigs", "targetoptions")
-    if code is None or closure is None or not set(need) <= set(code.co_freevars):
-        return None  # pragma: no cover - Numba's decorator changed
-    try:
-        cells = {n: c.cell_contents for n, c in zip(code.co_freevars, closure, strict=True)}
-    except ValueError:  # pragma: no cover - an empty cell
-        return None
-    return cells if isinstance(cells["dispatcher"], type) else None
-
-
-def _deferred_class(base: type) -> type:
-    cls = _deferred_classes.get(base)
-    if cls is not None:
-        return cls
-
-    class Deferred(base):  # type: ignore[misc, valid-type]
-        """A kernel whose dispatcher is built on first use (see :func:`njit`)."""
-
-        def __getattribute__(self, name: str) -> Any:
-            if name == "__class__":
-                return object.__getattribute__(self, name)
-            _materialize(self)
-            return object.__getattribute__(self, name)
-
-        def __call__(self, *args: Any, **kws: Any) -> Any:
-            _materialize(self)
-            return self(*args, **kws)
-
-        def __repr__(self) -> str:
-            _materialize(self)
-            return repr(self)
-
-        def __get__(self, obj: Any, objtype: Any = None) -> Any:
-            _materialize(self)
-            return base.__get__(self, obj, objtype)
-
-    Deferred.__name__ = Deferred.__qualname__ = f"Deferred{base.__name__}"
-    Deferred._llamapy_base = base  # type: ignore[attr-defined]
-    _deferred_classes[base] = Deferred
-    return Deferred
-
-
-def _materialize(obj: Any) -> None:
-    """Make a deferred kernel the dispatcher ``numba.njit`` would have returned (once; thread-safe)."""
-    cls = type(obj)
-    base = cls.__dict__.get("_llamapy_base")
-    if base is None:
-        return
-    with _defer_lock:
-        if type(obj) is not cls:
-            return  # another thread did it
-        state = object.__getattribute__(obj, "__dict__")
-        func, cells = state["_llamapy_defer"]
-        object.__setattr__(obj, "__class__", base)
-        try:
-            base.__init__(
-                obj,
-                py_func=func,
-                locals=cells["locals"],
-                targetoptions=cells["targetoptions"],
-                **cells["dispatcher_args"],
-            )
-            if cells["cache"]:
-                obj.enable_caching()
-        except BaseException:
-            object.__setattr__(obj, "__class__", cls)
-            raise
-        state.pop("_llamapy_defer", None)
 
 
 def release_compiler_pages() -> int:

@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,52 @@ def test_threads_build_one_dispatcher() -> None:
         t.join()
     assert not errors and out == [20.0] * 8
     assert type(total) is CPUDispatcher and len(total.signatures) == 1
+
+
+def test_callers_wait_for_a_build_in_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread that calls the kernel while another builds it waits for the whole ``__init__`` (the
+    C call path on a half-built dispatcher failed: ``_types_active_call`` missing)."""
+    _, total = _fresh()
+    orig = CPUDispatcher.__init__
+    started = threading.Event()
+
+    def slow_init(self: object, *a: object, **k: object) -> None:
+        started.set()
+        time.sleep(0.2)
+        orig(self, *a, **k)
+
+    monkeypatch.setattr(CPUDispatcher, "__init__", slow_init)
+    out: list[object] = []
+
+    def call() -> None:
+        try:
+            out.append(total(np.arange(4.0)))
+        except BaseException as e:  # noqa: BLE001 - compared below
+            out.append(e)
+
+    first = threading.Thread(target=call)
+    first.start()
+    started.wait(5)
+    rest = [threading.Thread(target=call) for _ in range(4)]
+    for t in rest:
+        t.start()
+    for t in [first, *rest]:
+        t.join()
+    assert out == [12.0] * 5
+
+
+def test_a_failed_build_stays_deferred(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, total = _fresh()
+
+    def broken(self: object, *a: object, **k: object) -> None:
+        raise RuntimeError("no")
+
+    with monkeypatch.context() as m:
+        m.setattr(CPUDispatcher, "__init__", broken)
+        with pytest.raises(RuntimeError):
+            total(np.arange(2.0))
+    assert _deferred(total)
+    assert total(np.arange(2.0)) == 2.0 and type(total) is CPUDispatcher
 
 
 def test_signatures_and_other_options_are_numba_s_own() -> None:
