@@ -115,7 +115,7 @@ def test_clean_read_only_spans_of_a_library() -> None:
     """Only the library's own read-only mappings without a copied-on-write page: not a writable one, not
     one holding anonymous pages (relocated data), not another file under a directory of that name, not
     one whose block has no VmFlags line to end it."""
-    from llamapy._numba import _clean_read_only_spans
+    from llamapy._numba_startup import _clean_read_only_spans
 
     lib = "/x/llvmlite/binding/libllvmlite.so"
     text = "".join(
@@ -136,3 +136,24 @@ def test_clean_read_only_spans_of_a_library() -> None:
         (0x7F000000A000, 0x7F000000B000),
     ]
     assert _clean_read_only_spans("", "libllvmlite") == []
+
+
+def test_cache_loads_without_llvm_lock_callbacks() -> None:
+    """While a cached kernel loads, llvmlite's lock runs no callbacks (Numba's timer events); they are
+    back afterwards, once, after nested loads too, and a callback added meanwhile stays."""
+    import llamapy._numba  # noqa: F401
+    from llamapy._numba_startup import _llvm_lock, _quiet_llvm_lock
+
+    lock = _llvm_lock()
+    assert lock is not None and lock._cblist  # Numba's two event callbacks
+    before = list(lock._cblist)
+    with _quiet_llvm_lock():
+        assert lock._cblist == []
+        with _quiet_llvm_lock():
+            assert lock._cblist == []
+        assert lock._cblist == []
+        extra = (lambda: None, lambda: None)
+        lock._cblist.append(extra)
+    assert lock._cblist == [*before, extra]
+    lock._cblist.remove(extra)
+    assert lock._cblist == before
