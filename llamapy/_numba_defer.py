@@ -6,14 +6,12 @@ not change the code Numba compiles or caches, so editing it keeps the compiled k
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
 import numba
 
-#: LLAMAPY_NUMBA_PLAIN=1: Numba as it comes (``numba.njit`` itself)
-_PLAIN = bool(os.environ.get("LLAMAPY_NUMBA_PLAIN"))
+from ._numba_startup import _PLAIN  # LLAMAPY_NUMBA_PLAIN=1: ``numba.njit`` itself
 
 _DEFER_OPTIONS = frozenset({"cache", "parallel", "fastmath", "nogil", "inline", "error_model", "boundscheck"})
 _defer_lock = threading.RLock()

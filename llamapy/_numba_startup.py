@@ -15,9 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+#: LLAMAPY_NUMBA_PLAIN=1: Numba as it comes, without these shortcuts (nor ``_numba_defer``'s)
 _PLAIN = bool(os.environ.get("LLAMAPY_NUMBA_PLAIN"))
 
 
+# OMP_WAIT_POLICY is left to the user. GNU OpenMP's default (spin briefly, then sleep; less spinning when
+# oversubscribed) measured best on a quiet 2-core machine: SmolLM2 tg 44 t/s with 2 threads, against 22 t/s
+# with PASSIVE (every kernel launch then pays a thread wake-up). On a machine busy with other work,
+# OMP_WAIT_POLICY=PASSIVE avoids spinning against the other processes.
 def import_numba() -> None:
     """``import numba``, without the two optional imports that only its import does: SciPy (a version
     check, ``numba/__init__.py``) and PyYAML (to read a ``.numba_config.yaml``, kept when the current
@@ -63,12 +68,6 @@ def _import_lazily(name: str) -> None:
     parent, _, child = name.rpartition(".")
     if parent in sys.modules:
         setattr(sys.modules[parent], child, module)
-
-
-# OMP_WAIT_POLICY is left to the user. GNU OpenMP's default (spin briefly, then sleep; less spinning when
-# oversubscribed) measured best on a quiet 2-core machine: SmolLM2 tg 44 t/s with 2 threads, against 22 t/s
-# with PASSIVE (every kernel launch then pays a thread wake-up). On a machine busy with other work,
-# OMP_WAIT_POLICY=PASSIVE avoids spinning against the other processes.
 
 
 def _after_import(name: str, fn: Callable[[Any], None]) -> None:

@@ -3,10 +3,7 @@ kernel's compile typing it), then it is exactly the dispatcher ``numba.njit`` ma
 
 from __future__ import annotations
 
-import os
 import pickle
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +14,7 @@ from numba.core.registry import CPUDispatcher
 
 from llamapy import _numba
 from llamapy._numba import njit
+from tests.util import run_with_numba_cache
 
 
 def _deferred(k: object) -> bool:
@@ -177,11 +175,7 @@ print(o.tolist(), sum(kern.scaled._cache_hits.values()), type(kern.scaled) is CP
 
 
 def _run(tmp: Path, **env: str) -> list[str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAPY_NUMBA")}
-    e.update(NUMBA_CACHE_DIR=str(tmp / "cache"), PYTHONPATH=os.pathsep.join([str(tmp), *sys.path]), **env)
-    out = subprocess.run([sys.executable, "-c", CALL], env=e, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.split("\n")[:2]
+    return run_with_numba_cache(tmp, CALL, **env)[:2]
 
 
 def test_cached_deferred_kernel_loads_from_the_cache(tmp_path: Path) -> None:

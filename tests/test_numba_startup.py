@@ -3,10 +3,9 @@ runtime's (NRT) object code comes from the cache directory instead of being comp
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.util import run_with_numba_cache
 
 KERNEL = """
 import numpy as np
@@ -40,11 +39,7 @@ print(njit(lambda n: np.ones(n).sum())(4))  # a fresh compile links against the 
 
 
 def _run(tmp: Path, code: str = CALL, **env: str) -> list[str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAPY_NUMBA")}
-    e.update(NUMBA_CACHE_DIR=str(tmp / "cache"), PYTHONPATH=os.pathsep.join([str(tmp), *sys.path]), **env)
-    out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.split("\n")[:5]
+    return run_with_numba_cache(tmp, code, **env)[:5]
 
 
 def test_cached_kernel_and_runtime_load_without_compiling(tmp_path: Path) -> None:

@@ -52,3 +52,17 @@ def as_kernel_sees(type_name: str, x: np.ndarray, matvec: bool = False) -> np.nd
     elif matvec and type_name in Q16_TYPES:
         x = q16_roundtrip(x)
     return np.asarray(x, np.float64)
+
+
+def run_with_numba_cache(tmp: Path, code: str, **env: str) -> list[str]:
+    """Run ``code`` in a fresh Python with ``tmp`` importable and ``tmp/cache`` as its Numba cache (and no
+    LLAMAPY_NUMBA_* settings but ``env``'s); its stdout lines (it must exit 0)."""
+    import os
+    import subprocess
+    import sys
+
+    e = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAPY_NUMBA")}
+    e.update(NUMBA_CACHE_DIR=str(tmp / "cache"), PYTHONPATH=os.pathsep.join([str(tmp), *sys.path]), **env)
+    out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split("\n")
