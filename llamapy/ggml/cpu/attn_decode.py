@@ -32,6 +32,7 @@ from .vmath import fexp, ftanh
 
 __all__ = [
     "attn_group_f16x8",
+    "attn_group_f16x8_serial",
     "attn_heads",
     "attn_heads_f16x8",
     "attn_split",
@@ -381,8 +382,24 @@ def _widen_block(src, kb, j, kh, row, D, KV):
 @njit(parallel=True, cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
 def attn_group_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n_chunks):
     """Arguments as ``attn_heads_f16x8`` plus ``n_chunks`` (``group_chunks``): a task is one chunk of keys; in
-    each sub-block of it, each kv head in turn with all ``g`` query heads of its group (and all ``T`` rows) at once, so each cached K/V
-    row is read and widened once per group instead of once per query head (grouped-query attention). Keys
+    each sub-block of it, each kv head in turn with all ``g`` query heads of its group (and all ``T`` rows) at
+    once (``_attn_group``). Its only parallel region is the loop over the chunks."""
+    _attn_group(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n_chunks)
+
+
+@njit(cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
+def attn_group_f16x8_serial(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n_chunks):
+    """``attn_group_f16x8`` on the calling thread alone, the same code and bits: for a short context's one
+    chunk of keys (``plan_steps.attn_group_step``), where the parallel kernel's launch (and putting the
+    thread count down to one and back around it) cost 6-8 us a layer against ~7 us of work (SmolLM2, 40
+    keys; ``benchmarks/results/stop60_attention.md``)."""
+    _attn_group(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n_chunks)
+
+
+@njit(inline="always")
+def _attn_group(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n_chunks):
+    """The body of ``attn_group_f16x8``: a task is one chunk of keys; in each sub-block of it, each kv head in
+    turn with all ``g`` query heads of its group (and all ``T`` rows) at once, so each cached K/V row is read and widened once per group instead of once per query head (grouped-query attention). Keys
     go in blocks of ``KB`` rows widened into a float scratch (``KB`` accumulators per query row, one load of
     ``q`` per block), in sub-blocks of ``SB`` keys with a running max (flash attention); chunks are merged
     as in ``attn_split``. Masked keys are never read; a fully masked row gives zeros."""
@@ -394,16 +411,23 @@ def attn_group_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n
     ninf = np.float32(-np.inf)
     csz = (KV + n_chunks - 1) // n_chunks
     n_tasks = Hkv * n_chunks
+    # plain loops, not ``np.zeros`` / ``pm[:] = ...``: under ``parallel=True`` those are parallel regions of
+    # their own, each a launch of the threads (~2 us) for a few hundred floats
     pm = np.empty((n_tasks, R), np.float32)  # running max of each chunk
-    ps = np.zeros((n_tasks, R), np.float32)  # sum of exp(score - max)
-    pa = np.zeros((n_tasks, R * D), np.float32)  # sum of exp(score - max) * v
+    ps = np.empty((n_tasks, R), np.float32)  # sum of exp(score - max)
+    pa = np.empty((n_tasks, R * D), np.float32)  # sum of exp(score - max) * v
+    for tk in range(n_tasks):
+        for r in range(R):
+            pm[tk, r] = ninf
+            ps[tk, r] = _F0
+        for i in range(R * D):
+            pa[tk, i] = _F0
     qall = np.empty((Hkv, R * D), np.float32)  # each group's query rows, contiguous
     for kh in range(Hkv):
         for t in range(T):
             for hi in range(g):
                 for i in range(D):
                     qall[kh, (t * g + hi) * D + i] = q[t, kh * g + hi, i]
-    pm[:] = ninf
     for ci in prange(n_chunks):
         j0 = ci * csz
         j1 = min(KV, j0 + csz)
