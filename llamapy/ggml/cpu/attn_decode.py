@@ -210,8 +210,14 @@ def attn_split(q, k, v, mask, has_mask, scale, cap, slopes, out, n_chunks):
     csz = (KV + n_chunks - 1) // n_chunks
     n_tasks = Hkv * n_chunks
     pm = np.empty((n_tasks, T, g), np.float32)  # running max of each chunk
-    ps = np.zeros((n_tasks, T, g), np.float32)  # sum of exp(score - max)
-    pa = np.zeros((n_tasks, T, g, Dv), np.float32)  # sum of exp(score - max) * v
+    ps = np.empty((n_tasks, T, g), np.float32)  # sum of exp(score - max)
+    pa = np.empty((n_tasks, T, g, Dv), np.float32)  # sum of exp(score - max) * v
+    for tk in range(n_tasks):  # plain loops, not np.zeros: under parallel=True each is a parallel region
+        for t in range(T):
+            for hi in range(g):
+                ps[tk, t, hi] = _F0
+                for i in range(Dv):
+                    pa[tk, t, hi, i] = _F0
     for task in prange(n_tasks):
         kh = task // n_chunks
         j0 = (task % n_chunks) * csz

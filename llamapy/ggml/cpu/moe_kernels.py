@@ -92,7 +92,7 @@ def _q8k_par(x2):
     xd = np.empty((M, K // QK_K), np.float32)
     bs16 = np.empty((M, K // 16), np.int32)
     bs32 = np.empty((M, K // 32), np.int32)
-    ok = np.ones(M, np.bool_)
+    ok = np.empty(M, np.bool_)  # each row's flag set by its quantization (not np.ones: a parallel region)
     if M <= Q8K_SERIAL_ROWS:
         for m in range(M):
             _q8k_row(x2, xq, xd, bs16, bs32, ok, m)
