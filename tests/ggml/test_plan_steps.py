@@ -130,11 +130,10 @@ def test_tiny_llama_decode_uses_fast_steps_with_identical_logits(tmp_path):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_short_context_attention_same_bytes(seed):
-    """Decode attention over only the used cells of a padded cache view, by the parallel kernel and by its
-    serial twin: the same bytes as the kernel over the whole view (1-4 query rows, holes in the mask, one
-    or two chunks of keys, a softcap)."""
+    """Decode attention over only the used cells of a padded cache view: the same bytes as the kernel over
+    the whole view (1-4 query rows, holes in the mask, one or two chunks of keys, a softcap)."""
     from llamapy._numba import set_num_threads
-    from llamapy.ggml.cpu.attn_decode import attn_group_f16x8, attn_group_f16x8_serial, group_chunks
+    from llamapy.ggml.cpu.attn_decode import attn_group_f16x8, group_chunks
     from llamapy.ggml.cpu.plan_kernels import attn_short_keys
 
     rng = np.random.default_rng(seed)
@@ -160,14 +159,10 @@ def test_short_context_attention_same_bytes(seed):
         if n < KV:
             tried += 1
             m, row = np.ascontiguousarray(mask[:, :n]), Hkv * D
-            for kern in (attn_group_f16x8, attn_group_f16x8_serial):
-                got[:] = 7.0
-                kern(q, k[: n * row], v[: n * row], m, True, np.float32(0.125), cap, sl, got, Hkv, D, 1)
-                assert got.tobytes() == ref.tobytes(), (kern, H, KV, T, used, n_chunks)
-        if n_chunks == 1:  # the whole view
-            got[:] = 7.0
-            attn_group_f16x8_serial(q, k, v, mask, True, np.float32(0.125), cap, sl, got, Hkv, D, 1)
-            assert got.tobytes() == ref.tobytes(), (H, KV, T, used)
+            attn_group_f16x8(
+                q, k[: n * row], v[: n * row], m, True, np.float32(0.125), cap, sl, got, Hkv, D, 1
+            )
+            assert got.tobytes() == ref.tobytes(), (H, KV, T, used, n_chunks)
     set_num_threads(None)
     assert tried >= 4
 

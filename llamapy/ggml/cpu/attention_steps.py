@@ -60,7 +60,6 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         # head), only the unmasked keys read; an F16 cache as its half bits in place (no conversion)
         from .attn_decode import (
             attn_group_f16x8,
-            attn_group_f16x8_serial,
             attn_heads,
             attn_heads_f16x8,
             attn_split,
@@ -86,8 +85,7 @@ def _flash_attn(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
                 kf, vf = K16.reshape(-1), V16.reshape(-1)
                 gch = group_chunks(KV, nth)
                 args = (Q, kf, vf, mk_, has_mask, scale, cap, sl, out, Hkv, D)
-                kerns = (attn_group_f16x8, attn_group_f16x8_serial)
-                short = attn_group_step(kerns, args, KV, Hkv * D, gch, be.need)  # short context
+                short = attn_group_step(attn_group_f16x8, args, KV, Hkv * D, gch, be.need)  # short context
                 if short is not None:
                     return short
                 return lambda: attn_group_f16x8(Q, kf, vf, mk_, has_mask, scale, cap, sl, out, Hkv, D, gch)

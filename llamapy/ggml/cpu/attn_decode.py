@@ -32,7 +32,6 @@ from .vmath import fexp, ftanh
 
 __all__ = [
     "attn_group_f16x8",
-    "attn_group_f16x8_serial",
     "attn_heads",
     "attn_heads_f16x8",
     "attn_split",
@@ -390,15 +389,6 @@ def attn_group_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n
     """Arguments as ``attn_heads_f16x8`` plus ``n_chunks`` (``group_chunks``): a task is one chunk of keys; in
     each sub-block of it, each kv head in turn with all ``g`` query heads of its group (and all ``T`` rows) at
     once (``_attn_group``). Its only parallel region is the loop over the chunks."""
-    _attn_group(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n_chunks)
-
-
-@njit(cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
-def attn_group_f16x8_serial(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n_chunks):
-    """``attn_group_f16x8`` on the calling thread alone, the same code and bits: for a short context's one
-    chunk of keys (``plan_steps.attn_group_step``), where the parallel kernel's launch (and putting the
-    thread count down to one and back around it) cost 6-8 us a layer against ~7 us of work (SmolLM2, 40
-    keys; ``benchmarks/results/stop60_attention.md``)."""
     _attn_group(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n_chunks)
 
 

@@ -4,7 +4,9 @@ backend asks these builders first; None means "use the general step". Results ar
 general steps (tests/ggml/test_plan_steps.py).
 
 The residual ``add`` before a fused ``rms_norm`` + ``mul`` (backend ``_residual_adds`` finds them) runs
-inside that norm's call (``add_norm_step``): two fewer steps a llama-style layer.
+inside that norm's call (``add_norm_step``): two fewer steps a llama-style layer. Thread-count switches
+go through the threading layer's C entry points (``llamapy._numba.thread_count_fns``), not Numba's locked
+Python ones.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..._numba import thread_count_fns
 from ..backend import ArrayMap, ComputeError, Step
 from ..tensor import Tensor
 
@@ -119,31 +122,28 @@ def glu_step(
 
 
 def attn_group_step(
-    kerns: tuple[Callable[..., None], Callable[..., None]],
+    kern: Callable[..., None],
     args: tuple,
     kv: int,
     row: int,
     n_chunks: int,
     need: Callable[..., None],
 ) -> Step | None:
-    """Decode attention by ``attn_decode.attn_group_f16x8`` (``kerns``: it and its serial twin
-    ``attn_group_f16x8_serial``; ``args`` their arguments before the chunk count: q, k, v, mask, has_mask,
-    scale, cap, slopes, out, Hkv, D) over only the used part of a short cache
-    (``plan_kernels.attn_short_keys``: same bits), all of it otherwise. None: not enabled.
+    """Decode attention by ``attn_decode.attn_group_f16x8`` (``kern``; ``args`` its arguments before the
+    chunk count: q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D) over only the used part of a
+    short cache (``plan_kernels.attn_short_keys``: same bits), all of it otherwise. None: not enabled.
 
-    The short case is one chunk of at most a few hundred keys: the serial twin runs it on the calling
-    thread (the same code, so the same bits), with no parallel launch and no thread count to put down and
-    back. With 2 threads on a busy 2-core VM a launch that wakes the second thread cost 335 us wall against
-    57 us on one thread for SmolLM2's 20 keys (benchmarks/results/decode_overhead.md); on a quiet one the
-    one-thread launch and the count's switches cost 6-8 us a layer (``results/stop60_attention.md``)."""
-    kern, serial = kerns
+    The short case is one chunk of at most a few hundred keys: it runs on the calling thread alone (the
+    kernel's one-iteration ``prange`` then wakes no other thread; the same code, so the same bits). With
+    2 threads on a busy 2-core VM a launch that wakes the second thread cost 335 us wall against 57 us on
+    one thread for SmolLM2's 20 keys (benchmarks/results/decode_overhead.md)."""
     q, k, v, mask, has_mask, *rest = args
     if not ENABLED or not has_mask or mask.ndim != 2 or mask.shape[1] != kv or not mask.flags.c_contiguous:
         return None
     from .plan_kernels import attn_short_keys
 
     need(attn_short_keys)
-    need(serial)
+    get_num_threads, set_num_threads = thread_count_fns()
     T = mask.shape[0]
 
     def step() -> None:
@@ -152,6 +152,14 @@ def attn_group_step(
             kern(*args, n_chunks)
             return
         m = mask[:, :n] if T == 1 else np.ascontiguousarray(mask[:, :n])
-        serial(q, k[: n * row], v[: n * row], m, has_mask, *rest, 1)
+        nt = get_num_threads()
+        if nt == 1:
+            kern(q, k[: n * row], v[: n * row], m, has_mask, *rest, 1)
+            return
+        set_num_threads(1)
+        try:
+            kern(q, k[: n * row], v[: n * row], m, has_mask, *rest, 1)
+        finally:
+            set_num_threads(nt)
 
     return step
