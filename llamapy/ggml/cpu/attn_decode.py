@@ -196,6 +196,17 @@ def n_chunks_for(n_kv: int, n_head_kv: int, n_threads: int) -> int:
     return max(1, min(want, n_kv // MIN_CHUNK))
 
 
+@njit(inline="always")
+def _fill(a, value):
+    """``a`` (C-contiguous) with every element ``value``, by a plain loop: in a ``parallel=True`` kernel
+    ``np.zeros`` or ``a[:] = value`` is a parallel region of its own, one launch of the threads (~2 us)
+    for a few hundred floats (``tests/ggml/test_parfors.py``)."""
+    f = a.reshape(-1)
+    for i in range(f.shape[0]):
+        f[i] = value
+    return a
+
+
 @njit(parallel=True, cache=True, fastmath=FAST_KEEP_INF, error_model="numpy")
 def attn_split(q, k, v, mask, has_mask, scale, cap, slopes, out, n_chunks):
     """q[T, H, D] float32, k[KV, Hkv, D] / v[KV, Hkv, Dv] (half bits as uint16, or float32; any strides),
@@ -209,14 +220,8 @@ def attn_split(q, k, v, mask, has_mask, scale, cap, slopes, out, n_chunks):
     csz = (KV + n_chunks - 1) // n_chunks
     n_tasks = Hkv * n_chunks
     pm = np.empty((n_tasks, T, g), np.float32)  # running max of each chunk
-    ps = np.empty((n_tasks, T, g), np.float32)  # sum of exp(score - max)
-    pa = np.empty((n_tasks, T, g, Dv), np.float32)  # sum of exp(score - max) * v
-    for tk in range(n_tasks):  # plain loops, not np.zeros: under parallel=True each is a parallel region
-        for t in range(T):
-            for hi in range(g):
-                ps[tk, t, hi] = _F0
-                for i in range(Dv):
-                    pa[tk, t, hi, i] = _F0
+    ps = _fill(np.empty((n_tasks, T, g), np.float32), _F0)  # sum of exp(score - max)
+    pa = _fill(np.empty((n_tasks, T, g, Dv), np.float32), _F0)  # sum of exp(score - max) * v
     for task in prange(n_tasks):
         kh = task // n_chunks
         j0 = (task % n_chunks) * csz
@@ -388,17 +393,11 @@ def _widen_block(src, kb, j, kh, row, D, KV):
 def attn_group_f16x8(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n_chunks):
     """Arguments as ``attn_heads_f16x8`` plus ``n_chunks`` (``group_chunks``): a task is one chunk of keys; in
     each sub-block of it, each kv head in turn with all ``g`` query heads of its group (and all ``T`` rows) at
-    once (``_attn_group``). Its only parallel region is the loop over the chunks."""
-    _attn_group(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n_chunks)
-
-
-@njit(inline="always")
-def _attn_group(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n_chunks):
-    """The body of ``attn_group_f16x8``: a task is one chunk of keys; in each sub-block of it, each kv head in
-    turn with all ``g`` query heads of its group (and all ``T`` rows) at once, so each cached K/V row is read and widened once per group instead of once per query head (grouped-query attention). Keys
-    go in blocks of ``KB`` rows widened into a float scratch (``KB`` accumulators per query row, one load of
-    ``q`` per block), in sub-blocks of ``SB`` keys with a running max (flash attention); chunks are merged
-    as in ``attn_split``. Masked keys are never read; a fully masked row gives zeros."""
+    once, so each cached K/V row is read and widened once per group instead of once per query head
+    (grouped-query attention). Keys go in blocks of ``KB`` rows widened into a float scratch (``KB``
+    accumulators per query row, one load of ``q`` per block), in sub-blocks of ``SB`` keys with a running
+    max (flash attention); chunks are merged as in ``attn_split``. Masked keys are never read; a fully
+    masked row gives zeros. Its only parallel region is the loop over the chunks (``_fill``)."""
     T, H, _ = q.shape
     KV = k.shape[0] // (Hkv * D)
     g = H // Hkv
@@ -407,17 +406,9 @@ def _attn_group(q, k, v, mask, has_mask, scale, cap, slopes, out, Hkv, D, n_chun
     ninf = np.float32(-np.inf)
     csz = (KV + n_chunks - 1) // n_chunks
     n_tasks = Hkv * n_chunks
-    # plain loops, not ``np.zeros`` / ``pm[:] = ...``: under ``parallel=True`` those are parallel regions of
-    # their own, each a launch of the threads (~2 us) for a few hundred floats
-    pm = np.empty((n_tasks, R), np.float32)  # running max of each chunk
-    ps = np.empty((n_tasks, R), np.float32)  # sum of exp(score - max)
-    pa = np.empty((n_tasks, R * D), np.float32)  # sum of exp(score - max) * v
-    for tk in range(n_tasks):
-        for r in range(R):
-            pm[tk, r] = ninf
-            ps[tk, r] = _F0
-        for i in range(R * D):
-            pa[tk, i] = _F0
+    pm = _fill(np.empty((n_tasks, R), np.float32), ninf)  # running max of each chunk
+    ps = _fill(np.empty((n_tasks, R), np.float32), _F0)  # sum of exp(score - max)
+    pa = _fill(np.empty((n_tasks, R * D), np.float32), _F0)  # sum of exp(score - max) * v
     qall = np.empty((Hkv, R * D), np.float32)  # each group's query rows, contiguous
     for kh in range(Hkv):
         for t in range(T):
