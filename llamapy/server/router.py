@@ -149,8 +149,10 @@ def parse_duration(value: Any, what: str = "keep_alive") -> float:
 
 def free_memory() -> int | None:
     """Bytes free for a new model: ``LLAMAPY_FREE_MEMORY`` when set (tests), else the system's figure."""
-    env = os.environ.get(FREE_MEMORY_ENV)
+    env = os.environ.get(FREE_MEMORY_ENV, "").strip()
     if env:
+        if not env.isdigit():  # the load fails with this message (a 424), not a bare int() error
+            raise ValueError(f"{FREE_MEMORY_ENV}={env!r}: expected a byte count")
         return int(env)
     from ..memory.fit import available_memory
 

@@ -70,6 +70,15 @@ def test_not_a_gguf_file_is_one_line_error(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: ")
 
 
+def test_bad_prefetch_setting_is_one_line_error(smollm2_path, monkeypatch):
+    monkeypatch.setenv("LLAMAPY_X8_PREFETCH", "2k")
+    r = llamapy_cmd("run", "-m", str(smollm2_path), "-p", "hi", "-n", "2")
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: LLAMAPY_X8_PREFETCH='2k'"), r.stderr
+    assert r.stdout == ""
+
+
 def test_run_subprocess_streams_only_generated_text(smollm2_path):
     r = llamapy_cmd(
         "run", "-m", str(smollm2_path), "-p", "The capital of France is", "-n", "4", "--temp", "0"

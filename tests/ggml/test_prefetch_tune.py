@@ -11,6 +11,7 @@ import re
 import numpy as np
 import pytest
 
+from llamapy.errors import LlamapyError
 from llamapy.ggml import GGMLType as T
 from llamapy.ggml import ops
 from llamapy.ggml.cpu import prefetch_tune as pt
@@ -108,8 +109,9 @@ def test_distance_from_the_environment(monkeypatch):
     assert (tu.distance, tu.tuning) == (-2048, False)
     for bad in ("2k", "-", "--2048", "+2048"):
         monkeypatch.setenv("LLAMAPY_X8_PREFETCH", bad)
-        with pytest.raises(ValueError, match=re.escape(f"LLAMAPY_X8_PREFETCH={bad!r}")):
+        with pytest.raises(pt.PrefetchEnvError, match=re.escape(f"LLAMAPY_X8_PREFETCH={bad!r}")) as e:
             pt.distance_from_env()
+        assert isinstance(e.value, LlamapyError)  # the CLI's one-line error, not a traceback
 
 
 class FakeClock:

@@ -189,6 +189,21 @@ def test_memory_check_refuses_a_model_that_does_not_fit(
         ask(router, "big")
     assert e.value.status_code == 424 and "does not fit in memory" in e.value.message
     assert "1.0 MiB is free" in e.value.message and router.states()["big"] == "failed"
+    monkeypatch.setenv("LLAMAPY_FREE_MEMORY", "lots")  # a bad setting: the load fails and says why
+    assert httpx.post(router.url + "/models/load", json={"model": "big"}).json() == {"success": True}
+
+    def error() -> str:
+        return (
+            next(m for m in httpx.get(router.url + "/v1/models").json()["data"] if m["id"] == "big")[
+                "status"
+            ].get("error")
+            or ""
+        )
+
+    wait_for(lambda: "LLAMAPY_FREE_MEMORY='lots': expected a byte count" in error())
+    with pytest.raises(openai.APIStatusError) as e:
+        ask(router, "big")
+    assert e.value.status_code == 424 and "LLAMAPY_FREE_MEMORY='lots'" in e.value.message
     monkeypatch.delenv("LLAMAPY_FREE_MEMORY")
     assert httpx.post(router.url + "/models/load", json={"model": "big"}).json() == {"success": True}
     wait_for(lambda: router.states()["big"] == "loaded")

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..._cpuload import cpu_model
+from ...errors import LlamapyError
 
 T = TypeVar("T")
 log = logging.getLogger("llamapy.ggml")
@@ -94,14 +95,21 @@ def remeasure_from_env() -> bool:
     return os.environ.get("LLAMAPY_X8_PREFETCH", "").strip().lower() == "auto"
 
 
+class PrefetchEnvError(LlamapyError, ValueError):
+    """``LLAMAPY_X8_PREFETCH`` is set to something that is neither a byte count nor ``auto``."""
+
+
 def distance_from_env() -> int | None:
     """``LLAMAPY_X8_PREFETCH``: a byte count (0: two row groups ahead; negative: that many bytes ahead,
-    into L1), or None (unset or ``auto``: measure)."""
+    into L1), or None (unset or ``auto``: measure). Anything else: ``PrefetchEnvError`` (the CLI's one-line
+    ``error:``)."""
     env = os.environ.get("LLAMAPY_X8_PREFETCH", "").strip().lower()
     if env in ("", "auto"):
         return None
     if not env.removeprefix("-").isdigit():
-        raise ValueError(f"LLAMAPY_X8_PREFETCH={env!r}: expected a byte count (negative: into L1) or 'auto'")
+        raise PrefetchEnvError(
+            f"LLAMAPY_X8_PREFETCH={env!r}: expected a byte count (negative: into L1) or 'auto'"
+        )
     return int(env)
 
 
