@@ -65,6 +65,7 @@ __all__ = [
     "prange",
     "set_num_threads",
     "thread_count_fns",
+    "on_one_thread",
     "max_threads",
     "cap_threads",
     "kernel_sources_digest",
@@ -118,3 +119,23 @@ def thread_count_fns() -> tuple[Callable[[], int], Callable[[int], None]]:
     if get is None or put is None:  # pragma: no cover - numba internals moved
         return numba.get_num_threads, numba.set_num_threads
     return get, put
+
+
+def on_one_thread(fn: Callable[..., None]) -> Callable[..., None]:
+    """``fn`` called with the calling thread's Numba thread count at one and put back afterwards
+    (``thread_count_fns``; no switch when it is one already): a parallel kernel then wakes no other
+    thread, and a kernel whose result does not depend on the count gives the same bits."""
+    get, put = thread_count_fns()
+
+    def call(*args: object) -> None:
+        nt = get()
+        if nt == 1:
+            fn(*args)
+            return
+        put(1)
+        try:
+            fn(*args)
+        finally:
+            put(nt)
+
+    return call

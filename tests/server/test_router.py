@@ -193,12 +193,8 @@ def test_memory_check_refuses_a_model_that_does_not_fit(
     assert httpx.post(router.url + "/models/load", json={"model": "big"}).json() == {"success": True}
 
     def error() -> str:
-        return (
-            next(m for m in httpx.get(router.url + "/v1/models").json()["data"] if m["id"] == "big")[
-                "status"
-            ].get("error")
-            or ""
-        )
+        models = httpx.get(router.url + "/v1/models").json()["data"]
+        return {m["id"]: m["status"].get("error") or "" for m in models}["big"]
 
     wait_for(lambda: "LLAMAPY_FREE_MEMORY='lots': expected a byte count" in error())
     with pytest.raises(openai.APIStatusError) as e:

@@ -143,19 +143,14 @@ def _mul_mat(be: CPUBackend, node: Tensor, arrays: ArrayMap) -> Step | None:
         if M <= F32_SERIAL_ROWS and A.size <= F32_SERIAL_MAX and threads > 1:
             # a small float matrix (an MoE router, 128x2048) for a few rows: one sgemm on this thread, as
             # with -t 1 (same bits); a parallel launch costs more than the product on a busy machine
-            from ..._numba import thread_count_fns
+            from ..._numba import on_one_thread
 
-            get_nt, put_nt = thread_count_fns()
+            gemm_serial = on_one_thread(gemm_nt)
 
             def step_f32_serial() -> None:
                 if pre is not None:
                     pre()
-                nt = get_nt()
-                put_nt(1)
-                try:
-                    gemm_nt(x, A, out2, 1)
-                finally:
-                    put_nt(nt)
+                gemm_serial(x, A, out2, 1)
 
             return step_f32_serial
 

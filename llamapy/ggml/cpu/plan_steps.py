@@ -4,9 +4,7 @@ backend asks these builders first; None means "use the general step". Results ar
 general steps (tests/ggml/test_plan_steps.py).
 
 The residual ``add`` before a fused ``rms_norm`` + ``mul`` (backend ``_residual_adds`` finds them) runs
-inside that norm's call (``add_norm_step``): two fewer steps a llama-style layer. Thread-count switches
-go through the threading layer's C entry points (``llamapy._numba.thread_count_fns``), not Numba's locked
-Python ones.
+inside that norm's call (``add_norm_step``): two fewer steps a llama-style layer.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..._numba import thread_count_fns
+from ..._numba import on_one_thread
 from ..backend import ArrayMap, ComputeError, Step
 from ..tensor import Tensor
 
@@ -143,7 +141,7 @@ def attn_group_step(
     from .plan_kernels import attn_short_keys
 
     need(attn_short_keys)
-    get_num_threads, set_num_threads = thread_count_fns()
+    serial = on_one_thread(kern)
     T = mask.shape[0]
 
     def step() -> None:
@@ -152,14 +150,6 @@ def attn_group_step(
             kern(*args, n_chunks)
             return
         m = mask[:, :n] if T == 1 else np.ascontiguousarray(mask[:, :n])
-        nt = get_num_threads()
-        if nt == 1:
-            kern(q, k[: n * row], v[: n * row], m, has_mask, *rest, 1)
-            return
-        set_num_threads(1)
-        try:
-            kern(q, k[: n * row], v[: n * row], m, has_mask, *rest, 1)
-        finally:
-            set_num_threads(nt)
+        serial(q, k[: n * row], v[: n * row], m, has_mask, *rest, 1)
 
     return step
