@@ -41,7 +41,7 @@ def kernel_sources_digest() -> str:
 
 
 if "NUMBA_CACHE_DIR" not in os.environ:
-    from .hub import cache_dir
+    from .hub.common import cache_dir
 
     os.environ["NUMBA_CACHE_DIR"] = str(cache_dir() / "numba" / kernel_sources_digest())
 

@@ -484,8 +484,28 @@ def _clean_read_only_spans(smaps: str, library: str) -> list[tuple[int, int]]:
     return spans
 
 
+def _thread_init_lock_without_multiprocessing() -> None:
+    """Numba guards the start of its threading layer with a lock it makes on the first launch: a
+    ``multiprocessing`` RLock (a POSIX semaphore) where processes fork, which imports ``multiprocessing``
+    and with it ``socket``, ``subprocess`` and ``selectors`` (5-8 ms of each start-up). Made in this process at
+    that moment, the semaphore is shared with no other process: only children forked later inherit it, and
+    by then the layer has started and the lock is never taken again. A ``threading`` RLock guards the same
+    threads of this process. Kept as Numba's with LLAMAPY_NUMBA_PLAIN=1 or where the global moved."""
+    if _PLAIN:
+        return
+
+    def patch(parallel: Any) -> None:
+        import threading
+
+        if getattr(parallel, "_backend_init_process_lock", 0) is None:
+            parallel._backend_init_process_lock = threading.RLock()
+
+    _after_import("numba.np.ufunc.parallel", patch)
+
+
 def install() -> None:
     """The shortcuts that patch Numba, once it is imported."""
+    _thread_init_lock_without_multiprocessing()
     _skip_scipy_blas_probe()
     _cache_loads_without_refresh()
     _cached_nrt_module()

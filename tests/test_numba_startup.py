@@ -152,3 +152,28 @@ def test_cache_loads_without_llvm_lock_callbacks() -> None:
     assert lock._cblist == [*before, extra]
     lock._cblist.remove(extra)
     assert lock._cblist == before
+
+
+PARALLEL = """
+import sys, numpy as np
+from llamapy._numba import njit, prange
+
+@njit(parallel=True)
+def total(x):
+    s = 0.0
+    for i in prange(x.shape[0]):
+        s += x[i]
+    return s
+
+print(total(np.arange(1000.0)))
+from numba.np.ufunc import parallel
+print(type(parallel._backend_init_process_lock).__module__, 'multiprocessing' in sys.modules)
+"""
+
+
+def test_threading_layer_starts_without_multiprocessing(tmp_path: Path) -> None:
+    """Numba's threading layer starts under a threading lock: no ``multiprocessing`` import (its semaphore
+    would be shared with no other process); LLAMAPY_NUMBA_PLAIN=1 keeps Numba's own lock."""
+    assert run_with_numba_cache(tmp_path, PARALLEL)[:2] == ["499500.0", "_thread False"]
+    plain = run_with_numba_cache(tmp_path, PARALLEL, LLAMAPY_NUMBA_PLAIN="1")[:2]
+    assert plain[0] == "499500.0" and plain[1] != "_thread False"

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .known import ModelFetchError
+from .common import ModelFetchError
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_TAGS = ("Q4_K_M", "Q8_0")

@@ -19,9 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-
-class ModelFetchError(RuntimeError):
-    """A known model could not be fetched or failed its checksum."""
+from .common import ModelFetchError, cache_dir, models_dir  # noqa: F401  (also this module's names)
 
 
 @dataclass(frozen=True)
@@ -65,19 +63,6 @@ KNOWN_MODELS: dict[str, KnownModel] = {
     )
 }
 DEFAULT_MODEL = "smollm2-135m-instruct"
-
-
-def cache_dir() -> Path:
-    """``$LLAMAPY_CACHE`` or ``$XDG_CACHE_HOME/llamapy`` or ``~/.cache/llamapy``."""
-    env = os.environ.get("LLAMAPY_CACHE")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "llamapy"
-
-
-def models_dir() -> Path:
-    return cache_dir() / "models"
 
 
 def sha256_file(path: str | os.PathLike) -> str:

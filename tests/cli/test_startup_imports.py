@@ -19,10 +19,11 @@ HEAVY = (
 )  # fmt: skip
 # imported by Numba only to compile, or by typing an array; a cached kernel needs neither
 COMPILE_ONLY = ("numba.np.arrayobj", "numba.cpython.charseq", "numpy.ma", "numba.core.typing.cffi_utils")
-# what a model run reads none of: the quantizers' codecs, the GGUF writer, LoRA, --mlock's ctypes.util
+# what a model run reads none of: the quantizers' codecs, the GGUF writer, LoRA, --mlock's ctypes.util, the
+# hub's download code (a model file is a path), multiprocessing (Numba's threading-layer lock)
 NOT_FOR_A_RUN = (
     "llamapy.ggml.quants.kquants", "llamapy.ggml.quants.legacy", "llamapy.ggml.quants._kquantize",
-    "llamapy.gguf.writer", "llamapy.model.lora", "email",
+    "llamapy.gguf.writer", "llamapy.model.lora", "email", "llamapy.hub.known", "llamapy.hub.hf", "multiprocessing",
 )  # fmt: skip
 
 REPORT = (
