@@ -37,20 +37,20 @@ if TYPE_CHECKING:
         sha256_file,
     )
 
-__all__ = [
-    "DEFAULT_MODEL", "KNOWN_MODELS", "HFModel", "HFRef", "HubError", "HubUnreachableError", "KnownModel", "ModelFetchError",
-    "NoMatchingFileError", "ProgressBar", "cache_dir", "cached_path", "canonical_name", "hf", "known",
-    "looks_like_ref", "models_dir", "parse_ref", "pull", "resolve_model", "sha256_file",
-]  # fmt: skip
-
-# name -> the submodule that defines it (the submodules themselves: "")
+# name -> the submodule that defines it (the submodules themselves: ""); ``store`` is imported where used
 _LAZY = {
-    "hf": "", "known": "", "store": "",
+    "hf": "", "known": "",
     "HFModel": "hf", "HFRef": "hf", "HubError": "hf", "HubUnreachableError": "hf", "NoMatchingFileError": "hf",
     "looks_like_ref": "hf", "parse_ref": "hf",
     "DEFAULT_MODEL": "known", "KNOWN_MODELS": "known", "KnownModel": "known", "ProgressBar": "known",
     "cached_path": "known", "canonical_name": "known", "pull": "known", "sha256_file": "known",
 }  # fmt: skip
+# a literal list: linters and type checkers read it (the TYPE_CHECKING imports above are its re-exports)
+__all__ = [
+    "DEFAULT_MODEL", "KNOWN_MODELS", "HFModel", "HFRef", "HubError", "HubUnreachableError", "KnownModel", "ModelFetchError",
+    "NoMatchingFileError", "ProgressBar", "cache_dir", "cached_path", "canonical_name", "hf", "known",
+    "looks_like_ref", "models_dir", "parse_ref", "pull", "resolve_model", "sha256_file",
+]  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
@@ -77,11 +77,7 @@ def resolve_model(name_or_path: str | None, *, offline: bool = False, token: str
             return p
         from . import hf, known
 
-        if (
-            not os.path.exists(os.path.expanduser(s))
-            and known.canonical_name(s) is None
-            and hf.looks_like_ref(s)
-        ):
+        if not p.exists() and known.canonical_name(s) is None and hf.looks_like_ref(s):
             return hf.download(s, token=token, offline=offline, mmproj=False).path
     from . import known
 

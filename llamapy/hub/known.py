@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from .common import ModelFetchError, cache_dir, models_dir  # noqa: F401  (also this module's names)
+from .common import ModelFetchError, models_dir
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from . import hf
-from .known import KNOWN_MODELS, ModelFetchError, cached_path, canonical_name
+from .common import ModelFetchError
+from .known import KNOWN_MODELS, cached_path, canonical_name
 
 
 class StoreError(ModelFetchError):
