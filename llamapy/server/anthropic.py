@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .engine import Event, TokenProb
 from .errors import APIError, bad_request, not_supported
 from .formats import BaseFormatter, new_id
-from .inputs import chat_inputs, no_completions, parsed_body
+from .inputs import chat_inputs, messages_fit, no_completions, parsed_body
 from .inputs import count_tokens as prompt_token_count
 from .responses import brief, named_sse, passthrough, validate_at
 from .schemas import ChatCompletionRequest, validate
@@ -509,6 +509,7 @@ def add_routes(app: FastAPI, state: Any) -> None:
         no_completions(backend)
 
         def plan(raw: dict[str, Any]) -> tuple[MessagesRequest, ChatCompletionRequest]:
+            messages_fit(raw, m)
             req: MessagesRequest = validate(MessagesRequest, raw)
             return req, to_chat(req, raw)
 

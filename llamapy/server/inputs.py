@@ -54,6 +54,30 @@ async def read_body(request: Request, model: type) -> Any:
     return await parsed_body(request, lambda obj: validate(model, obj))
 
 
+def max_messages_of(m: ModelEntry) -> int | None:
+    """The most messages a chat request to ``m`` may have: each renders as at least one token, so more
+    than a slot's context cannot fit (no bound with context shift, which drops old tokens instead)."""
+    engine, _ = m.ready()
+    return None if engine.context_shift else engine.n_ctx_slot
+
+
+def check_message_count(n: int, max_messages: int | None, where: str = "messages") -> None:
+    if max_messages is not None and n > max_messages:
+        raise bad_request(
+            f"{n} messages cannot fit a slot's context of {max_messages} tokens "
+            "(shorten the conversation or start the server with a larger -c or fewer -np)",
+            where,
+        )
+
+
+def messages_fit(raw: Any, m: ModelEntry, key: str = "messages") -> None:
+    """Before validation: a list of messages under ``key`` that cannot fit ``m``'s context is a 400
+    unvalidated (validating 100k messages is one call that holds the GIL for most of a second)."""
+    items = raw.get(key) if isinstance(raw, dict) else None
+    if isinstance(items, list):
+        check_message_count(len(items), max_messages_of(m), key)
+
+
 def no_completions(backend: Backend) -> None:
     if backend.embeddings:
         raise APIError(
@@ -83,12 +107,7 @@ async def prompt_tokens(
     images = None
     if has_image_parts(req):  # OpenAI image_url parts -> media markers; the images go in GenParams
         req, images = await run_in_threadpool(split_images, req, backend, m.settings.allow_image_urls)
-    if max_messages is not None and len(req.messages) > max_messages:  # (each renders as >= 1 token)
-        raise bad_request(
-            f"{len(req.messages)} messages cannot fit a slot's context of {max_messages} tokens "
-            "(shorten the conversation or start the server with a larger -c or fewer -np)",
-            "messages",
-        )
+    check_message_count(len(req.messages), max_messages)
     plan = await run_in_threadpool(P.chat_plan, req, backend)
     if images is None:
         return plan, await run_in_threadpool(P.chat_tokens, plan.prompt, backend, limit), None
@@ -127,8 +146,7 @@ async def chat_inputs(
     elif req.top_logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     limit = None if engine.context_shift else engine.n_ctx_slot  # a longer prompt is a 400: stop there
-    max_messages = None if engine.context_shift else engine.n_ctx_slot
-    plan, tokens, images = await prompt_tokens(req, m, limit, max_messages)
+    plan, tokens, images = await prompt_tokens(req, m, limit, max_messages_of(m))
     if images is not None:
         gp.images = images
     gp.grammar, gp.preserved_tokens = plan.grammar, plan.preserved_tokens

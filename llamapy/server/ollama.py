@@ -38,7 +38,7 @@ from .embeddings import run_embeddings, tokens_of
 from .errors import APIError, bad_request, not_supported
 from .formats import BaseFormatter
 from .infill import suffix_tokens
-from .inputs import chat_inputs, no_completions, parsed_body
+from .inputs import chat_inputs, messages_fit, no_completions, parsed_body
 from .responses import brief, validate_at
 from .schemas import ChatCompletionRequest, CompletionRequest, validate
 from .stream import generate
@@ -617,6 +617,7 @@ def add_routes(app: FastAPI, state: Any) -> None:
         no_completions(backend)
 
         def plan(raw: dict[str, Any]) -> tuple[ChatBody, ChatCompletionRequest, int | None]:
+            messages_fit(raw, m)
             body: ChatBody = validate(ChatBody, raw)
             check_name(m, body.model)
             msgs = chat_messages(body.messages)

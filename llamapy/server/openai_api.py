@@ -13,8 +13,8 @@ from . import params as P
 from .choices import choice_params, generate_n
 from .formats import ChatFormatter, CompletionFormatter
 from .infill import suffix_tokens
-from .inputs import chat_inputs, include_usage, no_completions, read_body
-from .schemas import ChatCompletionRequest, CompletionRequest
+from .inputs import chat_inputs, include_usage, messages_fit, no_completions, parsed_body, read_body
+from .schemas import ChatCompletionRequest, CompletionRequest, validate
 from .state import ServerState
 from .stream import generate
 
@@ -45,7 +45,12 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         m = await state.pick(request)
         engine, backend = m.ready()
         no_completions(backend)
-        req: ChatCompletionRequest = await read_body(request, ChatCompletionRequest)
+
+        def plan(raw: dict[str, Any]) -> ChatCompletionRequest:
+            messages_fit(raw, m)
+            return validate(ChatCompletionRequest, raw)
+
+        req = await parsed_body(request, plan)
         if mcp_http.requested(req):  # "mcp": the agent loop over the MCP servers' tools
             return await mcp_http.chat(request, m, req)
         n_predict, name = req.max_tokens, "max_tokens"

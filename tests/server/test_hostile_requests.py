@@ -7,6 +7,7 @@ Times are asserted generously (this CI box has 2 shared cores); the real ones ar
 
 from __future__ import annotations
 
+import json
 import random
 import string
 import subprocess
@@ -37,6 +38,21 @@ def _assert_400(r: httpx.Response, *words: str) -> None:
     assert err["type"] == "invalid_request_error", err
     for w in words:
         assert w in err["message"], err
+
+
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+def _probed_post(base_url: str, path: str, body: bytes | object) -> tuple[httpx.Response, float, HealthProbe]:
+    """POST ``body`` (bytes, or an object sent as JSON) while a :class:`HealthProbe` polls the server.
+
+    The client and the encoded body are made before the probe starts: a new httpx client's TLS context
+    (0.5-0.7 s here) and ``json.dumps`` of megabytes hold this process's GIL, which the live server
+    shares, so the probe would otherwise time the test's client instead of the server."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    with httpx.Client(timeout=120) as c, HealthProbe(base_url) as probe:
+        r, dt = _timed(c.post, base_url + path, content=raw, headers=JSON_HEADERS)
+    return r, dt, probe
 
 
 class HealthProbe:
@@ -91,11 +107,7 @@ def _fake_greedy(base_url: str, client: httpx.Client | None = None) -> str:
 def test_unterminated_string_of_escaped_quotes_is_a_quick_400(live, path):
     before = _fake_greedy(live.base_url)
     body = b'{"a":"' + b'\\"' * 32000  # 64 KB, no closing quote: 30 s of regex backtracking before
-    with HealthProbe(live.base_url) as probe:
-        r, dt = _timed(
-            httpx.post, live.base_url + path, content=body, headers={"content-type": "application/json"},
-            timeout=120,
-        )  # fmt: skip
+    r, dt, probe = _probed_post(live.base_url, path, body)
     print(f"\n{path}: 64 KB of escaped quotes answered {r.status_code} in {dt:.3f} s, /health worst "
           f"{probe.worst:.3f} s")  # fmt: skip
     _assert_400(r, "not valid JSON", "Unterminated string")
@@ -105,11 +117,7 @@ def test_unterminated_string_of_escaped_quotes_is_a_quick_400(live, path):
 
 def test_eight_megabytes_of_escaped_quotes_is_a_quick_400(big):
     body = b'{"a":"' + b'\\"' * ((8 << 20) // 2 - 8)
-    with HealthProbe(big.base_url) as probe:
-        r, dt = _timed(
-            httpx.post, big.base_url + "/v1/chat/completions", content=body,
-            headers={"content-type": "application/json"}, timeout=120,
-        )  # fmt: skip
+    r, dt, probe = _probed_post(big.base_url, "/v1/chat/completions", body)
     print(f"\n8 MB of escaped quotes: {r.status_code} in {dt:.3f} s, /health worst {probe.worst:.3f} s")
     _assert_400(r, "not valid JSON")
     assert dt < QUICK_S and probe.worst < QUICK_S
@@ -178,11 +186,9 @@ def test_dry_breakers_are_capped_and_cheap(real_server):
 
 def test_logit_bias_with_300k_text_keys_is_a_quick_400(big):
     keys = {f"w{i:06d}": -1.0 for i in range(300_000)}  # ~5.7 MB
-    with HealthProbe(big.base_url) as probe:
-        r, dt = _timed(
-            httpx.post, big.base_url + "/v1/completions",
-            json={"prompt": "x", "max_tokens": 1, "logit_bias": keys}, timeout=120,
-        )  # fmt: skip
+    r, dt, probe = _probed_post(
+        big.base_url, "/v1/completions", {"prompt": "x", "max_tokens": 1, "logit_bias": keys}
+    )
     print(f"\n300k logit_bias keys: {r.status_code} in {dt:.3f} s, /health worst {probe.worst:.3f} s "
           f"({probe.n} probes)")  # fmt: skip
     _assert_400(r, "logit_bias", "300000 entries")
@@ -337,8 +343,7 @@ def test_millions_of_containers_are_a_quick_400(big):
     from llamapy.server.schemas import MAX_JSON_CONTAINERS
 
     body = b'{"tokens":[' + b",".join([b"[]"] * 2_000_000) + b"]}"
-    with HealthProbe(big.base_url) as probe:
-        r, dt = _timed(httpx.post, big.base_url + "/detokenize", content=body, timeout=120)
+    r, dt, probe = _probed_post(big.base_url, "/detokenize", body)
     print(f"\n2M arrays: {r.status_code} in {dt:.3f} s, /health worst {probe.worst:.3f} s")
     _assert_400(r, "2000002 arrays/objects", f"the limit is {MAX_JSON_CONTAINERS}")
     assert dt < QUICK_S and probe.worst < QUICK_S
@@ -377,10 +382,7 @@ def test_llguidance_panic_is_a_400(real_server):
 def test_more_messages_than_the_context_is_a_quick_400(big):
     """100k messages (3.5 MB) were rendered whole before their "too long" 400 (2.75 s)."""
     msgs = [{"role": "user", "content": "x"}] * 100_000
-    with HealthProbe(big.base_url) as probe:
-        r, dt = _timed(
-            httpx.post, big.base_url + "/v1/chat/completions", json={"messages": msgs}, timeout=120
-        )
+    r, dt, probe = _probed_post(big.base_url, "/v1/chat/completions", {"messages": msgs})
     print(f"\n100k messages: {r.status_code} in {dt:.3f} s, /health worst {probe.worst:.3f} s")
     _assert_400(r, "100000 messages cannot fit")
     assert dt < QUICK_S and probe.worst < QUICK_S
