@@ -509,7 +509,7 @@ def add_routes(app: FastAPI, state: Any) -> None:
         no_completions(backend)
 
         def plan(raw: dict[str, Any]) -> tuple[MessagesRequest, ChatCompletionRequest]:
-            messages_fit(raw, m)
+            messages_fit(raw, engine)
             req: MessagesRequest = validate(MessagesRequest, raw)
             return req, to_chat(req, raw)
 

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from . import params as P
 from .backend import Backend
-from .engine import GenParams
+from .engine import Engine, GenParams
 from .errors import APIError, bad_request
 from .schemas import ChatCompletionRequest, parse_json, validate
 
@@ -54,28 +54,27 @@ async def read_body(request: Request, model: type) -> Any:
     return await parsed_body(request, lambda obj: validate(model, obj))
 
 
-def max_messages_of(m: ModelEntry) -> int | None:
-    """The most messages a chat request to ``m`` may have: each renders as at least one token, so more
-    than a slot's context cannot fit (no bound with context shift, which drops old tokens instead)."""
-    engine, _ = m.ready()
+def max_messages_of(engine: Engine) -> int | None:
+    """The most messages a chat request may have: each renders as at least one token, so more than a
+    slot's context cannot fit (no bound with context shift, which drops old tokens instead)."""
     return None if engine.context_shift else engine.n_ctx_slot
 
 
-def check_message_count(n: int, max_messages: int | None, where: str = "messages") -> None:
+def check_message_count(n: int, max_messages: int | None) -> None:
     if max_messages is not None and n > max_messages:
         raise bad_request(
             f"{n} messages cannot fit a slot's context of {max_messages} tokens "
             "(shorten the conversation or start the server with a larger -c or fewer -np)",
-            where,
+            "messages",
         )
 
 
-def messages_fit(raw: Any, m: ModelEntry, key: str = "messages") -> None:
-    """Before validation: a list of messages under ``key`` that cannot fit ``m``'s context is a 400
-    unvalidated (validating 100k messages is one call that holds the GIL for most of a second)."""
-    items = raw.get(key) if isinstance(raw, dict) else None
+def messages_fit(raw: Any, engine: Engine) -> None:
+    """Before validation: a body whose ``messages`` list cannot fit a slot's context is a 400 unvalidated
+    (validating 100k messages is one call that holds the GIL for most of a second)."""
+    items = raw.get("messages") if isinstance(raw, dict) else None
     if isinstance(items, list):
-        check_message_count(len(items), max_messages_of(m), key)
+        check_message_count(len(items), max_messages_of(engine))
 
 
 def no_completions(backend: Backend) -> None:
@@ -146,7 +145,7 @@ async def chat_inputs(
     elif req.top_logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     limit = None if engine.context_shift else engine.n_ctx_slot  # a longer prompt is a 400: stop there
-    plan, tokens, images = await prompt_tokens(req, m, limit, max_messages_of(m))
+    plan, tokens, images = await prompt_tokens(req, m, limit, max_messages_of(engine))
     if images is not None:
         gp.images = images
     gp.grammar, gp.preserved_tokens = plan.grammar, plan.preserved_tokens

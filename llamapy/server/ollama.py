@@ -613,11 +613,11 @@ def add_routes(app: FastAPI, state: Any) -> None:
     async def chat(request: Request) -> Any:
         t0 = time.perf_counter()
         m = await model(request)
-        _, backend = m.ready()
+        engine, backend = m.ready()
         no_completions(backend)
 
         def plan(raw: dict[str, Any]) -> tuple[ChatBody, ChatCompletionRequest, int | None]:
-            messages_fit(raw, m)
+            messages_fit(raw, engine)
             body: ChatBody = validate(ChatBody, raw)
             check_name(m, body.model)
             msgs = chat_messages(body.messages)

@@ -47,7 +47,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         no_completions(backend)
 
         def plan(raw: dict[str, Any]) -> ChatCompletionRequest:
-            messages_fit(raw, m)
+            messages_fit(raw, engine)
             return validate(ChatCompletionRequest, raw)
 
         req = await parsed_body(request, plan)
