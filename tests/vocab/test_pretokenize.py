@@ -27,6 +27,9 @@ def test_every_pre_tokenizer_splits_losslessly(name: str) -> None:
         ("gpt-2", "é\u00a0ü", ["é", "\u00a0", "ü"]),
         ("smollm", "a12 b", ["a", "1", "2", " b"]),
         ("deepseek-llm", "ab  \n", ["ab", "  ", "\n"]),
+        # its letters class takes Cyrillic, and its punctuation runs stay whole (a typo once made the letters
+        # regex need a trailing "]": text split only at newlines, ends and digits)
+        ("deepseek-llm", "a]} т  ж", ["a", "]}", " т", " ", " ж"]),
     ],
 )
 def test_split_examples(name: str, text: str, words: list[str]) -> None:
