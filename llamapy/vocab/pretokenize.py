@@ -5,6 +5,8 @@ llama.cpp does not run these regexes with full Unicode semantics. When a regex u
 for its category, non-ASCII whitespace by U+000B) with ASCII-only classes; otherwise it runs on the
 codepoints with non-ASCII whitespace replaced by U+000B. Unmatched stretches become words of their
 own. ``split`` reproduces all of that with the ``regex`` package, so words match llama.cpp's exactly.
+For a few regexes llama.cpp runs code of its own instead (Kimi-K2's splitter, the digit groups of
+tiny_aya and AFMoE): ``_CUSTOM`` gives each as the same split by a regex over a view of the text.
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ _DEEPSEEK_LETTERS = (
 )
 _DS3 = ("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
         "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")  # fmt: skip
+# tiny_aya's words (llama.cpp reads \p{Lu}, \p{Ll}, ... as \p{L}: either letter alternative takes a whole run)
+_TINY_AYA = ("[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" + _CONTRACTIONS
+          + "?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" + _CONTRACTIONS
+          + "?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")  # fmt: skip
+# llama.cpp's triggers of its hand-written splitters (unicode.cpp), and what ``split`` runs for each
+KIMI_K2 = "\\p{Han}+"
+AFMOE_DIGITS = "\\p{AFMoE_digits}"
+TINY_AYA_DIGITS = "\\d{1,3}(?=(?:\\d{3})*\\b)"
 _GPT4O = (
     "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+" + _CONTRACTIONS + "?"
     "|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*" + _CONTRACTIONS + "?"
@@ -82,6 +92,11 @@ REGEXES: dict[str, list[str]] = {
     "laguna": [NEWLINES, QWEN2],
     "gemma4": [NEWLINES],
     "whitespace": ["\\S+"],
+    "tiny_aya": [TINY_AYA_DIGITS, _TINY_AYA],
+    "kimi-k2": [KIMI_K2],
+    "afmoe": [AFMOE_DIGITS, "[\u4e00-\u9fff\u3400-\u4dbf\u8c48-\ufaff\u3040-\u309f\u30a0-\u30ff\uff65-\uff9f\u2f00-"
+              "\u2fdf\u0e40-\u0e7f\u0e80-\u0eff\u1780-\u17ff\u1000-\u109f\uaa60-\uaa7f\ua9e0-\ua9ff\uac00-\ud7af"
+              "\u1100-\u11ff]+", _DS3],
 }  # fmt: skip
 
 # generated from llama.cpp's lists (C escapes decoded)
@@ -184,7 +199,10 @@ def _table() -> dict[str, PreTokenizer]:
     add("laguna", _pre("laguna", clean_spaces=False))
     add("youtu", _pre("youtu", clean_spaces=False, ignore_merges=True))
     add("jais-2", _pre("jais2"))
-    add("exaone-moe", _pre("exaone-moe", clean_spaces=False))
+    add("exaone-moe", _pre("exaone-moe"))
+    add("tiny_aya cohere2moe", _pre("tiny_aya", clean_spaces=False))
+    add("kimi-k2", _pre("kimi-k2", clean_spaces=False))
+    add("afmoe", _pre("afmoe", clean_spaces=False))
     add("granite-embed-multi-97m", _pre("granite-emb-multi", clean_spaces=False, ignore_merges=True))
     add("spark2_5", _pre("spark2_5", clean_spaces=False))
     add("chameleon", _pre("chameleon", add_bos=True, clean_spaces=False))
@@ -279,12 +297,44 @@ def _no_capture(expr: str) -> str:
 class _Compiled:
     # the whole regex as one capturing group: ``split`` yields llama.cpp's gaps and matches in order
     pattern: Any  # re.Pattern, or regex.Pattern for what the stdlib engine rejects
-    collapsed: bool
+    view: str  # the text it runs on: a key of _VIEWS
+
+
+#: what a regex runs on: the codepoints (non-ASCII whitespace as U+000B), the collapsed text, or the
+#: collapsed text with Han letters apart
+_VIEWS: dict[str, Callable[[str], str]] = {
+    "plain": U.whitespace_to_vt,
+    "collapsed": U.collapse,
+    "han": U.collapse_han,
+}
+_N, _L = "0-9\xd1", "A-Za-z\xd2"  # a number, a letter in the collapsed text
+_HAN, _HAN_OTHER = chr(U.COLLAPSED_HAN), chr(U.COLLAPSED_HAN_OTHER)
+#: llama.cpp runs code of its own (unicode.cpp) for these regexes; each is the same split as a regex over
+#: a view. Digit groups (``unicode_regex_split_custom_afmoe``): a number run of n codepoints is cut after
+#: its first n % 3 and then every 3; what precedes a run joins its first piece.
+_CUSTOM: dict[str, tuple[str, str]] = {
+    AFMOE_DIGITS: (
+        f"[^{_N}]*(?:[{_N}]{{1,2}}(?=(?:[{_N}]{{3}})*(?![{_N}]))|[{_N}]{{3}})|[^{_N}]+",
+        "collapsed",
+    ),
+    # Kimi-K2 (``unicode_regex_split_custom_kimi_k2``): its tokenizer's regex with Han runs apart and every
+    # letter one class
+    KIMI_K2: (
+        f"[{_HAN}{_HAN_OTHER}]+|[^\r\n{_N}{_L}{_HAN}]?[{_L}]+{_CONTRACTIONS}?|[{_N}]{{1,3}}"
+        f"| ?[^\\s{_N}{_L}{_HAN}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+        "han",
+    ),
+}
+_CUSTOM[TINY_AYA_DIGITS] = _CUSTOM[AFMOE_DIGITS]  # llama.cpp runs the same code for tiny_aya's digits
 
 
 def compile_regexes(exprs: list[str]) -> list[_Compiled]:
     out = []
     for e in exprs:
+        if e in _CUSTOM:
+            rx, view = _CUSTOM[e]
+            out.append(_Compiled(re.compile("(" + rx + ")", re.ASCII), view))
+            continue
         use_collapsed = any(u in e for u in _UCATS)
         if use_collapsed and not e.isascii():
             raise LlamapyError(f"pre-tokenizer regex {e!r} mixes unicode categories and non-ASCII characters")
@@ -295,7 +345,7 @@ def compile_regexes(exprs: list[str]) -> list[_Compiled]:
             import regex
 
             pat = regex.compile(src, regex.ASCII | regex.V0)
-        out.append(_Compiled(pat, use_collapsed))
+        out.append(_Compiled(pat, "collapsed" if use_collapsed else "plain"))
     return out
 
 
@@ -308,16 +358,11 @@ def split(text: str, regexes: list[_Compiled]) -> list[str]:
     if not text:
         return []
     words = [text]
-    collapsed = plain = None
+    views: dict[str, str] = {}
     for rx in regexes:
-        if rx.collapsed:
-            if collapsed is None:
-                collapsed = U.collapse(text)
-            src = collapsed
-        else:
-            if plain is None:
-                plain = U.whitespace_to_vt(text)
-            src = plain
+        src = views.get(rx.view)
+        if src is None:
+            src = views[rx.view] = _VIEWS[rx.view](text)
         psplit = rx.pattern.split
         if src is text:
             new: list[str] = []

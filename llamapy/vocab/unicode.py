@@ -52,6 +52,23 @@ def collapse_table() -> np.ndarray:
     return out
 
 
+# llama.cpp's unicode_cpt_is_han: the CJK ideograph blocks, [start, end)
+HAN_RANGES = ((0x4E00, 0xA000), (0x3400, 0x4DC0), (0x20000, 0x2A6E0), (0x2A700, 0x2B740), (0x2B740, 0x2B820),
+              (0x2B820, 0x2CEB0), (0x2CEB0, 0x2EBF0), (0xF900, 0xFB00), (0x2F800, 0x2FA20))  # fmt: skip
+COLLAPSED_HAN = 0xD6  # a letter in those blocks
+COLLAPSED_HAN_OTHER = 0xD7  # an unassigned codepoint in them (a Han run takes it, so does a punctuation run)
+
+
+@lru_cache(maxsize=1)
+def collapse_han_table() -> np.ndarray:
+    """``collapse_table`` with the codepoints of ``HAN_RANGES`` apart (Kimi-K2's pre-tokenizer)."""
+    out = collapse_table().copy()
+    cat = flags_table() & 0xFF
+    for a, b in HAN_RANGES:
+        out[a:b] = np.where(cat[a:b] == LETTER, COLLAPSED_HAN, COLLAPSED_HAN_OTHER)
+    return out
+
+
 def codepoints(text: str) -> np.ndarray:
     """The codepoints of ``text`` as uint32 (lone surrogates kept)."""
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
@@ -63,6 +80,15 @@ def collapse(text: str) -> str:
         return text
     cpts = np.minimum(codepoints(text), MAX_CODEPOINTS)
     return collapse_table()[cpts].tobytes().decode("latin-1")
+
+
+def collapse_han(text: str) -> str:
+    """``collapse`` with Han letters as ``COLLAPSED_HAN`` (unassigned codepoints of their blocks
+    ``COLLAPSED_HAN_OTHER``)."""
+    if text.isascii():
+        return text
+    cpts = np.minimum(codepoints(text), MAX_CODEPOINTS)
+    return collapse_han_table()[cpts].tobytes().decode("latin-1")
 
 
 def whitespace_to_vt(text: str) -> str:

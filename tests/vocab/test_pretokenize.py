@@ -30,6 +30,16 @@ def test_every_pre_tokenizer_splits_losslessly(name: str) -> None:
         # its letters class takes Cyrillic, and its punctuation runs stay whole (a typo once made the letters
         # regex need a trailing "]": text split only at newlines, ends and digits)
         ("deepseek-llm", "a]} т  ж", ["a", "]}", " т", " ", " ж"]),
+        # llama.cpp's own splitters (unicode.cpp): Kimi-K2's keeps Han runs apart and takes letters without
+        # their marks; the digit groups cut a run after its first n % 3 digits, then every 3
+        (
+            "kimi-k2",
+            "Hello世界 it's 12345 é\u0301",
+            ["Hello", "世界", " it's", " ", "123", "45", " é", "\u0301"],
+        ),
+        ("tiny_aya", "ab12345 x1234 HelloWorld", ["ab", "12", "345", " x", "1", "234", " HelloWorld"]),
+        ("cohere2moe", "1234567", ["1", "234", "567"]),
+        ("afmoe", "1234567 中文 hello", ["1", "234", "567", " ", "中文", " hello"]),
     ],
 )
 def test_split_examples(name: str, text: str, words: list[str]) -> None:
@@ -37,9 +47,19 @@ def test_split_examples(name: str, text: str, words: list[str]) -> None:
 
 
 def test_unknown_pre_tokenizer() -> None:
-    with pytest.raises(LlamapyError, match="kimi-k2"):
-        pre_tokenizer("kimi-k2")
+    with pytest.raises(LlamapyError, match="no-such-pre"):
+        pre_tokenizer("no-such-pre")
     assert pre_tokenizer(None).kind == "default"
+
+
+@pytest.mark.parametrize(
+    "name, clean",
+    [("exaone-moe", True), ("exaone4", True), ("tiny_aya", False), ("cohere2moe", False), ("kimi-k2", False),
+     ("afmoe", False), ("deepseek-llm", False)],
+)  # fmt: skip
+def test_clean_spaces_flag_is_llama_cpps(name: str, clean: bool) -> None:
+    """llama.cpp's llama_vocab::load: clean_spaces stays true unless the pre-tokenizer's case sets it."""
+    assert pre_tokenizer(name).clean_spaces is clean
 
 
 @pytest.mark.parametrize(
