@@ -29,6 +29,8 @@ class _BPE:
         from .bpe import BPETokenizer
 
         merges = md.get("tokenizer.ggml.merges")
+        if merges is None and v.pre == "kimi-k2":
+            merges = []  # llama.cpp loads Kimi-K2 vocabularies without merges (each word then by its pieces)
         if merges is None:
             raise VocabError("BPE vocabulary without tokenizer.ggml.merges")
         if not isinstance(merges, (list, StringArray)) or (merges and not isinstance(merges[0], str)):

@@ -166,6 +166,18 @@ def test_malformed_metadata_raises_vocab_error(kw: dict, match: str) -> None:
         Vocab.from_metadata(_md(**kw))
 
 
+def test_kimi_k2_vocab_loads_without_merges() -> None:
+    """llama.cpp accepts a Kimi-K2 vocabulary with no merges (and no other BPE one): each word is then
+    its byte-level pieces."""
+    toks = ["a", "b", "ab", "Ġ", "Ġa", "世", "界"]
+    md = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "kimi-k2", "tokenizer.ggml.tokens": toks,
+          "tokenizer.ggml.token_type": np.ones(len(toks), dtype=np.int32)}  # fmt: skip
+    v = Vocab.from_metadata(md)
+    assert v.tokenize("ab a", add_special=False) == [0, 1, 3, 0]
+    with pytest.raises(VocabError, match="merges"):
+        Vocab.from_metadata({**md, "tokenizer.ggml.pre": "qwen2"})
+
+
 def test_vocab_error_is_a_llamapy_error() -> None:
     assert issubclass(VocabError, LlamapyError)
 
