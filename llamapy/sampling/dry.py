@@ -156,7 +156,8 @@ class DRYSampler(Sampler):
 
     @property
     def enabled(self) -> bool:
-        return self.multiplier != 0.0 and self.base >= 1.0 and self.penalty_last_n != 0
+        # llama.cpp compares its float copies (a base of 0.99999999 is 1.0f)
+        return np.float32(self.multiplier) != 0 and np.float32(self.base) >= 1 and self.penalty_last_n != 0
 
     def accept(self, token: int) -> None:
         if self.enabled:
@@ -240,7 +241,13 @@ class DRYSampler(Sampler):
             if max_exp > 0 and e > max_exp:
                 e = max_exp
             toks.append(tok)
-            pens.append(np.float32(self.multiplier) * np.float32(np.float32(self.base) ** np.float32(e)))
+            # float * std::pow(float, int): both promoted to double, the product rounded to float once
+            with np.errstate(over="ignore"):
+                pens.append(
+                    np.float32(
+                        np.float64(np.float32(self.multiplier)) * np.float64(np.float32(self.base)) ** e
+                    )
+                )
         pos, which = cur.positions_of(np.array(toks, dtype=np.int64))
         if len(pos):
             cur.mutable_logits()[pos] -= np.array(pens, dtype=np.float32)[which]

@@ -6,6 +6,7 @@
 - ``dist_select``: llama.cpp's dist pass: float32 ``exp``, a double running sum, the first index whose
   running sum reaches ``total * rnd``, then probabilities normalized.
 - ``softmax_f32``: ``llama_sampler_softmax_impl``'s float32 pass.
+- ``sigma_stats``: top-n-sigma's maximum, mean and standard deviation, in llama.cpp's order and types.
 """
 
 from __future__ import annotations
@@ -164,3 +165,26 @@ def mass_candidates(logits: np.ndarray, p: np.ndarray, target: float) -> np.ndar
     (plus its bucket's ties); the caller checks the exact running sum and falls back to a full sort."""
     idx = _mass_candidates(logits, p, float(target), 4096)
     return idx[sort_desc_indices(logits[idx])]
+
+
+@njit(cache=True)
+def sigma_stats(logits):
+    """(max, mean, std) of the finite logits as llama.cpp's top-n-sigma computes them: a running float
+    sum for the mean, each squared deviation added as a double and the sum rounded back to float."""
+    mx = logits[0]
+    total = np.float32(0.0)
+    n = 0
+    for v in logits:
+        if v != -np.inf:
+            mx = max(mx, v)
+            total = np.float32(total + v)
+            n += 1
+    if n == 0:
+        return mx, np.float32(0.0), np.float32(0.0)
+    mean = np.float32(total / np.float32(n))
+    acc = np.float32(0.0)
+    for v in logits:
+        if v != -np.inf:
+            d = np.float64(np.float32(v - mean))
+            acc = np.float32(np.float64(acc) + d * d)
+    return mx, mean, np.float32(math.sqrt(np.float32(acc / np.float32(n))))

@@ -14,11 +14,22 @@ from collections import deque
 import numpy as np
 
 from .errors import SamplingError
-from .kernels import dist_select, mass_candidates, sort_desc_indices
+from .kernels import dist_select, mass_candidates, sigma_stats, sort_desc_indices
 from .rng import MT19937, resolve_seed
 from .token_data import TokenDataArray
 
 _F32 = np.float32
+
+
+def _logf(x: np.ndarray) -> np.ndarray:
+    """float32 log, correctly rounded (C's ``logf``; NumPy's own float32 log is off by an ulp on ~22 %)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(np.asarray(x, dtype=np.float64)).astype(_F32)
+
+
+def _sum_f32(x: np.ndarray) -> np.float32:
+    """A running float32 sum in order (C's loop), where ``sum`` would add pairwise."""
+    return np.cumsum(x, dtype=_F32)[-1] if len(x) else _F32(0)
 
 
 class Sampler:
@@ -192,10 +203,9 @@ class TypicalSampler(_Mass):
         if _F32(self.p) >= 1.0 or cur.size == 0:
             return
         cur.softmax(True)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            logp = np.log(cur.p)
-            terms = np.where(cur.p > 0, -cur.p * logp, _F32(0))
-            entropy = terms.sum(dtype=_F32)
+        logp = _logf(cur.p)
+        with np.errstate(invalid="ignore"):  # p == 0 adds nothing (llama.cpp's 0 * -inf gives NaN)
+            entropy = _sum_f32(np.where(cur.p > 0, -cur.p * logp, _F32(0)))
             shifted = np.abs(-logp - entropy)
         order = sort_desc_indices(-shifted)  # ascending shifted score, stable
         cs = np.cumsum(cur.p[order], dtype=_F32)
@@ -227,7 +237,7 @@ class TempExtSampler(Sampler):
         self.exponent = float(exponent)
 
     def apply(self, cur: TokenDataArray) -> None:
-        if self.delta <= 0:
+        if _F32(self.delta) <= 0:
             cur.apply_temp(self.temp)
             return
         if cur.size <= 1:
@@ -236,16 +246,16 @@ class TempExtSampler(Sampler):
         max_temp = _F32(self.temp) + _F32(self.delta)
         max_entropy = -_F32(math.log(_F32(1.0) / _F32(cur.size)))
         cur.softmax(True)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            pos = cur.p[cur.p > 0]
-            entropy = -(pos * np.log(pos)).sum(dtype=_F32)
+        pos = cur.p[cur.p > 0]
+        entropy = -_sum_f32(pos * _logf(pos))  # (0 - a) - b ... in float is -(a + b + ...)
         norm_entropy = _F32(entropy / max_entropy)
         dyn_temp = _F32(min_temp + (max_temp - min_temp) * _F32(norm_entropy ** _F32(self.exponent)))
         cur.apply_temp(float(dyn_temp))
         lg = cur.logits.astype(np.float64)
         with np.errstate(invalid="ignore"):
             p = np.exp(lg - lg[0])
-        cur.p = (p / p.sum()).astype(_F32)
+        # each p stored as float, then divided by the double running sum
+        cur.p = (p.astype(_F32).astype(np.float64) / np.cumsum(p)[-1]).astype(_F32)
 
 
 class XTCSampler(_Seeded):
@@ -286,12 +296,7 @@ class TopNSigmaSampler(Sampler):
         if _F32(self.n) <= 0 or cur.size <= 1:
             return
         lg = cur.logits
-        valid = lg != -np.inf
-        nv = int(valid.sum())
-        vals = lg[valid]
-        mx = _F32(max(lg[0], vals.max())) if nv else lg[0]
-        mean = _F32(vals.sum(dtype=_F32) / _F32(nv)) if nv else _F32(0)
-        std = _F32(math.sqrt(float(((vals.astype(np.float64) - mean) ** 2).sum()) / nv)) if nv else _F32(0)
+        mx, _, std = sigma_stats(np.ascontiguousarray(lg, dtype=_F32))
         cut = _F32(mx - _F32(self.n) * std)
         cur.logits = np.where(lg < cut, _F32(-np.inf), lg).astype(_F32)
 
@@ -310,14 +315,15 @@ class MirostatSampler(_Seeded):
         self.mu = float(_F32(2.0) * _F32(tau))
 
     def apply(self, cur: TokenDataArray) -> None:
-        cur.softmax(False)  # the top m probabilities are all the estimate needs: no full sort
-        top = cur.p[cur.top_indices(min(self.m, cur.size))]
-        n = min(self.m - 1, cur.size - 1)
+        cur.softmax(True)  # sorted first, as llama.cpp (the sum of the softmax in that order)
+        # m <= 0: llama.cpp's size_t(m - 1) wraps around, every candidate counts
+        n = cur.size - 1 if self.m <= 0 else min(self.m - 1, cur.size - 1)
+        top = cur.p[: n + 1]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             i = np.arange(n, dtype=_F32)
-            t = np.log((i + 2) / (i + 1)).astype(_F32)
-            b = np.log(top[:n] / top[1 : n + 1]).astype(_F32)
-            s_hat = _F32((t * b).sum(dtype=_F32) / (t * t).sum(dtype=_F32))
+            t = _logf((i + 2) / (i + 1))
+            b = _logf(top[:n] / top[1 : n + 1])
+            s_hat = _F32(_sum_f32(t * b) / _sum_f32(t * t))
             eps = _F32(s_hat - 1)
             k = _F32((eps * _F32(2.0) ** _F32(self.mu)) / (_F32(1) - _F32(self.n_vocab) ** -eps)) ** _F32(
                 1 / s_hat
@@ -332,7 +338,7 @@ class MirostatSampler(_Seeded):
 
     def _update(self, p: float) -> None:
         with np.errstate(divide="ignore"):
-            surprise = -np.log2(_F32(p))
+            surprise = -_F32(np.log2(np.float64(p)))  # C's log2f, correctly rounded
         self.mu = float(_F32(_F32(self.mu) - _F32(self.eta) * _F32(surprise - _F32(self.tau))))
 
     def reset(self) -> None:
@@ -349,14 +355,12 @@ class MirostatV2Sampler(MirostatSampler):
         super().__init__(0, seed, tau, eta)
 
     def apply(self, cur: TokenDataArray) -> None:
-        # llama.cpp sorts, then cuts at the first surprise above mu; surprise grows along the sorted
-        # order, so keeping the tokens at or under mu (at least the best one) and sorting those is the same
-        cur.softmax(False)
+        # llama.cpp sorts (its softmax sums in that order), then cuts at the first surprise above mu
+        cur.softmax(True)
         with np.errstate(divide="ignore"):
-            keep = np.flatnonzero(~(-np.log2(cur.p) > _F32(self.mu)))
-        if len(keep) == 0:
-            keep = cur.top_indices(1)
-        cur.take(keep, False)
+            surprise = -np.log2(np.asarray(cur.p, dtype=np.float64)).astype(_F32)  # C's log2f
+        over = np.flatnonzero(surprise > _F32(self.mu))
+        cur.truncate(max(int(over[0]) if len(over) else cur.size, 1))
         cur.softmax(True)
         idx = self._rng.discrete(cur.p)
         cur.selected = idx
@@ -440,9 +444,16 @@ class LogitBiasSampler(Sampler):
     def apply(self, cur: TokenDataArray) -> None:
         if not self.logit_bias:
             return
-        pos, which = cur.positions_of(self._tokens)
-        # a token listed twice gets both biases, as llama.cpp's loop over the list does
-        np.add.at(cur.mutable_logits(), pos, self._bias[which])
+        # llama.cpp: every entry whose token sits at its own index is added there (a token listed twice
+        # gets both biases); each other candidate gets the first of the remaining entries for its token
+        ids, tok = cur.ids, self._tokens
+        direct = tok < len(ids)
+        direct[direct] = ids[tok[direct]] == tok[direct]
+        lg = cur.mutable_logits()
+        np.add.at(lg, tok[direct], self._bias[direct])
+        if not direct.all():
+            pos, which = cur.positions_of(tok[~direct])
+            np.add.at(lg, pos, self._bias[~direct][which])
 
 
 class AdaptivePSampler(_Seeded):
