@@ -56,8 +56,14 @@ _MAX_MESSAGE = 2000
 
 
 def parser_limits() -> llguidance.LLParserLimits:
-    """llguidance's limits for every grammar: its defaults, with a quarter of the lexer states (memory)."""
-    return llguidance.LLParserLimits(max_lexer_states=60_000, verbose_errors=True)
+    """llguidance's limits for every grammar: its defaults, with a quarter of the lexer states (memory) and
+    40 times the Earley items a mask may visit. A grammar whose free text cannot be one lexeme (recursive
+    or ambiguous rules around ``[^...]+``: s-expressions, nested lists, XML-like text) is written one
+    character a lexeme, and its mask walks the parser over every vocabulary token's bytes: at the default
+    of 50k items such grammars failed after a few tokens (``(a``, ``<a>``; llama.cpp follows them), at
+    500k an XML-like text still failed after 20 tokens; with 2M its masks took 81 ms on average, 300 ms at
+    most, on a 128k vocabulary (``benchmarks/grammar_vs_llamacpp.py``; plain grammars stay far below)."""
+    return llguidance.LLParserLimits(max_lexer_states=60_000, step_max_items=2_000_000, verbose_errors=True)
 
 
 def _short(msg: str) -> str:
@@ -355,10 +361,10 @@ def default_no_additional_properties(schema: Any) -> None:
             continue
         nodes.append((node, ptr, merged))
         ref = node.get("$ref")
-        if ref is not None:
-            plain = not merged and all(k == "$ref" or k in _ANNOTATIONS for k in node)
-            ref_use[str(ref)] = ref_use.get(str(ref), True) and plain
         own = [k for k in node if k not in _ANNOTATIONS and k not in ("$defs", "definitions")]
+        if ref is not None:  # beside its definitions only (pydantic's root of a recursive model): plain
+            plain = not merged and own == ["$ref"]
+            ref_use[str(ref)] = ref_use.get(str(ref), True) and plain
         for key in _SCHEMA_MAPS:
             sub = node.get(key)
             if isinstance(sub, dict):

@@ -252,6 +252,8 @@ class LarkWriter:
             return class_regex(it)
         if isinstance(it, Ref):
             return self.term_name(it.name)
+        if it.hi == 0:  # x{0}, x{0,0}: the empty string (llguidance refuses a range that ends at 0)
+            return '""'
         inner = it.item
         if isinstance(inner, Rep):
             key = self.term_expr(inner)
@@ -292,6 +294,8 @@ class LarkWriter:
             return t
         if isinstance(it, Ref):
             return self.rule_name(it.name, todo)
+        if it.hi == 0:
+            return '""'
         inner = it.item
         body = self.rule_expr(inner, todo)
         if isinstance(inner, Rep):

@@ -10,7 +10,7 @@ from llamapy.grammar import GrammarError, LlamaGrammar
 from llamapy.grammar.gbnf import parse_gbnf
 from llamapy.grammar.lark_writer import gbnf_lark
 from llamapy.grammar.limits import MAX_RULE_CHAIN
-from tests.grammar.conftest import END_THINK, EOS, PAD, THINK, TOOL_CALL, check_cases
+from tests.grammar.conftest import END_THINK, EOS, PAD, THINK, TOOL_CALL, check_cases, matches
 
 JSON_GBNF = r"""
 root   ::= object
@@ -273,3 +273,19 @@ def test_eos_only_at_the_end(toy):
     s.accept(98)
     assert s.is_accepting() and s.is_finished()
     s.accept(EOS)
+
+
+@pytest.mark.parametrize(
+    "gbnf, yes, no",
+    [
+        ('root ::= "a"{0} "b"', ["b"], ["ab", "a", ""]),
+        ('root ::= [a-z]{0,0} "b" x{0}\nx ::= "c" x | "d"', ["b"], ["ab", "bd", "bcd"]),
+        ('root ::= ("a" root){0} "b" | "c"', ["b", "c"], ["ab", "abb", "cb"]),
+    ],
+)
+def test_zero_repetitions_are_the_empty_string(bytes_vocab, gbnf: str, yes: list[str], no: list[str]) -> None:
+    """x{0} and x{0,0} match nothing but the empty string, as in llama.cpp (llguidance refuses a range
+    ending at 0: such a grammar was a GrammarError quoting the generated Lark)."""
+    g = LlamaGrammar.from_string(gbnf)
+    assert all(matches(g, bytes_vocab, s) for s in yes)
+    assert not any(matches(g, bytes_vocab, s) for s in no)

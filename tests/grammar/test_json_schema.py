@@ -222,6 +222,10 @@ def test_additional_properties_default():
     }
     default_no_additional_properties(s5)
     assert "additionalProperties" not in s5 and "additionalProperties" not in s5["anyOf"][1]
+    # a root that is a $ref beside its definitions (pydantic's recursive models): the definition is plain
+    s6 = {"$defs": {"n": {"type": "object", "properties": {"v": {"type": "integer"}}}}, "$ref": "#/$defs/n"}
+    default_no_additional_properties(s6)
+    assert s6["$defs"]["n"]["additionalProperties"] is False
 
 
 def test_additional_properties_in_allof_still_work(toy):
