@@ -13,7 +13,7 @@ import pytest
 
 from llamapy.grammar import GrammarError, GrammarSampler, LlamaGrammar
 from llamapy.sampling import GreedySampler, Sampler, SamplerChain, SamplingParams, TokenDataArray, build_chain
-from tests.grammar.conftest import EOS, EOT, PAD, allowed, apply_full, is_allowed, random_walk
+from tests.grammar.conftest import EOS, EOT, PAD, allowed, apply_full, is_allowed, matches, random_walk
 from tests.grammar.test_gbnf import JSON_GBNF
 
 EXPR = r"""
@@ -203,3 +203,17 @@ def test_grammar_with_an_empty_language_is_refused():
         LlamaGrammar.from_string('root ::= "(" root ")"')
     with pytest.raises(GrammarError, match="can never be completed"):
         LlamaGrammar.from_string("root ::= [] x\nx ::= x")
+
+
+@pytest.mark.parametrize(
+    "gbnf, text",
+    [
+        ('root ::= expr\nexpr ::= "(" ws (expr ws)* ")" | atom\natom ::= [^() \\n]+\nws ::= [ \\n]*', "(a (b c) (d (e f)))"),
+        ('root ::= elem\nelem ::= "<" name ">" content "</" name ">"\ncontent ::= (elem | [^<]+)*\nname ::= [a-z]+',
+         "<a>hi there<b>yo</b>x</a>"),
+    ],
+)  # fmt: skip
+def test_recursive_free_text_grammars_follow_a_real_vocabulary(smollm2, gbnf: str, text: str) -> None:
+    """Free text that cannot be one lexeme is written a character a lexeme; on SmolLM2's 49k tokens its
+    masks visit more Earley items than llguidance's default 50k ('Too many items' after '(a' / '<a>')."""
+    assert matches(LlamaGrammar.from_string(gbnf), smollm2, text)
