@@ -1,7 +1,8 @@
 """Chat templates: a model's ``tokenizer.chat_template`` (Jinja) rendered safely, plus built-in fallbacks.
 
 Templates come from untrusted files, so they run in jinja2's ``ImmutableSandboxedEnvironment`` (no
-Python internals, no mutating lists or dicts passed in) with the environment Hugging Face's
+Python internals, no mutating dicts; lists may ``append`` and ``pop``, as in llama.cpp's Jinja engine,
+and a template that calls them renders on copies of its inputs) with the environment Hugging Face's
 ``apply_chat_template`` gives them: ``trim_blocks``/``lstrip_blocks``, loop controls, the
 ``{% generation %}`` tag, ``raise_exception``, ``strftime_now``, ``tojson`` without ASCII escaping, and
 the variables ``messages``, ``bos_token``, ``eos_token``, ``add_generation_prompt``, ``tools``,
@@ -16,8 +17,10 @@ llama.cpp, a template that only understands one of the two forms gets the other 
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -120,6 +123,7 @@ def _environment() -> BoundedSandbox:
 
 
 _ENV = _environment()
+_MUTATES = re.compile(r"\.\s*(?:append|pop)\s*\(")  # a call of a list mutator the sandbox allows
 
 
 def _concat_parts(parts: Sequence[Any]) -> str:
@@ -183,6 +187,8 @@ class ChatTemplate:
             raise TemplateError(f"{name}: syntax error at line {e.lineno}: {e.message}") from None
         except Exception as e:  # e.g. recursion in a pathological source
             raise TemplateError(f"{name}: cannot parse: {type(e).__name__}: {e}") from None
+        # it may append to or pop from a list (template_sandbox.LIST_MUTATORS): render on copies of the inputs
+        self._mutates = _MUTATES.search(source) is not None
         self._caps: tuple[bool, bool] | None = None
         self._system_role: bool | None = None
         self._object_args: bool | None = None
@@ -322,6 +328,10 @@ class ChatTemplate:
     # --- rendering ---
 
     def _render_raw(self, variables: dict[str, Any]) -> str:
+        if self._mutates:
+            variables = {
+                k: copy.deepcopy(v) if isinstance(v, (list, dict)) else v for k, v in variables.items()
+            }
         ctx = {"bos_token": self.bos_token, "eos_token": self.eos_token, "tools": None, "documents": None}
         ctx.update(variables)
         chunks: list[str] = []

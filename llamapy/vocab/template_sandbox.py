@@ -36,7 +36,7 @@ import jinja2
 from jinja2 import nodes
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 
 MAX_OUTPUT_CHARS = 8 * 1024 * 1024
 MAX_VALUE_SIZE = 2 * MAX_OUTPUT_CHARS
@@ -256,12 +256,25 @@ class _BoundedCodeGenerator(CodeGenerator):
         self.write("))")
 
 
+#: the list methods a template may call although they change the list: Kimi-K2's templates queue tool
+#: call ids with ``ns.ids.append(id)`` / ``ns.ids.pop(0)``, as llama.cpp's Jinja engine allows. One item
+#: at a time, so the render guard's memory check sees a list grow; ``ChatTemplate`` renders such a
+#: template on copies of its inputs.
+LIST_MUTATORS = frozenset({"append", "pop"})
+
+
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """The immutable sandbox with size bounds (see the module's doc) and unsafe attribute access an error
-    at once (``__class__``, ``list.append``, ...), not a silent empty value."""
+    at once (``__class__``, ``dict.update``, ...), not a silent empty value; lists may ``append`` and
+    ``pop`` (:data:`LIST_MUTATORS`)."""
 
     code_generator_class = _BoundedCodeGenerator
     intercepted_binops = frozenset({"**", "*", "+", "%"})
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        if isinstance(obj, list) and attr in LIST_MUTATORS:
+            return SandboxedEnvironment.is_safe_attribute(self, obj, attr, value)
+        return super().is_safe_attribute(obj, attr, value)
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
         raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")

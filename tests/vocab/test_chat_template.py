@@ -150,7 +150,8 @@ def test_generation_tag_and_loop_controls():
     [
         ("{{ messages.__class__.__mro__ }}", "unsafe"),
         ("{{ ''.__class__.__base__.__subclasses__() }}", "unsafe"),
-        ("{% set _ = messages.append(1) %}", "unsafe"),
+        ("{% set _ = messages[0].update(role=1) %}", "unsafe"),
+        ("{% set _ = messages.__setitem__(0, 1) %}", "unsafe"),
         ("{{ '{0.__class__}'.format(messages) }}", "unsafe"),
         ("{{ cycler.__init__.__globals__ }}", "unsafe"),
         ("{% for i in range(10**9) %}{% endfor %}", "over the limit"),
@@ -268,3 +269,18 @@ def test_tool_call_arguments_given_as_objects_when_the_template_wants_them():
     assert (
         TOOL_TURNS[1]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
     )  # caller's data untouched
+
+
+def test_lists_append_and_pop_on_copies_of_the_inputs():
+    """As llama.cpp's Jinja engine (Kimi-K2's templates queue tool call ids in a namespace's list); the
+    caller's messages are not changed."""
+    src = (
+        "{% set ns = namespace(ids=[]) %}{% for m in messages %}{% set _ = ns.ids.append(m.role) %}{% endfor %}"
+        "{% set _ = messages.pop(0) %}{{ ns.ids.pop(0) }}|{{ ns.ids | join(',') }}|{{ messages | length }}"
+    )
+    turns = [dict(t) for t in TURNS]
+    assert (
+        ChatTemplate(src).render(turns)
+        == f"{TURNS[0]['role']}|{','.join(t['role'] for t in TURNS[1:])}|{len(TURNS) - 1}"
+    )
+    assert turns == TURNS
