@@ -459,6 +459,26 @@ class Compare:
             d[side] = {"n": len(only), "sampled": len(sample), "classes": dict(cls), "examples": ex}
         return d
 
+    def py_error(self, seq: dict, rec: dict, i: int, prefix: list[int], e: Exception) -> None:
+        """llamapy's mask failed at step ``i`` after ``prefix``: note it in the sequence and the counts."""
+        seq["py_error"] = f"step {i} after {self.text(prefix)[-60:]!r}: {type(e).__name__}: {str(e)[:160]}"
+        rec["py_errors"] += 1
+
+    def record_step(self, seq: dict, rec: dict, i: int, prefix: list[int], a, b, ps) -> dict | None:
+        """Compare the two masks at step ``i`` (after ``prefix``); a difference goes into the sequence and
+        its token classes into the counts. Returns it (None: the same)."""
+        d = self.step_diff(a, b, ps)
+        rec["steps"] += 1
+        if d is not None:
+            d["step"] = i
+            d["prefix"] = self.text(prefix)[-120:]
+            d["prefix_tokens"] = len(prefix)
+            seq["diffs"].append(d)
+            for side in ("lc_only", "py_only"):
+                for c, k in d[side]["classes"].items():
+                    rec["classes"][f"{side}:{c}"] += 1 if k else 0
+        return d
+
     def run_sequence(
         self, lc_s: int, ps, toks: list[int], rec: dict, label: str, verbose: bool = False
     ) -> dict:
@@ -471,22 +491,10 @@ class Compare:
             try:
                 b = self.py.mask(ps)
             except Exception as e:  # llguidance gave up (e.g. too many Earley items): reported
-                seq["py_error"] = (
-                    f"step {i} after {self.text(done)[-60:]!r}: {type(e).__name__}: {str(e)[:160]}"
-                )
-                rec["py_errors"] += 1
+                self.py_error(seq, rec, i, done, e)
                 end = "py_error"
                 break
-            d = self.step_diff(a, b, ps)
-            rec["steps"] += 1
-            if d is not None:
-                d["step"] = i
-                d["prefix"] = self.text(done)[-120:]
-                d["prefix_tokens"] = len(done)
-                seq["diffs"].append(d)
-                for side in ("lc_only", "py_only"):
-                    for c, k in d[side]["classes"].items():
-                        rec["classes"][f"{side}:{c}"] += 1 if k else 0
+            d = self.record_step(seq, rec, i, done, a, b, ps)
             if verbose:
                 self.print_step(i, done, a, b, d)
             if i == len(toks):
@@ -533,21 +541,9 @@ class Compare:
             try:
                 b = self.py.mask(ps)
             except Exception as e:  # reported, as in run_sequence
-                seq["py_error"] = (
-                    f"step {i} after {self.text(toks)[-60:]!r}: {type(e).__name__}: {str(e)[:160]}"
-                )
-                rec["py_errors"] += 1
+                self.py_error(seq, rec, i, toks, e)
                 break
-            d = self.step_diff(a, b, ps)
-            rec["steps"] += 1
-            if d is not None:
-                d["step"] = i
-                d["prefix"] = self.text(toks)[-120:]
-                d["prefix_tokens"] = len(toks)
-                seq["diffs"].append(d)
-                for side in ("lc_only", "py_only"):
-                    for c, k in d[side]["classes"].items():
-                        rec["classes"][f"{side}:{c}"] += 1 if k else 0
+            self.record_step(seq, rec, i, toks, a, b, ps)
             both = a & b
             both[eog] = False
             cand = np.flatnonzero(both)

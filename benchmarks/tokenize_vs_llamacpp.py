@@ -395,6 +395,15 @@ def fmt_pieces(ids, piece) -> list:
     return [piece(t).decode("utf-8", "backslashreplace") for t in ids]
 
 
+def _count_case(
+    res: dict, counts: dict, key: str, kind: str, minimal: str, want: object, got: object
+) -> None:
+    """Count a mismatch of ``kind`` under ``key``; the first two of each go into ``res['cases']``."""
+    counts[key] = counts.get(key, 0) + 1
+    if counts[key] <= 2:
+        res["cases"].append({"kind": kind, "flags": key, "min": minimal, "llamacpp": want, "llamapy": got})
+
+
 def run_vocab(
     cpp: LlamaCpp,
     path: Path,
@@ -518,10 +527,7 @@ def run_vocab(
                 want = cpp.detokenize(ids, rs, us)
                 got = py_detok(v, ids, rs, us)
                 if got != want:
-                    nbad[key] = nbad.get(key, 0) + 1
-                    if nbad[key] <= 2:
-                        res["cases"].append({"kind": "detokenize_ids", "flags": key, "min": f"ids {ids}",
-                                             "llamacpp": repr(want), "llamapy": repr(got)})  # fmt: skip
+                    _count_case(res, nbad, key, "detokenize_ids", f"ids {ids}", repr(want), repr(got))
     res["detok_random_ids"] = {"n": n_random_ids, **nbad}
 
     # invalid UTF-8 that llama.cpp survives (lone continuation bytes, cut multi-byte sequences; a 4-byte
@@ -544,10 +550,7 @@ def run_vocab(
             want = cpp.tokenize(data, add, parse)
             got = py_tokenize(v, data, add, parse)
             if got != want:
-                bad_bytes[key] = bad_bytes.get(key, 0) + 1
-                if bad_bytes[key] <= 2:
-                    res["cases"].append({"kind": "tokenize_bytes", "flags": key, "min": repr(data),
-                                         "llamacpp": want, "llamapy": got})  # fmt: skip
+                _count_case(res, bad_bytes, key, "tokenize_bytes", repr(data), want, got)
     res["bytes"] = {"n": n_bytes, **bad_bytes}
     res["seconds"] = round(time.time() - t0, 1)
     return res

@@ -27,6 +27,12 @@ def _logf(x: np.ndarray) -> np.ndarray:
         return np.log(np.asarray(x, dtype=np.float64)).astype(_F32)
 
 
+def _log2f(x: np.ndarray | float) -> np.ndarray:
+    """float32 log2, correctly rounded (C's ``log2f``)."""
+    with np.errstate(divide="ignore"):
+        return np.log2(np.asarray(x, dtype=np.float64)).astype(_F32)
+
+
 def _sum_f32(x: np.ndarray) -> np.float32:
     """A running float32 sum in order (C's loop), where ``sum`` would add pairwise."""
     return np.cumsum(x, dtype=_F32)[-1] if len(x) else _F32(0)
@@ -337,8 +343,7 @@ class MirostatSampler(_Seeded):
         self._update(cur.p[idx])
 
     def _update(self, p: float) -> None:
-        with np.errstate(divide="ignore"):
-            surprise = -_F32(np.log2(np.float64(p)))  # C's log2f, correctly rounded
+        surprise = -_log2f(p)
         self.mu = float(_F32(_F32(self.mu) - _F32(self.eta) * _F32(surprise - _F32(self.tau))))
 
     def reset(self) -> None:
@@ -357,9 +362,7 @@ class MirostatV2Sampler(MirostatSampler):
     def apply(self, cur: TokenDataArray) -> None:
         # llama.cpp sorts (its softmax sums in that order), then cuts at the first surprise above mu
         cur.softmax(True)
-        with np.errstate(divide="ignore"):
-            surprise = -np.log2(np.asarray(cur.p, dtype=np.float64)).astype(_F32)  # C's log2f
-        over = np.flatnonzero(surprise > _F32(self.mu))
+        over = np.flatnonzero(-_log2f(cur.p) > _F32(self.mu))
         cur.truncate(max(int(over[0]) if len(over) else cur.size, 1))
         cur.softmax(True)
         idx = self._rng.discrete(cur.p)
