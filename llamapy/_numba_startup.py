@@ -418,7 +418,7 @@ def _cache_loads_import_less() -> None:
         return orig_typeof(val, c)
 
     def _compilation_chain_init_hook(self):  # type: ignore[no-untyped-def]
-        if not getattr(self.py_func, "__module__", "").startswith("llamapy."):
+        if not (getattr(self.py_func, "__module__", None) or "").startswith("llamapy."):
             return orig_hook(self)  # anyone else's function (it may take an extension's types)
         return None  # llamapy's kernels take arrays and scalars; a compile's refresh runs init_all
 

@@ -177,3 +177,16 @@ def test_threading_layer_starts_without_multiprocessing(tmp_path: Path) -> None:
     assert run_with_numba_cache(tmp_path, PARALLEL)[:2] == ["499500.0", "_thread False"]
     plain = run_with_numba_cache(tmp_path, PARALLEL, LLAMAPY_NUMBA_PLAIN="1")[:2]
     assert plain[0] == "499500.0" and plain[1] != "_thread False"
+
+
+def test_function_without_a_module_compiles() -> None:
+    """A function made by ``exec`` in a namespace without ``__name__`` has ``__module__ = None``: the
+    start-up hook that tells llamapy's kernels from anyone else's took its ``startswith`` (AttributeError)."""
+    from numba import njit
+
+    import llamapy._numba  # noqa: F401  (installs the start-up hooks)
+
+    ns: dict = {}
+    exec("def twice(x):\n    return 2 * x\n", ns)
+    assert ns["twice"].__module__ is None
+    assert njit(cache=False)(ns["twice"])(21) == 42
