@@ -290,7 +290,10 @@ class _Parser:
             raise self.error(pos, "expecting '<' (a token reference)")
         pos += 1
         if self.ch(pos) == "[":
-            tid, pos = self.integer(pos + 1)
+            tid, end = self.integer(pos + 1)
+            if tid >= 2**31:  # llama.cpp's token ids are int32
+                raise self.error(pos + 1, f"token id {tid} is too large")
+            pos = end
             if self.ch(pos) != "]":
                 raise self.error(pos, "expecting ']'")
             if self.ch(pos + 1) != ">":

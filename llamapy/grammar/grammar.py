@@ -275,7 +275,14 @@ class LlamaGrammar:
         if info is None:
             return LLMatcher.grammar_from_lark(bind_tokens(self._lark, lambda text: 0))
 
-        def resolve(text: str) -> int:
+        def resolve(text: str | int) -> int:
+            if isinstance(text, int):
+                if text >= info.n_vocab:
+                    raise GrammarError(
+                        f"GBNF grammar: token reference <[{text}]> is out of range: this vocabulary has "
+                        f"{info.n_vocab} tokens"
+                    )
+                return text
             t = info.special.get(text)
             if t is not None:
                 return t

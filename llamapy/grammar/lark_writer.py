@@ -36,10 +36,11 @@ _PLACEHOLDER = re.compile("\x00(\\d+)\x00")
 
 @dataclass
 class Converted:
-    """GBNF written as Lark; ``tokens``: the ``<text>`` references to resolve; ``units``: lexemes kept whole."""
+    """GBNF written as Lark; ``tokens``: the ``<text>``/``<[id]>`` references to resolve with a vocabulary;
+    ``units``: lexemes kept whole."""
 
     lark: str
-    tokens: list[tuple[str, bool]]  # (text such as "<think>", negated)
+    tokens: list[tuple[str | int, bool]]  # (text such as "<think>", or an id; negated)
     units: int
 
 
@@ -62,7 +63,7 @@ class LarkWriter:
         self.terms: list[str] = []
         self.extra: list[str] = []
         self.term_exprs: dict[str, str] = {}
-        self.tokens: list[tuple[str, bool]] = []
+        self.tokens: list[tuple[str | int, bool]] = []
         self.term_todo: list[str] = []
 
     def _prune(self) -> None:
@@ -278,9 +279,7 @@ class LarkWriter:
             return "(" + " ".join(lark_string((cp,)) for cp in it.cps) + ")"
         if isinstance(it, Cls):
             return class_regex(it)
-        if isinstance(it, Tok):
-            if isinstance(it.value, int):
-                return f"<[{'^' if it.negated else ''}{it.value}]>"
+        if isinstance(it, Tok):  # ids too: a vocabulary checks their range
             self.tokens.append((it.value, it.negated))
             return f"\x00{len(self.tokens) - 1}\x00"
         if self.is_chars(it) and it.unit:
@@ -341,8 +340,9 @@ def gbnf_lark(g: Grammar) -> Converted:
     return LarkWriter(g).write()
 
 
-def bind_tokens(conv: Converted, resolve: Callable[[str], int]) -> str:
-    """The Lark of ``conv`` with each ``<text>`` reference replaced by ``<[id]>`` (``<[^id]>`` if negated)."""
+def bind_tokens(conv: Converted, resolve: Callable[[str | int], int]) -> str:
+    """The Lark of ``conv`` with each ``<text>`` or ``<[id]>`` reference replaced by ``<[resolve(it)]>``
+    (``<[^...]>`` if negated)."""
 
     def sub(m: re.Match[str]) -> str:
         text, negated = conv.tokens[int(m.group(1))]

@@ -169,11 +169,14 @@ def test_token_by_text_that_is_not_one_token(toy):
         g.check(toy)
 
 
-def test_token_id_out_of_range(toy):
-    g = LlamaGrammar.from_string("root ::= <[100000]>")
+@pytest.mark.parametrize("src", ["root ::= <[100000]>", 'root ::= "a" !<[99999999]>', "root ::= <[291]>"])
+def test_token_id_out_of_range(toy, src):
+    g = LlamaGrammar.from_string(src)
     g.check()  # without a vocabulary nothing to check against
-    with pytest.raises(GrammarError, match="100000"):
+    with pytest.raises(GrammarError, match=r"<\[\d+\]> is out of range: this vocabulary has 291 tokens") as e:
         g.check(toy)
+    assert "start:" not in str(e.value)  # the user's grammar, not the Lark written from it
+    LlamaGrammar.from_string("root ::= <[290]> !<[0]>").check(toy)  # the last id and the first are fine
 
 
 ERRORS = [
@@ -191,6 +194,7 @@ ERRORS = [
     ('root ::= "a"{5,2}', "below its minimum"),
     ('root ::= "a"{2', "expecting ',' or '}'"),
     ("root ::= <[12", "expecting ']'"),
+    ("root ::= <[2147483648]>", "token id 2147483648 is too large at line 1, column 12"),
     ("root ::= <abc", "expecting '>'"),
     ("root ::= !x", "expecting '<'"),
     ("root ::= (((((([^x]*){0,99}){0,99}){0,99}){0,99}){0,99}){0,99}", "beyond llama.cpp's limit"),
