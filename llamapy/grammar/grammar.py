@@ -16,6 +16,8 @@ for llguidance; ``Trigger``: when a lazy grammar starts constraining.
   to false for generation, even though the spec says true"); where such an object is merged with others
   (``allOf``, ``$ref`` with siblings, ``anyOf``/``oneOf`` next to other keywords, ``not``, ``if``) the
   default is llguidance's (JSON Schema's: allowed). Either way the output validates against the schema.
+  In strings the model may write ``\uXXXX`` only for control characters (llguidance's JSON); every other
+  character is written as itself, where llama.cpp's grammars also allow any ``\uXXXX`` escape.
 - Regexes are Rust ``regex`` syntax (``\d`` is any Unicode digit), matched against the whole output.
 """
 
