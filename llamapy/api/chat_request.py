@@ -6,6 +6,7 @@ Shared by :class:`llamapy.api.Llama` and the server, so both refuse the same req
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,6 +127,41 @@ def _token_id(vocab: Any, text: str) -> int:
     return int(lookup(text)) if lookup is not None else -1
 
 
+def template_context(now: datetime.datetime | None = None) -> dict[str, str]:
+    """The variables llama.cpp gives every chat template (``common_chat_extra_context``): ``datetime``
+    ("Mar 14 2025") and ``date_string`` ("14 Mar 2025"), today's date (Llama 3.x and firefunction show it)."""
+    now = now or datetime.datetime.now()
+    return {"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
+
+
+def thinking_kwargs(
+    template: Any,
+    chat_template_kwargs: Mapping[str, Any] | None,
+    *,
+    reasoning: bool = True,
+    reasoning_effort: str | None = None,
+) -> dict[str, Any]:
+    """The template's ``enable_thinking`` (and ``reasoning_effort``), as llama-server decides them: on where
+    reasoning is on (``reasoning``, llama-server's ``--reasoning``) and the template reacts to it
+    (``ChatTemplate.supports_thinking``), else off; a boolean ``chat_template_kwargs["enable_thinking"]``
+    decides instead, and ``reasoning_effort`` "none" turns it off (another effort is passed on)."""
+    kwargs = dict(chat_template_kwargs or {})
+    enabled = reasoning and bool(getattr(template, "supports_thinking", False))
+    explicit = kwargs.get("enable_thinking")
+    if isinstance(explicit, str):
+        raise ChatRequestError(
+            'invalid type for "enable_thinking" (expected boolean, got string)', "chat_template_kwargs"
+        )
+    if isinstance(explicit, bool):
+        enabled = explicit
+    if reasoning_effort == "none":
+        enabled = False
+        kwargs.pop("reasoning_effort", None)
+    elif reasoning_effort:
+        kwargs["reasoning_effort"] = reasoning_effort
+    return {"enable_thinking": enabled, **kwargs}
+
+
 def plan_chat(
     template: Any,
     vocab: Any,
@@ -139,8 +175,14 @@ def plan_chat(
     reasoning_format: str | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     add_generation_prompt: bool = True,
+    reasoning: bool = True,
+    reasoning_effort: str | None = None,
 ) -> ChatPlan:
     """Render the prompt and choose the grammar and parser of one chat request (see module docstring).
+
+    The template gets :func:`template_context`, ``enable_thinking`` (:func:`thinking_kwargs`: ``reasoning``
+    False is llama-server's ``--reasoning off``, ``reasoning_effort`` OpenAI's field), the family's
+    variables, then ``chat_template_kwargs`` over them.
 
     ``template`` is a :class:`llamapy.vocab.chat_template.ChatTemplate`; ``grammar`` a
     :class:`llamapy.grammar.LlamaGrammar` (or GBNF text). Errors: :class:`ChatRequestError`,
@@ -173,8 +215,13 @@ def plan_chat(
     parallel = True if parallel_tool_calls is None else bool(parallel_tool_calls)
     fmt = detect_format(getattr(template, "source", None), tools_requested=use_tools)
     msgs = fmt.prepare_messages(list(messages), tools=tools if use_tools else None)
-    kwargs: dict[str, Any] = dict(fmt.template_kwargs(tools, choice, parallel) if use_tools else {})
-    kwargs.update(chat_template_kwargs or {})
+    kwargs: dict[str, Any] = template_context()
+    kwargs.update(fmt.template_kwargs(tools, choice, parallel) if use_tools else {})
+    kwargs.update(
+        thinking_kwargs(
+            template, chat_template_kwargs, reasoning=reasoning, reasoning_effort=reasoning_effort
+        )
+    )
     prompt = template.render(msgs, add_generation_prompt=add_generation_prompt, tools=tools, **kwargs)
     prompt = fmt.finish_prompt(prompt, add_generation_prompt)  # (Gemma 4: the turn its template omits)
     preserved: list[int] = []

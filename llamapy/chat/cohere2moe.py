@@ -8,7 +8,7 @@
 ```
 
 The template writes the history's call ids (or fresh numbers), so the grammar takes any string id; the
-parser gives the calls fresh unique ids.
+parser keeps the model's ``tool_call_id`` as the call's id (as llama.cpp's handler does).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .syntax import SyntaxFormat
 
 START_TEXT, END_TEXT = "<|START_TEXT|>", "<|END_TEXT|>"
 # (any id: the template writes the history's)
-SYNTAX, PRESERVED = command_syntax({"type": "string"}, (START_TEXT, END_TEXT))
+SYNTAX, PRESERVED = command_syntax({"type": "string"}, (START_TEXT, END_TEXT), keep_ids=True)
 
 
 class Cohere2MoeFormat(SyntaxFormat, ChatFormat):

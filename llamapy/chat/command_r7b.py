@@ -22,8 +22,8 @@ from .syntax import (
     Node,
     SyntaxFormat,
     ToolSyntax,
-    accept,
     alt,
+    drop,
     end_tag,
     json_calls,
     lit,
@@ -36,9 +36,10 @@ from .syntax import (
 START_ACTION, END_ACTION = "<|START_ACTION|>", "<|END_ACTION|>"
 
 
-def action(id_schema: dict) -> Node:
+def action(id_schema: dict, keep_ids: bool = False) -> Node:
     """``<|START_ACTION|>[{"tool_call_id", "tool_name", "parameters"}, ...]<|END_ACTION|>``; the
-    grammar's ``tool_call_id`` has ``id_schema``, the parser gives the calls fresh ids."""
+    grammar's ``tool_call_id`` has ``id_schema``; the parser keeps a string ``tool_call_id`` as the call's
+    id (``keep_ids``) or gives the calls fresh ids."""
 
     def item(f: dict) -> dict:
         return {
@@ -53,17 +54,23 @@ def action(id_schema: dict) -> Node:
 
     def read(v: Any) -> ToolCall | None:
         call = call_from_object(v, "tool_name", ("parameters",))
-        return ToolCall(call.name, call.arguments) if call else None  # (its ids are not the API's)
+        if call is None:
+            return None
+        call_id = v.get("tool_call_id") if keep_ids else None
+        return ToolCall(call.name, call.arguments, call_id if isinstance(call_id, str) else "")
 
     calls = json_calls(array=True, only_array=True, comma=False, item=item, read=read)
     return seq(lit(START_ACTION, True), ws(), calls, end_tag(END_ACTION, True))
 
 
-def command_syntax(id_schema: dict, answer: tuple[str, str]) -> tuple[ToolSyntax, tuple[str, ...]]:
-    """An :func:`action` block, the ``answer``'s tags dropped; and the preserved tokens."""
-    tags = accept(pattern("|".join(regex.escape(t) for t in answer)))
+def command_syntax(
+    id_schema: dict, answer: tuple[str, str], keep_ids: bool = False
+) -> tuple[ToolSyntax, tuple[str, ...]]:
+    """An :func:`action` block (``keep_ids``: see there), the ``answer``'s tags dropped (with or without
+    tools); and the preserved tokens."""
+    tags = drop(pattern("|".join(regex.escape(t) for t in answer)))
     think = (COMMAND_R7B_THINK.start, COMMAND_R7B_THINK.end)
-    return tool_syntax(alt(action(id_schema), tags), repeat=False), (
+    return tool_syntax(alt(action(id_schema, keep_ids), tags), repeat=False), (
         START_ACTION,
         END_ACTION,
         *answer,

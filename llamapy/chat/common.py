@@ -436,7 +436,7 @@ class StreamParser(ChatParser):
         if mode == "content":
             if not buf:
                 return False
-            if not self.syntax.parse_tool_calls or (self.call_start is None and self.call_at_start is None):
+            if self.call_start is None and self.call_at_start is None:
                 self._content(buf)
                 self._buf = ""
                 return False

@@ -2,7 +2,7 @@
 
 The order matters: DeepSeek V3.2 / V4 (DSML), R1 / V3.1, Command R7B, Cohere2MoE, Granite,
 Qwen3-Coder XML, Gemma 4, GLM (``<arg_key>``), Kimi K2, MiniMax M2, Seed-OSS, MiniCPM 5, GigaChat 3,
-Apertus, LFM2, Hermes and JSON between tags (Nemotron Nano v2, Apriel 1.6, MiniMax M1) come first
+Apertus, LFM2, JSON between tags (Nemotron Nano v2, Apriel 1.5 / 1.6, MiniMax M1) and Hermes come first
 (their handlers also parse reasoning, so they are used with or without tools), then gpt-oss,
 Functionary, Llama 3.x, Magistral; without tools the rest is content-only, with tools Mistral,
 Phi-4-mini or the generic JSON fallback. Templates that write ``<tool_call>`` with a syntax this
@@ -85,8 +85,9 @@ _RULES: tuple[tuple[Callable[[str], bool], Callable[[str], ChatFormat]], ...] = 
         lambda src: _all("<|tool_list_start|>", "<|tool_list_end|>")(src) or "List of tools: [" in src,
         Lfm2Format,
     ),
-    (_hermes_json, HermesFormat),
+    # (before Hermes: Apriel 1.5 writes <tool_calls>[...] but its prose names <tool_call>)
     (lambda src: family_of(src) is not None, _json_tags),
+    (_hermes_json, HermesFormat),
     (_all("<|channel|>"), GptOssFormat),
     (_all(">>>all"), FunctionaryV32Format),
 )

@@ -17,9 +17,9 @@ from .syntax import (
     SyntaxFormat,
     SyntaxParser,
     ToolSyntax,
-    accept,
     alt,
     code,
+    drop,
     end_tag,
     function,
     json_args,
@@ -41,7 +41,7 @@ def _v32_triggers(req: GrammarRequest) -> tuple[tuple[str, str], ...]:
 # a recipient line (the grammar's first one is in the prompt), then JSON arguments or python's raw code
 V32 = tool_syntax(
     alt(
-        accept(lit(RECIPIENT + "all\n")),  # text to the user follows
+        drop(lit(RECIPIENT + "all\n")),  # text to the user follows
         function(
             RECIPIENT + "{name}\n",
             alt(json_args(), code(RECIPIENT, guard=r"\s*\{", gen="/[^{](?s:.*)/")),

@@ -180,10 +180,14 @@ class GptOssFormat(ChatFormat):
     preserved = (CHANNEL, CONSTRAIN, MESSAGE, START, END)
 
     def prepare_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[dict]:
+        """``reasoning_content`` as the template's ``thinking``; with tool calls the content is dropped
+        (the template refuses both, as llama.cpp's gpt-oss handler does)."""
         out = super().prepare_messages(messages, tools)
         for m in out:
-            if m.get("role") == "assistant" and isinstance(m.get("reasoning_content"), str):
+            if isinstance(m.get("reasoning_content"), str):
                 m["thinking"] = m["reasoning_content"]
+                if m.get("tool_calls"):
+                    m["content"] = ""
         return out
 
     def build_grammar(self, req: GrammarRequest) -> ToolGrammar:

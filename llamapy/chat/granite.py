@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .common import ChatFormat
 from .reasoning import THINK
-from .syntax import SyntaxFormat, accept, alt, json_calls, lit, pattern, seq, tool_syntax, ws
+from .syntax import SyntaxFormat, alt, drop, json_calls, lit, pattern, seq, tool_syntax, ws
 
 TOOL_CALL = "<|tool_call|>"
 SYNTAX = tool_syntax(
@@ -15,7 +15,7 @@ SYNTAX = tool_syntax(
             ws(""),
             json_calls(array=True, only_array=True, comma=False, keys=("arguments",)),
         ),
-        accept(pattern(r"</?response>")),  # the answer's wrapping tags: dropped
+        drop(pattern(r"</?response>")),  # the answer's wrapping tags: dropped
     ),
     repeat=False,
 )

@@ -8,8 +8,6 @@ code it is a call of ``python`` with ``{"code": ...}``.
 
 from __future__ import annotations
 
-import datetime
-
 import regex
 
 from .common import (
@@ -145,10 +143,7 @@ class Llama3Format(SyntaxFormat, ChatFormat):
     def template_kwargs(
         self, tools: list[dict] | None, tool_choice: str | dict = "auto", parallel_tool_calls: bool = True
     ) -> dict:
-        kwargs: dict = {
-            "date_string": datetime.date.today().strftime("%d %b %Y"),
-            "tools_in_user_message": False,
-        }
+        kwargs: dict = {"tools_in_user_message": False}  # (date_string: api.chat_request.template_context)
         builtins = [f["name"] for f in self._builtins(tools)]
         if builtins:
             kwargs["builtin_tools"] = builtins

@@ -292,6 +292,20 @@ class Accept(Node):
         return False
 
 
+class Drop(Accept):
+    """A wrapper of the answer's text (``<|START_RESPONSE|>``...) that the parser drops, with or without
+    tools: the only part of a syntax read when the request has none (:func:`drop`)."""
+
+
+def content_drops(node: Node) -> list[Node]:
+    """The :class:`Drop` alternatives of a call syntax (through nested alternatives)."""
+    if isinstance(node, Drop):
+        return [node]
+    if isinstance(node, Alt):
+        return [d for n in node.nodes for d in content_drops(n)]
+    return []
+
+
 @dataclass
 class Function(Node):
     """A call's head ``template`` (with ``{name}``) and its body: the grammar has one alternative per
@@ -733,6 +747,11 @@ def accept(node: Node) -> Accept:
     return Accept(node)
 
 
+def drop(node: Node) -> Drop:
+    """``node`` as a :class:`Drop`: an answer wrapper read (and dropped) with or without tools."""
+    return Drop(node)
+
+
 def function(
     template: str,
     *body: Node,
@@ -811,6 +830,8 @@ class ToolSyntax:
                 seq(Pattern(self.at_start_skip), self.at_start) if self.at_start_skip else self.at_start
             )
         self.reads_first = Alt((self.reads, self.first)) if self.first else self.reads
+        drops = content_drops(self.call)
+        self.reads_content: Node | None = Alt(tuple(drops)) if drops else None  # (without tools)
 
     def grammar(
         self, req: GrammarRequest, think: ThinkTags | None, preserved: tuple[str, ...]
@@ -865,16 +886,23 @@ class SyntaxParser(StreamParser):
 
     def __init__(self, syntax: ChatSyntax, tool: ToolSyntax, think: ThinkTags | None) -> None:
         self.think = think
-        self.call_start = regex.compile(tool.reads.start()[0])
-        if tool.first is not None:
+        # without tools only the answer's wrappers are read (and dropped)
+        self.reads = tool.reads_first if syntax.parse_tool_calls else tool.reads_content
+        if self.reads is not None:
+            self.call_start = regex.compile(
+                (tool.reads if syntax.parse_tool_calls else self.reads).start()[0]
+            )
+        if tool.first is not None and syntax.parse_tool_calls:
             self.call_at_start = regex.compile(tool.first.start()[0])
         super().__init__(syntax)
         self.tool = tool
         self.tables = parameter_tables(syntax.tools)
 
     def parse_call(self, buf: str, final: bool) -> CallParse | None:
+        if self.reads is None:
+            return NOT_A_CALL
         s = Scan(buf, final, self.tables, json_cache=self.json_cache)
-        end = self.tool.reads_first.parse(s, 0)
+        end = self.reads.parse(s, 0)
         if end is NEED:
             return None
         if end == FAIL:

@@ -5,10 +5,12 @@ Python internals, no mutating dicts; lists may ``append`` and ``pop``, as in lla
 and a template that calls them renders on copies of its inputs) with the environment Hugging Face's
 ``apply_chat_template`` gives them: ``trim_blocks``/``lstrip_blocks``, loop controls, the
 ``{% generation %}`` tag, ``raise_exception``, ``strftime_now``, ``tojson`` without ASCII escaping, and
-the variables ``messages``, ``bos_token``, ``eos_token``, ``add_generation_prompt``, ``tools``,
-``documents`` plus any extra keyword (``enable_thinking=...``). Rendering has a time, memory and size limit, and
-every operation that can amplify a value's size (``**``, ``*``, ``%``, ``center``, ``join``...) is bounded
-before it runs (:mod:`llamapy.vocab.template_sandbox`).
+the variables ``messages``, ``bos_token``, ``eos_token``, ``add_generation_prompt``, ``tools`` and
+``documents`` (left undefined when there are none, as llama.cpp does) plus any extra keyword
+(``enable_thinking=...``). As in llama.cpp's Jinja, a member of an undefined value is undefined, and an
+undefined value or none added to a string is an empty string. Rendering has a time, memory and size
+limit, and every operation that can amplify a value's size (``**``, ``*``, ``%``, ``center``,
+``join``...) is bounded before it runs (:mod:`llamapy.vocab.template_sandbox`).
 
 Message ``content`` may be a string or a list of parts (``{"type": "text", "text": ...}``); as in
 llama.cpp, a template that only understands one of the two forms gets the other converted to it
@@ -20,6 +22,7 @@ from __future__ import annotations
 import copy
 import datetime
 import json
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -114,7 +117,7 @@ def _environment() -> BoundedSandbox:
         lstrip_blocks=True,
         keep_trailing_newline=False,
         extensions=["jinja2.ext.loopcontrols", _GenerationTag],
-        undefined=jinja2.Undefined,
+        undefined=jinja2.ChainableUndefined,  # (as llama.cpp: a member of an undefined value is undefined)
     )
     env.filters["tojson"] = _tojson
     bound_filters(env)
@@ -139,6 +142,8 @@ def _concat_parts(parts: Sequence[Any]) -> str:
 
 
 _PROBE = "\u2063llamapy-probe\u2063"
+# a text part shown as data (``tojson``, a Python repr): the probe text right after a "text" key
+_SERIALIZED_PART = re.compile(r"""["']text["']\s*:\s*["']""" + re.escape(_PROBE))
 
 
 def _object_arguments(call: Any) -> Any:
@@ -192,22 +197,30 @@ class ChatTemplate:
         self._caps: tuple[bool, bool] | None = None
         self._system_role: bool | None = None
         self._object_args: bool | None = None
+        self._thinking: bool | None = None
 
     def __repr__(self) -> str:
         return f"ChatTemplate({self.name!r}, {len(self.source)} chars)"
 
     # --- capabilities (llama.cpp's supports_string_content / supports_typed_content) ---
 
-    def _probe(self, content: Any) -> bool:
+    def _try_render(self, messages: list[dict[str, Any]], **variables: Any) -> str | None:
+        """A probe render (no tools, as llama.cpp probes); None when the template fails on it."""
         try:
-            out = self._render_raw(
-                {"messages": [{"role": "user", "content": content}], "add_generation_prompt": False}
-            )
+            return self._render_raw({"messages": messages, "add_generation_prompt": False, **variables})
         except TemplateLimitExceeded:
             raise
         except TemplateError:
-            return False
-        return _PROBE in out
+            return None
+
+    def _probe(self, content: Any, role: str = "user") -> bool:
+        """Whether the template shows ``content`` (the probe text, as a string or in a text part) in a
+        ``role`` message; a part shown as a serialized structure (``tojson``, a Python repr) is not shown."""
+        msgs = [{"role": role, "content": content}]
+        if role != "user":
+            msgs.append({"role": "user", "content": "x"})
+        out = self._try_render(msgs)
+        return out is not None and _PROBE in out and _SERIALIZED_PART.search(out) is None
 
     @property
     def supports_string_content(self) -> bool:
@@ -222,19 +235,29 @@ class ChatTemplate:
         """Whether the template shows a leading system message (llama.cpp merges it into the next
         message when it does not)."""
         if self._system_role is None:
-            try:
-                out = self._render_raw(
-                    {
-                        "messages": [{"role": "system", "content": _PROBE}, {"role": "user", "content": "x"}],
-                        "add_generation_prompt": False,
-                    }
-                )
-                self._system_role = _PROBE in out
-            except TemplateLimitExceeded:
-                raise
-            except TemplateError:
-                self._system_role = False
+            out = self._try_render([{"role": "system", "content": _PROBE}, {"role": "user", "content": "x"}])
+            self._system_role = out is not None and _PROBE in out
         return self._system_role
+
+    @property
+    def supports_thinking(self) -> bool:
+        """Whether the template reacts to ``enable_thinking`` where the answer starts: the generation
+        prompt after a user message differs between true and false (llama.cpp's autoparser compares
+        the same renders; a template that only mentions it elsewhere, such as Apertus's "Deliberation"
+        line, does not count)."""
+        if self._thinking is None:
+            msgs = [{"role": "user", "content": "test"}]
+
+            def generation_prompt(enabled: bool) -> str | None:
+                full = self._try_render(msgs, add_generation_prompt=True, enable_thinking=enabled)
+                bare = self._try_render(msgs, enable_thinking=enabled)
+                if full is None or bare is None:
+                    return None
+                return full[len(os.path.commonprefix([full, bare])) :]
+
+            on, off = generation_prompt(True), generation_prompt(False)
+            self._thinking = on is not None and off is not None and on != off
+        return self._thinking
 
     @property
     def wants_object_arguments(self) -> bool:
@@ -254,12 +277,7 @@ class ChatTemplate:
                     {"role": "user", "content": "x"},
                     {"role": "assistant", "content": "", "tool_calls": [call]},
                 ]
-                try:
-                    return self._render_raw({"messages": msgs, "add_generation_prompt": False})
-                except TemplateLimitExceeded:
-                    raise
-                except TemplateError:
-                    return None
+                return self._try_render(msgs)
 
             out_str = probe(as_str)
             if out_str is None or as_str not in out_str:
@@ -273,7 +291,11 @@ class ChatTemplate:
 
     def _capabilities(self) -> tuple[bool, bool]:
         if self._caps is None:
-            self._caps = (self._probe(_PROBE), self._probe([{"type": "text", "text": _PROBE}]))
+            part = [{"type": "text", "text": _PROBE}]
+            # typed parts are kept only where every role shows them (a system message the template
+            # does not show is merged into the next message as text anyway)
+            typed = self._probe(part) and (not self.supports_system_role or self._probe(part, "system"))
+            self._caps = (self._probe(_PROBE), typed)
         return self._caps
 
     def _workarounds(self, messages: list[Any]) -> list[Any]:
@@ -332,7 +354,8 @@ class ChatTemplate:
             variables = {
                 k: copy.deepcopy(v) if isinstance(v, (list, dict)) else v for k, v in variables.items()
             }
-        ctx = {"bos_token": self.bos_token, "eos_token": self.eos_token, "tools": None, "documents": None}
+        # (``tools`` and ``documents`` stay undefined unless given, as in llama.cpp: templates loop over them)
+        ctx = {"bos_token": self.bos_token, "eos_token": self.eos_token}
         ctx.update(variables)
         chunks: list[str] = []
         size = 0
@@ -378,11 +401,12 @@ class ChatTemplate:
                 raise TemplateError(f"{self.name}: message {i} is a {type(m).__name__}, not a mapping")
         variables = dict(kwargs)
         variables.update(
-            messages=self._normalize(messages),
-            add_generation_prompt=bool(add_generation_prompt),
-            tools=list(tools) if tools else None,
-            documents=list(documents) if documents else None,
+            messages=self._normalize(messages), add_generation_prompt=bool(add_generation_prompt)
         )
+        if tools:
+            variables["tools"] = list(tools)
+        if documents:
+            variables["documents"] = list(documents)
         return self._render_raw(variables)
 
     __call__ = render

@@ -285,6 +285,11 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         elif operator == "*":
             _check_mul(left, right)
         elif operator == "+":
+            # llama.cpp's Jinja: an undefined value or none added to a string is an empty string
+            if isinstance(right, str) and (left is None or isinstance(left, jinja2.Undefined)):
+                left = ""
+            elif isinstance(left, str) and (right is None or isinstance(right, jinja2.Undefined)):
+                right = ""
             _check_add(left, right)
         elif operator == "%":
             check_printf(left, right)

@@ -47,8 +47,20 @@ def test_parse():
     for text, expected in cases:
         for pieces in ([text], list(text)):
             assert summary(run_pieces(fmt, pieces)) == expected, pieces
-    msg = run_pieces(fmt, list("hm<|END_THINKING|>" + action(W)), thinking_forced_open=True)
-    assert summary(msg) == ("", "hm", [W[1:]]) and msg.tool_calls[0].id != "0"
+    msg = run_pieces(fmt, list("hm<|END_THINKING|>" + action(W, T)), thinking_forced_open=True)
+    assert summary(msg) == ("", "hm", [W[1:], T[1:]])
+    assert [c.id for c in msg.tool_calls] == ["0", "call_x1"]  # the model's ids, as llama.cpp keeps them
+
+
+def test_answer_tags_dropped_without_tools():
+    fmt = Cohere2MoeFormat()
+    text = "The user asks.<|END_THINKING|><|START_TEXT|>It is sunny.<|END_TEXT|>"
+    for pieces in ([text], list(text)):
+        msg = run_pieces(fmt, pieces, thinking_forced_open=True, parse_tool_calls=False)
+        assert summary(msg) == ("It is sunny.", "The user asks.", [])
+    # without tools an action block stays content
+    msg = run_pieces(fmt, list(action(W)), parse_tool_calls=False)
+    assert summary(msg) == (action(W), None, [])
 
 
 def test_grammar(grammar_check):

@@ -132,12 +132,12 @@ def test_system_message_merged_when_template_ignores_it():
 def test_globals():
     src = (
         "{{ bos_token }}{{ messages | tojson }}|{{ tools[0].function.name }}|{{ strftime_now('%Y') | length }}"
-        "|{{ add_generation_prompt }}|{{ documents is none }}|{{ enable_thinking }}{{ eos_token }}"
+        "|{{ add_generation_prompt }}|{{ documents is defined }}|{{ enable_thinking }}{{ eos_token }}"
     )
     out = ChatTemplate(src, "<s>", "</s>").render(
         [{"role": "user", "content": "héllo ✓"}], tools=TOOLS, enable_thinking=False
     )
-    assert out == '<s>[{"role": "user", "content": "héllo ✓"}]|get_weather|4|True|True|False</s>'
+    assert out == '<s>[{"role": "user", "content": "héllo ✓"}]|get_weather|4|True|False|False</s>'
 
 
 def test_generation_tag_and_loop_controls():
@@ -284,3 +284,77 @@ def test_lists_append_and_pop_on_copies_of_the_inputs():
         == f"{TURNS[0]['role']}|{','.join(t['role'] for t in TURNS[1:])}|{len(TURNS) - 1}"
     )
     assert turns == TURNS
+
+
+def test_tools_undefined_without_tools():
+    # Hermes-style: a loop over tools before the system turn; llama.cpp leaves tools undefined without tools
+    tmpl = ChatTemplate(
+        "{% for t in tools %}<tool>{{ t.function.name }}</tool>{% endfor %}"
+        "{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}"
+        "{{ tools is defined }}|{{ documents is defined }}"
+    )
+    assert tmpl.supports_system_role
+    assert tmpl.render(SYS + TURNS[:1], tools=None) == "system:You are terse.;user:Hello;False|False"
+    assert tmpl.render(TURNS[:1], tools=TOOLS).startswith("<tool>get_weather</tool>user:Hello;True")
+
+
+def test_undefined_or_none_added_to_a_string_is_empty():
+    # as llama.cpp's Jinja (firefunction-v2 adds its `functions`, which no caller defines)
+    tmpl = ChatTemplate("{{ 'a' + functions + 'b' }}|{{ none + 'c' }}|{{ 'd' + none }}")
+    assert tmpl.render(TURNS) == "ab|c|d"
+    with pytest.raises(TemplateError):
+        ChatTemplate("{{ 1 + functions }}").render(TURNS)
+
+
+def test_typed_content_shown_as_data_is_flattened():
+    # GigaChat 3: a list content goes through tojson; llama.cpp gives such a template the text
+    gigachat = ChatTemplate(
+        "{% for m in messages %}{{ m.role }}:"
+        "{% if m.content is string %}{{ m.content }}{% else %}{{ m.content | tojson }}{% endif %};{% endfor %}"
+    )
+    assert not gigachat.supports_typed_content
+    typed = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    assert gigachat.render(typed, add_generation_prompt=False) == "user:Hi;"
+
+
+def test_typed_system_message_flattened_where_only_users_take_parts():
+    # LFM2 / gemma-2 style: user parts are iterated, a system message is concatenated as a string
+    tmpl = ChatTemplate(
+        "{% for m in messages %}{% if m.role == 'system' %}{{ '<sys>' + m.content + '</sys>' }}"
+        "{% elif m.content is string %}{{ m.content }}"
+        "{% else %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endif %}{% endfor %}"
+    )
+    assert tmpl.supports_system_role and not tmpl.supports_typed_content
+    msgs = [
+        {"role": "system", "content": [{"type": "text", "text": "Be terse."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+    ]
+    assert tmpl.render(msgs, add_generation_prompt=False) == "<sys>Be terse.</sys>Hi"
+
+
+@pytest.mark.parametrize(
+    ("tail", "expected"),
+    [
+        (
+            "{% if add_generation_prompt %}<a>{% if not enable_thinking %}<think></think>{% endif %}{% endif %}",
+            True,
+        ),
+        ("{% if add_generation_prompt %}<a>{% if enable_thinking %}<think>{% endif %}{% endif %}", True),
+        # Apertus: the flag shows only in a line before the turns, the generation prompt is the same
+        (
+            "{% if enable_thinking %}on{% else %}off{% endif %}{% if add_generation_prompt %}<a>{% endif %}",
+            False,
+        ),
+        ("{% if add_generation_prompt %}<a>{% endif %}", False),
+    ],
+)
+def test_supports_thinking_compares_generation_prompts(tail, expected):
+    tmpl = ChatTemplate("{% for m in messages %}{{ m.content }};{% endfor %}" + tail)
+    assert tmpl.supports_thinking is expected
+
+
+def test_member_of_an_undefined_value_is_undefined():
+    # as llama.cpp's Jinja (Command R+ reads json_spec.additionalProperties.type of a plain object schema)
+    tmpl = ChatTemplate("{% set spec = {'type': 'object'} %}[{{ spec.additionalProperties.type }}]")
+    assert tmpl.render(TURNS) == "[]"
+    assert ChatTemplate("{{ spec.a.b is defined }}").render(TURNS) == "False"
