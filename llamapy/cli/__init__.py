@@ -132,6 +132,9 @@ _GC_PAUSE = frozenset({"run", "chat"})
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    from .env import with_env
+
+    argv = with_env(argv)  # llama-server's LLAMA_ARG_* variables (llamapy serve)
     _prefetch_model(argv)
     parser = build_parser(_subcommand(argv))
     args = parser.parse_args(argv)

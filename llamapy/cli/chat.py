@@ -13,7 +13,17 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from .common import add_generation_args, add_model_args, add_mtmd_args, add_sampling_args, log
+from .common import (
+    add_escape_args,
+    add_generation_args,
+    add_model_args,
+    add_mtmd_args,
+    add_sampling_args,
+    escaped,
+    log,
+    read_text,
+)
+from .compat import add_compat_args
 from .run import build_sampler, write_out
 
 
@@ -25,7 +35,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         allow_abbrev=False,
     )
     g = p.add_argument_group("chat")
-    g.add_argument("-sys", "--system-prompt", metavar="TEXT", help="system message")
+    sys_ = g.add_mutually_exclusive_group()
+    sys_.add_argument("-sys", "--system-prompt", metavar="TEXT", help="system message")
+    sys_.add_argument(
+        "-sysf", "--system-prompt-file", metavar="FNAME", help="read the system message from a file"
+    )
+    first = g.add_mutually_exclusive_group()
+    first.add_argument("-p", "--prompt", metavar="TEXT", help="the first user message (then the input's)")
+    first.add_argument("-f", "--file", metavar="FNAME", help="read the first user message from a file")
+    add_escape_args(g, "-p, -f and -r")
+    g.add_argument("-st", "--single-turn", action="store_true",
+                   help="answer one message (-p, -f or the first input line), then exit")  # fmt: skip
+    g.add_argument("-cnv", "--conversation", action="store_true", default=argparse.SUPPRESS,
+                   help="(the default: llamapy run completes a prompt without a chat template)")  # fmt: skip
     g.add_argument(
         "--chat-template", metavar="NAME", help="built-in template (chatml, llama3, gemma, phi3, mistral)"
     )
@@ -34,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_sampling_args(p)
     add_mtmd_args(p)
+    add_compat_args(p, "cpu", "device", "log", "console", "single")
     p.set_defaults(func=run)
 
 
@@ -61,6 +84,31 @@ def read_messages(stream: Any, interactive: bool) -> Iterator[str]:
         parts = []
 
 
+def chain_first(first: str, stream: Any, interactive: bool) -> Iterator[str]:
+    """``first``, then the messages of ``stream``."""
+    yield first
+    yield from read_messages(stream, interactive)
+
+
+def first_message(args: argparse.Namespace) -> str | None:
+    """The user message of -p or -f (as llama.cpp reads them: escapes processed unless --no-escape, one
+    final newline of the file dropped), or None."""
+    if args.prompt is not None:
+        return escaped(args, args.prompt)
+    if args.file is not None:
+        text = read_text(args.file, "prompt file")
+        return escaped(args, text[:-1] if text.endswith("\n") else text)
+    return None
+
+
+def system_prompt(args: argparse.Namespace) -> str | None:
+    """-sys TEXT, or the text of -sysf FILE (one final newline dropped, as llama.cpp)."""
+    if args.system_prompt_file is not None:
+        text = read_text(args.system_prompt_file, "system prompt file")
+        return text[:-1] if text.endswith("\n") else text
+    return args.system_prompt
+
+
 def run(args: argparse.Namespace) -> int:
     from ..generation import GenerationParams, generate
     from .common import grammar_from_args, load_llama
@@ -86,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
     seq = llm._need_ctx()
     seq.on_logits = None  # as in run: Llama.scores would page in a row of n_vocab floats per token
     chain = build_sampler(llm, args)
-    params = GenerationParams(max_tokens=args.n_predict, stop=args.reverse_prompt, ignore_eos=args.ignore_eos,
-                              special=args.special)  # fmt: skip
+    params = GenerationParams(max_tokens=args.n_predict, stop=[escaped(args, r) for r in args.reverse_prompt],
+                              ignore_eos=args.ignore_eos, special=args.special)  # fmt: skip
     interactive = sys.stdin.isatty()
     if hasattr(sys.stdin, "reconfigure"):
         sys.stdin.reconfigure(errors="replace")  # undecodable input bytes become U+FFFD, not a crash
@@ -97,13 +145,20 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:  # pragma: no cover - platform without readline
             pass
         log("llamapy: chat; /exit to quit, /clear to start over, Ctrl-C stops an answer")
-    system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
+    sys_text = system_prompt(args)
+    system = [{"role": "system", "content": sys_text}] if sys_text else []
     messages: list[dict[str, str]] = list(system)
     n_accepted = 0
     pending: list[str] = list(getattr(args, "image", None) or [])  # images for the next user message
     bitmaps: list[Any] = []  # every image of the conversation, in order
     try:
-        for text in read_messages(sys.stdin, interactive):
+        first = first_message(args)
+        inputs = (
+            read_messages(sys.stdin, interactive)
+            if first is None
+            else chain_first(first, sys.stdin, interactive)
+        )
+        for text in inputs:
             cmd = text.strip()
             if cmd == "/exit":
                 break
@@ -157,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
             write_out("\n")
             messages.append({"role": "assistant", "content": "".join(answer)})
             n_accepted = len(seq.tokens)
+            if args.single_turn:
+                break
     except KeyboardInterrupt:
         if not interactive:
             raise

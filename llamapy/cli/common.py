@@ -55,6 +55,32 @@ def _logit_bias(s: str) -> tuple[int, float]:
     raise argparse.ArgumentTypeError(f"{s!r} is not TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf")
 
 
+def _device(s: str) -> int:
+    """llama.cpp's ``-dev``: ``none`` (-1: the CPU only) or ``CUDA<i>`` (the GPU index i)."""
+    v = s.strip().lower()
+    if v == "none":
+        return -1
+    if v.startswith("cuda") and v[4:].isdigit():
+        return int(v[4:])
+    raise argparse.ArgumentTypeError(f"invalid device: {s} (none or CUDA<i>)")
+
+
+def add_escape_args(p: argparse._ActionsContainer, what: str = "-p") -> None:
+    """llama.cpp's ``-e/--escape`` (the default) and ``--no-escape``: \\n, \\t, \\xNN... in ``what``."""
+    p.add_argument("-e", "--escape", dest="escape", action="store_true", default=True,
+                   help=f"process escapes (\\n, \\t, \\xNN...) in {what} (the default, as llama.cpp)")  # fmt: skip
+    p.add_argument("--no-escape", dest="escape", action="store_false", help=f"take {what} literally")
+
+
+def escaped(args: argparse.Namespace, text: str) -> str:
+    """``text`` with llama.cpp's escapes processed, unless ``--no-escape``."""
+    if not getattr(args, "escape", False) or "\\" not in text:
+        return text
+    from .tokenize import process_escapes
+
+    return process_escapes(text.encode("utf-8", "surrogateescape")).decode("utf-8", "replace")
+
+
 def _on_off(s: str) -> bool | None:
     v = s.lower()
     if v in ("on", "1", "true", "yes"):
@@ -104,6 +130,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     g.add_argument("-mg", "--main-gpu", type=int_, default=0, metavar="I", help="the GPU to use")
     g.add_argument(
+        "-dev", "--device", type=_device, default=None, metavar="none|CUDA<i>",
+        help="none: every layer on the CPU (whatever -ngl says); CUDA<i>: the GPU of -mg i",
+    )  # fmt: skip
+    g.add_argument("-kvo", "--kv-offload", dest="offload_kqv", action="store_true", default=True,
+                   help="the KV cache of offloaded layers on the GPU (the default)")  # fmt: skip
+    g.add_argument(
         "-nkvo", "--no-kv-offload", dest="offload_kqv", action="store_false", help="the KV cache on the CPU"
     )
     g.add_argument(
@@ -130,10 +162,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="LoRA adapter with a scale (repeatable)",
     )  # fmt: skip
     g.add_argument("--context-shift", action="store_true", help="when the context is full, drop old tokens")
+    g.add_argument("--no-context-shift", dest="context_shift", action="store_false", help="(the default)")
     g.add_argument(
         "--keep", type=int_, default=0, metavar="N", help="tokens of the prompt kept on a shift (-1 = all)"
     )
-    g.add_argument("-v", "--verbose", action="store_true", help="more logs on stderr")
+    g.add_argument("-v", "--verbose", "--log-verbose", action="store_true", help="more logs on stderr")
     add_hf_args(p)
 
 
@@ -147,7 +180,7 @@ def add_hf_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     h.add_argument("-hff", "--hf-file", metavar="FILE", default=None, help="this file of the -hf repo")
     h.add_argument(
-        "--hf-token", metavar="TOKEN", default=None, help="Hugging Face token (default: $HF_TOKEN)"
+        "-hft", "--hf-token", metavar="TOKEN", default=None, help="Hugging Face token (default: $HF_TOKEN)"
     )
     h.add_argument(
         "--offline", action="store_true", help="use the cache only, never the network (as HF_HUB_OFFLINE=1)"
@@ -197,7 +230,9 @@ def hf_model_or(args: argparse.Namespace, resolve: Callable[[str], Any]) -> Any:
 def add_mtmd_args(p: argparse.ArgumentParser, images: bool = True) -> None:
     """``--mmproj`` (and ``--image``): image input through a multimodal projector file."""
     g = p.add_argument_group("images (multimodal)")
-    g.add_argument("--mmproj", metavar="FNAME", help="multimodal projector GGUF (vision encoder) for images")
+    g.add_argument(
+        "-mm", "--mmproj", metavar="FNAME", help="multimodal projector GGUF (vision encoder) for images"
+    )
     if images:
         g.add_argument(
             "--image", action="append", default=[], metavar="FNAME",
@@ -211,7 +246,8 @@ def add_mtmd_args(p: argparse.ArgumentParser, images: bool = True) -> None:
                    help="image/audio embeddings kept to skip encoding them again (default 256; 0: off)")  # fmt: skip
 
 
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
+def add_sampling_args(p: argparse.ArgumentParser, constrained: bool = True) -> None:
+    """llama.cpp's sampling flags; ``constrained``: also the grammar and JSON-schema flags."""
     g = p.add_argument_group("sampling (llama.cpp's flags and defaults)")
     g.add_argument("-s", "--seed", type=int_, default=-1, metavar="SEED", help="RNG seed (-1 = random)")
     g.add_argument("--samplers", default=None, metavar="LIST", help="sampler order, ';'-separated names")
@@ -219,7 +255,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
         "--sampling-seq", "--sampler-seq", default=None, metavar="SEQ", help="sampler order as letters"
     )
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-generation tokens")
-    g.add_argument("--temp", type=float_, default=0.8, metavar="T")
+    g.add_argument("--temp", "--temperature", type=float_, default=0.8, metavar="T")
     g.add_argument("--top-k", type=int_, default=40, metavar="N")
     g.add_argument("--top-p", type=float_, default=0.95, metavar="P")
     g.add_argument("--min-p", type=float_, default=0.05, metavar="P")
@@ -244,6 +280,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "-l", "--logit-bias", type=_logit_bias, action="append", default=[], metavar="TOKEN(+/-)BIAS"
     )
+    if not constrained:
+        return
     c = p.add_argument_group("constrained output (one of)").add_mutually_exclusive_group()
     c.add_argument("--grammar", default=None, metavar="GRAMMAR",
                    help="a GBNF grammar (or llguidance Lark after %%llguidance) the output must follow")  # fmt: skip
@@ -273,7 +311,7 @@ def add_spec_args(p: argparse.ArgumentParser, n_max: bool = True) -> None:
     g.add_argument("--spec-type", choices=SPEC_TYPES, default=None,
                    help="draft from n-grams of the text so far, or from the model's own MTP layer")  # fmt: skip
     if n_max:
-        g.add_argument("--spec-draft-n-max", "--draft-max", dest="spec_n_max", type=_number(int, 1, what="count"),
+        g.add_argument("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n", dest="spec_n_max", type=_number(int, 1, what="count"),
                        default=None, metavar="N", help="most tokens drafted per step (mtp: 3)")  # fmt: skip
     for kind in ("simple", "map-k"):
         g.add_argument(f"--spec-ngram-{kind}-size-n", dest="spec_size_n", type=_number(int, 1, what="count"),
@@ -318,7 +356,9 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     )
     if args.dry_sequence_breaker is not None:
         kw["dry_sequence_breakers"] = (
-            [] if args.dry_sequence_breaker == ["none"] else args.dry_sequence_breaker
+            []
+            if args.dry_sequence_breaker == ["none"]
+            else [escaped(args, b) for b in args.dry_sequence_breaker]
         )
     if args.samplers is not None:
         kw["samplers"] = [s for s in args.samplers.replace(",", ";").split(";") if s]
@@ -327,7 +367,19 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kw
 
 
-def _read_text(path: str, what: str) -> str:
+def sampling_params(args: argparse.Namespace) -> Any:
+    """The :class:`llamapy.sampling.SamplingParams` of the sampling flags (a negative seed: a random one)."""
+    from ..sampling import LLAMA_DEFAULT_SEED, SamplingParams, sampler_chars
+
+    kw = sampling_kwargs(args)
+    if isinstance(kw.get("samplers"), str):  # --sampling-seq letters
+        kw["samplers"] = sampler_chars(kw["samplers"])
+    if kw["seed"] < 0:
+        kw["seed"] = LLAMA_DEFAULT_SEED  # a random seed
+    return SamplingParams(**kw)
+
+
+def read_text(path: str, what: str) -> str:
     from ..errors import LlamapyError
 
     try:
@@ -352,11 +404,11 @@ def grammar_from_args(args: argparse.Namespace) -> Any:
     if args.grammar is not None:
         return LlamaGrammar.from_string(args.grammar)
     if args.grammar_file is not None:
-        return LlamaGrammar.from_string(_read_text(args.grammar_file, "grammar file"))
+        return LlamaGrammar.from_string(read_text(args.grammar_file, "grammar file"))
     if args.json_schema is not None:
         return LlamaGrammar.from_json_schema(args.json_schema)
     if args.json_schema_file is not None:
-        return LlamaGrammar.from_json_schema(_read_text(args.json_schema_file, "JSON schema file"))
+        return LlamaGrammar.from_json_schema(read_text(args.json_schema_file, "JSON schema file"))
     return None
 
 
@@ -367,8 +419,8 @@ def llama_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         n_batch=args.batch_size,
         n_ubatch=args.ubatch_size,
         n_threads=None if args.threads <= 0 else args.threads,
-        n_gpu_layers=args.n_gpu_layers,
-        main_gpu=getattr(args, "main_gpu", 0),
+        n_gpu_layers=0 if getattr(args, "device", None) == -1 else args.n_gpu_layers,
+        main_gpu=getattr(args, "main_gpu", 0) if getattr(args, "device", None) in (None, -1) else args.device,
         offload_kqv=getattr(args, "offload_kqv", True),
         repack=getattr(args, "repack", None) is not False,
         use_mmap=args.use_mmap,

@@ -44,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-np", "--parallel", type=_number(int, 1, 64, what="sequence count"), default=None,
                    metavar="N", help="sequences per decode (default 64)")  # fmt: skip
     p.add_argument("--no-escape", dest="escape", action="store_false", help="do not process escapes in -p")
+    from .compat import add_compat_args
+
+    add_compat_args(p, "cpu", "device", "log")
     p.set_defaults(func=run, seed=-1)
 
 
@@ -54,11 +57,11 @@ def split_lines(s: str, sep: str) -> list[str]:
 
 def _prompt(args: argparse.Namespace) -> str:
     from ..errors import LlamapyError
-    from .common import _read_text
+    from .common import read_text
     from .tokenize import process_escapes
 
     if args.file is not None:
-        text = _read_text(args.file, "prompt file")
+        text = read_text(args.file, "prompt file")
         return text[:-1] if text.endswith("\n") else text  # as llama.cpp's -f
     if args.prompt is None:
         raise LlamapyError("give the text(s) to embed with -p TEXT or -f FILE")

@@ -32,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache type (f16, f32, q8_0, q4_0)")
     p.add_argument("-ctv", "--cache-type-v", default="f16", help="V cache type (f16, f32, q8_0, q4_0)")
     p.add_argument("--force", action="store_true", help="overwrite the output file when it exists")
+    from .compat import add_compat_args
+
+    add_compat_args(p, "cpu", "device", "log")
     p.set_defaults(func=run)
 
 

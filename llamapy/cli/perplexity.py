@@ -171,6 +171,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--kl-divergence-base", metavar="FILE", help="save (or with --kl-divergence, read) log-probs here"
     )
     p.add_argument("--kl-divergence", action="store_true", help="compare against --kl-divergence-base")
+    from .compat import add_compat_args
+
+    add_compat_args(p, "cpu", "device", "log")
     p.set_defaults(func=run)
 
 

@@ -13,12 +13,15 @@ from typing import Any
 
 from .common import (
     REPACK_MIN_TOKENS,
+    add_escape_args,
     add_generation_args,
     add_model_args,
     add_mtmd_args,
     add_sampling_args,
+    escaped,
     log,
 )
+from .compat import add_compat_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,16 +35,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = g.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", metavar="PROMPT", help="the prompt")
     src.add_argument("-f", "--file", metavar="FNAME", help="read the prompt from a file ('-' = stdin)")
+    add_escape_args(g, "-p, -f and -r")
+    g.add_argument("--display-prompt", action="store_true", help="print the prompt before the generated text")
+    g.add_argument("--no-display-prompt", dest="display_prompt", action="store_false", help="(the default)")
+    g.add_argument("-no-cnv", "--no-conversation", action="store_true", default=argparse.SUPPRESS,
+                   help="(the default: llamapy chat is the conversation mode)")  # fmt: skip
     add_generation_args(p)
     add_model_args(p)
     add_sampling_args(p)
     add_mtmd_args(p)
+    add_compat_args(p, "cpu", "device", "log", "console", "single")
     p.set_defaults(func=run, _parser=p)
 
 
 def read_prompt(args: argparse.Namespace) -> str:
+    """The prompt of -p, -f or stdin; -p and -f as llama.cpp reads them (escapes processed unless
+    --no-escape; one final newline of the file dropped)."""
     if args.prompt is not None:
-        return args.prompt
+        return escaped(args, args.prompt)
     if args.file == "-" or (args.file is None and not sys.stdin.isatty()):
         if hasattr(sys.stdin, "reconfigure"):
             sys.stdin.reconfigure(errors="replace")
@@ -50,27 +61,23 @@ def read_prompt(args: argparse.Namespace) -> str:
         with open(args.file, "rb") as f:
             data = f.read()
         try:
-            return data.decode("utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             from ..errors import LlamapyError
 
             raise LlamapyError(
                 f"{args.file}: not UTF-8 text (byte {e.start}: {data[e.start : e.start + 1]!r})"
             ) from None
+        return escaped(args, text[:-1] if text.endswith("\n") else text)
     args._parser.error("give a prompt with -p PROMPT or -f FILE (or on stdin)")
     raise AssertionError  # unreachable: error() exits
 
 
 def build_sampler(llm: Any, args: argparse.Namespace) -> Any:
-    from ..sampling import SamplingParams, build_chain, sampler_chars
-    from .common import sampling_kwargs
+    from ..sampling import build_chain
+    from .common import sampling_params
 
-    kw = sampling_kwargs(args)
-    if isinstance(kw.get("samplers"), str):  # --sampling-seq letters
-        kw["samplers"] = sampler_chars(kw["samplers"])
-    if kw["seed"] < 0:
-        kw["seed"] = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
-    params = SamplingParams(**kw)
+    params = sampling_params(args)
     chain = build_chain(params, n_vocab=llm.n_vocab(), vocab=llm.vocab, n_ctx=llm.n_ctx())
     if args.verbose:
         log(f"llamapy: sampling params:\n{params.print()}")
@@ -147,8 +154,10 @@ def run(args: argparse.Namespace) -> int:
         grammar.check(llm.vocab)
         gs = grammar.sampler(llm.vocab)
         chain.set_grammar(gs)
-    params = GenerationParams(max_tokens=args.n_predict, stop=args.reverse_prompt, ignore_eos=args.ignore_eos,
-                              special=args.special)  # fmt: skip
+    params = GenerationParams(max_tokens=args.n_predict, stop=[escaped(args, r) for r in args.reverse_prompt],
+                              ignore_eos=args.ignore_eos, special=args.special)  # fmt: skip
+    if args.display_prompt:  # llama-completion's default: the prompt, then the generated text
+        write_out(text)
     t0 = time.perf_counter()
     t_first = None
     n_gen = 0

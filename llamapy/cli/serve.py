@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LlamapyError
+from .compat import NoEffectAction
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,7 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reranking", "--rerank", action="store_true",
                    help="serve /rerank and /v1/rerank (embeddings with --pooling rank)")  # fmt: skip
     p.add_argument("--metrics", action="store_true", help="expose Prometheus metrics at /metrics")
-    p.add_argument("--mmproj", metavar="FILE", help="multimodal projector GGUF: image input in chat requests")
+    p.add_argument(
+        "-mm", "--mmproj", metavar="FILE", help="multimodal projector GGUF: image input in chat requests"
+    )
     p.add_argument(
         "--allow-image-urls",
         action="store_true",
@@ -94,9 +97,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--lora-init-without-apply", action="store_true",
         help="load the adapters with scale 0 (set them later with POST /lora-adapters)",
     )  # fmt: skip
+    p.add_argument("--slots", dest="no_slots", action="store_false", help="expose /slots (the default)")
     p.add_argument("--no-slots", action="store_true", help="do not expose /slots")
-    p.add_argument("--no-webui", action="store_true", help="do not serve the chat page at /")
-    p.add_argument("--webui-dir", metavar="DIR", help="serve the chat page from DIR (its index.html) instead")
+    p.add_argument(
+        "--webui", dest="no_webui", action="store_false", help="serve the chat page at / (the default)"
+    )
+    p.add_argument("--no-webui", "--no-ui", action="store_true", help="do not serve the chat page at /")
+    p.add_argument("--webui-dir", "--path", metavar="DIR",
+                   help="serve the chat page from DIR (its index.html) instead")  # fmt: skip
+    p.add_argument(
+        "--ssl-key-file", metavar="FNAME", help="PEM private key: serve HTTPS (with --ssl-cert-file)"
+    )
+    p.add_argument(
+        "--ssl-cert-file", metavar="FNAME", help="PEM certificate: serve HTTPS (with --ssl-key-file)"
+    )
     p.add_argument(
         "--mcp-config",
         metavar="FILE",
@@ -123,7 +137,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-body-size", type=_positive, default=8 << 20, help="largest request body in bytes")
     p.add_argument(
-        "-n", "--n-predict", type=int, default=-1, help="default max tokens per answer (-1: no limit)"
+        "-n",
+        "--n-predict",
+        "--predict",
+        type=int,
+        default=-1,
+        help="default max tokens per answer (-1: no limit)",
     )
     p.add_argument(
         "--no-warmup",
@@ -142,12 +161,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="tokens of the prompt a context shift keeps (-1 = all; a request's n_keep overrides it)",
     )
-    p.add_argument("--temp", type=float, default=0.8, help="default temperature")
-    p.add_argument("--top-k", type=int, default=40, help="default top-k")
-    p.add_argument("--top-p", type=float, default=0.95, help="default top-p")
-    p.add_argument("--min-p", type=float, default=0.05, help="default min-p")
-    p.add_argument("--repeat-penalty", type=float, default=1.0, help="default repeat penalty")
-    p.add_argument("--seed", type=int, default=-1, help="default seed (-1: random)")
+    from .common import add_escape_args, add_sampling_args
+
+    add_sampling_args(p, constrained=False)  # the defaults of requests (--temp, --top-k, -s, --samplers...)
+    add_escape_args(p, "--dry-sequence-breaker")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     r = p.add_argument_group("router mode (many models in one server; a request's model picks one)")
     r.add_argument("--models-dir", metavar="DIR",
@@ -164,6 +181,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     from .common import add_hf_args
 
     add_hf_args(p)  # -hf user/repo[:quant], -hff, --hf-token, --offline, --no-mmproj
+    from .compat import add_compat_args
+
+    add_compat_args(p, "serve_cpu", "cpu", "device", "log", "http")
     p.set_defaults(func=run, serve_parser=p)
 
 
@@ -248,6 +268,9 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    if bool(args.ssl_key_file) != bool(args.ssl_cert_file):
+        print("error: HTTPS needs both --ssl-key-file and --ssl-cert-file", file=sys.stderr)
+        return 1
     if args.slot_save_path and not Path(args.slot_save_path).is_dir():
         print(f"llamapy serve: --slot-save-path {args.slot_save_path}: not a folder", file=sys.stderr)
         return 2
@@ -268,6 +291,8 @@ def run(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=5,
+        ssl_keyfile=args.ssl_key_file,
+        ssl_certfile=args.ssl_cert_file,
     )
     server = uvicorn.Server(config)
     _announce(server, args.host)
@@ -300,22 +325,11 @@ def chat_template(args: argparse.Namespace) -> str | None:
 
 def server_settings(args: argparse.Namespace, model_path: str, api_keys: list[str]) -> Any:
     """The :class:`ServerSettings` of ``args`` for the model at ``model_path``."""
-    from ..sampling import LLAMA_DEFAULT_SEED, SamplingParams
     from ..server.app import ServerSettings
     from ..server.params import Defaults
+    from .common import sampling_params
 
-    defaults = Defaults(
-        sampling=SamplingParams(
-            temp=args.temp,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            min_p=args.min_p,
-            penalty_repeat=args.repeat_penalty,
-            seed=LLAMA_DEFAULT_SEED if args.seed < 0 else args.seed,
-        ),
-        n_predict=args.n_predict,
-        n_keep=args.keep,
-    )
+    defaults = Defaults(sampling=sampling_params(args), n_predict=args.n_predict, n_keep=args.keep)
     return ServerSettings(
         model_path=str(model_path),
         alias=args.alias,
@@ -394,7 +408,7 @@ def backend_factory(args: argparse.Namespace, model_path: Any, mmproj: str | Non
 _ROUTER_ONLY = {"host", "port", "api_key", "api_key_file", "cors_origin", "models_dir", "models_preset",
                 "models_max", "keep_alive", "no_models_autoload", "model", "hf_repo", "hf_file", "hf_token", "offline", "alias", "log_level",
                 "max_body_size", "metrics", "no_slots", "slots_verbose", "slot_save_path", "no_webui",
-                "webui_dir"}  # fmt: skip
+                "webui_dir", "ssl_key_file", "ssl_cert_file"}  # fmt: skip
 
 
 def _preset_args(args: argparse.Namespace, values: dict[str, Any], where: str) -> argparse.Namespace:
@@ -407,6 +421,8 @@ def _preset_args(args: argparse.Namespace, values: dict[str, Any], where: str) -
     ns = copy.copy(args)
     for key, value in values.items():
         a = actions.get(key) or actions.get(key.replace("_", "-"))
+        if isinstance(a, NoEffectAction):
+            continue  # a llama.cpp flag without effect here (compat)
         if a is None or a.dest in _ROUTER_ONLY:
             why = "is set for the whole server" if a is not None else "is not an option of llamapy serve"
             raise ValueError(f"--models-preset {where}: {key!r} {why}")

@@ -32,7 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--show-count", action="store_true", help="print the number of tokens")
     p.add_argument("-e", "--escape", dest="escape", action="store_true", default=True, help=argparse.SUPPRESS)
     p.add_argument("--no-escape", dest="escape", action="store_false", help="do not process escape sequences")
-    p.add_argument("--log-disable", action="store_true", help=argparse.SUPPRESS)
+    from .compat import add_compat_args
+
+    add_compat_args(p, "cpu", "device", "log")
     p.set_defaults(func=run)
 
 
