@@ -97,10 +97,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--lora-init-without-apply", action="store_true",
         help="load the adapters with scale 0 (set them later with POST /lora-adapters)",
     )  # fmt: skip
-    p.add_argument("--slots", dest="no_slots", action="store_false", help="expose /slots (the default)")
+    p.add_argument(
+        "--slots", dest="no_slots", action="store_false", default=False, help="expose /slots (the default)"
+    )
     p.add_argument("--no-slots", action="store_true", help="do not expose /slots")
     p.add_argument(
-        "--webui", dest="no_webui", action="store_false", help="serve the chat page at / (the default)"
+        "--webui",
+        dest="no_webui",
+        action="store_false",
+        default=False,
+        help="serve the chat page at / (the default)",
     )
     p.add_argument("--no-webui", "--no-ui", action="store_true", help="do not serve the chat page at /")
     p.add_argument("--webui-dir", "--path", metavar="DIR",

@@ -33,6 +33,20 @@ NO_EFFECT = [
 ]  # fmt: skip
 
 
+def test_paired_flags_keep_their_defaults():
+    """A flag pair on one destination (``--slots``/``--no-slots``...): argparse takes the default of the first
+    one added, so an on-switch added first must say the default itself (the server lost /slots and its
+    chat page by default)."""
+    serve = parse("serve", "-m", "x.gguf")
+    assert (serve.no_slots, serve.no_webui, serve.escape) == (False, False, True)
+    off = parse("serve", "-m", "x.gguf", "--no-slots", "--no-webui")
+    assert (off.no_slots, off.no_webui) == (True, True)
+    run = parse("run", "-m", "x.gguf", "-p", "hi")
+    assert (run.display_prompt, run.escape, run.context_shift, run.use_mmap) == (
+        False, True, False, True,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("command", ["run", "chat", "serve", "embed", "perplexity", "imatrix", "tokenize"])
 def test_no_effect_flags_parse_and_set_nothing(command):
     need = ["-f", "text.txt"] if command == "perplexity" else []  # (its one required flag)
