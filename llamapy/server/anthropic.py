@@ -385,10 +385,15 @@ class MessagesFormatter(BaseFormatter):
         return "end_turn", None
 
     def _usage(self, final: Event | None) -> dict[str, Any]:
-        # input_tokens is the whole prompt (tokens reused from the slot's cache included), as count_tokens
+        """Before the end (message_start) the whole prompt; at the end, as Anthropic's API and llama-server
+        count: ``input_tokens`` the prompt tokens evaluated, ``cache_read_input_tokens`` the ones reused
+        from the slot's cache (their sum is what count_tokens gives)."""
+        if final is None:
+            return {"input_tokens": self.n_prompt, "output_tokens": 0}
         return {
-            "input_tokens": final.n_prompt if final is not None else self.n_prompt,
-            "output_tokens": final.n_predicted if final is not None else 0,
+            "cache_read_input_tokens": final.n_cached,
+            "input_tokens": final.n_prompt - final.n_cached,
+            "output_tokens": final.n_predicted,
         }
 
     def _message(self, content: list[dict[str, Any]], final: Event | None) -> dict[str, Any]:
@@ -475,7 +480,7 @@ class MessagesFormatter(BaseFormatter):
         if self.index < 0:  # nothing was said: one empty text block, as the non-streamed answer has
             out += self._open("text", {"type": "text", "text": ""}) + self._close()
         reason, seq = self._stop(ev)
-        usage = {"output_tokens": ev.n_predicted, "input_tokens": ev.n_prompt}
+        usage = self._usage(ev)
         delta = {
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": seq},
@@ -515,9 +520,10 @@ def add_routes(app: FastAPI, state: Any) -> None:
 
         req, chat = await parsed_body(request, plan)
         # max_tokens is required here and agent clients send large ones (32000): an upper bound, clamped
-        # to the slot's context (generation then ends at the context with stop_reason "max_tokens")
-        limit = req.max_tokens if req.max_tokens < 1 else min(req.max_tokens, engine.n_ctx_slot)
-        tokens, gp = await chat_inputs(chat, m, limit, "max_tokens")
+        # to the slot's context by chat_inputs (generation then ends there with stop_reason "max_tokens")
+        if req.max_tokens < 1:
+            raise bad_request(f"'max_tokens' must be at least 1, got {req.max_tokens}", "max_tokens")
+        tokens, gp = await chat_inputs(chat, m, req.max_tokens, "max_tokens")
         fmt = MessagesFormatter(req.model or m.name, len(tokens), req.stop_sequences or [])
         return await generate(request, engine, tokens, gp, fmt, req.stream)
 

@@ -77,6 +77,10 @@ class Backend(Protocol):
         ...
 
 
+# llama.cpp's enum llama_vocab_type, by llamapy.vocab.VocabType name (/v1/models' meta.vocab_type)
+_VOCAB_TYPES = {"NONE": 0, "SPM": 1, "BPE": 2, "WPM": 3, "UGM": 4, "RWKV": 5, "PLAMO2": 6}
+
+
 class ContextBackend:
     """The real model: one :class:`llamapy.context.Context` with ``n_seq_max`` sequences.
 
@@ -303,6 +307,9 @@ class ContextBackend:
             "n_ctx_train": int(getattr(m, "n_ctx_train", 0) or 0),
             "n_embd": int(getattr(m, "n_embd", 0) or 0),
             "size": int(getattr(m, "size", 0) or 0),
+            "n_params": int(getattr(m, "n_params", 0) or 0),
+            "ftype": str(getattr(m, "ftype", "")),
+            "vocab_type": _VOCAB_TYPES.get(getattr(getattr(self.vocab, "type", None), "name", ""), 0),
             "desc": str(getattr(m, "desc", "")),
             "arch": str(getattr(m, "arch", "")),
             "file": Path(self.model_path).name,

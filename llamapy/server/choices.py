@@ -1,5 +1,8 @@
 """``n > 1`` on ``/v1/chat/completions`` and ``/v1/completions``: n independent engine tasks of the same
 prompt, merged into one answer (``choices[i].index = i``; a stream interleaves the choices' chunks).
+Several prompts in one completion request (``"prompt": ["a", "b"]``) go the same way, one task per
+prompt: one choice each on ``/v1/completions``, a list of answers on ``/completion`` (its stream's events
+tagged with ``index``), as llama-server.
 
 The engine batches the n slots' tokens into one decode. The first choice evaluates the prompt; the
 others start from it (the engine shares its KV cells with ``seq_cp`` and samples their first token
@@ -19,7 +22,7 @@ from fastapi import Request
 from ..sampling import LLAMA_DEFAULT_SEED
 from .engine import Engine, Event, GenParams
 from .errors import APIError
-from .formats import SSE_DONE, JSONAnswer, sse, timings, usage
+from .formats import JSONAnswer, timings, usage
 from .stream import TokenStream, collect, stream_response, watch_disconnect
 
 
@@ -34,39 +37,56 @@ def choice_params(gp: GenParams, n: int) -> list[GenParams]:
     return out
 
 
-def merged_final(finals: list[Event]) -> Event:
-    """The statistics of n choices (in index order): the prompt once (the first choice's, which
-    evaluated it), completions summed."""
+def merged_final(finals: list[Event], shared: bool = True) -> Event:
+    """The statistics of n choices (in index order): with a ``shared`` prompt, the prompt once (the first
+    choice's, which evaluated it), else the prompts summed; completions summed."""
     f = finals[0]
+    prompt = {}
+    if not shared:
+        prompt = {
+            "n_prompt": sum(e.n_prompt for e in finals),
+            "n_cached": sum(e.n_cached for e in finals),
+            "prompt_ms": max(e.prompt_ms for e in finals),
+        }
     return replace(
         f,
         n_predicted=sum(e.n_predicted for e in finals),
         predicted_ms=max(e.predicted_ms for e in finals),
+        **prompt,
     )
 
 
 def _index(obj: Any, i: int) -> Any:
+    """``obj`` as answer ``i``: its choices' index (OpenAI), or its own ``index`` (llama.cpp's)."""
     if isinstance(obj, dict):
-        for c in obj.get("choices", []):
-            c["index"] = i
+        if "choices" in obj:
+            for c in obj["choices"]:
+                c["index"] = i
+        else:
+            obj["index"] = i
     return obj
 
 
 async def generate_n(
     request: Request,
     engine: Engine,
-    tokens: list[int],
+    prompts: list[list[int]],
     gps: list[GenParams],
     fmts: list[Any],
     stream: bool,
     include_usage: bool,
 ) -> Any:
+    """Answer ``i`` is ``prompts[i]`` generated with ``gps[i]`` and written by ``fmts[i]``; the same
+    prompt for all (``n > 1``) is evaluated once."""
     for f in fmts[1:]:  # one answer: one id
-        f.id, f.created = fmts[0].id, fmts[0].created
-    streams = [TokenStream(engine, tokens, gp) for gp in gps]
-    streams[0].task.share_prompt = True
-    for st in streams[1:]:
-        st.task.leader = streams[0].task
+        if hasattr(f, "id"):
+            f.id, f.created = fmts[0].id, fmts[0].created
+    shared = all(p == prompts[0] for p in prompts)
+    streams = [TokenStream(engine, p, gp) for p, gp in zip(prompts, gps, strict=True)]
+    if shared:
+        streams[0].task.share_prompt = True
+        for st in streams[1:]:
+            st.task.leader = streams[0].task
     started: list[Any] = []
     try:
         for st in streams:
@@ -78,7 +98,7 @@ async def generate_n(
         raise
     if not stream:
         results = await asyncio.gather(
-            *(collect(request, engine, tokens, st.task.params, st=st) for st in streams),
+            *(collect(request, engine, st.task.prompt, st.task.params, st=st) for st in streams),
             return_exceptions=True,
         )
         for r in results:
@@ -88,9 +108,11 @@ async def generate_n(
             f.response(text, probs, final, tokens=toks)
             for f, (text, probs, toks, final) in zip(fmts, results, strict=True)
         ]
+        if fmts[0].several_as_list:
+            return JSONAnswer([_index(b, i) for i, b in enumerate(bodies)])
         body = bodies[0]
         body["choices"] = [dict(b["choices"][0], index=i) for i, b in enumerate(bodies)]
-        merged = merged_final([r[3] for r in results])
+        merged = merged_final([r[3] for r in results], shared)
         body["usage"], body["timings"] = usage(merged), timings(merged)
         return JSONAnswer(body)
 
@@ -127,22 +149,24 @@ async def generate_n(
             for i, f in enumerate(fmts):
                 first = f.first_chunk()
                 if first is not None:
-                    yield sse(_index(first, i))
+                    yield fmts[i].encode(_index(first, i))
             finals: dict[int, Event] = {}
             while len(finals) < len(streams):
                 i, ev, err = await queue.get()
                 if err is not None:
-                    yield sse(err.body())
+                    yield fmts[0].encode(fmts[0].error_event(err))
                     return
                 assert ev is not None
                 for c in fmts[i].chunks(ev):
-                    yield sse(_index(c, i))
+                    yield fmts[i].encode(_index(c, i))
                 if ev.done:
-                    yield sse(_index(fmts[i].final_chunk(ev), i))
+                    yield fmts[i].encode(_index(fmts[i].final_chunk(ev), i))
                     finals[i] = ev
             if include_usage:
-                yield sse(fmts[0].usage_chunk(merged_final([finals[i] for i in range(len(streams))])))
-            yield SSE_DONE
+                merged = merged_final([finals[i] for i in range(len(streams))], shared)
+                yield fmts[0].encode(fmts[0].usage_chunk(merged))
+            if fmts[0].done_marker:
+                yield fmts[0].done_marker
         finally:
             for p in pumps:
                 p.cancel()

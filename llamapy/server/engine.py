@@ -51,7 +51,7 @@ from ..generation import (
     truncate_prompt,
 )
 from .backend import Backend
-from .errors import APIError
+from .errors import APIError, context_error
 from .lora import resolve as resolve_lora
 from .metrics import Metrics
 from .sampling import SamplingParams, make_chain
@@ -788,7 +788,20 @@ class Engine:
             probs.append(
                 TokenProb(lp.token, piece(lp.token), lp.logprob, [(i, piece(i), v) for i, v in lp.top])
             )
-        return Event(text=step.text, tokens=tokens, probs=probs, slot_id=s.id, deltas=list(step.deltas))
+        ev = Event(text=step.text, tokens=tokens, probs=probs, slot_id=s.id, deltas=list(step.deltas))
+        self._stats(ev, s, time.perf_counter())
+        return ev
+
+    @staticmethod
+    def _stats(ev: Event, s: Slot, now: float) -> None:
+        """The statistics so far (every event has them: llama-server's ``timings_per_token``)."""
+        assert s.task is not None
+        t_first = s.t_first or now
+        ev.n_prompt = len(s.task.prompt)
+        ev.n_cached = s.n_cached
+        ev.n_predicted = s.n_decoded
+        ev.prompt_ms = (t_first - s.t_start) * 1e3
+        ev.predicted_ms = (now - t_first) * 1e3
 
     def _finish(self, s: Slot, steps: list[Step]) -> None:
         task = s.task
@@ -808,19 +821,16 @@ class Engine:
         ev.stop_type = last.stop_type
         ev.stopping_word = last.stopping_word
         ev.message = last.message
-        ev.n_prompt = len(task.prompt)
-        ev.n_cached = s.n_cached
-        ev.n_predicted = s.n_decoded
+        self._stats(ev, s, now)
         ev.truncated, ev.n_shifted = s.truncated, s.n_shifted
         ev.draft_n, ev.draft_n_accepted = s.n_draft, s.n_draft_accepted
         if s.n_draft:
             with self.metrics.lock:
                 self.metrics.n_draft_total += s.n_draft
                 self.metrics.n_draft_accepted_total += s.n_draft_accepted
-        ev.prompt_ms = (t_first - s.t_start) * 1e3
-        ev.predicted_ms = (now - t_first) * 1e3
+        n_pp = len(task.prompt) - s.n_cached
         self.metrics.add_request(
-            len(task.prompt) - s.n_cached, t_first - s.t_start, s.n_decoded, now - t_first
+            n_pp, t_first - s.t_start, s.n_decoded, now - t_first, s.n_cached, len(s.cache)
         )
         self._send(task, ev)
         self._release(s)
@@ -895,10 +905,4 @@ def _text_len(task: Task, rest: list[int]) -> int:
 def _prompt_error(n_prompt: int, n_ctx_slot: int) -> APIError:
     if n_prompt == 0:
         return APIError(400, "the prompt is empty (it tokenized to no tokens)", param="prompt")
-    return APIError(
-        400,
-        f"the prompt has {n_prompt} tokens but a slot's context holds {n_ctx_slot} "
-        f"(it must leave room for at least one generated token; shorten the prompt or start the server "
-        f"with a larger -c or fewer -np)",
-        param="prompt",
-    )
+    return context_error(n_prompt, n_ctx_slot)

@@ -93,10 +93,13 @@ def chat_logprobs(probs: list[TokenProb]) -> dict[str, Any]:
     return {
         "content": [
             {
+                "id": p.id,
                 "token": _tok(p.piece),
                 "logprob": p.logprob,
                 "bytes": list(p.piece),
-                "top_logprobs": [{"token": _tok(b), "logprob": lp, "bytes": list(b)} for _, b, lp in p.top],
+                "top_logprobs": [
+                    {"id": i, "token": _tok(b), "logprob": lp, "bytes": list(b)} for i, b, lp in p.top
+                ],
             }
             for p in probs
         ]
@@ -138,6 +141,7 @@ class BaseFormatter:
     media_type = "text/event-stream"
     done_marker: bytes | None = None
     text_in_final = False
+    several_as_list = False  # several prompts answered as a list of answers (not as choices)
 
     def first_chunk(self) -> Any:
         return None
@@ -153,11 +157,15 @@ class BaseFormatter:
 
 
 class ChatFormatter(BaseFormatter):
+    """OpenAI's chat completion; in a stream the ``finish_reason`` chunk carries llama-server's
+    ``timings``, and with ``timings_per_token`` every event's last chunk does."""
+
     done_marker = SSE_DONE
 
-    def __init__(self, model: str, want_logprobs: bool) -> None:
+    def __init__(self, model: str, want_logprobs: bool, timings_per_token: bool = False) -> None:
         self.id, self.created, self.model = new_id("chatcmpl", "-"), int(time.time()), model
         self.want_logprobs = want_logprobs
+        self.timings_per_token = timings_per_token
 
     def _chunk(self, delta: dict[str, Any], finish: str | None, probs: list[TokenProb] | None = None) -> dict:
         choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -181,10 +189,13 @@ class ChatFormatter(BaseFormatter):
         deltas = delta_dicts(ev.deltas)  # (chat requests always have a parser; its deltas are the text)
         if not deltas and self.want_logprobs and ev.probs:
             deltas = [{}]
-        return [self._chunk(d, None, ev.probs if i == 0 else None) for i, d in enumerate(deltas)]
+        out = [self._chunk(d, None, ev.probs if i == 0 else None) for i, d in enumerate(deltas)]
+        if out and self.timings_per_token:
+            out[-1]["timings"] = timings(ev)
+        return out
 
     def final_chunk(self, ev: Event) -> dict[str, Any]:
-        return self._chunk({}, ev.finish_reason)
+        return self._chunk({}, ev.finish_reason) | {"timings": timings(ev)}
 
     def usage_chunk(self, ev: Event) -> dict[str, Any]:
         c = self._chunk({}, None)
@@ -218,11 +229,14 @@ class ChatFormatter(BaseFormatter):
 class CompletionFormatter(BaseFormatter):
     done_marker = SSE_DONE
 
-    def __init__(self, model: str, want_logprobs: bool, echo_text: str = "") -> None:
+    def __init__(
+        self, model: str, want_logprobs: bool, echo_text: str = "", timings_per_token: bool = False
+    ) -> None:
         self.id, self.created, self.model = new_id("cmpl", "-"), int(time.time()), model
         self.want_logprobs = want_logprobs
         self.echo_text = echo_text
         self.offset = len(echo_text)
+        self.timings_per_token = timings_per_token
 
     def _chunk(self, text: str, finish: str | None, probs: list[TokenProb] | None) -> dict[str, Any]:
         lp = None
@@ -244,10 +258,13 @@ class CompletionFormatter(BaseFormatter):
     def chunks(self, ev: Event) -> list[dict[str, Any]]:
         if not ev.text and not (self.want_logprobs and ev.probs):
             return []
-        return [self._chunk(ev.text, None, ev.probs)]
+        c = self._chunk(ev.text, None, ev.probs)
+        if self.timings_per_token:
+            c["timings"] = timings(ev)
+        return [c]
 
     def final_chunk(self, ev: Event) -> dict[str, Any]:
-        return self._chunk("", ev.finish_reason, [])
+        return self._chunk("", ev.finish_reason, []) | {"timings": timings(ev)}
 
     def usage_chunk(self, ev: Event) -> dict[str, Any]:
         c = self._chunk("", None, None)
@@ -266,15 +283,29 @@ class CompletionFormatter(BaseFormatter):
 
 
 class NativeFormatter(BaseFormatter):
-    """llama.cpp's ``/completion``: ``{"content", "stop", ...}``; the stream ends with the full final object."""
+    """llama.cpp's ``/completion``: ``{"content", "stop", ...}``. A stream has one event per token (its
+    text, ``tokens``, ``tokens_predicted`` and ``tokens_evaluated``; ``timings`` on the last one, or on
+    each with ``timings_per_token``) and ends with the final object, whose ``content`` and ``tokens`` are
+    empty (llama-server's ``send_final_response`` in stream mode). ``response_fields``: only these
+    fields of the final object, by ``/``-separated path (llama-server's ``json_get_nested_values``)."""
 
-    text_in_final = True
+    several_as_list = True
 
     def __init__(
-        self, model: str, prompt: str, settings: dict[str, Any], n_probs: int, return_tokens: bool
+        self,
+        model: str,
+        prompt: str,
+        settings: dict[str, Any],
+        n_probs: int,
+        return_tokens: bool,
+        timings_per_token: bool = False,
+        response_fields: list[str] | None = None,
     ) -> None:
         self.model, self.prompt, self.settings = model, prompt, settings
         self.n_probs, self.return_tokens = n_probs, return_tokens
+        self.timings_per_token = timings_per_token
+        self.response_fields = response_fields or []
+        self.has_new_line = False  # (a stream's final object has no text to tell)
 
     def first_chunk(self) -> None:
         return None
@@ -282,19 +313,25 @@ class NativeFormatter(BaseFormatter):
     def chunks(self, ev: Event) -> list[dict[str, Any]]:
         if not ev.text and not ev.tokens:
             return []
+        self.has_new_line = self.has_new_line or "\n" in ev.text
         c: dict[str, Any] = {
             "index": 0,
             "content": ev.text,
-            "tokens": ev.tokens if self.return_tokens else [],
+            "tokens": ev.tokens,
             "stop": False,
             "id_slot": ev.slot_id,
+            "tokens_predicted": ev.n_predicted,
+            "tokens_evaluated": ev.n_prompt,
         }
+        if ev.done or self.timings_per_token:
+            c["timings"] = timings(ev)
         if self.n_probs:
             c["completion_probabilities"] = native_probs(ev.probs)
         return [c]
 
     def final_chunk(self, ev: Event) -> dict[str, Any]:
-        return self.response(ev.text, ev.probs, ev, tokens=ev.tokens)
+        body = self._body("", None, ev, [])
+        return nested_values(self.response_fields, body) if self.response_fields else body
 
     def usage_chunk(self, ev: Event) -> None:
         return None
@@ -302,10 +339,18 @@ class NativeFormatter(BaseFormatter):
     def response(
         self, text: str, probs: list[TokenProb], final: Event, tokens: list[int] | None = None
     ) -> dict:
+        self.has_new_line = "\n" in text
+        body = self._body(text, probs, final, (tokens or []) if self.return_tokens else [])
+        return nested_values(self.response_fields, body) if self.response_fields else body
+
+    def _body(
+        self, text: str, probs: list[TokenProb] | None, final: Event, tokens: list[int]
+    ) -> dict[str, Any]:
+        """The final object (``probs`` None: a stream's, whose probabilities went with each token)."""
         body: dict[str, Any] = {
             "index": 0,
             "content": text,
-            "tokens": (tokens or []) if self.return_tokens else [],
+            "tokens": tokens,
             "id_slot": final.slot_id,
             "stop": True,
             "model": self.model,
@@ -313,13 +358,28 @@ class NativeFormatter(BaseFormatter):
             "tokens_evaluated": final.n_prompt,
             "generation_settings": self.settings,
             "prompt": self.prompt,
-            "has_new_line": "\n" in text,
+            "has_new_line": self.has_new_line,
             "truncated": final.truncated,
             "stop_type": final.stop_type,
             "stopping_word": final.stopping_word,
             "tokens_cached": final.n_cached,
             "timings": timings(final),
         }
-        if self.n_probs:
+        if self.n_probs and probs is not None:
             body["completion_probabilities"] = native_probs(probs)
         return body
+
+
+def nested_values(paths: list[str], obj: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's ``json_get_nested_values``: ``{path: value}`` for each ``/``-separated path found
+    in ``obj`` (the key is the whole path, e.g. ``"generation_settings/n_predict"``)."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        cur: Any = obj
+        for k in path.split("/"):
+            if not isinstance(cur, dict) or k not in cur:
+                break
+            cur = cur[k]
+        else:
+            out[path] = cur
+    return out

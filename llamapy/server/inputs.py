@@ -4,7 +4,6 @@ Anthropic Messages, ollama)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
@@ -88,12 +87,70 @@ def include_usage(req: Any) -> bool:
     return bool(req.stream_options and req.stream_options.include_usage)
 
 
-def settings_dict(cfg: Any, n_predict: int) -> dict[str, Any]:
-    d = asdict(cfg)
-    d["logit_bias"] = [[k, v] for k, v in cfg.logit_bias.items()]
-    d["samplers"] = list(cfg.samplers)
-    d["n_predict"] = n_predict
-    return d
+def settings_dict(
+    gp: GenParams, full: bool = True, stream: bool = False, timings_per_token: bool = False
+) -> dict[str, Any]:
+    """llama-server's ``task_params::to_json``: a task's settings under its names and key set (``full``:
+    the ``generation_settings`` of an answer; not: ``/props``' defaults, without stop, logit_bias,
+    grammar and DRY's breakers)."""
+    c = gp.sampling
+    out: dict[str, Any] = {
+        "seed": c.seed,
+        "temperature": c.temp,
+        "dynatemp_range": c.dynatemp_range,
+        "dynatemp_exponent": c.dynatemp_exponent,
+        "top_k": c.top_k,
+        "top_p": c.top_p,
+        "min_p": c.min_p,
+        "top_n_sigma": c.top_n_sigma,
+        "xtc_probability": c.xtc_probability,
+        "xtc_threshold": c.xtc_threshold,
+        "typical_p": c.typ_p,
+        "repeat_last_n": c.penalty_last_n,
+        "repeat_penalty": c.penalty_repeat,
+        "presence_penalty": c.penalty_present,
+        "frequency_penalty": c.penalty_freq,
+        "dry_multiplier": c.dry_multiplier,
+        "dry_base": c.dry_base,
+        "dry_allowed_length": c.dry_allowed_length,
+        "dry_penalty_last_n": c.dry_penalty_last_n,
+        "dry_sequence_breakers": list(c.dry_sequence_breakers),
+        "mirostat": c.mirostat,
+        "mirostat_tau": c.mirostat_tau,
+        "mirostat_eta": c.mirostat_eta,
+        "adaptive_target": c.adaptive_target,
+        "adaptive_decay": c.adaptive_decay,
+        "stop": list(gp.stop),
+        "max_tokens": gp.n_predict,
+        "n_predict": gp.n_predict,
+        "n_keep": gp.n_keep,
+        "n_discard": gp.n_discard,
+        "ignore_eos": gp.ignore_eos or c.ignore_eos,
+        "stream": stream,
+        "logit_bias": [{"bias": v, "token": k} for k, v in c.logit_bias.items()],
+        "n_probs": gp.n_probs,
+        "min_keep": c.min_keep,
+        "grammar": getattr(gp.grammar, "source", "") if gp.grammar is not None else "",
+        "grammar_lazy": False,
+        "grammar_triggers": [],
+        "preserved_tokens": list(gp.preserved_tokens),
+        "chat_format": "Content-only" if gp.chat_format is None else str(getattr(gp.chat_format, "name", "")),
+        "reasoning_format": "none",
+        "reasoning_in_content": False,
+        "generation_prompt": "",
+        "samplers": list(c.samplers),
+        "speculative.types": "none",
+        "timings_per_token": timings_per_token,
+        "post_sampling_probs": False,
+        "backend_sampling": False,
+        "lora": [{"id": k, "scale": v} for k, v in (gp.lora or {}).items()],
+    }
+    if not full:
+        for k in ("dry_sequence_breakers", "stop", "logit_bias", "grammar", "grammar_lazy"):
+            del out[k]
+        for k in ("grammar_triggers", "preserved_tokens"):
+            del out[k]
+    return out
 
 
 async def prompt_tokens(

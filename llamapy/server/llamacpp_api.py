@@ -4,6 +4,7 @@ mode each answers for the model named by ``?model=`` (or the body's ``model``)."
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .. import __version__
 from . import params as P
+from .choices import generate_n
 from .engine import GenParams
 from .errors import APIError
 from .formats import NativeFormatter
@@ -40,8 +42,46 @@ async def native_params(req: NativeCompletionRequest, m: ModelEntry) -> tuple[Ge
         P.gen_params, req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel
     )
     gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
-    settings = settings_dict(gp.sampling, gp.n_predict) | {"stop": gp.stop, "n_probs": gp.n_probs}
-    return gp, settings
+    return gp, settings_dict(gp, stream=req.stream, timings_per_token=req.timings_per_token)
+
+
+def native_formatter(
+    m: ModelEntry, req: NativeCompletionRequest, prompt: str, settings: dict[str, Any], n_probs: int
+) -> NativeFormatter:
+    return NativeFormatter(
+        m.name, prompt, settings, n_probs, req.return_tokens, req.timings_per_token, req.response_fields
+    )
+
+
+def template_caps(backend: Any) -> dict[str, bool]:
+    """llama-server's ``chat_template_caps``: what llamapy probes of the template (the tool-call
+    capabilities are not probed: False)."""
+    t = getattr(backend, "chat_template", None)
+    caps = dict.fromkeys(
+        (
+            "supports_object_arguments",
+            "supports_parallel_tool_calls",
+            "supports_preserve_reasoning",
+            "supports_reasoning_effort",
+            "supports_string_content",
+            "supports_system_role",
+            "supports_tool_calls",
+            "supports_tools",
+            "supports_typed_content",
+        ),
+        False,
+    )
+    for k, attr in (
+        ("supports_string_content", "supports_string_content"),
+        ("supports_typed_content", "supports_typed_content"),
+        ("supports_system_role", "supports_system_role"),
+        ("supports_object_arguments", "wants_object_arguments"),
+    ):
+        try:
+            caps[k] = bool(getattr(t, attr, False))
+        except Exception:  # a template that fails its probes: not capable
+            caps[k] = False
+    return caps
 
 
 def _down(m: Any) -> str | None:
@@ -70,23 +110,33 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         engine, backend = m.ready()
         info = backend.info()
         mt = getattr(backend, "mtmd", None)
+        d = m.settings.defaults
+        defaults = GenParams(n_predict=d.n_predict, sampling=d.sampling, n_keep=d.n_keep)
+        caps = await run_in_threadpool(template_caps, backend)
         return {
             "default_generation_settings": {
+                "params": settings_dict(defaults, full=False),
                 "n_ctx": engine.n_ctx_slot,
-                "params": settings_dict(m.settings.defaults.sampling, m.settings.defaults.n_predict),
             },
             "total_slots": engine.n_parallel,
-            "model_path": m.settings.model_path,
             "model_alias": m.name,
-            "chat_template": info.get("chat_template", ""),
-            "bos_token": info.get("bos_token", ""),
-            "eos_token": info.get("eos_token", ""),
-            "embeddings": backend.embeddings,
+            "model_ftype": info.get("ftype", ""),
+            "model_path": m.settings.model_path,
             "modalities": {
                 "vision": mt is not None and bool(getattr(mt, "support_vision", True)),
+                "video": False,
                 "audio": mt is not None and bool(getattr(mt, "support_audio", False)),
             },
+            "endpoint_slots": bool(s.slots),
+            "endpoint_props": False,  # (POST /props, changing settings, is not served)
+            "endpoint_metrics": bool(s.metrics),
+            "chat_template": info.get("chat_template", ""),
+            "chat_template_caps": caps,
+            "bos_token": info.get("bos_token", ""),
+            "eos_token": info.get("eos_token", ""),
             "build_info": f"llamapy {__version__}",
+            "is_sleeping": False,
+            "embeddings": backend.embeddings,
         }
 
     @app.get("/slots")
@@ -156,10 +206,16 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         req: NativeCompletionRequest = await read_body(request, NativeCompletionRequest)
         gp, settings = await native_params(req, m)
         limit = None if engine.context_shift else engine.n_ctx_slot
-        tokens = await run_in_threadpool(P.tokenize_prompt, req.prompt, backend, "prompt", limit)
-        prompt_text = req.prompt if isinstance(req.prompt, str) else backend.detokenize(tokens)
-        fmt = NativeFormatter(m.name, prompt_text, settings, gp.n_probs, req.return_tokens)
-        return await generate(request, engine, tokens, gp, fmt, req.stream)
+        prompts = await run_in_threadpool(P.tokenize_prompts, req.prompt, backend, "prompt", limit)
+        texts = req.prompt if P.several(req.prompt) else [req.prompt]
+        fmts = [
+            native_formatter(m, req, t if isinstance(t, str) else backend.detokenize(p), settings, gp.n_probs)
+            for t, p in zip(texts, prompts, strict=True)
+        ]
+        if len(prompts) > 1:  # several prompts: a list of answers (events tagged with "index")
+            gps = [replace(gp) for _ in prompts]
+            return await generate_n(request, engine, prompts, gps, fmts, req.stream, False)
+        return await generate(request, engine, prompts[0], gp, fmts[0], req.stream)
 
     @app.post("/infill")
     async def infill(request: Request) -> Any:
@@ -170,6 +226,5 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         gp, settings = await native_params(req, m)
         args = (req, backend, engine.n_batch, engine.n_ctx_slot, gp.n_predict)
         tokens = await run_in_threadpool(infill_tokens, *args)
-        prompt_text = backend.detokenize(tokens)
-        fmt = NativeFormatter(m.name, prompt_text, settings, gp.n_probs, req.return_tokens)
+        fmt = native_formatter(m, req, backend.detokenize(tokens), settings, gp.n_probs)
         return await generate(request, engine, tokens, gp, fmt, req.stream)

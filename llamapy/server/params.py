@@ -7,7 +7,7 @@ from typing import Any
 
 from .backend import Backend
 from .engine import GenParams
-from .errors import APIError, bad_request, not_supported
+from .errors import APIError, bad_request, context_error, not_supported
 from .lora import n_lora_adapters, parse_lora_list
 from .sampling import SamplingError, SamplingParams, parse_samplers, prepare_dry
 from .schemas import (
@@ -37,10 +37,20 @@ def check_unsupported(req: SamplingFields) -> None:
     for name in _UNSUPPORTED_FIELDS:
         if extra.get(name) not in (None, "", [], {}, False):
             raise not_supported(f"'{name}' (give 'tools' or 'grammar' instead)", param=name)
+    if req.post_sampling_probs:  # the sampler gives the log-probabilities before sampling only
+        raise not_supported(
+            "'post_sampling_probs' (probabilities after the sampler chain; 'n_probs' gives the "
+            "log-probabilities before it)",
+            param="post_sampling_probs",
+        )
+    if req.return_progress:
+        raise not_supported("'return_progress' (prompt_progress events)", param="return_progress")
     n_choices(req)
     if isinstance(req, CompletionRequest):
         if req.best_of not in (None, 1):
             raise not_supported(f"best_of={req.best_of}", param="best_of")
+    if isinstance(req, NativeCompletionRequest) and req.n_cmpl not in (None, 1):
+        raise not_supported(f"n_cmpl={req.n_cmpl} (several completions per prompt)", param="n_cmpl")
 
 
 MAX_CHOICES = 16
@@ -104,29 +114,20 @@ def n_predict_from(
     name: str,
     n_ctx_slot: int,
     default: int,
-    allow_unlimited: bool,
+    allow_zero: bool,
     context_shift: bool = False,
 ) -> int:
-    """A token limit: at most the slot's context, or :data:`MAX_N_PREDICT` with ``context_shift``."""
+    """A token limit, as llama-server takes it: -1 is no limit (up to the context), a value past what a
+    slot can generate is clamped to the slot's context (:data:`MAX_N_PREDICT` with ``context_shift``);
+    another negative (or 0 unless ``allow_zero``) is a 400."""
     if value is None:
         return default
-    if allow_unlimited and value == -1:
+    if value == -1:
         return -1
-    lo = 0 if allow_unlimited else 1
+    lo = 0 if allow_zero else 1
     if value < lo:
-        raise bad_request(
-            f"'{name}' must be at least {lo}{' (or -1 for no limit)' if allow_unlimited else ''}, got {value}",
-            name,
-        )
-    if context_shift:
-        if value > MAX_N_PREDICT:
-            raise bad_request(f"'{name}' must be at most {MAX_N_PREDICT}, got {value}", name)
-        return value
-    if value > n_ctx_slot:
-        raise bad_request(
-            f"'{name}' is {value} but a slot's context holds only {n_ctx_slot} tokens (prompt included)", name
-        )
-    return value
+        raise bad_request(f"'{name}' must be at least {lo} (or -1 for no limit), got {value}", name)
+    return min(value, MAX_N_PREDICT if context_shift else n_ctx_slot)
 
 
 def gen_params(
@@ -303,27 +304,28 @@ def tokenize_limited(
     try:
         return list(vocab.tokenize(text, add_special, parse_special, max_tokens=max_tokens))
     except TooManyTokensError:
-        raise APIError(
-            400,
-            f"the prompt has more than {max_tokens} tokens but a slot's context holds {max_tokens} "
-            f"(shorten the prompt or start the server with a larger -c or fewer -np)",
-            param="prompt",
-        ) from None
+        pass
+    # past the context: counted exactly for llama-server's n_prompt_tokens unless the text is huge
+    n = len(vocab.tokenize(text, add_special, parse_special)) if len(text) <= EXACT_COUNT_CHARS else None
+    raise context_error(n or max_tokens + 1, max_tokens, at_least=n is None)
+
+
+EXACT_COUNT_CHARS = 1 << 18  # a longer prompt past the context is reported as "more than n_ctx tokens"
 
 
 def tokenize_prompt(
     prompt: Any, backend: Backend, param: str = "prompt", max_tokens: int | None = None
 ) -> list[int]:
-    """A completion prompt: a string, a token list, a one-element list of either, or llama.cpp's mix of
-    token ids and strings (``max_tokens``: a string prompt past it is a 400, found early)."""
+    """ONE completion prompt: a string, a token list, a one-element list of either, or llama.cpp's mix of
+    token ids and strings (``max_tokens``: a string prompt past it is a 400, found early). A list of
+    several prompts is :func:`tokenize_prompts`' (a 400 here)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
         return tokenize_limited(backend, prompt, True, True, max_tokens)
     if isinstance(prompt, list) and all(isinstance(x, int) for x in prompt):
         return check_tokens(list(prompt), backend.n_vocab, param)
-    several = isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(x, str | list) for x in prompt)
-    if not several and isinstance(prompt, list) and all(isinstance(x, int | str) for x in prompt):
+    if isinstance(prompt, list) and all(isinstance(x, int | str) for x in prompt) and not several(prompt):
         out: list[int] = []
         for i, x in enumerate(prompt):
             if isinstance(x, str):
@@ -331,7 +333,27 @@ def tokenize_prompt(
             else:
                 out += check_tokens([x], backend.n_vocab, f"{param}[{i}]")
         return out
-    raise not_supported("several prompts in one request (send one request per prompt)", param=param)
+    raise bad_request(
+        f"'{param}' must be a string, a list of token ids or a list of token ids and strings", param
+    )
+
+
+def several(prompt: Any) -> bool:
+    """llama-server's rule (``tokenize_input_prompts``): a list that holds no number is several prompts
+    (each a string, a token list or a mixed list); a list with a number in it is one prompt."""
+    return isinstance(prompt, list) and len(prompt) > 1 and not any(isinstance(x, int) for x in prompt)
+
+
+def tokenize_prompts(
+    prompt: Any, backend: Backend, param: str = "prompt", max_tokens: int | None = None
+) -> list[list[int]]:
+    """The prompts of a completion request (one or several, see :func:`several`), at most
+    :data:`MAX_CHOICES` of them."""
+    if not several(prompt):
+        return [tokenize_prompt(prompt, backend, param, max_tokens)]
+    if len(prompt) > MAX_CHOICES:
+        raise bad_request(f"at most {MAX_CHOICES} prompts per request, got {len(prompt)}", param)
+    return [tokenize_prompt(p, backend, f"{param}[{i}]", max_tokens) for i, p in enumerate(prompt)]
 
 
 def messages_to_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -349,8 +371,8 @@ def messages_to_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                     )
                 texts.append(part.text)
             d["content"] = "".join(texts)
-        elif m.content is None:
-            if m.role != "assistant" or not m.tool_calls:
+        elif m.content is None:  # an assistant's may be null (with tool calls or not), as llama-server's
+            if m.role != "assistant":
                 raise bad_request(f"messages.{i} ({m.role}) has no content", f"messages.{i}.content")
             d["content"] = ""
         else:

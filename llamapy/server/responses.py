@@ -27,7 +27,7 @@ from .engine import Event, TokenProb
 from .errors import APIError, bad_request, not_supported
 from .formats import BaseFormatter, new_id
 from .guard import request_key_id
-from .inputs import chat_inputs, no_completions, parsed_body
+from .inputs import chat_inputs, count_tokens, no_completions, parsed_body
 from .schemas import ChatCompletionRequest, SamplingFields, validate
 from .stream import generate
 
@@ -758,10 +758,29 @@ def add_routes(app: FastAPI, state: Any) -> None:
             return raw, req, *to_chat(req, raw, history)
 
         raw, req, chat, conversation = await parsed_body(request, plan)
+        if req.max_output_tokens is not None and req.max_output_tokens < 1:  # (no -1 in this API)
+            raise bad_request(
+                f"'max_output_tokens' must be at least 1, got {req.max_output_tokens}", "max_output_tokens"
+            )
         tokens, gp = await chat_inputs(chat, m, req.max_output_tokens, "max_output_tokens")
         keep = functools.partial(store.put, owner=owner)
         fmt = ResponsesFormatter(m.name, req, raw, conversation, keep)
         return await generate(request, engine, tokens, gp, fmt, req.stream)
+
+    @app.post("/v1/responses/input_tokens")
+    @app.post("/responses/input_tokens")
+    async def responses_input_tokens(request: Request) -> dict[str, Any]:
+        """llama-server's token count of a Responses request (its prompt as the chat template renders it)."""
+        m = await state.pick(request)
+        owner = request_key_id(request.scope)
+
+        def plan(raw: dict[str, Any]) -> ChatCompletionRequest:
+            req: ResponsesRequest = validate(ResponsesRequest, raw)
+            history = store.get(req.previous_response_id, owner) if req.previous_response_id else []
+            return to_chat(req, raw, history)[0]
+
+        chat = await parsed_body(request, plan)
+        return {"input_tokens": await count_tokens(chat, m), "object": "response.input_tokens"}
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, request: Request) -> Any:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import APIError, bad_request
 
@@ -20,6 +20,19 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 StopField = str | list[str] | None
 # OpenAI: {"50256": -100}; llama.cpp also: [[id, bias | false], ...] and {"text": bias}
 LogitBiasField = dict[str, float | bool] | list[list[int | float | bool | str]] | None
+
+
+def _integral(v: Any) -> Any:
+    """An integer field takes an integral float (``6.0``, as llama-server's JSON reader does); ``6.5``
+    stays an error."""
+    if isinstance(v, float) and not isinstance(v, bool):
+        if not v.is_integer():
+            raise ValueError(f"must be an integer, got {v}")
+        return int(v)
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_integral)]  # an integer field (strict, but 6.0 is 6)
 
 
 class _Body(BaseModel):
@@ -66,18 +79,18 @@ class SamplingFields(_Body):
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0.0, le=100.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
+    top_k: Int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     typical_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: Int | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repeat_penalty: float | None = Field(None, ge=0.0, le=10.0)
-    repeat_last_n: int | None = Field(None, ge=-1)
+    repeat_last_n: Int | None = Field(None, ge=-1)
     stop: StopField = None
     logit_bias: LogitBiasField = None
-    n_probs: int | None = Field(None, ge=0, le=100)
-    min_keep: int | None = Field(None, ge=0)
+    n_probs: Int | None = Field(None, ge=0, le=100)
+    min_keep: Int | None = Field(None, ge=0)
     top_n_sigma: float | None = None
     xtc_probability: float | None = Field(None, ge=0.0, le=1.0)
     xtc_threshold: float | None = Field(None, ge=0.0, le=1.0)
@@ -85,8 +98,8 @@ class SamplingFields(_Body):
     dynatemp_exponent: float | None = Field(None, ge=0.0)
     dry_multiplier: float | None = Field(None, ge=0.0)
     dry_base: float | None = Field(None, ge=1.0)
-    dry_allowed_length: int | None = Field(None, ge=0)
-    dry_penalty_last_n: int | None = Field(None, ge=-1)
+    dry_allowed_length: Int | None = Field(None, ge=0)
+    dry_penalty_last_n: Int | None = Field(None, ge=-1)
     dry_sequence_breakers: list[str] | None = None
     mirostat: Literal[0, 1, 2] | None = None
     mirostat_tau: float | None = Field(None, ge=0.0)
@@ -94,23 +107,27 @@ class SamplingFields(_Body):
     cache_prompt: bool = True
     samplers: list[str] | str | None = None
     ignore_eos: bool = False
-    id_slot: int | None = None
-    n: int | None = None
+    id_slot: Int | None = None
+    n: Int | None = None
     user: str | None = None
     grammar: str | None = None  # llama.cpp GBNF (or llguidance Lark after "%llguidance")
     json_schema: dict[str, Any] | bool | None = None
     # llama-server's context shift fields (range-checked against the slot in params.gen_params)
-    n_keep: int | None = None
-    n_discard: int | None = None
+    n_keep: Int | None = None
+    n_discard: Int | None = None
     lora: list[Any] | None = None  # [{"id", "scale"}]: this request's LoRA scales (server/lora.py)
+    timings_per_token: bool = False  # llama-server: every stream event carries "timings"
+    post_sampling_probs: bool = False  # (refused: see params.check_unsupported)
+    return_progress: bool = False  # (refused: see params.check_unsupported)
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Int | None = None
+    max_completion_tokens: Int | None = None
+    n_predict: Int | None = None  # llama.cpp's name of max_tokens (it wins over both)
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: Int | None = Field(None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -133,25 +150,29 @@ class ChatCompletionRequest(SamplingFields):
 # what the chat template is rendered with by the server itself (ChatTemplate.render's arguments)
 RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt", "tools", "documents", "self"})
 
-PromptField = str | list[int] | list[str] | list[list[int]]
+# one prompt (a string, token ids, or llama.cpp's mix of both) or several (a list of them, no number in
+# it): params.tokenize_prompts
+PromptField = str | list[int | str | list[int | str]]
 
 
 class CompletionRequest(SamplingFields):
     prompt: PromptField
-    max_tokens: int | None = None
-    logprobs: int | None = Field(None, ge=0, le=20)
+    max_tokens: Int | None = None
+    logprobs: Int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: Int | None = None
     response_format: dict[str, Any] | None = None
 
 
 class NativeCompletionRequest(SamplingFields):
     """llama.cpp's ``/completion`` body."""
 
-    prompt: str | list[int | str]
-    n_predict: int | None = None
+    prompt: PromptField
+    n_predict: Int | None = None
     return_tokens: bool = False
+    response_fields: list[str] | None = None  # only these fields of the answer (paths "a/b")
+    n_cmpl: Int | None = None  # llama-server's completions per prompt (only 1 here)
 
 
 class InfillChunk(_Body):

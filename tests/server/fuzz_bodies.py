@@ -353,6 +353,10 @@ SEEDS: dict[str, list[Seed]] = {
     "/v1/messages": _seeds(_ANTHROPIC)
     + [Seed({"max_tokens": 4, "messages": [{"role": "user", "content": [_IMAGE]}]}, expect=(400,))],
     "/v1/messages/count_tokens": _seeds(_ANTHROPIC_COUNT),
+    "/v1/chat/completions/input_tokens": _seeds([{"messages": _MESSAGES}, *_CHAT[1:3]]),
+    "/chat/completions/input_tokens": _seeds([{"messages": _MESSAGES}]),
+    "/v1/responses/input_tokens": _seeds(_RESPONSES[:3]),
+    "/responses/input_tokens": _seeds(_RESPONSES[:1]),
     "/v1/embeddings": _seeds(_EMB_OAI),
     "/embedding": _seeds(_EMB_NATIVE),
     "/embeddings": _seeds(_EMB_NATIVE[:2]),

@@ -65,6 +65,11 @@ def test_text_message(fake):
     assert 1 <= m.usage.output_tokens <= 12 and m.usage.input_tokens > 0
 
 
+def _n_prompt(m) -> int:
+    """The whole prompt of an answer: its evaluated and its cached tokens."""
+    return m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
+
+
 def test_system_and_blocks_reach_the_prompt(fake):
     c = _client(fake)
     plain = c.messages.create(model="m", max_tokens=2, messages=HI)
@@ -72,18 +77,11 @@ def test_system_and_blocks_reach_the_prompt(fake):
     sys2 = c.messages.create(
         model="m", max_tokens=2, messages=HI, system=[{"type": "text", "text": "Be brief."}]
     )
-    assert (
-        sys1.usage.input_tokens
-        == sys2.usage.input_tokens
-        == plain.usage.input_tokens + len("<system>Be brief.\n")
-    )
+    assert _n_prompt(sys1) == _n_prompt(sys2) == _n_prompt(plain) + len("<system>Be brief.\n")
     blocks = [
         {"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there!"}]}
     ]
-    assert (
-        c.messages.create(model="m", max_tokens=2, messages=blocks).usage.input_tokens
-        == plain.usage.input_tokens
-    )
+    assert _n_prompt(c.messages.create(model="m", max_tokens=2, messages=blocks)) == _n_prompt(plain)
 
 
 def test_max_tokens_and_stop_sequences(fake):
@@ -132,7 +130,7 @@ def test_stream_events(fake):
 def test_count_tokens(fake):
     c = _client(fake)
     n = c.messages.count_tokens(model="m", messages=HI).input_tokens
-    assert n == c.messages.create(model="m", max_tokens=2, messages=HI).usage.input_tokens
+    assert n == _n_prompt(c.messages.create(model="m", max_tokens=2, messages=HI))
     assert c.messages.count_tokens(model="m", messages=HI, system="Be brief.").input_tokens == n + len(
         "<system>Be brief.\n"
     )
@@ -291,13 +289,13 @@ def test_tool_use_round_trip(hermes):
     assert len(uses) == 1 and uses[0].name == "get_weather" and uses[0].id
     jsonschema.validate(uses[0].input, WEATHER["input_schema"])
     n = c.messages.count_tokens(model="m", messages=ask, tools=[WEATHER]).input_tokens
-    assert n == m.usage.input_tokens > c.messages.count_tokens(model="m", messages=ask).input_tokens
+    assert n == _n_prompt(m) > c.messages.count_tokens(model="m", messages=ask).input_tokens
     result = {"type": "tool_result", "tool_use_id": uses[0].id, "content": json.dumps({"temperature": 21})}
     turn = ask + [{"role": "assistant", "content": m.content}, {"role": "user", "content": [result]}]
     m2 = c.messages.create(**common, max_tokens=12, messages=turn)
     assert m2.content[-1].type == "text" and m2.content[-1].text.strip(), m2
     assert m2.stop_reason in ("end_turn", "max_tokens")
-    assert m2.usage.input_tokens > m.usage.input_tokens
+    assert _n_prompt(m2) > _n_prompt(m) and m2.usage.cache_read_input_tokens > 0  # the turn reused the cache
 
 
 @pytest.mark.slow

@@ -202,9 +202,13 @@ def test_long_prompt_and_n_choices_over_http(live_shift):
     assert texts == [want, want] and b.n_seq_cp == n_cp  # no shared cells under context shift
 
 
-def test_n_predict_beyond_the_slot_needs_the_flag(live):
+def test_n_predict_beyond_the_slot_is_clamped_without_the_flag(live):
+    """As llama-server: without a context shift a limit past the slot is the slot's context."""
     r = httpx.post(live.base_url + "/completion", json={"prompt": "x", "n_predict": 10**6})
-    assert r.status_code == 400
+    assert (
+        r.status_code == 200
+        and r.json()["generation_settings"]["n_predict"] == live.backend.n_ctx // live.backend.n_seq_max
+    )
 
 
 # -- the real model ---------------------------------------------------------------------------------------

@@ -281,7 +281,7 @@ def test_banned_token_settings_are_json(servers):
     body = {"prompt": "hi", "n_predict": 2, "logit_bias": [[65, False]]}
     r = httpx.post(base + "/completion", json=body, timeout=30)
     assert r.status_code == 200, r.text
-    assert r.json()["generation_settings"]["logit_bias"] == [[65, None]]
+    assert r.json()["generation_settings"]["logit_bias"] == [{"bias": None, "token": 65}]
     with httpx.Client() as c:
         res = check(c, base, Case("/completion", "/completion", json.dumps(body | {"stream": True}).encode()))
     assert res.problem is None and res.status == 200

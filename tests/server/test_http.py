@@ -34,7 +34,7 @@ def client(live) -> openai.OpenAI:
 
 def test_models_and_health(live, client):
     (m,) = client.models.list().data
-    assert m.id == "fake.gguf" and m.owned_by == "llamapy"
+    assert m.id == "fake.gguf" and m.owned_by == "llamacpp"
     assert httpx.get(live.base_url + "/health").json() == {"status": "ok"}
 
 
@@ -122,7 +122,7 @@ def test_tokenize_detokenize_template_props_slots_metrics(live):
     slots = httpx.get(base + "/slots").json()
     assert [s["id"] for s in slots] == [0, 1] and "prompt_tokens" not in slots[0]
     metrics = httpx.get(base + "/metrics").text
-    assert "llamapy:tokens_predicted_total" in metrics and "llamapy:kv_cache_usage_ratio" in metrics
+    assert "llamacpp:tokens_predicted_total" in metrics and "llamacpp:kv_cache_usage_ratio" in metrics
 
 
 def err(resp: httpx.Response) -> tuple[int, str]:
@@ -139,7 +139,7 @@ def err(resp: httpx.Response) -> tuple[int, str]:
         (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "messages.0.role"),
         (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "5"}', 400, "max_tokens"),
         (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": -3}', 400, "at least 1"),
-        (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000000}', 400, "slot's context"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 6.5}', 400, "must be an integer"),
         (b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', 400, "temperature"),
         (b'{"messages": []}', 400, "messages"),
         (

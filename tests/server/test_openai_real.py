@@ -165,7 +165,7 @@ def test_disconnect_frees_the_slot(http, real_server):
         assert time.monotonic() < deadline, "the slot stayed busy after the client left"
         time.sleep(0.05)
     metrics = http.get("/metrics").text
-    assert "llamapy:tokens_predicted_total" in metrics
+    assert "llamacpp:tokens_predicted_total" in metrics
 
 
 def test_embeddings_with_the_real_model(smollm2_path):

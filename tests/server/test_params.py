@@ -87,9 +87,15 @@ def test_response_format_text_and_tool_choice_none_are_fine():
 
 
 def test_max_tokens_limits():
+    """As llama-server: -1 is no limit, a limit past the slot's context is clamped to it (clients send
+    4096 to 32000 by default), another negative is a 400."""
     assert P.n_predict_from(None, "max_tokens", 128, -1, False) == -1
     assert P.n_predict_from(5, "max_tokens", 128, -1, False) == 5
-    for v, msg in [(0, "at least 1"), (-1, "at least 1"), (129, "holds only 128")]:
+    assert P.n_predict_from(-1, "max_tokens", 128, 16, False) == -1
+    assert P.n_predict_from(32000, "max_tokens", 128, 16, False) == 128
+    assert P.n_predict_from(10**9, "n_predict", 128, -1, True) == 128
+    assert P.n_predict_from(10**9, "n_predict", 128, -1, True, context_shift=True) == P.MAX_N_PREDICT
+    for v, msg in [(0, "at least 1"), (-2, "at least 1")]:
         with pytest.raises(APIError, match=msg):
             P.n_predict_from(v, "max_tokens", 128, -1, False)
     assert P.n_predict_from(-1, "n_predict", 128, -1, True) == -1
@@ -106,10 +112,39 @@ def test_prompts():
     assert P.tokenize_prompt([5, "ab"], B) == [5, 97, 98]  # llama.cpp's mixed form
     with pytest.raises(APIError, match="out of range"):
         P.tokenize_prompt([1, 9999], B)
-    with pytest.raises(APIError, match="several prompts"):
-        P.tokenize_prompt(["a", "b"], B)
     req = validate(NativeCompletionRequest, {"prompt": [1, "x"]})
     assert P.tokenize_prompt(req.prompt, B) == [1, 120]
+
+
+def test_several_prompts_follow_llama_servers_rules():
+    """tokenize_input_prompts: a list with a number in it is ONE prompt (token ids, or ids and strings);
+    a list with no number is one prompt per element."""
+    assert P.tokenize_prompts([1, 2], B) == [[1, 2]]
+    assert P.tokenize_prompts([5, "ab"], B) == [[5, 97, 98]]
+    assert P.tokenize_prompts(["ab", "c"], B) == [[256, 97, 98], [256, 99]]
+    assert P.tokenize_prompts([[1, 2], [3]], B) == [[1, 2], [3]]
+    assert P.tokenize_prompts(["a", [3, "b"]], B) == [[256, 97], [3, 98]]
+    with pytest.raises(APIError, match="at most 16 prompts"):
+        P.tokenize_prompts(["a"] * 17, B)
+    with pytest.raises(APIError, match=r"prompt\[1\]\[0\]"):
+        P.tokenize_prompts(["a", [9999]], B)
+
+
+def test_integral_floats_are_integers():
+    req = validate(ChatCompletionRequest, {"messages": MSG, "max_tokens": 6.0, "top_k": 3.0})
+    assert req.max_tokens == 6 and isinstance(req.max_tokens, int) and req.top_k == 3
+    with pytest.raises(APIError, match="must be an integer, got 6.5") as e:
+        validate(ChatCompletionRequest, {"messages": MSG, "max_tokens": 6.5})
+    assert e.value.param == "max_tokens"
+
+
+def test_an_assistant_message_may_have_null_content():
+    msgs = P.messages_to_dicts(
+        validate(ChatCompletionRequest, {"messages": [*MSG, {"role": "assistant", "content": None}]}).messages
+    )
+    assert msgs[-1] == {"role": "assistant", "content": ""}
+    with pytest.raises(APIError, match="has no content"):
+        P.messages_to_dicts(validate(ChatCompletionRequest, {"messages": [{"role": "user"}]}).messages)
 
 
 def test_chat_messages():

@@ -179,7 +179,6 @@ def test_response_store_is_bounded():
         ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input.0.call_id"),
         ({"input": [{"type": "function_call_output", "call_id": "c", "output": 3}]}, "input.0.output"),
         ({"input": []}, "input"),
-        ({"input": "x", "max_output_tokens": 10**9}, "max_output_tokens"),
         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "x", "max_output_tokens": "9"}, "max_output_tokens"),
         ({"input": "x", "temperature": "hot"}, "temperature"),

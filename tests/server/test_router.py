@@ -287,7 +287,7 @@ def test_no_autoload_and_preset(models_dir: Path, tmp_path: Path) -> None:
         assert (
             gen["n_ctx"] == 256
         )  # -c 256 on the command line wins over the preset's c = 128, as llama-server's
-        assert gen["params"]["temp"] == 0.25 and gen["params"]["n_predict"] == 7  # its table and ["*"]
+        assert gen["params"]["temperature"] == 0.25 and gen["params"]["n_predict"] == 7  # its table and ["*"]
         assert httpx.get(srv.url + "/props", params={"model": "beta"}).status_code == 503
     finally:
         srv.stop()

@@ -58,7 +58,7 @@ def test_health_is_503_until_warm() -> None:
         slots = httpx.get(srv.base_url + "/slots").json()
         assert all(s["n_cached_tokens"] == 0 and not s["is_processing"] for s in slots)
         metrics = httpx.get(srv.base_url + "/metrics").text
-        assert "llamapy:tokens_predicted_total 0" in metrics and "llamapy:n_decode_total 0" in metrics
+        assert "llamacpp:tokens_predicted_total 0" in metrics and "llamacpp:n_decode_total 0" in metrics
         r = httpx.post(srv.base_url + "/completion", json={"prompt": "ab", "n_predict": 2, "temperature": 0})
         assert r.status_code == 200 and r.json()["tokens_predicted"] == 2
     finally:
