@@ -1,12 +1,12 @@
 """Which format a chat template uses, from markers in its source (as llama.cpp's ``chat.cpp`` dispatch).
 
 The order matters: DeepSeek V3.2 / V4 (DSML), R1 / V3.1, Command R7B, Cohere2MoE, Granite,
-Qwen3-Coder XML, Gemma 4, GLM (``<arg_key>``), Kimi K2, MiniMax M2, Seed-OSS, MiniCPM 5, GigaChat 3,
+Qwen3-Coder XML, Gemma 4, GLM (``<arg_key>``), Kimi K2, Kimi K3, MiniMax M2, Seed-OSS, MiniCPM 5, GigaChat 3,
 Apertus, LFM2, JSON between tags (Nemotron Nano v2, Apriel 1.5 / 1.6, MiniMax M1) and Hermes come first
 (their handlers also parse reasoning, so they are used with or without tools), then gpt-oss,
 Functionary, Llama 3.x, Magistral; without tools the rest is content-only, with tools Mistral,
 Phi-4-mini or the generic JSON fallback. Templates that write ``<tool_call>`` with a syntax this
-package does not implement (MiniMax M3, ...) get the generic fallback rather than a wrong parser.
+package does not implement get the generic fallback rather than a wrong parser.
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ from .granite import GraniteFormat
 from .hermes import HermesFormat
 from .json_tags import JsonTagsFormat, family_of
 from .kimi_k2 import KimiK2Format
+from .kimi_k3 import KimiK3Format
 from .lfm2 import Lfm2Format
 from .llama3 import Llama3Format
 from .minicpm5 import MiniCpm5Format
 from .minimax_m2 import MiniMaxM2Format
+from .minimax_m3 import MiniMaxM3Format
 from .mistral import MistralFormat
 from .phi4 import Phi4Format
 from .qwen3_coder import Qwen3CoderFormat
@@ -76,7 +78,9 @@ _RULES: tuple[tuple[Callable[[str], bool], Callable[[str], ChatFormat]], ...] = 
     (_all("'<|tool_call>call:'"), Gemma4Format),
     (_all("<tool_call>", "<arg_key>"), GlmFormat),
     (_all("<|tool_calls_section_begin|>", "<|tool_call_begin|>"), KimiK2Format),
+    (_all("<|open|>", "<|close|>", "<|end_of_msg|>"), KimiK3Format),
     (_all("<minimax:tool_call>"), MiniMaxM2Format),
+    (_all("]<]minimax[>[", "<tool_call>", "<invoke name="), MiniMaxM3Format),
     (_all("<seed:tool_call>"), SeedOssFormat),
     (_all("Tool usage guidelines:", '<function name="', '<param name="'), MiniCpm5Format),
     (_all("<|role_sep|>", "<|message_sep|>"), GigaChat3Format),

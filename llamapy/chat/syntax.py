@@ -99,6 +99,15 @@ class Lark:
             ]
         return " ".join(self.req.lit(p) if p in self.tokens else lark_str(p) for p in parts if p)
 
+    def until(self, name: str, end: str) -> str:
+        """Free text up to and including ``end``; when ``end`` starts with one of ``tokens`` that the
+        vocabulary has as a special token, the text stops at that token (and the rest of ``end`` follows)."""
+        if any(end.startswith(t) and self.req.special(t) for t in self.tokens):
+            return f"/(?s:.*)/ {self.text(end)}"
+        body, rules = self.req.until(name, end)
+        self.rules.extend(r for r in rules if r not in self.rules)
+        return body
+
     def rule(self, name: str, body: str) -> str:
         """Add ``name: body`` once; returns ``name`` (without its ``[lazy]`` mark)."""
         text = f"{name}: {body}"

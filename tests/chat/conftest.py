@@ -44,6 +44,10 @@ SPECIAL_TOKENS = (
     "<|end|>",
     "<|call|>",
     "<|eot|>",
+    "<|open|>",
+    "<|close|>",
+    "<|sep|>",
+    "<|end_of_msg|>",
 )
 EOS = "<|eot|>"
 

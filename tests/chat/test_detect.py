@@ -37,10 +37,10 @@ EXPECTED = {
     "ibm-granite-granite-4.0": ("hermes-2-pro", "hermes-2-pro"),
     "google-gemma-2-2b-it": ("generic", "content-only"),
     "microsoft-Phi-3.5-mini-instruct": ("generic", "content-only"),
-    # <tool_call> with another syntax inside (GLM's <arg_key>, MiniMax M3, ...): not Hermes
+    # <tool_call> with another syntax inside (GLM's <arg_key>, MiniMax M3's <invoke>): not Hermes
     "GLM-4.6": ("glm-4.5", "glm-4.5"),
     "inclusionai-ling-3.0-flash": ("glm-4.5", "glm-4.5"),
-    "MiniMax-M3": ("generic", "content-only"),
+    "MiniMax-M3": ("minimax-m3", "minimax-m3"),
     "fireworks-ai-llama-3-firefunction-v2": ("generic", "content-only"),
 }
 
@@ -60,7 +60,7 @@ def test_every_template_detects(templates_dir):
             "hermes-2-pro", "qwen3-coder-xml", "llama-3.x", "mistral-nemo", "mistral-v11", "magistral",
             "phi-4-mini", "deepseek-r1", "deepseek-v3.1", "command-r7b", "functionary-v3.2",
             "functionary-v3.1-llama-3.1", "gpt-oss", "granite", "generic",
-            "gemma4", "glm-4.5", "kimi-k2", "deepseek-v3.2", "deepseek-v4", "minimax-m2", "lfm2", "seed-oss",
+            "gemma4", "glm-4.5", "kimi-k2", "kimi-k3", "deepseek-v3.2", "deepseek-v4", "minimax-m2", "minimax-m3", "lfm2", "seed-oss",
             "nemotron-v2", "apriel", "minimax-m1", "cohere2moe", "minicpm5", "gigachat3",
             "gigachat3.1", "apertus",
         }, path.name  # fmt: skip

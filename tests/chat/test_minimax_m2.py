@@ -43,7 +43,7 @@ def test_detect_and_prompt():
     assert '<invoke name="get_weather">\n<parameter name="location">Paris</parameter>' in out
     assert "22 degrees and sunny" in out and '"get_time"' in out
     assert fmt.thinking_forced_open(out)
-    for other, name in (("MiniMax-M1", "minimax-m1"), ("MiniMax-M3", "generic")):  # other syntaxes
+    for other, name in (("MiniMax-M1", "minimax-m1"), ("MiniMax-M3", "minimax-m3")):  # other syntaxes
         assert detect_format(shared_path("templates", f"{other}.jinja").read_text()).name == name
 
 
