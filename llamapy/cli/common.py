@@ -102,6 +102,12 @@ prob = _number(float, 0.0, 1.0, what="probability")
 # flag groups
 
 
+def add_cache_type_args(g: Any) -> None:
+    """``-ctk``/``-ctv``: the KV cache's key and value types (``ContextParams.type_k``/``type_v``)."""
+    g.add_argument("-ctk", "--cache-type-k", choices=CACHE_TYPES, default="f16", metavar="TYPE")
+    g.add_argument("-ctv", "--cache-type-v", choices=CACHE_TYPES, default="f16", metavar="TYPE")
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and context")
     g.add_argument(
@@ -121,8 +127,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-b", "--batch-size", type=_number(int, 1, what="batch size"), default=2048, metavar="N")
     g.add_argument("-ub", "--ubatch-size", type=_number(int, 1, what="batch size"), default=512, metavar="N")
     g.add_argument("-t", "--threads", type=int_, default=-1, metavar="N", help="threads (-1 = all cores)")
-    g.add_argument("-ctk", "--cache-type-k", choices=CACHE_TYPES, default="f16", metavar="TYPE")
-    g.add_argument("-ctv", "--cache-type-v", choices=CACHE_TYPES, default="f16", metavar="TYPE")
+    add_cache_type_args(g)
     g.add_argument("-fa", "--flash-attn", type=_on_off, default=None, metavar="on|off|auto")
     g.add_argument(
         "-ngl", "--n-gpu-layers", "--gpu-layers", type=int_, default=0, metavar="N",

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import LlamapyError
 from .compat import NoEffectAction
+from .reasoning import add_reasoning_args, chat_defaults
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "-c", "--ctx-size", type=_non_negative, default=4096, help="total context, split over slots"
     )
     p.add_argument("-b", "--batch-size", type=_positive, default=512, help="max tokens per decode step")
+    from .common import add_cache_type_args
+
+    add_cache_type_args(p)  # -ctk/-ctv: the KV cache's types
     p.add_argument("-ub", "--ubatch-size", type=_positive, default=512, help="physical batch size")
     p.add_argument("-t", "--threads", type=int, default=None, help="compute threads (default: all cores)")
     p.add_argument(
@@ -51,6 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--chat-template", help="built-in template (chatml, llama3, gemma, phi3, mistral) or Jinja source"
     )
     p.add_argument("--chat-template-file", help="Jinja chat template to use instead of the model's")
+    add_reasoning_args(p)
     p.add_argument("--embedding", "--embeddings", dest="embeddings", action="store_true",
                    help="serve /v1/embeddings and /embedding (no completions)")  # fmt: skip
     p.add_argument("--pooling", choices=POOLING_NAMES,
@@ -335,7 +340,9 @@ def server_settings(args: argparse.Namespace, model_path: str, api_keys: list[st
     from ..server.params import Defaults
     from .common import sampling_params
 
-    defaults = Defaults(sampling=sampling_params(args), n_predict=args.n_predict, n_keep=args.keep)
+    defaults = Defaults(
+        sampling=sampling_params(args), n_predict=args.n_predict, n_keep=args.keep, **chat_defaults(args)
+    )
     return ServerSettings(
         model_path=str(model_path),
         alias=args.alias,
@@ -391,6 +398,8 @@ def backend_factory(args: argparse.Namespace, model_path: Any, mmproj: str | Non
             n_batch=args.batch_size,
             n_ubatch=args.ubatch_size,
             n_threads=args.threads,
+            type_k=args.cache_type_k,
+            type_v=args.cache_type_v,
             embeddings=args.embeddings,
             chat_template=template,
             pooling=args.pooling,

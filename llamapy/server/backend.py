@@ -96,6 +96,8 @@ class ContextBackend:
         n_batch: int = 512,
         n_ubatch: int = 512,
         n_threads: int | None = None,
+        type_k: str = "f16",
+        type_v: str = "f16",
         embeddings: bool = False,
         chat_template: str | None = None,
         pooling: str | None = None,
@@ -115,6 +117,8 @@ class ContextBackend:
             n_ubatch=min(n_ubatch, n_batch),
             n_seq_max=n_seq_max,
             n_threads=n_threads,
+            type_k=type_k,  # -ctk/-ctv
+            type_v=type_v,
             embeddings=embeddings,
             pooling_type=pooling,
         )
@@ -274,6 +278,16 @@ class ContextBackend:
     @property
     def chat_template(self) -> Any:
         return self._template
+
+    @property
+    def speculative_types(self) -> str:
+        """llama-server's name of the speculative decoding every slot uses (``speculative.types``)."""
+        if self._spec_drafts is not None:
+            t = self._spec_drafts.spec_type
+            return "draft-mtp" if t == "mtp" else t
+        if self._eagle3 is not None:
+            return "draft-eagle3"
+        return "draft-simple" if self._draft_model is not None else "none"
 
     def fim_tokens(self) -> Any:
         from ..api.infill import FimTokens

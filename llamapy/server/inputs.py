@@ -88,12 +88,22 @@ def include_usage(req: Any) -> bool:
 
 
 def settings_dict(
-    gp: GenParams, full: bool = True, stream: bool = False, timings_per_token: bool = False
+    gp: GenParams,
+    full: bool = True,
+    stream: bool = False,
+    timings_per_token: bool = False,
+    *,
+    reasoning_format: str = "none",
+    speculative_types: str = "none",
 ) -> dict[str, Any]:
     """llama-server's ``task_params::to_json``: a task's settings under its names and key set (``full``:
     the ``generation_settings`` of an answer; not: ``/props``' defaults, without stop, logit_bias,
-    grammar and DRY's breakers)."""
+    grammar and DRY's breakers). ``reasoning_format``: what the task reports (llama-server's /completion:
+    the request's or the server's, "auto" shown as "deepseek"); ``speculative_types``: the backend's
+    (:attr:`ContextBackend.speculative_types`). Chat answers carry no settings: the chat format, the
+    generation prompt and the lazy grammar's triggers are those of a plain completion."""
     c = gp.sampling
+    lazy = getattr(gp.grammar, "triggers", None) or []
     out: dict[str, Any] = {
         "seed": c.seed,
         "temperature": c.temp,
@@ -131,15 +141,15 @@ def settings_dict(
         "n_probs": gp.n_probs,
         "min_keep": c.min_keep,
         "grammar": getattr(gp.grammar, "source", "") if gp.grammar is not None else "",
-        "grammar_lazy": False,
-        "grammar_triggers": [],
+        "grammar_lazy": bool(lazy),
+        "grammar_triggers": [_trigger_json(t) for t in lazy],
         "preserved_tokens": list(gp.preserved_tokens),
         "chat_format": "Content-only" if gp.chat_format is None else str(getattr(gp.chat_format, "name", "")),
-        "reasoning_format": "none",
+        "reasoning_format": reasoning_format,
         "reasoning_in_content": False,
         "generation_prompt": "",
         "samplers": list(c.samplers),
-        "speculative.types": "none",
+        "speculative.types": speculative_types,
         "timings_per_token": timings_per_token,
         "post_sampling_probs": False,
         "backend_sampling": False,
@@ -153,6 +163,17 @@ def settings_dict(
     return out
 
 
+_TRIGGER_TYPES = {"token": 0, "word": 1, "pattern": 2, "pattern_full": 3}  # common_grammar_trigger_type
+
+
+def _trigger_json(t: Any) -> dict[str, Any]:
+    """A lazy grammar's trigger as llama-server's ``server_grammar_trigger::to_json`` (a token trigger
+    holds its id only: its text is left empty)."""
+    if t.kind == "token":
+        return {"type": 0, "value": "", "token": int(t.value)}
+    return {"type": _TRIGGER_TYPES[t.kind], "value": str(t.value)}
+
+
 async def prompt_tokens(
     req: ChatCompletionRequest, m: ModelEntry, limit: int | None, max_messages: int | None = None
 ) -> tuple[Any, list[int], dict[int, Any] | None]:
@@ -164,7 +185,7 @@ async def prompt_tokens(
     if has_image_parts(req):  # OpenAI image_url parts -> media markers; the images go in GenParams
         req, images = await run_in_threadpool(split_images, req, backend, m.settings.allow_image_urls)
     check_message_count(len(req.messages), max_messages)
-    plan = await run_in_threadpool(P.chat_plan, req, backend)
+    plan = await run_in_threadpool(P.chat_plan, req, backend, m.settings.defaults)
     if images is None:
         return plan, await run_in_threadpool(P.chat_tokens, plan.prompt, backend, limit), None
     tokens, by_pos = await run_in_threadpool(image_tokens, plan.prompt, images, backend)

@@ -27,6 +27,7 @@ from .schemas import (
     NativeCompletionRequest,
     TokenizeRequest,
     parse_json,
+    validate,
 )
 from .state import ModelEntry, ServerState
 from .stream import generate
@@ -42,7 +43,14 @@ async def native_params(req: NativeCompletionRequest, m: ModelEntry) -> tuple[Ge
         P.gen_params, req, backend, s.defaults, engine.n_ctx_slot, n_predict, engine.n_parallel
     )
     gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
-    return gp, settings_dict(gp, stream=req.stream, timings_per_token=req.timings_per_token)
+    settings = settings_dict(
+        gp,
+        stream=req.stream,
+        timings_per_token=req.timings_per_token,
+        reasoning_format=P.completion_reasoning_format(req, s.defaults),
+        speculative_types=getattr(backend, "speculative_types", "none"),
+    )
+    return gp, settings
 
 
 def native_formatter(
@@ -115,7 +123,9 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         caps = await run_in_threadpool(template_caps, backend)
         return {
             "default_generation_settings": {
-                "params": settings_dict(defaults, full=False),
+                "params": settings_dict(
+                    defaults, full=False, speculative_types=getattr(backend, "speculative_types", "none")
+                ),
                 "n_ctx": engine.n_ctx_slot,
             },
             "total_slots": engine.n_parallel,
@@ -191,10 +201,12 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/apply-template")
     async def apply_template(request: Request) -> dict[str, Any]:
-        _, backend = (await state.pick(request)).ready()
+        m = await state.pick(request)
+        _, backend = m.ready()
         req: ApplyTemplateRequest = await read_body(request, ApplyTemplateRequest)
-        creq = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt)
-        text, _ = await run_in_threadpool(P.chat_prompt, creq, backend)
+        fields = ("messages", "add_generation_prompt", "chat_template_kwargs", "reasoning_effort")
+        creq = validate(ChatCompletionRequest, {k: getattr(req, k) for k in fields})
+        text, _ = await run_in_threadpool(P.chat_prompt, creq, backend, m.settings.defaults)
         return {"prompt": text}
 
     @app.post("/completion")

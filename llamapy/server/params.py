@@ -30,6 +30,11 @@ class Defaults:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     n_predict: int = -1
     n_keep: int = 0  # --keep: tokens a context shift keeps (-1: the whole prompt)
+    # chat: llama-server's --reasoning (False: off), --reasoning-format (a request's reasoning_format wins)
+    # and --chat-template-kwargs (a request's chat_template_kwargs are merged over them)
+    reasoning: bool = True
+    reasoning_format: str = "auto"
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def check_unsupported(req: SamplingFields) -> None:
@@ -387,9 +392,11 @@ def messages_to_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def chat_prompt(req: ChatCompletionRequest, backend: Backend) -> tuple[str, list[int]]:
+def chat_prompt(
+    req: ChatCompletionRequest, backend: Backend, defaults: Defaults | None = None
+) -> tuple[str, list[int]]:
     """The prompt text and tokens of a conversation (``/apply-template`` and chat without extras)."""
-    plan = chat_plan(req, backend)
+    plan = chat_plan(req, backend, defaults)
     return plan.prompt, chat_tokens(plan.prompt, backend)
 
 
@@ -401,9 +408,11 @@ def chat_tokens(text: str, backend: Backend, max_tokens: int | None = None) -> l
     return tokens
 
 
-def chat_plan(req: ChatCompletionRequest, backend: Backend) -> Any:
+def chat_plan(req: ChatCompletionRequest, backend: Backend, defaults: Defaults | None = None) -> Any:
     """A chat request planned by :func:`llamapy.api.chat_request.plan_chat`: prompt, grammar, chat format
-    (bad tools, grammars and templates are 400s)."""
+    (bad tools, grammars and templates are 400s). ``defaults``: the server's reasoning switch, reasoning
+    format and template kwargs (the request's ``reasoning_format`` and ``chat_template_kwargs`` win, as
+    llama-server's); the request's ``reasoning_effort`` is OpenAI's field."""
     from ..api.chat_request import ChatRequestError, plan_chat
     from ..grammar import GrammarError, LlamaGrammar
     from ..vocab.chat_template import TemplateError
@@ -416,6 +425,7 @@ def chat_plan(req: ChatCompletionRequest, backend: Backend) -> Any:
             grammar = LlamaGrammar.from_json_schema(req.json_schema)
         except GrammarError as e:
             raise _grammar_error(e, "json_schema") from None
+    d = defaults or Defaults()
     tools = req.tools
     tool_choice = req.tool_choice
     if req.functions and not tools:  # OpenAI's deprecated function calling
@@ -432,9 +442,11 @@ def chat_plan(req: ChatCompletionRequest, backend: Backend) -> Any:
             parallel_tool_calls=req.parallel_tool_calls,
             response_format=req.response_format,
             grammar=grammar,
-            reasoning_format=req.reasoning_format,
-            chat_template_kwargs=req.chat_template_kwargs,
+            reasoning_format=req.reasoning_format or d.reasoning_format,
+            chat_template_kwargs={**d.chat_template_kwargs, **(req.chat_template_kwargs or {})},
             add_generation_prompt=req.add_generation_prompt,
+            reasoning=d.reasoning,
+            reasoning_effort=req.reasoning_effort,
         )
     except ChatRequestError as e:
         raise bad_request(str(e), e.param) from None
@@ -445,6 +457,22 @@ def chat_plan(req: ChatCompletionRequest, backend: Backend) -> Any:
         raise _grammar_error(e, param) from None
     except TemplateError as e:
         raise APIError(400, f"the chat template failed on these messages: {e}", param="messages") from None
+
+
+def completion_reasoning_format(req: SamplingFields, defaults: Defaults) -> str:
+    """The reasoning format a ``/completion`` reports, as llama-server's: the request's
+    ``reasoning_format`` (checked) or the server's, "auto" shown as "deepseek". (A completion's text is
+    not parsed: this is the value echoed in its ``generation_settings``.)"""
+    from ..api.chat_request import REASONING_FORMATS
+
+    value = (req.model_extra or {}).get("reasoning_format")
+    if value is None:
+        value = defaults.reasoning_format
+    elif value not in REASONING_FORMATS:
+        raise bad_request(
+            f"'reasoning_format' {value!r} is not one of {', '.join(REASONING_FORMATS)}", "reasoning_format"
+        )
+    return "deepseek" if value == "auto" else value
 
 
 def native_n_predict(

@@ -294,8 +294,8 @@ def to_chat(
             f"invalid field 'chat_template_kwargs': must be an object, got {type(kwargs).__name__}",
             "chat_template_kwargs",
         )
-    if req.reasoning is not None and req.reasoning.effort not in (None, "none", "minimal"):
-        kwargs = {"enable_thinking": True, **(kwargs or {})}
+    if req.reasoning is not None and req.reasoning.effort is not None:  # as llama-server: "none" is off
+        chat["reasoning_effort"] = req.reasoning.effort
     if kwargs is not None:
         chat["chat_template_kwargs"] = kwargs
     return validate(ChatCompletionRequest, chat), conversation

@@ -133,6 +133,7 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     reasoning_format: str | None = None
+    reasoning_effort: str | None = None  # OpenAI's: "none" turns thinking off, another is the template's
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     functions: list[dict[str, Any]] | None = None  # OpenAI's deprecated function calling
@@ -211,6 +212,8 @@ class DetokenizeRequest(_Body):
 class ApplyTemplateRequest(_Body):
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # (checked as a chat request's)
+    reasoning_effort: str | None = None
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -124,7 +124,7 @@ class ModelEntry:
             t0 = time.perf_counter()
             try:
                 engine.warmup()  # on the engine thread; /health stays 503 "Loading model" until done
-                _warm_chat(backend)
+                _warm_chat(backend, s.defaults)
                 log.info("warm-up done in %.2f s", time.perf_counter() - t0)
             except Exception:  # an optimization only: serve anyway (the first request loads the kernels)
                 log.exception("warm-up failed; serving without it")
@@ -147,7 +147,7 @@ class ModelEntry:
         return self.active > 0 or (self.engine is not None and not self.engine.idle)
 
 
-def _warm_chat(backend: Backend) -> None:
+def _warm_chat(backend: Backend, defaults: P.Defaults) -> None:
     """Plan one chat request (template, chat-format detection, their imports: ~0.2 s the first time),
     so that the first chat request after start costs what a later one does."""
     import anyio._backends._asyncio  # noqa: F401  (run_in_threadpool's backend, imported on first use)
@@ -155,7 +155,7 @@ def _warm_chat(backend: Backend) -> None:
     if getattr(backend, "embeddings", False):
         return
     req = validate(ChatCompletionRequest, {"messages": [{"role": "user", "content": "Hello"}]})
-    P.chat_tokens(P.chat_plan(req, backend).prompt, backend)
+    P.chat_tokens(P.chat_plan(req, backend, defaults).prompt, backend)
 
 
 class ServerState:

@@ -161,3 +161,53 @@ def test_every_serve_variable_names_an_accepted_flag():
     for var, (names, value, neg) in SERVE_ENV.items():
         assert all(n in opts for n in names + ((neg,) if neg else ())), var
         assert all((opts[n].nargs != 0) == value for n in names), var
+
+
+def test_serve_reasoning_flags_as_llama_server():
+    from llamapy.cli.serve import server_settings
+
+    def chat(*argv: str) -> tuple:
+        d = server_settings(parse("serve", *argv), "m.gguf", []).defaults
+        return d.reasoning, d.reasoning_format, d.chat_template_kwargs
+
+    assert chat() == (True, "auto", {})
+    assert chat("-rea", "on", "--reasoning-format", "none") == (True, "none", {"enable_thinking": True})
+    kw = '{"enable_thinking": true, "x": [1]}'
+    assert chat("--reasoning", "off", "--chat-template-kwargs", kw) == (
+        False, "auto", {"enable_thinking": False, "x": [1]},
+    )  # fmt: skip
+    assert chat("--reasoning-budget", "0", "--reasoning-effort", "low") == (
+        False, "auto", {"reasoning_effort": "low", "enable_thinking": False},
+    )  # fmt: skip
+    assert chat("--jinja", "--reasoning", "auto", "--reasoning-budget", "-1")[0] is True
+    args = parse(*with_env(["serve"], {"LLAMA_ARG_REASONING": "off", "LLAMA_ARG_THINK": "deepseek"}))
+    assert (args.reasoning, args.reasoning_format) == ("off", "deepseek")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--reasoning-budget", "512"],  # no thinking budget here: only -1 and 0
+        ["--reasoning-format", "deepseek-legacy"],
+        ["--reasoning", "maybe"],
+        ["--chat-template-kwargs", "[1]"],
+        ["--chat-template-kwargs", '{"messages": []}'],
+        ["--no-jinja"],
+    ],
+)
+def test_serve_reasoning_flags_refused(argv, capsys):
+    with pytest.raises(SystemExit):
+        parse("serve", *argv)
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_serve_kv_cache_types(monkeypatch):
+    import llamapy.server.backend as backend_mod
+    from llamapy.cli.serve import backend_factory
+
+    seen = {}
+    monkeypatch.setattr(backend_mod, "ContextBackend", lambda path, **kw: seen.update(kw) or object())
+    backend_factory(parse("serve", "-m", "m.gguf", "-ctk", "q8_0", "--cache-type-v", "q4_0"), "m.gguf")()
+    assert (seen["type_k"], seen["type_v"]) == ("q8_0", "q4_0")
+    backend_factory(parse("serve", "-m", "m.gguf"), "m.gguf")()
+    assert (seen["type_k"], seen["type_v"]) == ("f16", "f16")

@@ -209,6 +209,42 @@ def test_props_and_generation_settings_names(live):
     assert gs["logit_bias"] == [{"bias": -1.0, "token": 65}]
 
 
+def test_generation_settings_report_what_the_request_used(live):
+    gs = post(live, "/completion", {"prompt": "abc", "n_predict": 1}).json()["generation_settings"]
+    assert gs["reasoning_format"] == "deepseek"  # llama-server's /completion shows the default auto so
+    assert (gs["grammar_lazy"], gs["grammar_triggers"], gs["speculative.types"]) == (False, [], "none")
+    body = {"prompt": "abc", "n_predict": 1, "reasoning_format": "none"}
+    assert post(live, "/completion", body).json()["generation_settings"]["reasoning_format"] == "none"
+    r = post(live, "/completion", body | {"reasoning_format": "loud"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_format"
+
+
+def test_speculative_types_names():
+    from llamapy.server.backend import ContextBackend
+
+    b = object.__new__(ContextBackend)
+    b._spec_drafts, b._eagle3, b._draft_model = None, None, None
+    assert b.speculative_types == "none"
+    b._draft_model = object()
+    assert b.speculative_types == "draft-simple"
+    b._spec_drafts = type("D", (), {"spec_type": "mtp"})()
+    assert b.speculative_types == "draft-mtp"
+
+
+def test_lazy_grammar_triggers_as_llama_server():
+    from llamapy.grammar import LlamaGrammar, Trigger
+    from llamapy.server.engine import GenParams
+    from llamapy.server.inputs import settings_dict
+
+    g = LlamaGrammar.from_string('root ::= "x"').lazy([Trigger("word", "<tool_call>"), Trigger("token", 7)])
+    gs = settings_dict(GenParams(grammar=g))
+    assert gs["grammar_lazy"] is True
+    assert gs["grammar_triggers"] == [
+        {"type": 1, "value": "<tool_call>"},
+        {"type": 0, "value": "", "token": 7},
+    ]
+
+
 # 8. /metrics --------------------------------------------------------------------------------------------
 
 

@@ -120,3 +120,15 @@ def test_every_bundle_file_is_package_data():
     base = ROOT / "llamapy" / "server"
     shipped = {p for g in globs["llamapy.server"] for p in base.glob(g) if p.is_file()}
     assert {p for p in BUNDLE_DIR.rglob("*") if p.is_file()} <= shipped
+
+
+def test_settings_placeholders_read_props_names():
+    """The settings dialog's placeholders read /props' default_generation_settings.params by
+    llama-server's names (temperature, repeat_penalty...): an old name leaves the placeholder empty."""
+    from llamapy.server.engine import GenParams
+    from llamapy.server.inputs import settings_dict
+
+    source = (WEBUI / "src" / "settings.jsx").read_text()
+    keys = re.findall(r'^\s*\["\w+", "[^"]+", "[^"]*", "(\w+)"\],', source, re.M)
+    assert len(keys) >= 9
+    assert set(keys) <= set(settings_dict(GenParams(), full=False))

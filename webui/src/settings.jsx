@@ -4,14 +4,14 @@ import { useState } from "preact/hooks";
 
 const KEY = "llamapy.settings";
 export const FIELDS = [ // [request field, label, placeholder, key in /props default_generation_settings.params]
-  ["temperature", "Temperature", "0.8", "temp"],
+  ["temperature", "Temperature", "0.8", "temperature"],
   ["top_k", "Top-k", "40", "top_k"],
   ["top_p", "Top-p", "0.95", "top_p"],
   ["min_p", "Min-p", "0.05", "min_p"],
   ["max_tokens", "Max tokens", "-1", "n_predict"],
-  ["repeat_penalty", "Repeat penalty", "1.0", "penalty_repeat"],
-  ["presence_penalty", "Presence penalty", "0.0", "penalty_present"],
-  ["frequency_penalty", "Frequency penalty", "0.0", "penalty_freq"],
+  ["repeat_penalty", "Repeat penalty", "1.0", "repeat_penalty"],
+  ["presence_penalty", "Presence penalty", "0.0", "presence_penalty"],
+  ["frequency_penalty", "Frequency penalty", "0.0", "frequency_penalty"],
   ["seed", "Seed", "random", "seed"],
 ];
 
