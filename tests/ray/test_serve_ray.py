@@ -143,7 +143,7 @@ def test_session_hint_keeps_short_requests_together(ray_serve: RayServe) -> None
 def _processing(rs: RayServe) -> float:
     text = httpx.get(rs.base_url + "/metrics", timeout=30).text
     return sum(
-        float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("llamapy:requests_processing{")
+        float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("llamacpp:requests_processing{")
     )
 
 
