@@ -412,6 +412,12 @@ def model_outputs(cpp: LlamaCppChat, src: str, rng: random.Random) -> list[tuple
             gp = prompt["generation_prompt"]
             if gp and f.endswith(gp):  # (templates that default add_generation_prompt to true when undefined)
                 f = f[: len(f) - len(gp)]
+            else:  # (the same, where llama.cpp's generation prompt is empty: the prompt's text after its last
+                # end-of-turn marker, which llama.cpp renders here too as it leaves the variable undefined)
+                ends = [(p.rfind(m), m) for m in END_MARKERS if m in p]
+                tail = p[max(ends)[0] + len(max(ends)[1]) :] if ends else ""
+                if tail.strip() and f.endswith(tail) and not f.endswith(p[-1:] + tail):
+                    f = f[: len(f) - len(tail)]
             if f.startswith(p):
                 answer = f[len(p) :]
             else:  # the generation prompt is not the start of the rendered turn (e.g. <think> added)

@@ -1,9 +1,9 @@
 """Which format a chat template uses, from markers in its source (as llama.cpp's ``chat.cpp`` dispatch).
 
 The order matters: DeepSeek V3.2 / V4 (DSML), R1 / V3.1, Command R7B, Cohere2MoE, Granite,
-Qwen3-Coder XML, Gemma 4, GLM (``<arg_key>``), Kimi K2, Kimi K3, MiniMax M2, Seed-OSS, MiniCPM 5, GigaChat 3,
+Qwen3-Coder XML, Gemma 4, GLM (``<arg_key>``), Kimi K2, Kimi K3, MiniMax M2, Seed-OSS, Solar Open, MiniCPM 5, GigaChat 3,
 Apertus, LFM2, JSON between tags (Nemotron Nano v2, Apriel 1.5 / 1.6, MiniMax M1) and Hermes come first
-(their handlers also parse reasoning, so they are used with or without tools), then gpt-oss,
+(their handlers also parse reasoning, so they are used with or without tools), then gpt-oss, Muse Glimmer,
 Functionary, Llama 3.x, Magistral; without tools the rest is content-only, with tools Mistral,
 Phi-4-mini or the generic JSON fallback. Templates that write ``<tool_call>`` with a syntax this
 package does not implement get the generic fallback rather than a wrong parser.
@@ -38,9 +38,11 @@ from .minicpm5 import MiniCpm5Format
 from .minimax_m2 import MiniMaxM2Format
 from .minimax_m3 import MiniMaxM3Format
 from .mistral import MistralFormat
+from .muse_glimmer import MuseGlimmerFormat
 from .phi4 import Phi4Format
 from .qwen3_coder import Qwen3CoderFormat
 from .seed_oss import SeedOssFormat
+from .solar_open import SolarOpenFormat
 
 _DEEPSEEK_V31 = "message['prefix'] is defined and message['prefix'] and thinking"
 _JSON_NAME = regex.compile(r'\{\\?"name\\?"|\\?"name\\?": ')
@@ -82,6 +84,7 @@ _RULES: tuple[tuple[Callable[[str], bool], Callable[[str], ChatFormat]], ...] = 
     (_all("<minimax:tool_call>"), MiniMaxM2Format),
     (_all("]<]minimax[>[", "<tool_call>", "<invoke name="), MiniMaxM3Format),
     (_all("<seed:tool_call>"), SeedOssFormat),
+    (_all("<|tool_call:begin|>", "<|tool_call:name|>", "<|tool_call:args|>"), SolarOpenFormat),
     (_all("Tool usage guidelines:", '<function name="', '<param name="'), MiniCpm5Format),
     (_all("<|role_sep|>", "<|message_sep|>"), GigaChat3Format),
     (_all("<|tools_prefix|>", "<|tools_suffix|>"), ApertusFormat),
@@ -93,6 +96,7 @@ _RULES: tuple[tuple[Callable[[str], bool], Callable[[str], ChatFormat]], ...] = 
     (lambda src: family_of(src) is not None, _json_tags),
     (_hermes_json, HermesFormat),
     (_all("<|channel|>"), GptOssFormat),
+    (_all("<atem:function_calls>", "<|eom|>"), MuseGlimmerFormat),
     (_all(">>>all"), FunctionaryV32Format),
 )
 

@@ -48,6 +48,16 @@ SPECIAL_TOKENS = (
     "<|close|>",
     "<|sep|>",
     "<|end_of_msg|>",
+    "<|eom|>",
+    "<|content|>",
+    "<|begin|>",
+    "<|think|>",
+    "<|tool_calls|>",
+    "<|calls|>",
+    "<|tool_call:begin|>",
+    "<|tool_call:name|>",
+    "<|tool_call:args|>",
+    "<|tool_call:end|>",
 )
 EOS = "<|eot|>"
 

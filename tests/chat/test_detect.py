@@ -42,6 +42,8 @@ EXPECTED = {
     "inclusionai-ling-3.0-flash": ("glm-4.5", "glm-4.5"),
     "MiniMax-M3": ("minimax-m3", "minimax-m3"),
     "fireworks-ai-llama-3-firefunction-v2": ("generic", "content-only"),
+    "muse-glimmer": ("muse-glimmer", "muse-glimmer"),
+    "upstage-Solar-Open-100B": ("solar-open", "solar-open"),
 }
 
 
@@ -62,7 +64,7 @@ def test_every_template_detects(templates_dir):
             "functionary-v3.1-llama-3.1", "gpt-oss", "granite", "generic",
             "gemma4", "glm-4.5", "kimi-k2", "kimi-k3", "deepseek-v3.2", "deepseek-v4", "minimax-m2", "minimax-m3", "lfm2", "seed-oss",
             "nemotron-v2", "apriel", "minimax-m1", "cohere2moe", "minicpm5", "gigachat3",
-            "gigachat3.1", "apertus",
+            "gigachat3.1", "apertus", "muse-glimmer", "solar-open",
         }, path.name  # fmt: skip
 
 
