@@ -44,6 +44,7 @@ SERVE_ENV: dict[str, tuple[tuple[str, ...], bool, str | None]] = {
     "LLAMA_ARG_MMPROJ": (("-mm", "--mmproj"), True, None),
     "LLAMA_API_KEY": (("--api-key",), True, None),
     "LLAMA_ARG_API_KEY_FILE": (("--api-key-file",), True, None),
+    "LLAMA_ARG_API_PREFIX": (("--api-prefix",), True, None),
     "LLAMA_ARG_SSL_KEY_FILE": (("--ssl-key-file",), True, None),
     "LLAMA_ARG_SSL_CERT_FILE": (("--ssl-cert-file",), True, None),
     "LLAMA_ARG_STATIC_PATH": (("--path", "--webui-dir"), True, None),

@@ -49,6 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", action="append", default=[], help="require this API key (repeatable)")
     p.add_argument("--api-key-file", help="file with one API key per line")
     p.add_argument(
+        "--api-prefix", type=_api_prefix, default="", metavar="PREFIX",
+        help="serve every route under this path (/PREFIX/v1/..., the chat page at /PREFIX/)",
+    )  # fmt: skip
+    p.add_argument(
         "--cors-origin", action="append", default=[], help="allow browser requests from ORIGIN (or *)"
     )
     p.add_argument(
@@ -311,6 +315,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _api_prefix(s: str) -> str:
+    from ..server.prefix import normalize_prefix
+
+    try:
+        return normalize_prefix(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def make_app(args: argparse.Namespace, api_keys: list[str], model_path: Any = None) -> Any:
     """The app of ``args``: one model (``model_path``), or router mode (``--models-dir``/``--models-preset``)."""
     from ..server.app import create_app
@@ -362,6 +375,9 @@ def server_settings(args: argparse.Namespace, model_path: str, api_keys: list[st
         mcp_config=args.mcp_config,
         mcp_max_steps=args.mcp_max_steps,
         mcp_confirm=args.mcp_confirm,
+        api_prefix=args.api_prefix,
+        cache_type_k=args.cache_type_k,
+        cache_type_v=args.cache_type_v,
     )
 
 

@@ -90,6 +90,10 @@ def create_app(
             allow_headers=["*"],
             allow_credentials="*" not in settings.cors_origins,
         )
+    if settings.api_prefix:  # outermost: what is inside sees the paths without it
+        from .prefix import ApiPrefixMiddleware, normalize_prefix
+
+        app.add_middleware(ApiPrefixMiddleware, prefix=normalize_prefix(settings.api_prefix))
     return app
 
 

@@ -181,7 +181,7 @@ class ChatFormatter(BaseFormatter):
         }
 
     def first_chunk(self) -> dict[str, Any]:
-        return self._chunk({"role": "assistant", "content": ""}, None)
+        return self._chunk({"role": "assistant", "content": None}, None)
 
     def chunks(self, ev: Event) -> list[dict[str, Any]]:
         """The chunks of one event: a chunk per delta (text, reasoning, tool-call pieces); the event's

@@ -112,6 +112,10 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
                 return JSONResponse({"error": err}, status_code=503)
         return JSONResponse({"status": "ok"})
 
+    @app.post("/props")
+    async def post_props() -> None:  # as llama-server started without --props (which llamapy lacks)
+        raise APIError(501, "This server does not support changing global properties (no --props in llamapy)")
+
     @app.get("/props")
     async def props(request: Request) -> dict[str, Any]:
         m = await state.pick(request)

@@ -320,7 +320,7 @@ async def chat(request: Request, m: Any, req: Any) -> Any:
 
     async def events() -> AsyncIterator[bytes]:
         try:
-            yield sse(out.chunk({"role": "assistant", "content": ""}))
+            yield sse(out.chunk({"role": "assistant", "content": None}))
             e: AgentEvent | None = first
             while e is not None:
                 if e.kind == "done":

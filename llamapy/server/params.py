@@ -18,8 +18,27 @@ from .schemas import (
     SamplingFields,
 )
 
-# llama.cpp's raw lazy-grammar fields: refused (tools arm a lazy grammar themselves)
-_UNSUPPORTED_FIELDS = ("grammar_lazy", "grammar_triggers", "preserved_tokens")
+_OFF: tuple[Any, ...] = (None, "", [], {}, False)  # (0 == False: a 0 is off too)
+_INTERNAL = "llama-server's internal chat parser field; chat requests parse their answer themselves"
+# llama-server request fields that change the answer and that llamapy does not implement: a 400 naming
+# the field unless its value is one of those that leave the answer as it is
+_UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
+    # the raw lazy-grammar fields (tools arm a lazy grammar themselves)
+    "grammar_lazy": (_OFF, "give 'tools' or 'grammar' instead"),
+    "grammar_triggers": (_OFF, "give 'tools' or 'grammar' instead"),
+    "preserved_tokens": (_OFF, "give 'tools' or 'grammar' instead"),
+    "n_indent": (_OFF, "stopping at a line indented less than n_indent"),
+    "t_max_predict_ms": ((*_OFF, -1), "a time limit on generation"),
+    "continue_final_message": (_OFF, "continuing the last assistant message"),
+    "chat_format": ((None,), _INTERNAL),
+    "chat_parser": ((None, ""), _INTERNAL),
+    "generation_prompt": ((None, ""), _INTERNAL),
+    "parse_tool_calls": ((None,), _INTERNAL),
+    "reasoning_budget_message": (_OFF, "no thinking budget here to end with a message"),
+    "reasoning_budget_start_tag": (_OFF, "no thinking budget here"),
+    "reasoning_budget_end_tags": (_OFF, "no thinking budget here"),
+    "reasoning_budget_end_tag": (_OFF, "no thinking budget here"),
+}
 MAX_STOP_STRINGS = 16
 
 
@@ -39,9 +58,11 @@ class Defaults:
 
 def check_unsupported(req: SamplingFields) -> None:
     extra = req.model_extra or {}
-    for name in _UNSUPPORTED_FIELDS:
-        if extra.get(name) not in (None, "", [], {}, False):
-            raise not_supported(f"'{name}' (give 'tools' or 'grammar' instead)", param=name)
+    for name, (off, why) in _UNSUPPORTED_FIELDS.items():
+        if extra.get(name) not in off:
+            raise not_supported(f"'{name}' ({why})", param=name)
+    if isinstance(req, ChatCompletionRequest):
+        thinking_budget(req)
     if req.post_sampling_probs:  # the sampler gives the log-probabilities before sampling only
         raise not_supported(
             "'post_sampling_probs' (probabilities after the sampler chain; 'n_probs' gives the "
@@ -56,6 +77,23 @@ def check_unsupported(req: SamplingFields) -> None:
             raise not_supported(f"best_of={req.best_of}", param="best_of")
     if isinstance(req, NativeCompletionRequest) and req.n_cmpl not in (None, 1):
         raise not_supported(f"n_cmpl={req.n_cmpl} (several completions per prompt)", param="n_cmpl")
+
+
+def thinking_budget(req: ChatCompletionRequest) -> int:
+    """The request's ``reasoning_budget_tokens`` (or ``thinking_budget_tokens``, as llama-server reads
+    them): -1 (absent) is unrestricted and 0 turns thinking off, as ``--reasoning-budget 0``; llamapy has
+    no other budget (a 400)."""
+    for name in ("reasoning_budget_tokens", "thinking_budget_tokens"):
+        value = getattr(req, name)
+        if value is None or value == -1:
+            continue
+        if value == 0:
+            return 0
+        raise not_supported(
+            f"'{name}'={value} (a thinking token budget): give -1 (unrestricted) or 0 (thinking off)",
+            param=name,
+        )
+    return -1
 
 
 MAX_CHOICES = 16
@@ -170,6 +208,8 @@ def gen_params(
         "mirostat": "mirostat",
         "mirostat_tau": "mirostat_tau",
         "mirostat_eta": "mirostat_eta",
+        "adaptive_target": "adaptive_target",
+        "adaptive_decay": "adaptive_decay",
     }
     changes: dict[str, Any] = {
         dst: getattr(req, src) for src, dst in mapping.items() if getattr(req, src) is not None
@@ -426,6 +466,10 @@ def chat_plan(req: ChatCompletionRequest, backend: Backend, defaults: Defaults |
         except GrammarError as e:
             raise _grammar_error(e, "json_schema") from None
     d = defaults or Defaults()
+    kwargs = {**d.chat_template_kwargs, **(req.chat_template_kwargs or {})}
+    budget = thinking_budget(req)
+    if budget == 0:  # as --reasoning-budget 0: thinking off, over the kwargs
+        kwargs["enable_thinking"] = False
     tools = req.tools
     tool_choice = req.tool_choice
     if req.functions and not tools:  # OpenAI's deprecated function calling
@@ -443,9 +487,9 @@ def chat_plan(req: ChatCompletionRequest, backend: Backend, defaults: Defaults |
             response_format=req.response_format,
             grammar=grammar,
             reasoning_format=req.reasoning_format or d.reasoning_format,
-            chat_template_kwargs={**d.chat_template_kwargs, **(req.chat_template_kwargs or {})},
+            chat_template_kwargs=kwargs,
             add_generation_prompt=req.add_generation_prompt,
-            reasoning=d.reasoning,
+            reasoning=d.reasoning and budget != 0,
             reasoning_effort=req.reasoning_effort,
         )
     except ChatRequestError as e:

@@ -159,10 +159,15 @@ def free_memory() -> int | None:
     return available_memory()
 
 
-def model_bytes(path: str, n_ctx: int, extra: list[str | None] = ()) -> tuple[int, int]:
+def model_bytes(
+    path: str, n_ctx: int, extra: list[str | None] = (), type_k: str = "f16", type_v: str = "f16"
+) -> tuple[int, int]:
     """(weights bytes: every part of a split model and the ``extra`` files, KV cache bytes of ``n_ctx``
-    cells at f16) read from the files' headers, without loading them."""
+    cells with K and V of ``type_k``/``type_v`` (-ctk/-ctv)) read from the files' headers, without loading
+    them."""
+    from ..ggml.types import row_size
     from ..gguf.reader import GGUFReader
+    from ..memory.kv_cache import kv_type
 
     p = Path(path)
     weights = 0
@@ -183,7 +188,11 @@ def model_bytes(path: str, n_ctx: int, extra: list[str | None] = ()) -> tuple[in
         k_len = int(key("attention.key_length", n_embd // n_head))
         v_len = int(key("attention.value_length", n_embd // n_head))
         n_ctx = n_ctx or int(key("context_length", 4096))
-    kv = n_ctx * n_layer * n_head_kv * (k_len + v_len) * 2  # f16
+    kv = (
+        n_ctx
+        * n_layer
+        * (row_size(kv_type(type_k), n_head_kv * k_len) + row_size(kv_type(type_v), n_head_kv * v_len))
+    )
     return weights, kv
 
 
@@ -347,7 +356,8 @@ class Router:
         if free is None:
             return
         try:
-            weights, kv = model_bytes(m.settings.model_path, m.n_ctx, m.extra_files)
+            st = m.settings
+            weights, kv = model_bytes(st.model_path, m.n_ctx, m.extra_files, st.cache_type_k, st.cache_type_v)
         except Exception:  # an unreadable header: the load itself says what is wrong
             return
         if weights + kv > free:

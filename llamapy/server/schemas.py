@@ -104,6 +104,8 @@ class SamplingFields(_Body):
     mirostat: Literal[0, 1, 2] | None = None
     mirostat_tau: float | None = Field(None, ge=0.0)
     mirostat_eta: float | None = Field(None, ge=0.0)
+    adaptive_target: float | None = Field(None, le=1.0)  # the adaptive-p sampler (< 0: off)
+    adaptive_decay: float | None = Field(None, ge=0.0, le=0.99)
     cache_prompt: bool = True
     samplers: list[str] | str | None = None
     ignore_eos: bool = False
@@ -134,6 +136,9 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     reasoning_format: str | None = None
     reasoning_effort: str | None = None  # OpenAI's: "none" turns thinking off, another is the template's
+    # llama-server's thinking budget: only -1 (unrestricted) and 0 (thinking off) here (params.thinking_budget)
+    reasoning_budget_tokens: Int | None = None
+    thinking_budget_tokens: Int | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     functions: list[dict[str, Any]] | None = None  # OpenAI's deprecated function calling

@@ -52,6 +52,9 @@ class ServerSettings:
     mcp_config: str | None = None  # --mcp-config FILE: MCP servers whose tools chat requests may use
     mcp_max_steps: int = 8  # --mcp-max-steps: model steps of one MCP agent answer
     mcp_confirm: bool = False  # --mcp-confirm: each MCP tool call waits for POST /mcp/confirm
+    cache_type_k: str = "f16"  # -ctk/-ctv: the KV cache's types (the router's memory check sizes it by them)
+    cache_type_v: str = "f16"
+    api_prefix: str = ""  # --api-prefix: every route under this path ("/api"; server/prefix.py)
 
     @property
     def model_id(self) -> str:

@@ -139,6 +139,15 @@ def test_chat_stream_timings(live):
     assert all("timings" in e for e in evs)
 
 
+def test_chat_stream_first_chunk_content_null(live, client):
+    body = {"messages": MSGS, "max_tokens": 4, "temperature": 0, "stream": True}
+    evs = events(post(live, "/v1/chat/completions", body))
+    assert evs[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    chunks = list(client.chat.completions.create(model="m", messages=MSGS, max_tokens=4, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content is None
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
 # 5. the context error -----------------------------------------------------------------------------------
 
 
@@ -171,6 +180,43 @@ def test_llama_cpp_fields(live):
         r = post(live, "/completion", {"prompt": "abc", "n_predict": 2, field: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     assert post(live, "/completion", {"prompt": "abc", "n_predict": 2, "n_cmpl": 1}).status_code == 200
+
+
+# fields llama-server acts on and llamapy does not: a 400 naming each, unless its value changes nothing
+REFUSED = [
+    ("/completion", "n_indent", 4), ("/infill", "n_indent", 2), ("/completion", "t_max_predict_ms", 500),
+    ("/v1/chat/completions", "continue_final_message", True), ("/completion", "chat_format", 1),
+    ("/completion", "chat_parser", "x"), ("/completion", "generation_prompt", "<think>"),
+    ("/completion", "parse_tool_calls", True), ("/v1/chat/completions", "reasoning_budget_message", "stop"),
+    ("/v1/chat/completions", "reasoning_budget_end_tags", ["</think>"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "field", "value"), REFUSED)
+def test_fields_changing_the_answer_are_refused(live, path, field, value):
+    body = {"prompt": "abc", "input_prefix": "a", "input_suffix": "b", "messages": MSGS, "max_tokens": 2}
+    r = post(live, path, body | {field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+def test_fields_left_off_are_accepted(live):
+    body = {"prompt": "abc", "n_predict": 2, "n_indent": 0, "t_max_predict_ms": -1, "chat_parser": ""}
+    assert post(live, "/completion", body).status_code == 200
+    chat = {
+        "messages": MSGS,
+        "max_tokens": 2,
+        "continue_final_message": False,
+        "reasoning_budget_message": "",
+    }
+    assert post(live, "/v1/chat/completions", chat).status_code == 200
+
+
+def test_adaptive_p_fields_reach_the_sampler(live):
+    body = {"prompt": "abc", "n_predict": 2, "adaptive_target": 0.5, "adaptive_decay": 0.5}
+    gs = post(live, "/completion", body).json()["generation_settings"]
+    assert (gs["adaptive_target"], gs["adaptive_decay"]) == (0.5, 0.5)
+    r = post(live, "/completion", body | {"adaptive_decay": 0.995})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "adaptive_decay", r.text
 
 
 # 7. /props and generation_settings ----------------------------------------------------------------------
@@ -207,6 +253,12 @@ def test_props_and_generation_settings_names(live):
     assert set(gs) == LLAMA_SERVER_PARAMS | FULL_ONLY
     assert gs["temperature"] == 0.5 and gs["repeat_penalty"] == 1.1 and gs["max_tokens"] == 2
     assert gs["logit_bias"] == [{"bias": -1.0, "token": 65}]
+
+
+def test_post_props_not_supported_as_llama_server(live):
+    r = post(live, "/props", {"n_ctx": 8})
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error", r.text
+    assert r.json()["error"]["code"] == 501
 
 
 def test_generation_settings_report_what_the_request_used(live):

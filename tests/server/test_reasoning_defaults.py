@@ -114,3 +114,22 @@ def test_reasoning_format_default_and_the_request_over_it():
     assert chat_plan(req, backend, Defaults(reasoning_format="none")).syntax.reasoning_format == "none"
     req = validate(ChatCompletionRequest, {"messages": MSGS, "reasoning_format": "deepseek"})
     assert chat_plan(req, backend, Defaults(reasoning_format="none")).syntax.reasoning_format == "deepseek"
+
+
+def test_thinking_budget_0_is_thinking_off_and_another_a_400(auto):
+    url = auto.base_url + "/v1/chat/completions/input_tokens"
+
+    def count(**body) -> int:
+        r = httpx.post(url, json={"messages": MSGS, **body}, timeout=30)
+        assert r.status_code == 200, r.text
+        return r.json()["input_tokens"]
+
+    base = count()
+    assert count(reasoning_budget_tokens=-1) == base
+    for name in ("reasoning_budget_tokens", "thinking_budget_tokens"):  # "<nothink>" for "<think>"
+        assert count(**{name: 0}) - base == 2
+        assert count(**{name: 0, "chat_template_kwargs": {"enable_thinking": True}}) - base == 2
+        for value in (256, -2):
+            body = {"messages": MSGS, "max_tokens": 2, name: value}
+            r = httpx.post(auto.base_url + "/v1/chat/completions", json=body, timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["param"] == name, r.text

@@ -410,3 +410,18 @@ def test_preset_with_a_hub_ref(hf_env: Path, tmp_path: Path) -> None:  # noqa: F
         assert str(hf_env) in props["model_path"] and srv.states() == {"hubbed": "loaded"}
     finally:
         srv.stop()
+
+
+def test_memory_check_sizes_the_kv_cache_by_its_types(smollm2_path, tmp_path):
+    """-ctk/-ctv reach the router's memory check: a q8_0 cache is 34 bytes a block of 32 (f16: 64)."""
+    from llamapy.server.router import model_bytes
+
+    _, f16 = model_bytes(str(smollm2_path), 1024)
+    _, q8 = model_bytes(str(smollm2_path), 1024, type_k="q8_0", type_v="q8_0")
+    _, mixed = model_bytes(str(smollm2_path), 1024, type_k="q8_0", type_v="f16")
+    assert q8 * 64 == f16 * 34 and mixed * 128 == f16 * (64 + 34)
+    args = build_parser("serve").parse_args(["serve", "--models-dir", str(tmp_path), "-ctk", "q4_0"])
+    from llamapy.cli.serve import server_settings
+
+    st = server_settings(args, "", [])
+    assert (st.cache_type_k, st.cache_type_v) == ("q4_0", "f16")
