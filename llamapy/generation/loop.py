@@ -23,7 +23,7 @@ import numpy as np
 from ..sampling.logprobs import log_softmax, top_logprobs
 from ..vocab.vocab import eog_ids
 from .sequence import TokenSequence
-from .text import IncrementalDetokenizer, StopStrings
+from .text import IncrementalDetokenizer, LineLimits, StopStrings
 
 
 class TokenSampler(Protocol):
@@ -47,6 +47,8 @@ class GenerationParams:
     n_probs: int = 0  # most likely alternatives reported per generated token
     logprobs: bool = False  # report the log-probability of each generated token
     preserved_tokens: Sequence[int] = ()  # special tokens rendered as text (a chat format's tags)
+    n_indent: int = 0  # lines after the first must be indented this much (text.LineLimits)
+    t_max_predict_ms: float = 0  # after a newline, stop at the next one past this time (text.LineLimits)
 
 
 @dataclass
@@ -108,6 +110,7 @@ class Generation:
         self.logits_processor = logits_processor
         self.stopping_criteria = stopping_criteria
         self.stops = StopStrings(p.stop)
+        self.lines = LineLimits(p.n_indent, p.t_max_predict_ms)
         self.detok = IncrementalDetokenizer(vocab, special=p.special, preserved=p.preserved_tokens)
         self._eog = eog_ids(vocab) if p.ignore_eos else None
         self.n_generated = 0
@@ -143,6 +146,7 @@ class Generation:
             z[self._eog] = -np.inf
         if self.logits_processor is not None:
             z = self.logits_processor(self._tokens(), np.array(z, dtype=np.float32, copy=True))
+        self.lines.start()
         token = int(self.sampler.sample(z))
         if self.stopping_criteria is not None and self.stopping_criteria(self._tokens(), z):
             return self.finish("stop", "word")
@@ -157,6 +161,9 @@ class Generation:
         text = self.stops.feed(self.detok.add(token))
         if self.stops.stopped:
             return self.finish("stop", "word", text, token, raw, lp)
+        text, cut = self.lines.feed(text)
+        if cut:
+            return self.finish("length", "limit", text, token, raw, lp, held=False)
         if self.grammar is not None and self.grammar.is_finished():
             return self.finish("stop", "eos", text, token, raw, lp)
         return Step(token, text, None, raw, logprob=lp, deltas=self._parse(text))
@@ -170,18 +177,24 @@ class Generation:
         logits: np.ndarray | None = None,
         logprob: TokenLogprob | None = None,
         eog_token: int | None = None,
+        held: bool = True,
     ) -> Step:
         """End the generation (also from outside: a full context, a cancelled request); releases the
-        text held back by the detokenizer and the stop strings, and closes the chat parser."""
+        text held back by the detokenizer and the stop strings (unless ``held`` is False: a line limit cut
+        the text before it), and closes the chat parser."""
         if self.done:
             raise RuntimeError("the generation has already finished")
         self.done = True
-        if not self.stops.stopped:
-            text += self.stops.feed(self.detok.flush())
+        if held and not self.stops.stopped:
+            rest = self.stops.feed(self.detok.flush())
             if self.stops.stopped:
                 reason, stop_type = "stop", "word"
             else:
-                text += self.stops.flush()
+                rest += self.stops.flush()
+            rest, cut = self.lines.feed(rest)
+            if cut:
+                reason, stop_type = "length", "limit"
+            text += rest
         deltas = self._parse(text)
         message = None
         if self.parser is not None:

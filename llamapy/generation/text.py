@@ -1,9 +1,11 @@
-"""Text out of tokens: :class:`IncrementalDetokenizer` (never half a UTF-8 character) and
-:class:`StopStrings` (hold back what may still become a stop string, cut before the first one)."""
+"""Text out of tokens: :class:`IncrementalDetokenizer` (never half a UTF-8 character),
+:class:`StopStrings` (hold back what may still become a stop string, cut before the first one) and
+:class:`LineLimits` (llama-server's indentation and time stops)."""
 
 from __future__ import annotations
 
 import codecs
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
@@ -142,3 +144,49 @@ class StopStrings:
         """End of generation without a stop string: release the held-back text."""
         out, self._held = ("" if self.stopped else self._held), ""
         return out
+
+
+class LineLimits:
+    """llama-server's two line-based stops (``n_indent``, ``t_max_predict_ms``; code completion clients
+    such as llama.vim send them): after the first newline, a line whose first character other than a
+    space or a tab comes after fewer than ``n_indent`` of them ends the generation, the text cut just
+    before that character; and once a newline has been generated, a piece of text with a newline ends it
+    when more than ``t_max_predict_ms`` have passed since the generation started. :meth:`feed` returns
+    the text to keep and whether to stop; 0 turns either limit off."""
+
+    def __init__(
+        self, n_indent: int = 0, t_max_predict_ms: float = 0, clock: Callable[[], float] | None = None
+    ) -> None:
+        self.n_indent = n_indent
+        self.t_max_s = t_max_predict_ms / 1000.0
+        self.clock = clock or time.perf_counter
+        self.t0: float | None = None
+        self._indent: int | None = (
+            None  # spaces/tabs so far at the start of the current line, after a newline
+        )
+
+    def start(self) -> None:
+        """The generation's first token is being sampled (the time limit counts from here)."""
+        if self.t0 is None:
+            self.t0 = self.clock()
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        if self.n_indent > 0:
+            for i, c in enumerate(text):
+                if self._indent is not None:
+                    if c in " \t":
+                        self._indent += 1
+                        continue
+                    if self._indent < self.n_indent:
+                        return text[:i], True
+                    self._indent = None
+                if c == "\n":
+                    self._indent = 0
+        if (
+            self.t_max_s > 0
+            and "\n" in text
+            and self.t0 is not None
+            and self.clock() - self.t0 > self.t_max_s
+        ):
+            return text, True
+        return text, False

@@ -83,6 +83,10 @@ class GenParams:
     # image chunks (llamapy.mtmd) by the pseudo token of their first position: the prompt holds negative
     # pseudo tokens where an image goes (llamapy.mtmd.prompt), decoded as embeddings by backend.mtmd
     images: dict[int, Any] | None = None
+    # llama-server's line stops (code completion clients): lines indented less than n_indent end the answer;
+    # past t_max_predict_ms, so does the next newline (0: off; llamapy.generation.text.LineLimits)
+    n_indent: int = 0
+    t_max_predict_ms: float = 0
 
 
 @dataclass
@@ -671,6 +675,8 @@ class Engine:
             n_probs=p.n_probs,
             logprobs=p.logprobs,
             preserved_tokens=p.preserved_tokens,
+            n_indent=p.n_indent,
+            t_max_predict_ms=p.t_max_predict_ms,
         )
         return Generation(b, chain, gp, grammar=grammar, parser=parser)
 

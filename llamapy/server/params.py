@@ -27,8 +27,6 @@ _UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "grammar_lazy": (_OFF, "give 'tools' or 'grammar' instead"),
     "grammar_triggers": (_OFF, "give 'tools' or 'grammar' instead"),
     "preserved_tokens": (_OFF, "give 'tools' or 'grammar' instead"),
-    "n_indent": (_OFF, "stopping at a line indented less than n_indent"),
-    "t_max_predict_ms": ((*_OFF, -1), "a time limit on generation"),
     "continue_final_message": (_OFF, "continuing the last assistant message"),
     "chat_format": ((None,), _INTERNAL),
     "chat_parser": ((None, ""), _INTERNAL),
@@ -244,6 +242,8 @@ def gen_params(
         cache_prompt=req.cache_prompt,
         id_slot=-1 if req.id_slot is None else req.id_slot,
         lora=None if req.lora is None else parse_lora_list(req.lora, n_lora_adapters(backend)),
+        n_indent=req.n_indent or 0,
+        t_max_predict_ms=max(0.0, req.t_max_predict_ms or 0.0),  # (<= 0: off, as llama-server)
     )
 
 

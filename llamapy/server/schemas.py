@@ -117,6 +117,9 @@ class SamplingFields(_Body):
     # llama-server's context shift fields (range-checked against the slot in params.gen_params)
     n_keep: Int | None = None
     n_discard: Int | None = None
+    # llama-server's line stops for code completion (llama.vim, llama.vscode): params.gen_params
+    n_indent: Int | None = Field(None, ge=0)
+    t_max_predict_ms: float | None = None
     lora: list[Any] | None = None  # [{"id", "scale"}]: this request's LoRA scales (server/lora.py)
     timings_per_token: bool = False  # llama-server: every stream event carries "timings"
     post_sampling_probs: bool = False  # (refused: see params.check_unsupported)

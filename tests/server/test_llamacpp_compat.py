@@ -184,7 +184,6 @@ def test_llama_cpp_fields(live):
 
 # fields llama-server acts on and llamapy does not: a 400 naming each, unless its value changes nothing
 REFUSED = [
-    ("/completion", "n_indent", 4), ("/infill", "n_indent", 2), ("/completion", "t_max_predict_ms", 500),
     ("/v1/chat/completions", "continue_final_message", True), ("/completion", "chat_format", 1),
     ("/completion", "chat_parser", "x"), ("/completion", "generation_prompt", "<think>"),
     ("/completion", "parse_tool_calls", True), ("/v1/chat/completions", "reasoning_budget_message", "stop"),
@@ -373,3 +372,22 @@ def test_anthropic_usage_splits_cached_tokens(live):
     with c.messages.stream(model="m", max_tokens=2, messages=msgs) as s:
         final = s.get_final_message()
     assert final.usage.input_tokens + final.usage.cache_read_input_tokens == n
+
+
+def test_line_stops_of_code_completion_clients(live):
+    """n_indent and t_max_predict_ms (llama.vim, llama.vscode): the answer cut where llama-server cuts it
+    (tests/generation/test_line_limits.py has the rule), in the stream too, the stop type a limit."""
+    from tests.generation.test_line_limits import llama_cpp_indent
+
+    body = {"prompt": "x\ny\nzz\n\nq r\n s\nt", "n_predict": 30, "temperature": 0}
+    full = post(live, "/completion", body).json()["content"]
+    want = llama_cpp_indent(full, 1)
+    assert want is not None and want != full, full  # (the fake model's answer has an unindented line)
+    cut = post(live, "/completion", body | {"n_indent": 1}).json()
+    assert (cut["content"], cut["stop_type"]) == (want, "limit")
+    streamed = events(post(live, "/completion", body | {"n_indent": 1, "stream": True}))
+    assert "".join(e["content"] for e in streamed) == want
+    timed = post(live, "/completion", body | {"t_max_predict_ms": 1e-6}).json()
+    assert timed["content"] == full[: full.index("\n") + 1] and timed["stop_type"] == "limit"
+    for bad in ({"n_indent": -1}, {"t_max_predict_ms": "soon"}):
+        assert post(live, "/completion", body | bad).status_code == 400
