@@ -1,7 +1,7 @@
 """Which format a chat template uses, from markers in its source (as llama.cpp's ``chat.cpp`` dispatch).
 
 The order matters: DeepSeek V3.2 / V4 (DSML), R1 / V3.1, Command R7B, Cohere2MoE, Granite,
-Qwen3-Coder XML, Gemma 4, GLM (``<arg_key>``), Kimi K2, Kimi K3, MiniMax M2, Seed-OSS, Solar Open, MiniCPM 5, GigaChat 3,
+Qwen3-Coder XML, Gemma 4, Hy3 (``<arg_key:...>`` in ``<tool_calls:...>``), GLM (``<arg_key>``), Kimi K2, Kimi K3, MiniMax M2, Seed-OSS, Solar Open, MiniCPM 5, GigaChat 3,
 Apertus, LFM2, JSON between tags (Nemotron Nano v2, Apriel 1.5 / 1.6, MiniMax M1) and Hermes come first
 (their handlers also parse reasoning, so they are used with or without tools), then gpt-oss, Muse Glimmer,
 Functionary, Llama 3.x, Magistral; without tools the rest is content-only, with tools Mistral,
@@ -29,6 +29,7 @@ from .glm import GlmFormat
 from .gpt_oss import GptOssFormat
 from .granite import GraniteFormat
 from .hermes import HermesFormat
+from .hy3 import Hy3Format, is_hy3
 from .json_tags import JsonTagsFormat, family_of
 from .kimi_k2 import KimiK2Format
 from .kimi_k3 import KimiK3Format
@@ -78,6 +79,7 @@ _RULES: tuple[tuple[Callable[[str], bool], Callable[[str], ChatFormat]], ...] = 
     (_all("elif thinking", "<|tool_call|>"), GraniteFormat),
     (_all("<tool_call>", "<function=", "<parameter="), Qwen3CoderFormat),
     (_all("'<|tool_call>call:'"), Gemma4Format),
+    (is_hy3, Hy3Format),  # (before GLM: an empty tag suffix writes <tool_call> and <arg_key>)
     (_all("<tool_call>", "<arg_key>"), GlmFormat),
     (_all("<|tool_calls_section_begin|>", "<|tool_call_begin|>"), KimiK2Format),
     (_all("<|open|>", "<|close|>", "<|end_of_msg|>"), KimiK3Format),

@@ -58,6 +58,17 @@ SPECIAL_TOKENS = (
     "<|tool_call:name|>",
     "<|tool_call:args|>",
     "<|tool_call:end|>",
+    "<tool_calls:opensource>",
+    "</tool_calls:opensource>",
+    "<tool_call:opensource>",
+    "<tool_sep:opensource>",
+    "</tool_call:opensource>",
+    "<arg_key:opensource>",
+    "</arg_key:opensource>",
+    "<arg_value:opensource>",
+    "</arg_value:opensource>",
+    "<think:opensource>",
+    "</think:opensource>",
 )
 EOS = "<|eot|>"
 

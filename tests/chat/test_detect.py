@@ -44,6 +44,7 @@ EXPECTED = {
     "fireworks-ai-llama-3-firefunction-v2": ("generic", "content-only"),
     "muse-glimmer": ("muse-glimmer", "muse-glimmer"),
     "upstage-Solar-Open-100B": ("solar-open", "solar-open"),
+    "tencent-Hy3": ("hy3", "hy3"),
 }
 
 
@@ -64,7 +65,7 @@ def test_every_template_detects(templates_dir):
             "functionary-v3.1-llama-3.1", "gpt-oss", "granite", "generic",
             "gemma4", "glm-4.5", "kimi-k2", "kimi-k3", "deepseek-v3.2", "deepseek-v4", "minimax-m2", "minimax-m3", "lfm2", "seed-oss",
             "nemotron-v2", "apriel", "minimax-m1", "cohere2moe", "minicpm5", "gigachat3",
-            "gigachat3.1", "apertus", "muse-glimmer", "solar-open",
+            "gigachat3.1", "apertus", "muse-glimmer", "solar-open", "hy3",
         }, path.name  # fmt: skip
 
 
