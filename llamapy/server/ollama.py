@@ -8,10 +8,18 @@ as ``/v1/chat/completions``; ``/api/generate`` is a one-message chat, or with ``
 ``/v1/completions`` path (the prompt as it is; fill-in-the-middle). Answers use ollama's field names, its
 newline-delimited JSON stream (``stream`` defaults to true, as ollama's) and its final statistics; errors
 are ``{"error": "message"}`` with the HTTP status.
+The request bodies and their translation are :mod:`.ollama_requests`'s, the model entries (tags, show,
+ps) :mod:`.ollama_models`'.
+
+As ollama's, a request with nothing to generate (no messages, no prompt, no input) loads the model,
+roles are case-insensitive, an integer option given as a float is truncated, an empty ``suffix`` is none
+(Go's client always sends one) and a non-raw ``/api/generate`` answer ends with ``context`` (the prompt's
+and answer's tokens), which a later request may send back.
 
 On a one-model server ``model`` must name the served model (its alias or file name, ``:latest``
 optional; anything else is a 404 that names it) and ``keep_alive`` is ignored (the model stays loaded);
-``/api/pull``, ``/api/delete``, ``/api/copy`` answer 501. In router mode (:mod:`.router`) ``model`` picks
+``/api/pull``, ``/api/delete``, ``/api/copy`` answer 501 (``/api/push``, ``/api/create`` and
+``/api/blobs`` always do). In router mode (:mod:`.router`) ``model`` picks
 the model, ``keep_alive`` sets how long it stays loaded after the request, and pull, copy and delete
 manage the router's list. Load-time options (``num_ctx``, ``num_thread``, ``num_gpu``, ``num_batch``...)
 cannot change a loaded model: they are accepted and ignored.
@@ -19,18 +27,14 @@ cannot change a loaded model: they are accepted and ignored.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import json
+import secrets
 import time
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any, Literal
+from datetime import UTC, datetime
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from . import params as P
@@ -39,7 +43,30 @@ from .errors import APIError, bad_request, not_supported
 from .formats import BaseFormatter
 from .infill import suffix_tokens
 from .inputs import chat_inputs, messages_fit, no_completions, parsed_body
-from .responses import brief, validate_at
+from .ollama_models import (  # (model_entry: the router's /api/tags entries import it from here)
+    _details,
+    _jsonable,
+    _names,
+    _until,
+    capabilities,
+    model_entry,
+    stamp,
+    template_of,
+)
+from .ollama_requests import (
+    ChatBody,
+    EmbedBody,
+    EmbeddingsBody,
+    GenerateBody,
+    ShowBody,
+    _content,
+    _format,
+    _sampling,
+    _validate_with_options,
+    chat_messages,
+    to_chat,
+)
+from .responses import brief
 from .schemas import ChatCompletionRequest, CompletionRequest, validate
 from .stream import generate
 
@@ -66,242 +93,6 @@ def _now() -> str:
 # -- request ------------------------------------------------------------------------------------------
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
-
-class Options(_Body):
-    """ollama's runtime options (unknown keys and the load-time ones are ignored, as ollama warns and
-    ignores an unknown option); each value must have ollama's type."""
-
-    num_predict: int | None = None
-    num_keep: int | None = None
-    seed: int | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    typical_p: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    mirostat: int | None = None
-    mirostat_tau: float | None = None
-    mirostat_eta: float | None = None
-    stop: list[str] | str | None = None
-    # load-time options: a loaded model keeps its own (accepted, type-checked, ignored)
-    num_ctx: int | None = None
-    num_batch: int | None = None
-    num_thread: int | None = None
-    num_gpu: int | None = None
-    main_gpu: int | None = None
-    use_mmap: bool | None = None
-    use_mlock: bool | None = None
-    numa: bool | None = None
-    low_vram: bool | None = None
-    tfs_z: float | None = None
-    penalize_newline: bool | None = None
-
-
-_SAMPLING = ("seed", "temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
-             "repeat_last_n", "presence_penalty", "frequency_penalty", "mirostat", "mirostat_tau",
-             "mirostat_eta")  # fmt: skip
-
-Format = str | dict[str, Any] | None
-Think = bool | Literal["low", "medium", "high"] | None
-KeepAlive = str | int | float | None
-
-
-class OMessage(_Body):
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str | None = ""
-    images: list[str] | None = None
-    thinking: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    tool_name: str | None = None
-
-
-class _GeneratingBody(_Body):
-    """The fields /api/chat and /api/generate share."""
-
-    model: str
-    format: Format = None
-    options: dict[str, Any] | None = None
-    stream: bool = True
-    keep_alive: KeepAlive = None
-    think: Think = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-
-
-class ChatBody(_GeneratingBody):
-    messages: list[Any] = Field(default_factory=list)
-    tools: list[dict[str, Any]] | None = None
-
-
-class GenerateBody(_GeneratingBody):
-    prompt: str = ""
-    suffix: str | None = None
-    system: str | None = None
-    template: str | None = None
-    context: list[int] | None = None
-    raw: bool = False
-    images: list[str] | None = None
-
-
-class EmbedBody(_Body):
-    model: str
-    input: str | list[str]
-    truncate: bool = True
-    dimensions: int | None = Field(None, ge=1)
-    options: dict[str, Any] | None = None
-    keep_alive: KeepAlive = None
-
-
-class EmbeddingsBody(_Body):
-    model: str
-    prompt: str
-    options: dict[str, Any] | None = None
-    keep_alive: KeepAlive = None
-
-
-class ShowBody(_Body):
-    model: str | None = None
-    name: str | None = None  # (ollama's older field)
-    verbose: bool = False
-
-
-def _sampling(options: dict[str, Any] | None) -> tuple[dict[str, Any], int | None]:
-    """``options`` -> chat/completion request fields, and the token limit (None: the server's default)."""
-    if options is None:
-        return {}, None
-    o: Options = validate_at(Options, options, "options")
-    out = {k: getattr(o, k) for k in _SAMPLING if getattr(o, k) is not None}
-    if o.stop:
-        out["stop"] = o.stop
-    if o.num_keep is not None:
-        out["n_keep"] = o.num_keep
-    n = o.num_predict
-    return out, (None if n is not None and n < 0 else n)  # -1 (no limit), -2 (fill the context)
-
-
-def _format(fmt: Format) -> dict[str, Any] | None:
-    if fmt is None or fmt == "":
-        return None
-    if fmt == "json":
-        return {"type": "json_object"}
-    if isinstance(fmt, dict):
-        return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt}}
-    raise bad_request(f"'format' must be \"json\" or a JSON schema object, got {brief(fmt)}", "format")
-
-
-def _image_part(data: str, where: str) -> dict[str, Any]:
-    from .anthropic import _sniff
-
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise bad_request(f"'{where}' is not valid base64: {e}", where) from None
-    mt = _sniff(raw) or "image/png"
-    return {"type": "image_url", "image_url": {"url": f"data:{mt};base64,{data}"}}
-
-
-def _content(text: str, images: list[str] | None, where: str) -> Any:
-    if not images:
-        return text
-    parts = [_image_part(d, f"{where}.images.{k}") for k, d in enumerate(images)]
-    return parts + [{"type": "text", "text": text}]
-
-
-def _history_call(c: Any, where: str) -> dict[str, Any]:
-    fn = c.get("function") if isinstance(c, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-        raise bad_request(f'\'{where}\' must be {{"function": {{"name", "arguments"}}}}', where)
-    args = fn.get("arguments", {})
-    if not isinstance(args, dict | str):
-        raise bad_request(f"'{where}.function.arguments' must be an object", f"{where}.function.arguments")
-    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    out: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": text}}
-    if isinstance(c.get("id"), str):
-        out["id"] = c["id"]
-    return out
-
-
-def chat_messages(raw: list[Any]) -> list[dict[str, Any]]:
-    out = []
-    for i, r in enumerate(raw):
-        where = f"messages.{i}"
-        m: OMessage = validate_at(OMessage, r, where)
-        msg: dict[str, Any] = {"role": m.role, "content": _content(m.content or "", m.images, where)}
-        if m.thinking and m.role == "assistant":
-            msg["reasoning_content"] = m.thinking
-        if m.tool_calls:
-            msg["tool_calls"] = [
-                _history_call(c, f"{where}.tool_calls.{j}") for j, c in enumerate(m.tool_calls)
-            ]
-            if not m.content:
-                msg["content"] = None
-        if m.tool_name and m.role == "tool":
-            msg["name"] = m.tool_name
-        out.append(msg)
-    return out
-
-
-def _think(think: Think, template: str) -> dict[str, Any] | None:
-    if think is None:
-        return None
-    if think is not False and not supports_thinking(template):
-        raise bad_request(
-            "this model does not support thinking (its chat template has no thinking switch)", "think"
-        )
-    kw: dict[str, Any] = {"enable_thinking": think is not False}
-    if isinstance(think, str):
-        kw["reasoning_effort"] = think
-    return kw
-
-
-def supports_thinking(template: str) -> bool:
-    return any(k in template for k in ("enable_thinking", "<think>", "reasoning_content", "thinking"))
-
-
-def to_chat(
-    messages: list[dict[str, Any]], body: ChatBody | GenerateBody, tools: Any, template: str
-) -> tuple[ChatCompletionRequest, int | None]:
-    fields, n_predict = _sampling(body.options)
-    chat: dict[str, Any] = {"messages": messages, "stream": body.stream, **fields}
-    if body.logprobs:
-        chat.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
-    elif body.top_logprobs:
-        raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-    if tools:
-        chat["tools"] = tools
-    rf = _format(body.format)
-    if rf is not None:
-        chat["response_format"] = rf
-    kw = _think(body.think, template)
-    if kw is not None:
-        chat["chat_template_kwargs"] = kw
-    if not messages:
-        raise bad_request("'messages' must not be empty", "messages")
-    return _validate_with_options(ChatCompletionRequest, chat, fields), n_predict
-
-
-def _validate_with_options(model: type[BaseModel], body: dict[str, Any], fields: dict[str, Any]) -> Any:
-    """``validate``; an error in a value that came from ``options`` names it there (``options.top_p``)."""
-    try:
-        return validate(model, body)
-    except APIError as e:
-        if e.param not in fields:
-            raise
-        opt = "num_keep" if e.param == "n_keep" else e.param
-        msg = e.message.replace(f"'{e.param}'", f"'options.{opt}'", 1)
-        raise APIError(e.status, msg, param=f"options.{opt}") from None
-
-
-# -- response -----------------------------------------------------------------------------------------
-
-
 def _tok(piece: bytes) -> str:
     return piece.decode("utf-8", errors="replace")
 
@@ -316,6 +107,11 @@ def _arguments(text: str) -> dict[str, Any]:
     except ValueError:
         return {"arguments": text}
     return v if isinstance(v, dict) else {"value": v}
+
+
+def _call_id() -> str:
+    """A tool call's id as ollama makes one: ``call_`` and 8 of [a-z0-9]."""
+    return "call_" + "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8))
 
 
 def load_ns(request: Request) -> int:
@@ -333,6 +129,8 @@ class OllamaFormatter(BaseFormatter):
         self.model, self.kind, self.t0, self.logprobs = model, kind, t0, logprobs
         self.load_ns = 0
         self.calls: dict[int, list[str]] = {}  # streamed tool calls by index: [name, arguments]
+        self.prompt_tokens: list[int] | None = None  # set: the final answer has ollama's ``context``
+        self.out_tokens: list[int] = []
 
     def _piece(self, content: str, thinking: str = "", calls: list[dict[str, Any]] | None = None) -> dict:
         out: dict[str, Any] = {"model": self.model, "created_at": _now()}
@@ -361,12 +159,14 @@ class OllamaFormatter(BaseFormatter):
             eval_count=ev.n_predicted,
             eval_duration=int(ev.predicted_ms * 1e6),
         )
+        if self.prompt_tokens is not None and self.kind == "generate":  # (ollama: not in raw mode)
+            out["context"] = self.prompt_tokens + self.out_tokens
         return out
 
     @staticmethod
     def _calls(pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
         return [
-            {"function": {"index": i, "name": name, "arguments": _arguments(args)}}
+            {"id": _call_id(), "function": {"index": i, "name": name, "arguments": _arguments(args)}}
             for i, (name, args) in enumerate(pairs)
         ]
 
@@ -383,6 +183,7 @@ class OllamaFormatter(BaseFormatter):
         return out
 
     def chunks(self, ev: Any) -> list[dict[str, Any]]:
+        self.out_tokens += ev.tokens
         pieces = self._chunks(ev)
         if self.logprobs and ev.probs:
             pieces = pieces or [self._piece("")]
@@ -415,6 +216,7 @@ class OllamaFormatter(BaseFormatter):
         return None
 
     def response(self, text: str, probs: list[Any], final: Any, tokens: list[int] | None = None) -> dict:
+        self.out_tokens = list(tokens or [])
         msg = final.message
         if msg is None:
             return self._with_probs(self._stats(self._piece(text), final), probs)
@@ -426,89 +228,22 @@ class OllamaFormatter(BaseFormatter):
         return error_body(e)
 
 
-# -- the model ----------------------------------------------------------------------------------------
-
-
-def _names(model_id: str) -> tuple[str, set[str]]:
-    """The served model's ollama name (``name:tag``) and every name a request may give for it."""
-    stem = model_id[:-5] if model_id.lower().endswith(".gguf") else model_id
-    name = stem if ":" in stem else f"{stem}:latest"
-    ok = {model_id, stem, name}
-    return name, {n.lower() for n in ok}
-
-
-def _details(info: dict[str, Any]) -> dict[str, Any]:
-    parts = str(info.get("desc", "")).split()
-    arch = str(info.get("arch", "")) or (parts[0] if parts else "")
-    return {
-        "parent_model": "",
-        "format": "gguf",
-        "family": arch,
-        "families": [arch] if arch else None,
-        "parameter_size": parts[1] if len(parts) > 2 else "",
-        "quantization_level": parts[2] if len(parts) > 2 else "",
-    }
-
-
-def _jsonable(v: Any, verbose: bool) -> tuple[bool, Any]:
-    if isinstance(v, bool | int | float | str):
-        return True, v
-    if hasattr(v, "item") and not hasattr(v, "__len__"):  # a numpy scalar
-        return True, v.item()
-    if isinstance(v, list | tuple) and verbose:
-        items = [_jsonable(x, True) for x in v]
-        return all(ok for ok, _ in items), [x for _, x in items]
-    return False, None
-
-
-def stamp(m: Any) -> tuple[str, str]:
-    """(modified_at, digest) of a model's file; the digest names the file (path, size, mtime), not its
-    bytes (hashing gigabytes per request is not worth it)."""
-    p = Path(m.settings.model_path)
-    try:
-        st = p.stat()
-        mtime, size = st.st_mtime, st.st_size
-    except OSError:
-        mtime, size = m.created, 0
-    when = datetime.fromtimestamp(mtime, UTC).isoformat().replace("+00:00", "Z")
-    return when, hashlib.sha256(f"{p.resolve()}:{size}:{mtime}".encode()).hexdigest()
-
-
-def model_entry(m: Any, info: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A model as ``/api/tags`` lists it (``info``: the backend's, or the file's header unloaded)."""
-    info = m.backend.info() if info is None else info
-    name, _ = _names(m.name)
-    when, digest = stamp(m)
-    size = int(info.get("size") or 0)
-    return {"name": name, "model": name, "modified_at": when, "size": size, "digest": digest,
-            "details": _details(info)}  # fmt: skip
-
-
-def _until(m: Any, keep_alive: float | None) -> str:
-    seconds = 365 * 100 * 86400 if keep_alive is None or keep_alive < 0 else keep_alive
-    return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
-
-
-def capabilities(backend: Any, template: str) -> list[str]:
-    if backend.embeddings:
-        return ["embedding"]
-    caps = ["completion"]
-    if "tools" in template:
-        caps.append("tools")
-    if supports_thinking(template):
-        caps.append("thinking")
-    if getattr(backend, "mtmd", None) is not None:
-        caps.append("vision")
-    try:
-        backend.fim_tokens()
-        caps.append("insert")
-    except Exception:  # no fill-in-the-middle tokens
-        pass
-    return caps
-
-
-def template_of(backend: Any) -> str:
-    return str(backend.info().get("chat_template") or "")
+def with_context(context: list[int], tokens: list[int], backend: Any, engine: Any) -> list[int]:
+    """``/api/generate``'s ``context`` (the tokens an earlier answer gave back) before a prompt's tokens,
+    the prompt's leading BOS dropped (ollama prepends the context's text to the prompt)."""
+    n_vocab = int(getattr(backend, "n_vocab", 0) or 0)
+    if n_vocab and any(not 0 <= t < n_vocab for t in context):
+        raise bad_request(f"'context' holds a token outside the vocabulary (0..{n_vocab - 1})", "context")
+    lead = backend.tokenize("", add_special=True, parse_special=False)
+    if lead and tokens[: len(lead)] == lead:
+        tokens = tokens[len(lead) :]
+    out = list(context) + tokens
+    if not engine.context_shift and len(out) >= engine.n_ctx_slot:
+        raise bad_request(
+            f"'context' and the prompt are {len(out)} tokens; this model's context is {engine.n_ctx_slot}",
+            "context",
+        )
+    return out
 
 
 def add_routes(app: FastAPI, state: Any) -> None:
@@ -547,11 +282,11 @@ def add_routes(app: FastAPI, state: Any) -> None:
         async def root() -> PlainTextResponse:
             return PlainTextResponse("Ollama is running")
 
-    @app.get("/api/version")
+    @app.api_route("/api/version", methods=["GET", "HEAD"])
     async def version() -> dict[str, Any]:
         return {"version": VERSION}
 
-    @app.get("/api/tags")
+    @app.api_route("/api/tags", methods=["GET", "HEAD"])
     async def tags() -> dict[str, Any]:
         if router is not None:
             return {"models": await run_in_threadpool(router.ollama_tags)}
@@ -603,11 +338,30 @@ def add_routes(app: FastAPI, state: Any) -> None:
         }
 
     async def run_chat(
-        request: Request, m: Any, chat: ChatCompletionRequest, n_predict: int | None, fmt: Any
+        request: Request,
+        m: Any,
+        chat: ChatCompletionRequest,
+        n_predict: int | None,
+        fmt: Any,
+        context: list[int] | None = None,
     ) -> Any:
-        engine, _ = m.ready()
+        engine, backend = m.ready()
         tokens, gp = await chat_inputs(chat, m, n_predict, "options.num_predict")
+        if context:
+            tokens = with_context(context, tokens, backend, engine)
+        if fmt.kind == "generate":
+            fmt.prompt_tokens = tokens
         return await generate(request, engine, tokens, gp, fmt, chat.stream)
+
+    def loaded(body: ChatBody | GenerateBody, kind: str) -> dict[str, Any]:
+        """ollama's answer to a request with nothing to generate: it loads the model (or, with
+        ``keep_alive`` 0 in router mode, unloads it)."""
+        out: dict[str, Any] = {"model": body.model, "created_at": _now()}
+        if kind == "chat":
+            out["message"] = {"role": "assistant", "content": ""}
+        else:
+            out["response"] = ""
+        return out | {"done": True, "done_reason": "unload" if unloads(body.keep_alive) else "load"}
 
     @app.post("/api/chat")
     async def chat(request: Request) -> Any:
@@ -616,16 +370,20 @@ def add_routes(app: FastAPI, state: Any) -> None:
         engine, backend = m.ready()
         no_completions(backend)
 
-        def plan(raw: dict[str, Any]) -> tuple[ChatBody, ChatCompletionRequest, int | None]:
+        def plan(raw: dict[str, Any]) -> tuple[ChatBody, ChatCompletionRequest | None, int | None]:
             messages_fit(raw, engine)
             body: ChatBody = validate(ChatBody, raw)
             check_name(m, body.model)
+            if not body.messages:
+                return body, None, None
             msgs = chat_messages(body.messages)
             req, n = to_chat(msgs, body, body.tools, template_of(backend))
             return body, req, n
 
         body, req, n_predict = await parsed_body(request, plan)
         keep(m, body.keep_alive)
+        if req is None:  # ollama: no messages loads the model (``ollama run`` does so first)
+            return loaded(body, "chat")
         fmt = OllamaFormatter(body.model, "chat", t0, body.logprobs)
         fmt.load_ns = load_ns(request)
         return await run_chat(request, m, req, n_predict, fmt)
@@ -640,22 +398,24 @@ def add_routes(app: FastAPI, state: Any) -> None:
         body: GenerateBody = await parsed_body(request, lambda raw: validate(GenerateBody, raw))
         check_name(m, body.model)
         keep(m, body.keep_alive)
+        suffix = body.suffix or None  # (ollama: an empty suffix is none; Go's client always sends one)
+        if body.raw and (body.template or body.system or body.context):
+            raise bad_request("raw mode does not support template, system, or context")
         if body.template:
             raise not_supported("a custom 'template' (the model's own chat template is used)", "template")
         if body.top_logprobs and not body.logprobs:
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-        if body.context:
-            raise not_supported("'context' (send the conversation to /api/chat instead)", "context")
+        if body.context and body.images:
+            raise not_supported("'context' with 'images'", "context")
         fmt = OllamaFormatter(body.model, "generate", t0, body.logprobs)
         fmt.load_ns = load_ns(request)
-        if not body.prompt and not body.images and body.suffix is None:  # ollama: load the model, say so
-            return {"model": body.model, "created_at": _now(), "response": "", "done": True,
-                    "done_reason": "unload" if unloads(body.keep_alive) else "load"}  # fmt: skip
-        if not body.raw and body.suffix is None:
+        if not body.prompt and not body.images and suffix is None:  # ollama: load the model, say so
+            return loaded(body, "generate")
+        if not body.raw and suffix is None:
             msgs = [{"role": "system", "content": body.system}] if body.system else []
             msgs.append({"role": "user", "content": _content(body.prompt, body.images, "")})
             req, n_predict = to_chat(msgs, body, None, template_of(backend))
-            return await run_chat(request, m, req, n_predict, fmt)
+            return await run_chat(request, m, req, n_predict, fmt, body.context)
         # raw prompt or fill-in-the-middle: the /v1/completions path
         if body.images:
             raise not_supported("'images' with 'raw' or 'suffix'", "images")
@@ -676,9 +436,13 @@ def add_routes(app: FastAPI, state: Any) -> None:
         gp.grammar = await run_in_threadpool(P.completion_grammar, req, getattr(backend, "vocab", None))
         if body.logprobs:
             gp.logprobs, gp.n_probs = True, body.top_logprobs or 0
-        if body.suffix is not None:
-            args = (body.prompt, body.suffix, backend, engine.n_batch, engine.n_ctx_slot, n_predict)
+        if suffix is not None:
+            args = (body.prompt, suffix, backend, engine.n_batch, engine.n_ctx_slot, n_predict)
             tokens = await run_in_threadpool(suffix_tokens, *args)
+            if body.context:
+                tokens = with_context(body.context, tokens, backend, engine)
+            if not body.raw:  # (ollama: ``context`` in every answer but a raw one)
+                fmt.prompt_tokens = tokens
         else:
             limit = None if engine.context_shift else engine.n_ctx_slot
             tokens = await run_in_threadpool(P.tokenize_prompt, body.prompt, backend, "prompt", limit)
@@ -691,7 +455,9 @@ def add_routes(app: FastAPI, state: Any) -> None:
         body: EmbedBody = await parsed_body(request, lambda raw: validate(EmbedBody, raw))
         check_name(m, body.model)
         keep(m, body.keep_alive)
-        inputs = [body.input] if isinstance(body.input, str) else body.input
+        inputs = ([body.input] if body.input else []) if isinstance(body.input, str) else body.input or []
+        if not inputs:  # (ollama: no input loads the model and answers no vectors)
+            return {"model": body.model, "embeddings": []}
         vectors, n = await _embed(request, m, inputs, body.truncate, "input")
         if body.dimensions is not None:
             from ..api.embedding import normalize_embedding
@@ -707,6 +473,8 @@ def add_routes(app: FastAPI, state: Any) -> None:
         body: EmbeddingsBody = await parsed_body(request, lambda raw: validate(EmbeddingsBody, raw))
         check_name(m, body.model)
         keep(m, body.keep_alive)
+        if not body.prompt:  # (ollama: an empty request loads the model)
+            return {"embedding": []}
         vectors, _ = await _embed(request, m, [body.prompt], True, "prompt", normalize=-1)
         return {"embedding": vectors[0].tolist()}
 
@@ -732,6 +500,17 @@ def add_routes(app: FastAPI, state: Any) -> None:
                 for ev in finals]  # fmt: skip
         return vecs, sum(ev.n_prompt for ev in finals)
 
+    @app.head("/api/blobs/{digest}")
+    async def head_blob(digest: str) -> Response:
+        return Response(status_code=404)  # (no blob store: ``ollama create`` then uploads, refused below)
+
+    @app.post("/api/blobs/{digest}")
+    @app.post("/api/push")
+    @app.post("/api/create")
+    async def no_store(request: Request) -> Any:
+        raise APIError(501, f"{request.url.path} is not available on this server: it cannot create or "
+                       "push models (it serves GGUF files given to it, or pulled in router mode)")  # fmt: skip
+
     if router is not None:
         from .ollama_store import add_routes as add_store_routes  # /api/pull, /api/delete, /api/copy
 
@@ -739,8 +518,6 @@ def add_routes(app: FastAPI, state: Any) -> None:
         return
 
     @app.post("/api/pull")
-    @app.post("/api/push")
-    @app.post("/api/create")
     @app.post("/api/copy")
     @app.delete("/api/delete")
     async def store(request: Request) -> Any:

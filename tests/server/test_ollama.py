@@ -129,7 +129,7 @@ def test_options_reach_the_sampler(fake):
             400,
             "temperature",
         ),
-        ("/api/chat", {"model": "fake", "messages": HI, "options": {"num_predict": 1.5}}, 400, "num_predict"),
+        ("/api/chat", {"model": "fake", "messages": HI, "options": {"num_predict": "8"}}, 400, "num_predict"),
         ("/api/chat", {"model": "fake", "messages": HI, "options": "x"}, 400, "options"),
         ("/api/chat", {"model": "fake", "messages": HI, "options": {"top_p": 7}}, 400, "options.top_p"),
         (
@@ -141,11 +141,11 @@ def test_options_reach_the_sampler(fake):
         ("/api/chat", {"model": "fake", "messages": HI, "format": "xml"}, 400, "format"),
         ("/api/chat", {"model": "fake", "messages": HI, "format": 7}, 400, "format"),
         ("/api/chat", {"model": "fake", "messages": [{"role": "bot", "content": "x"}]}, 400, "messages.0"),
-        ("/api/chat", {"model": "fake", "messages": []}, 400, "messages"),
+        ("/api/chat", {"model": "fake", "messages": "hi"}, 400, "messages"),
         ("/api/chat", {"model": "fake", "messages": [{"role": "user", "images": ["@@"]}]}, 400, "base64"),
         ("/api/chat", {"model": "fake", "messages": HI, "think": "max"}, 400, "think"),
         ("/api/generate", {"model": "fake", "prompt": "x", "template": "{{ .Prompt }}"}, 400, "template"),
-        ("/api/generate", {"model": "fake", "prompt": "x", "context": [1, 2]}, 400, "context"),
+        ("/api/generate", {"model": "fake", "prompt": "x", "context": [1, 10**9]}, 400, "context"),
         ("/api/generate", {"model": "other", "prompt": "x"}, 404, "not found"),
         ("/api/show", {"model": "other"}, 404, "fake:latest"),
         ("/api/embed", {"model": "fake", "input": "x"}, 501, "--embeddings"),
@@ -350,7 +350,8 @@ def test_formatter_tool_calls_and_thinking():
     assert chunks[0]["message"] == {"role": "assistant", "content": "Hi", "thinking": "hm"}
     tail = f.final_chunk(Event(done=True, finish_reason="tool_calls"))
     calls = tail[0]["message"]["tool_calls"]
-    assert calls == [{"function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}}]
+    assert calls == [{"id": calls[0]["id"],
+                      "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}}]  # fmt: skip
     assert tail[-1]["done"] is True and not tail[0]["done"]
     gen = OllamaFormatter("m", "generate", 0.0).response("", [], final)
     assert gen["thinking"] == "hmm" and "message" not in gen
@@ -393,8 +394,13 @@ def test_embed(embedder):
     with pytest.raises(ollama.ResponseError) as e:
         c.chat(model="emb", messages=HI)
     assert e.value.status_code == 501
-    r = _post(embedder.base_url, "/api/embed", {"model": "emb", "input": []})
+    r = _post(embedder.base_url, "/api/embed", {"model": "emb", "input": 7})
     assert r.status_code == 400 and list(r.json()) == ["error"]
+    for body in ({"input": []}, {"input": ""}, {}):  # ollama: nothing to embed loads the model
+        r = _post(embedder.base_url, "/api/embed", {"model": "emb"} | body)
+        assert r.status_code == 200 and r.json() == {"model": "emb", "embeddings": []}, r.text
+    r = _post(embedder.base_url, "/api/embeddings", {"model": "emb", "prompt": ""})
+    assert r.status_code == 200 and r.json() == {"embedding": []}
 
 
 # -- images -------------------------------------------------------------------------------------------------
