@@ -377,7 +377,9 @@ SEEDS: dict[str, list[Seed]] = {
     "/api/push": [Seed({"model": "fake"}, expect=(501,))],
     "/api/create": [Seed({"model": "x", "from": "fake"}, expect=(501,))],
     "/api/copy": [Seed({"source": "fake", "destination": "x"}, expect=(501,))],
+    "/api/blobs/{digest}": [Seed({}, "/api/blobs/sha256:" + "0" * 64, expect=(501,))],
     "/mcp/confirm": [Seed({"id": "mcpc-none", "allow": True}, expect=(404,))],  # (no call waits)
+    "/props": [Seed({"n_ctx": 8}, expect=(501,))],  # (llama-server without --props: settings cannot change)
     # a multipart route: the fuzzer's JSON bodies are refused as not being its form (a 400, at once)
     "/v1/audio/transcriptions": [
         Seed({"model": "fake", "file": "x.wav", "response_format": "json"}, expect=(400,))
