@@ -60,6 +60,7 @@ class ChatMixin:
         return tmpl
 
     def _plan(self, messages: list[dict[str, Any]], **kw: Any) -> ChatPlan:
+        kw.setdefault("continue_final_message", False)  # (llama-cpp-python closes a last assistant turn)
         return plan_chat(self._chat_template(), self.vocab, messages, **kw)
 
     def _chat_tokens(self, text: str) -> list[int]:

@@ -177,12 +177,19 @@ def plan_chat(
     add_generation_prompt: bool = True,
     reasoning: bool = True,
     reasoning_effort: str | None = None,
+    continue_final_message: bool | None = None,
 ) -> ChatPlan:
     """Render the prompt and choose the grammar and parser of one chat request (see module docstring).
 
     The template gets :func:`template_context`, ``enable_thinking`` (:func:`thinking_kwargs`: ``reasoning``
     False is llama-server's ``--reasoning off``, ``reasoning_effort`` OpenAI's field), the family's
     variables, then ``chat_template_kwargs`` over them.
+
+    A last assistant message without tool calls is continued, as llama-server's default
+    (``prefill_assistant``) and Anthropic's prefill: the prompt is the earlier messages with the generation
+    prompt, then that message's text (after its reasoning, closed, where the template has reasoning tags;
+    a message with only reasoning continues the reasoning); the answer is what follows.
+    ``continue_final_message`` False renders it as a finished turn instead; True requires such a message.
 
     ``template`` is a :class:`llamapy.vocab.chat_template.ChatTemplate`; ``grammar`` a
     :class:`llamapy.grammar.LlamaGrammar` (or GBNF text). Errors: :class:`ChatRequestError`,
@@ -214,7 +221,11 @@ def plan_chat(
         )
     parallel = True if parallel_tool_calls is None else bool(parallel_tool_calls)
     fmt = detect_format(getattr(template, "source", None), tools_requested=use_tools)
-    msgs = fmt.prepare_messages(list(messages), tools=tools if use_tools else None)
+    messages = list(messages)
+    last = _continued(messages, continue_final_message)
+    if last is not None:
+        messages = messages[:-1]
+    msgs = fmt.prepare_messages(messages, tools=tools if use_tools else None)
     kwargs: dict[str, Any] = template_context()
     kwargs.update(fmt.template_kwargs(tools, choice, parallel) if use_tools else {})
     kwargs.update(
@@ -222,11 +233,22 @@ def plan_chat(
             template, chat_template_kwargs, reasoning=reasoning, reasoning_effort=reasoning_effort
         )
     )
-    prompt = template.render(msgs, add_generation_prompt=add_generation_prompt, tools=tools, **kwargs)
-    prompt = fmt.finish_prompt(prompt, add_generation_prompt)  # (Gemma 4: the turn its template omits)
+
+    def render(gp: bool) -> str:  # (finish_prompt: Gemma 4's turn its template omits)
+        return fmt.finish_prompt(template.render(msgs, add_generation_prompt=gp, tools=tools, **kwargs), gp)
+
+    if last is None:
+        prompt = render(add_generation_prompt)
+    else:  # the earlier turns, then the generation prompt and the continued message
+        full, bare = render(True), render(False)
+        gp = full[len(bare) :] if full.startswith(bare) else ""
+        prompt = (bare if full.startswith(bare) else full) + _continuation(fmt, template, gp, last)
+    # (a continued message with only reasoning leaves the reasoning block open, whatever its text)
+    forced_open = fmt.thinking_forced_open(prompt) or (
+        last is not None and _continues_reasoning(fmt, template, last)
+    )
     preserved: list[int] = []
     if use_tools:
-        forced_open = fmt.thinking_forced_open(prompt)
         tg = fmt.grammar(
             tools, choice, parallel, lambda text: _special_id(vocab, text), thinking_forced_open=forced_open
         )
@@ -248,11 +270,71 @@ def plan_chat(
     syntax = ChatSyntax(
         format=fmt.name,
         reasoning_format=reasoning_format,
-        thinking_forced_open=fmt.thinking_forced_open(prompt),
+        thinking_forced_open=forced_open,
         parse_tool_calls=use_tools,
         tools=tools if use_tools else None,
     )
     return ChatPlan(prompt, fmt, syntax, user_grammar, preserved)
+
+
+def _continued(messages: list[dict[str, Any]], continue_final_message: bool | None) -> dict[str, Any] | None:
+    """The last message when it is to be continued (see :func:`plan_chat`), as llama-server decides."""
+    last = messages[-1] if messages and isinstance(messages[-1], Mapping) else None
+    if continue_final_message is False or last is None or last.get("role") != "assistant":
+        if continue_final_message:
+            raise ChatRequestError(
+                "'continue_final_message' needs the last message to be the assistant's",
+                "continue_final_message",
+            )
+        return None
+    if last.get("tool_calls"):
+        if continue_final_message:
+            raise ChatRequestError(
+                "cannot continue an assistant message that contains tool calls", "continue_final_message"
+            )
+        return None
+    if len(messages) >= 2 and isinstance(messages[-2], Mapping) and messages[-2].get("role") == "assistant":
+        raise ChatRequestError("cannot have 2 or more assistant messages at the end of the list", "messages")
+    return dict(last)
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text"
+        )
+    return ""
+
+
+def _continues_reasoning(fmt: Any, template: Any, last: dict[str, Any]) -> bool:
+    think = getattr(fmt, "think", None)
+    return (
+        think is not None
+        and think.start in getattr(template, "source", "")
+        and bool(_text_of(last.get("reasoning_content")))
+        and not _text_of(last.get("content"))
+    )
+
+
+def _continuation(fmt: Any, template: Any, generation_prompt: str, last: dict[str, Any]) -> str:
+    """The generation prompt followed by the continued message (llama.cpp's ``continue_msg``): where the
+    template has the family's reasoning tags, the generation prompt up to its opening tag, the tag, the
+    message's reasoning and (continuing the text) the closing tag; then the text."""
+    text = _text_of(last.get("content"))
+    reasoning = _text_of(last.get("reasoning_content"))
+    think = getattr(fmt, "think", None)
+    if think is not None and think.start in getattr(template, "source", ""):
+        at = generation_prompt.find(think.start)
+        generation_prompt = (
+            generation_prompt[: at if at >= 0 else len(generation_prompt)] + think.start + reasoning
+        )
+        if text or not reasoning:
+            generation_prompt += think.end
+        else:
+            return generation_prompt  # only reasoning: the answer goes on thinking
+    return generation_prompt + text
 
 
 def message_dict(message: Any, text: str) -> dict[str, Any]:

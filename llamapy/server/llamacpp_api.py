@@ -208,7 +208,13 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         m = await state.pick(request)
         _, backend = m.ready()
         req: ApplyTemplateRequest = await read_body(request, ApplyTemplateRequest)
-        fields = ("messages", "add_generation_prompt", "chat_template_kwargs", "reasoning_effort")
+        fields = (
+            "messages",
+            "add_generation_prompt",
+            "chat_template_kwargs",
+            "reasoning_effort",
+            "continue_final_message",
+        )
         creq = validate(ChatCompletionRequest, {k: getattr(req, k) for k in fields})
         text, _ = await run_in_threadpool(P.chat_prompt, creq, backend, m.settings.defaults)
         return {"prompt": text}

@@ -27,7 +27,6 @@ _UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "grammar_lazy": (_OFF, "give 'tools' or 'grammar' instead"),
     "grammar_triggers": (_OFF, "give 'tools' or 'grammar' instead"),
     "preserved_tokens": (_OFF, "give 'tools' or 'grammar' instead"),
-    "continue_final_message": (_OFF, "continuing the last assistant message"),
     "chat_format": ((None,), _INTERNAL),
     "chat_parser": ((None, ""), _INTERNAL),
     "generation_prompt": ((None, ""), _INTERNAL),
@@ -75,6 +74,15 @@ def check_unsupported(req: SamplingFields) -> None:
             raise not_supported(f"best_of={req.best_of}", param="best_of")
     if isinstance(req, NativeCompletionRequest) and req.n_cmpl not in (None, 1):
         raise not_supported(f"n_cmpl={req.n_cmpl} (several completions per prompt)", param="n_cmpl")
+
+
+def continue_flag(value: Any) -> bool | None:
+    """llama-server's ``continue_final_message``: true, "content" or "reasoning_content" continue the last
+    assistant message, false renders it as a finished turn, absent continues it when it is the last one
+    (llama-server's default ``prefill_assistant``)."""
+    if value is None:
+        return None
+    return value is True or value in ("content", "reasoning_content")
 
 
 def thinking_budget(req: ChatCompletionRequest) -> int:
@@ -491,6 +499,7 @@ def chat_plan(req: ChatCompletionRequest, backend: Backend, defaults: Defaults |
             add_generation_prompt=req.add_generation_prompt,
             reasoning=d.reasoning and budget != 0,
             reasoning_effort=req.reasoning_effort,
+            continue_final_message=continue_flag(req.continue_final_message),
         )
     except ChatRequestError as e:
         raise bad_request(str(e), e.param) from None

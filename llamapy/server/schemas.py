@@ -139,6 +139,8 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     reasoning_format: str | None = None
     reasoning_effort: str | None = None  # OpenAI's: "none" turns thinking off, another is the template's
+    # llama-server's: continue the last assistant message (the default when it is the last; params.continue_flag)
+    continue_final_message: bool | Literal["content", "reasoning_content"] | None = None
     # llama-server's thinking budget: only -1 (unrestricted) and 0 (thinking off) here (params.thinking_budget)
     reasoning_budget_tokens: Int | None = None
     thinking_budget_tokens: Int | None = None
@@ -222,6 +224,7 @@ class ApplyTemplateRequest(_Body):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # (checked as a chat request's)
     reasoning_effort: str | None = None
+    continue_final_message: bool | Literal["content", "reasoning_content"] | None = None
 
 
 M = TypeVar("M", bound=BaseModel)

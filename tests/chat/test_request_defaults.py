@@ -121,3 +121,41 @@ def test_apriel_15_calls_between_tool_calls_tags():
     msg, _ = _parse("unsloth-Apriel-1.5", text, TOOLS)
     assert msg.content == "Let me check.\n"
     assert [(c.name, json.loads(c.arguments)) for c in msg.tool_calls] == [("get_weather", args)]
+
+
+# -- a last assistant message is continued (llama-server's prefill_assistant, Anthropic's prefill) --
+
+PREFILL = [*USER, {"role": "assistant", "content": "The answer is"}]
+
+
+def test_last_assistant_message_is_continued():
+    closed = _prompt("Qwen-Qwen2.5-7B-Instruct", PREFILL, continue_final_message=False)
+    assert closed.endswith("The answer is<|im_end|>\n<|im_start|>assistant\n")
+    plan = plan_chat(_template("Qwen-Qwen2.5-7B-Instruct"), None, PREFILL)
+    assert plan.prompt == closed[: closed.index("The answer is")] + "The answer is"
+    assert not plan.syntax.thinking_forced_open
+    # a template with reasoning tags: the reasoning closed first, as llama.cpp's continue_msg
+    assert _prompt("Qwen-Qwen3-0.6B", PREFILL).endswith("<|im_start|>assistant\n<think></think>The answer is")
+    both = [*USER, {"role": "assistant", "content": "So 4.", "reasoning_content": "2+2"}]
+    assert _prompt("Qwen-Qwen3-0.6B", both).endswith("assistant\n<think>2+2</think>So 4.")
+    # only reasoning: the answer goes on thinking (the parser reads it as reasoning)
+    thinking = [*USER, {"role": "assistant", "content": "", "reasoning_content": "Let me see"}]
+    plan = plan_chat(_template("Qwen-Qwen3-0.6B"), None, thinking)
+    assert plan.prompt.endswith("assistant\n<think>Let me see") and plan.syntax.thinking_forced_open
+    assert _prompt("Qwen-Qwen2.5-7B-Instruct", PREFILL, continue_final_message=True) == _prompt(
+        "Qwen-Qwen2.5-7B-Instruct", PREFILL
+    )
+
+
+def test_what_cannot_be_continued():
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    with_call = [*USER, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    assert _prompt("Qwen-Qwen2.5-7B-Instruct", with_call) == _prompt(
+        "Qwen-Qwen2.5-7B-Instruct", with_call, continue_final_message=False
+    )  # (not continued by default)
+    with pytest.raises(ChatRequestError, match="tool calls"):
+        _prompt("Qwen-Qwen2.5-7B-Instruct", with_call, continue_final_message=True)
+    with pytest.raises(ChatRequestError, match="2 or more assistant messages"):
+        _prompt("Qwen-Qwen2.5-7B-Instruct", [*PREFILL, {"role": "assistant", "content": "x"}])
+    with pytest.raises(ChatRequestError, match="last message"):
+        _prompt("Qwen-Qwen2.5-7B-Instruct", USER, continue_final_message=True)

@@ -184,7 +184,7 @@ def test_llama_cpp_fields(live):
 
 # fields llama-server acts on and llamapy does not: a 400 naming each, unless its value changes nothing
 REFUSED = [
-    ("/v1/chat/completions", "continue_final_message", True), ("/completion", "chat_format", 1),
+    ("/completion", "chat_format", 1),
     ("/completion", "chat_parser", "x"), ("/completion", "generation_prompt", "<think>"),
     ("/completion", "parse_tool_calls", True), ("/v1/chat/completions", "reasoning_budget_message", "stop"),
     ("/v1/chat/completions", "reasoning_budget_end_tags", ["</think>"]),
@@ -391,3 +391,24 @@ def test_line_stops_of_code_completion_clients(live):
     assert timed["content"] == full[: full.index("\n") + 1] and timed["stop_type"] == "limit"
     for bad in ({"n_indent": -1}, {"t_max_predict_ms": "soon"}):
         assert post(live, "/completion", body | bad).status_code == 400
+
+
+def test_last_assistant_message_is_prefilled(live):
+    """llama-server continues a last assistant message (prefill_assistant, also Anthropic's prefill);
+    continue_final_message false closes it instead."""
+    msgs = [*MSGS, {"role": "assistant", "content": "Sure:"}]
+    r = post(live, "/apply-template", {"messages": msgs})
+    assert r.json()["prompt"] == "<user>tell me things\n<assistant>Sure:"
+    r = post(live, "/apply-template", {"messages": msgs, "continue_final_message": False})
+    assert r.json()["prompt"] == "<user>tell me things\n<assistant>Sure:\n<assistant>"
+    r = post(live, "/v1/chat/completions", {"messages": msgs, "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant"
+    two = [*msgs, {"role": "assistant", "content": "more"}]
+    r = post(live, "/v1/chat/completions", {"messages": two, "max_tokens": 3})
+    assert r.status_code == 400 and "2 or more assistant messages" in r.json()["error"]["message"]
+    r = post(
+        live, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 3, "continue_final_message": True}
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
+    r = post(live, "/v1/messages", {"model": "m", "max_tokens": 3, "messages": msgs})
+    assert r.status_code == 200, r.text
