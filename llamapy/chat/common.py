@@ -65,6 +65,14 @@ class ToolGrammar:
     triggers: tuple[tuple[str, str], ...] = ()
     preserved_tokens: tuple[str, ...] = ()
 
+    def with_prefix(self, prefix: str, rules: Sequence[str]) -> ToolGrammar:
+        """This grammar with ``prefix`` (Lark elements) before its start and ``rules`` added: what a
+        ``required`` grammar may write before the calls (a reasoning block, a response)."""
+        lark = self.lark.replace("start: ", f"start: {prefix} ", 1)
+        return ToolGrammar(
+            "\n".join([lark.rstrip("\n"), *rules]) + "\n", self.triggers, self.preserved_tokens
+        )
+
 
 @dataclass
 class ChatSyntax:

@@ -100,7 +100,4 @@ class KimiK3Format(SyntaxFormat, ChatFormat):
         if not req.thinking_forced_open:
             think = f"({g.text(THINK.start)} {think})?"
         prefix = f"{think} {WS} ({g.text(WRAPPERS[1])} {resp} {WS})?"
-        lark = out.lark.replace("start: ", f"start: {prefix} ", 1)
-        return ToolGrammar(
-            "\n".join([lark.rstrip("\n"), *g.rules]) + "\n", out.triggers, out.preserved_tokens
-        )
+        return out.with_prefix(prefix, g.rules)

@@ -66,7 +66,4 @@ class SolarOpenFormat(SyntaxFormat, ChatFormat):
         prefix = (
             f"({g.text(THINK.start)} {g.until('think_text', THINK.end)} {g.text(BEGIN + 'assistant')} {WS})?"
         )
-        lark = out.lark.replace("start: ", f"start: {prefix} ", 1)
-        return ToolGrammar(
-            "\n".join([lark.rstrip("\n"), *g.rules]) + "\n", out.triggers, out.preserved_tokens
-        )
+        return out.with_prefix(prefix, g.rules)

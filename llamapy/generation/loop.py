@@ -110,7 +110,10 @@ class Generation:
         self.logits_processor = logits_processor
         self.stopping_criteria = stopping_criteria
         self.stops = StopStrings(p.stop)
-        self.lines = LineLimits(p.n_indent, p.t_max_predict_ms)
+        # (None: both limits off, nothing to do per token)
+        self.lines = (
+            LineLimits(p.n_indent, p.t_max_predict_ms) if p.n_indent > 0 or p.t_max_predict_ms > 0 else None
+        )
         self.detok = IncrementalDetokenizer(vocab, special=p.special, preserved=p.preserved_tokens)
         self._eog = eog_ids(vocab) if p.ignore_eos else None
         self.n_generated = 0
@@ -146,7 +149,8 @@ class Generation:
             z[self._eog] = -np.inf
         if self.logits_processor is not None:
             z = self.logits_processor(self._tokens(), np.array(z, dtype=np.float32, copy=True))
-        self.lines.start()
+        if self.lines is not None:
+            self.lines.start()
         token = int(self.sampler.sample(z))
         if self.stopping_criteria is not None and self.stopping_criteria(self._tokens(), z):
             return self.finish("stop", "word")
@@ -161,9 +165,10 @@ class Generation:
         text = self.stops.feed(self.detok.add(token))
         if self.stops.stopped:
             return self.finish("stop", "word", text, token, raw, lp)
-        text, cut = self.lines.feed(text)
-        if cut:
-            return self.finish("length", "limit", text, token, raw, lp, held=False)
+        if self.lines is not None:
+            text, cut = self.lines.feed(text)
+            if cut:
+                return self.finish("length", "limit", text, token, raw, lp, held=False)
         if self.grammar is not None and self.grammar.is_finished():
             return self.finish("stop", "eos", text, token, raw, lp)
         return Step(token, text, None, raw, logprob=lp, deltas=self._parse(text))
@@ -191,9 +196,10 @@ class Generation:
                 reason, stop_type = "stop", "word"
             else:
                 rest += self.stops.flush()
-            rest, cut = self.lines.feed(rest)
-            if cut:
-                reason, stop_type = "length", "limit"
+            if self.lines is not None:
+                rest, cut = self.lines.feed(rest)
+                if cut:
+                    reason, stop_type = "length", "limit"
             text += rest
         deltas = self._parse(text)
         message = None
