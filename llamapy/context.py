@@ -12,6 +12,7 @@ cells, recurrent-state rows, the K-shift); a decode gathers their ``set_input(ub
 
 from __future__ import annotations
 
+import copy
 import os
 import struct
 import time
@@ -46,11 +47,21 @@ from .memory.fit import fit_n_ctx
 from .model.blocks import GraphBuilder, Inputs
 from .model.hparams import PoolingType
 from .model.model import Model
+from .rope_params import ContextParamError, rope_hparams
 
 if TYPE_CHECKING:
     from .model.lora import LoraAdapter
 
-__all__ = ["BatchError", "Context", "ContextFullError", "ContextParams", "EvalCallback", "StateError"]
+__all__ = [
+    "BatchError",
+    "Context",
+    "ContextFullError",
+    "ContextParamError",
+    "ContextParams",
+    "EvalCallback",
+    "StateError",
+    "rope_hparams",
+]
 
 # llama.cpp's cb_eval (ggml_backend_sched_eval_callback) with the value in place of user_data: called
 # as cb(node, True, None) once per graph for every named node (return True to watch it), then as
@@ -101,6 +112,15 @@ class ContextParams:
     repack: bool = True  # weights in the backend's kernel layouts (False: the file's rows; --no-repack)
     cb_eval: EvalCallback | None = None  # reads named intermediates (``attn_norm-3``, ``l_out-3``...)
     extra: dict[str, Any] = field(default_factory=dict)
+    # RoPE scaling (llama_context_params; the unset values mean the model's, see ``rope_hparams``)
+    rope_scaling_type: int | str | None = None  # none, linear, yarn, longrope (0..3); None or -1: the model's
+    rope_freq_base: float = 0.0  # 0: the model's
+    rope_freq_scale: float = 0.0  # 1 / the context extension factor; 0: the model's
+    yarn_ext_factor: float = -1.0  # negative: 1 for yarn, else 0
+    yarn_attn_factor: float = -1.0  # negative: 1; YaRN's own magnitude while extrapolating
+    yarn_beta_fast: float = -1.0  # negative: the model's
+    yarn_beta_slow: float = -1.0  # negative: the model's
+    yarn_orig_ctx: int = 0  # 0: the model's original context (else its training context)
 
 
 @dataclass
@@ -132,6 +152,13 @@ class Context:
         self.model = model
         self.params = p
         hp = model.hparams
+        # the architecture this context computes with: the model's, or a copy over the hparams of the
+        # context's RoPE parameters (--rope-scaling, --rope-scale, --yarn-*: rope_hparams)
+        rope_hp = rope_hparams(hp, p)
+        self.impl = model.impl
+        if rope_hp is not None:
+            self.impl = copy.copy(model.impl)
+            self.impl.hp = rope_hp
         for name in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max"):
             v = getattr(p, name)
             if not isinstance(v, (int, np.integer)) or v < 0 or (v == 0 and name != "n_ctx"):
@@ -348,8 +375,8 @@ class Context:
             )
             inp.pool_mean, inp.pool_rows = pool.mean, pool.rows
             gis.append(pool)
-        g = GraphBuilder(self.model.impl, inp)
-        res = self.model.impl.build(g)
+        g = GraphBuilder(self.impl, inp)
+        res = self.impl.build(g)
         if self.embeddings:  # pooling and heads: llama.cpp's build_pooling + build_dense_out
             res = g.build_pooling(res, self.pooling_type if n_seqs else PoolingType.NONE)
         embd = res.embd if self.embeddings else None
@@ -378,7 +405,7 @@ class Context:
     def _apply_shift(self) -> None:
         """Re-rotate cached K of cells whose position moved (seq_add / seq_div): the memory's K-shift
         graph, with each layer's rope as the forward graph has it."""
-        impl, n_ctx = self.model.impl, self.n_ctx_seq
+        impl, n_ctx = self.impl, self.n_ctx_seq
         self.memory.apply_shift(self.sched, lambda il: impl.layer_rope(il, n_ctx))
 
     # -- LoRA adapters (llama_set_adapter_lora & co.) -------------------------------------------------

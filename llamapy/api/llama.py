@@ -51,7 +51,15 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         n_seq_max: int | None = None,
+        rope_scaling_type: int | str | None = None,
         pooling_type: int | str | None = None,
+        rope_freq_base: float = 0.0,
+        rope_freq_scale: float = 0.0,
+        yarn_ext_factor: float = -1.0,
+        yarn_attn_factor: float = -1.0,
+        yarn_beta_fast: float = -1.0,
+        yarn_beta_slow: float = -1.0,
+        yarn_orig_ctx: int = 0,
         logits_all: bool = False,
         embedding: bool = False,
         offload_kqv: bool = True,
@@ -81,10 +89,27 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         if chat_handler is not None and getattr(chat_handler, "clip_model_path", None):
             mmproj = mmproj or chat_handler.clip_model_path  # llama-cpp-python's multimodal handlers
             chat_handler = None
-        for name, value in (("chat_handler", chat_handler), ("tokenizer", tokenizer),
-                            ("kv_overrides", kv_overrides)):  # fmt: skip
+        for name, value in (("chat_handler", chat_handler), ("tokenizer", tokenizer)):
             if value:
                 raise UnsupportedError(f"Llama({name}=...) is not supported by llamapy")
+        # llama_context_params' RoPE scaling (0 / -1 / None: the model's), checked before loading anything
+        rope: dict[str, Any] = dict(
+            rope_scaling_type=rope_scaling_type, rope_freq_base=rope_freq_base, rope_freq_scale=rope_freq_scale,
+            yarn_ext_factor=yarn_ext_factor, yarn_attn_factor=yarn_attn_factor, yarn_beta_fast=yarn_beta_fast,
+            yarn_beta_slow=yarn_beta_slow, yarn_orig_ctx=yarn_orig_ctx,
+        )  # fmt: skip
+        if not vocab_only:  # (a vocabulary needs no context: its module is not imported)
+            from ..context import ContextParams
+            from ..rope_params import check_rope_params
+
+            check_rope_params(ContextParams(**rope))
+        overrides = None
+        if kv_overrides:  # metadata replaced before the model reads it (llama.cpp's --override-kv)
+            from ..gguf.overrides import kv_overrides as parse_overrides
+
+            overrides = parse_overrides(kv_overrides)
+            if pipeline_stages:
+                raise UnsupportedError("Llama(kv_overrides=...) does not reach the stages of pipeline_stages")
         spec_type = None  # llama.cpp's --spec-type name: made once the model is loaded
         if isinstance(draft_model, str) and draft_model.strip().lower() in SPEC_TYPES:
             spec_type, draft_model = draft_model, None
@@ -107,7 +132,13 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
 
         self.model_path = str(model_path)
         self.verbose = verbose
-        model = Model.load(self.model_path, use_mmap=use_mmap, use_mlock=use_mlock, vocab_only=vocab_only)
+        model = Model.load(
+            self.model_path,
+            use_mmap=use_mmap,
+            use_mlock=use_mlock,
+            vocab_only=vocab_only,
+            kv_overrides=overrides,
+        )
         if hasattr(draft_model, "model") and hasattr(draft_model, "ctx"):  # a LlamaModelDraft
             from ..generation.draft_model import check_compatible
 
@@ -124,10 +155,11 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
             )
         ctx = None
         if not vocab_only:
-            from ..context import Context, ContextParams
+            from ..context import Context
 
             n_ctx = int(n_ctx) if n_ctx else 0
             cp: dict[str, Any] = dict(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads)
+            cp.update(rope)
             cp.update(embeddings=embedding, pooling_type=pooling_type)
             cp.update(n_gpu_layers=int(n_gpu_layers), main_gpu=int(main_gpu), offload_kqv=bool(offload_kqv))
             cp["repack"] = bool(repack)  # False: llama.cpp's --no-repack (Context.repack)

@@ -8,6 +8,7 @@ loaded. Heavy modules are imported only inside the helpers that load a model.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -172,7 +173,122 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--keep", type=int_, default=0, metavar="N", help="tokens of the prompt kept on a shift (-1 = all)"
     )
     g.add_argument("-v", "--verbose", "--log-verbose", action="store_true", help="more logs on stderr")
+    add_rope_args(p)
     add_hf_args(p)
+
+
+class _LastScale(argparse.Action):
+    """``--rope-scale`` and ``--rope-freq-scale`` both set llama.cpp's ``rope_freq_scale``: the value is kept
+    as given (checked by :func:`rope_kwargs`) and the later flag of the two wins."""
+
+    def __call__(
+        self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.rope_scale_last = self.dest
+
+
+def add_rope_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's context-extension flags (RoPE scaling, ``common/arg.cpp``) and ``--override-kv``. Their
+    values are checked when the command runs (:func:`rope_kwargs`): a bad one is ``error: ...``, exit 1."""
+    g = p.add_argument_group("context extension (RoPE scaling) and metadata overrides, as llama.cpp")
+    g.add_argument("--rope-scaling", metavar="{none,linear,yarn}", default=None,
+                   help="RoPE frequency scaling method (default: the model's; linear when it names none)")  # fmt: skip
+    g.add_argument("--rope-scale", action=_LastScale, default=None, metavar="N",
+                   help="RoPE context scaling factor: expands the context N times (--rope-freq-scale 1/N)")  # fmt: skip
+    g.add_argument(
+        "--rope-freq-base", default=None, metavar="N", help="RoPE base frequency (default: the model's)"
+    )
+    g.add_argument("--rope-freq-scale", action=_LastScale, default=None, metavar="N",
+                   help="RoPE frequency scaling factor: expands the context 1/N times (default: the model's)")  # fmt: skip
+    g.add_argument("--yarn-orig-ctx", default=None, metavar="N",
+                   help="YaRN: the model's original context (default: the model's, else its training context)")  # fmt: skip
+    g.add_argument("--yarn-ext-factor", default=None, metavar="N",
+                   help="YaRN: extrapolation mix factor (default: 1 with yarn, else 0; 0.0 = full interpolation)")  # fmt: skip
+    g.add_argument("--yarn-attn-factor", default=None, metavar="N",
+                   help="YaRN: attention magnitude (default: the model's; YaRN's own while extrapolating)")  # fmt: skip
+    g.add_argument("--yarn-beta-slow", default=None, metavar="N",
+                   help="YaRN: high correction dim or alpha (default: the model's, 1)")  # fmt: skip
+    g.add_argument("--yarn-beta-fast", default=None, metavar="N",
+                   help="YaRN: low correction dim or beta (default: the model's, 32)")  # fmt: skip
+    g.add_argument("--override-kv", action="append", default=[], metavar="KEY=TYPE:VALUE,...",
+                   help="override model metadata (TYPE int, float, bool, str; comma-separated, repeatable), e.g. "
+                   "tokenizer.ggml.add_bos_token=bool:false")  # fmt: skip
+
+
+def _flag_number(flag: str, v: Any, integer: bool = False) -> Any:
+    from ..context import ContextParamError
+
+    try:
+        x = int(str(v).strip()) if integer else float(str(v).strip())
+    except ValueError:
+        raise ContextParamError(f"{flag} {v!r}: not {'an integer' if integer else 'a number'}") from None
+    if not integer and not math.isfinite(x):
+        raise ContextParamError(f"{flag} {v!r}: not a finite number")
+    return x
+
+
+def rope_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The RoPE flags given as :class:`llamapy.api.Llama` / :class:`llamapy.context.ContextParams`
+    arguments (``--rope-scale N`` is ``rope_freq_scale = 1/N``); a bad value is a
+    :class:`~llamapy.context.ContextParamError` naming the flag."""
+    from ..context import ContextParamError
+
+    kw: dict[str, Any] = {}
+    st = getattr(args, "rope_scaling", None)
+    if st is not None:
+        name = str(st).strip().lower()
+        if name not in ("none", "linear", "yarn"):
+            raise ContextParamError(f"--rope-scaling {st!r}: expected none, linear or yarn")
+        kw["rope_scaling_type"] = name
+    order = ["rope_scale", "rope_freq_scale"]  # the later of the two given wins
+    if getattr(args, "rope_scale_last", None) == "rope_scale":
+        order.reverse()
+    for dest in order:
+        v = getattr(args, dest, None)
+        if v is None:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        x = _flag_number(flag, v)
+        if dest == "rope_scale":
+            if x <= 0:
+                raise ContextParamError(f"{flag} {v!r}: the factor must be above 0")
+            kw["rope_freq_scale"] = 1.0 / x
+        else:
+            if x < 0:
+                raise ContextParamError(f"{flag} {v!r}: must be above 0 (0: the model's)")
+            kw["rope_freq_scale"] = x
+    v = getattr(args, "rope_freq_base", None)
+    if v is not None:
+        x = _flag_number("--rope-freq-base", v)
+        if x < 0:
+            raise ContextParamError(f"--rope-freq-base {v!r}: must be above 0 (0: the model's)")
+        kw["rope_freq_base"] = x
+    v = getattr(args, "yarn_orig_ctx", None)
+    if v is not None:
+        n = _flag_number("--yarn-orig-ctx", v, integer=True)
+        if n < 0:
+            raise ContextParamError(f"--yarn-orig-ctx {v!r}: must be 0 (the model's) or more")
+        kw["yarn_orig_ctx"] = n
+    for dest in ("yarn_ext_factor", "yarn_attn_factor", "yarn_beta_slow", "yarn_beta_fast"):
+        v = getattr(args, dest, None)
+        if v is not None:  # (negative: the model's, as llama.cpp's defaults of -1)
+            kw[dest] = _flag_number("--" + dest.replace("_", "-"), v)
+    return kw
+
+
+def kv_overrides_arg(args: argparse.Namespace) -> list[Any]:
+    """``--override-kv`` values as :class:`llamapy.gguf.overrides.KVOverride` items (a malformed one is a
+    :class:`~llamapy.gguf.overrides.KVOverrideError` naming the flag)."""
+    from ..gguf.overrides import KVOverrideError, parse_kv_overrides
+
+    out: list[Any] = []
+    for v in getattr(args, "override_kv", None) or []:
+        try:
+            out += parse_kv_overrides(v)
+        except KVOverrideError as e:
+            raise KVOverrideError(f"--override-kv: {e}") from None
+    return out
 
 
 def add_hf_args(p: argparse.ArgumentParser) -> None:
@@ -439,6 +555,10 @@ def llama_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     )
     if getattr(args, "mmproj", None):
         kw["mmproj"] = args.mmproj
+    kw.update(rope_kwargs(args))  # --rope-scaling, --rope-scale, --yarn-*...
+    overrides = kv_overrides_arg(args)
+    if overrides:
+        kw["kv_overrides"] = overrides
     return kw
 
 
@@ -450,9 +570,9 @@ def load_llama(args: argparse.Namespace) -> Any:
     """Resolve ``-m`` (path, known name, or the default model) and load it as a ``Llama``."""
     from ..api import Llama
 
+    kw = llama_kwargs(args)  # (a bad flag value fails before anything is fetched or loaded)
     path = resolve_model_args(args)
     t0 = time.perf_counter()
-    kw = llama_kwargs(args)
     kw["verbose"] = False  # the one-line summary below instead
     llm = Llama(str(path), **kw)
     m = llm.model

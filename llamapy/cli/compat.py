@@ -1,7 +1,8 @@
 """llama.cpp flags that ``llamapy`` accepts so that a copied llama.cpp command line runs, although they
 change nothing here: CPU affinity and priorities, device placement (one device), logging and display
-options. None of them changes the generated text: a flag that would (``--rope-*``, ``--override-kv``,
-``--control-vector``...) stays an error.
+options. None of them changes the generated text: a flag that would and that llamapy does not implement
+(``--control-vector``, ``-gan``...) stays an error (the RoPE scaling flags and ``--override-kv`` are real
+options: ``llamapy.cli.common.add_rope_args``).
 
 The flags are grouped (:data:`GROUPS`); a command adds the groups of the llama.cpp tool it stands for with
 :func:`add_compat_args`, which skips any spelling the command already gives a meaning to. A flag that

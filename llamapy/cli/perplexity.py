@@ -171,6 +171,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--kl-divergence-base", metavar="FILE", help="save (or with --kl-divergence, read) log-probs here"
     )
     p.add_argument("--kl-divergence", action="store_true", help="compare against --kl-divergence-base")
+    from .common import add_rope_args
+
+    add_rope_args(p)  # --rope-scaling, --rope-scale, --yarn-*, --override-kv (llama.cpp's common flags)
     from .compat import add_compat_args
 
     add_compat_args(p, "cpu", "device", "log")
@@ -205,9 +208,10 @@ def run(args: argparse.Namespace) -> int:
         raise LlamapyError(f"-c {args.ctx_size}: the context must be at least 8 tokens")
     if args.kl_divergence and not args.kl_divergence_base:
         raise LlamapyError("--kl-divergence needs --kl-divergence-base FILE")
-    from .common import hf_model_or
+    from .common import hf_model_or, kv_overrides_arg, rope_kwargs
 
-    model = Model.load(str(hf_model_or(args, _resolve_model)))
+    rope, overrides = rope_kwargs(args), kv_overrides_arg(args)
+    model = Model.load(str(hf_model_or(args, _resolve_model)), kv_overrides=overrides)
     if model.vocab is None:
         raise LlamapyError(f"{args.model}: the model has no vocabulary to tokenize the text")
     with open(args.file, encoding="utf-8", errors="replace") as f:
@@ -240,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = perplexity(
             model, tokens, args.ctx_size, args.batch_size, args.threads, args.chunks, out, inp, progress,
-            type_k=args.cache_type_k, type_v=args.cache_type_v,
+            type_k=args.cache_type_k, type_v=args.cache_type_v, **rope,
         )  # fmt: skip
     finally:
         for f in (out, inp):

@@ -193,8 +193,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="unload a model idle this long (30s, 5m, 1h; 0: after each answer; -1: never, the default)")  # fmt: skip
     r.add_argument("--no-models-autoload", action="store_true",
                    help="do not load a model on its first request (POST /models/load does)")  # fmt: skip
-    from .common import add_hf_args
+    from .common import add_hf_args, add_rope_args
 
+    add_rope_args(p)  # --rope-scaling, --rope-scale, --yarn-*, --override-kv
     add_hf_args(p)  # -hf user/repo[:quant], -hff, --hf-token, --offline, --no-mmproj
     from .compat import add_compat_args
 
@@ -272,6 +273,8 @@ def run(args: argparse.Namespace) -> int:
         bad = "router mode" if router_mode else ""
         if args.embeddings or args.reranking:
             bad = "--embedding/--reranking"
+        if args.override_kv:  # (each stage loads the file itself)
+            bad = "--override-kv"
         if bad:
             print(f"error: --pipeline does not work with {bad}", file=sys.stderr)
             return 1
@@ -394,8 +397,10 @@ def backend_factory(args: argparse.Namespace, model_path: Any, mmproj: str | Non
     """A function building the backend ``args`` ask for (on the loading thread); ``model_path`` a path or a
     function giving it at load time (router mode resolves Hub refs then)."""
     from ..server.backend import ContextBackend
+    from .common import kv_overrides_arg, rope_kwargs
 
     template = chat_template(args)
+    rope, overrides = rope_kwargs(args), kv_overrides_arg(args)  # bad values: a startup error
     mmproj = mmproj or args.mmproj
     if getattr(args, "spec_type", None) and not callable(model_path):  # fail at start-up, not at load
         from ..generation.spec_server import check_spec_model
@@ -421,6 +426,8 @@ def backend_factory(args: argparse.Namespace, model_path: Any, mmproj: str | Non
             pooling=args.pooling,
             loras=_loras(args),
             draft=_draft(args),
+            rope=rope,
+            kv_overrides=overrides or None,
             **_pipeline(args),
         )
         if mmproj:  # the vision encoder + projector next to the text model (llama-server --mmproj)

@@ -184,7 +184,7 @@ class HParams:
     rope_freq_scale: float = 1.0
     rope_freq_base_swa: float = 10000.0
     rope_freq_scale_swa: float = 1.0
-    rope_scaling_type: str = "none"  # none | linear | yarn | longrope | llama3
+    rope_scaling_type: str = "linear"  # the file's (no key: linear): none | linear | yarn | longrope | llama3
     n_ctx_orig_yarn: int = 0
     rope_attn_factor: float = 1.0
     yarn_ext_factor: float = -1.0
@@ -369,7 +369,9 @@ def read_common(md: MetaReader, n_vocab_fallback: int) -> HParams:
     hp.rope_freq_base_swa = md.f32("rope.freq_base_swa", hp.rope_freq_base)
     scaling = md.string("rope.scaling.type", "none") or "none"
     factor = md.f32("rope.scaling.factor", 0.0) or md.f32("rope.scale_linear", 0.0) or 0.0
-    hp.rope_scaling_type = scaling
+    # llama.cpp's rope_scaling_type_train: "linear" where the file names no type, so that a context's
+    # --rope-scale N scales linearly (llamapy.context.rope_hparams); the file's own scale is read as before
+    hp.rope_scaling_type = md.string("rope.scaling.type") or "linear"
     if scaling not in ("none", "linear", "yarn", "longrope", "llama3"):
         raise md._err(f"metadata key {md._key('rope.scaling.type')!r} = {scaling!r} is not supported")
     hp.rope_freq_scale = 1.0 / factor if factor and scaling in ("linear", "yarn") else 1.0

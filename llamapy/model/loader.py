@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..ggml.types import TRAITS, GGMLType
 from ..gguf import GGUFError, GGUFReader, TensorInfo
+from ..gguf.overrides import KVOverride, apply_kv_overrides
 from .hparams import MetaReader, ModelLoadError
 
 ProgressCallback = Callable[[float], Any]
@@ -56,7 +57,15 @@ def _mlock(arr: np.ndarray) -> bool:
 class ModelLoader:
     """Opens a model file (or the first of its splits) and hands out checked tensors."""
 
-    def __init__(self, path: str | os.PathLike, use_mmap: bool = True, use_mlock: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        use_mmap: bool = True,
+        use_mlock: bool = False,
+        kv_overrides: Sequence[KVOverride] = (),
+    ) -> None:
+        """``kv_overrides`` (llama.cpp's ``--override-kv``) replace or add metadata values before
+        anything reads them (:mod:`llamapy.gguf.overrides`)."""
         self.path = os.fspath(path)
         self.use_mmap = use_mmap
         self.use_mlock = use_mlock
@@ -67,6 +76,12 @@ class ModelLoader:
         except GGUFError as e:
             raise ModelLoadError(f"cannot load model: {e}") from e
         self.metadata: dict[str, Any] = dict(self.files.metadata)
+        if kv_overrides:
+            try:
+                apply_kv_overrides(self.metadata, kv_overrides, where=self.path)
+            except Exception:
+                self.files.close()
+                raise
         self.tensor_index: dict[str, TensorInfo] = dict(self.files.tensor_index)
         arch = self.metadata.get("general.architecture")
         if not isinstance(arch, str) or not arch:

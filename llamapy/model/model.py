@@ -46,12 +46,21 @@ class Model:
         use_mlock: bool = False,
         progress_callback: ProgressCallback | None = None,
         vocab_only: bool = False,
+        kv_overrides: Any = None,
     ) -> Model:
+        """``kv_overrides``: metadata values replaced before the hparams and the vocabulary are read
+        (llama.cpp's ``--override-kv``): llama-cpp-python's dict, or :class:`llamapy.gguf.overrides.KVOverride`
+        items or ``KEY=TYPE:VALUE`` strings."""
         from .arch import Architecture, get_architecture, is_known_architecture
         from .blocks import TensorLoader
 
         t0 = time.perf_counter()
-        loader = ModelLoader(path, use_mmap=use_mmap, use_mlock=use_mlock)
+        overrides = None
+        if kv_overrides:
+            from ..gguf.overrides import kv_overrides as parse_overrides
+
+            overrides = parse_overrides(kv_overrides)
+        loader = ModelLoader(path, use_mmap=use_mmap, use_mlock=use_mlock, kv_overrides=overrides or ())
         if vocab_only and not is_known_architecture(loader.arch):
             arch_cls = Architecture  # the vocabulary needs no architecture: only the common hparams
         else:

@@ -23,6 +23,7 @@ from ..ggml.quants import QuantError, dequantize, quantize
 from ..ggml.quants._rowq import F16_TABLE, f16_kernel, f16_kernel_cvt
 from ..ggml.types import TRAITS, GGMLType
 from ..gguf.constants import GGUFValueType
+from ..gguf.overrides import KVOverrideError, parse_kv_override
 from ..gguf.reader import GGUFError, GGUFReader, TensorInfo
 from ..gguf.split import SPLIT_KEYS, GGUFModelFiles, open_model, split_path
 from ..gguf.writer import GGUFWriter
@@ -113,30 +114,20 @@ def _model_info(files: GGUFModelFiles) -> ModelInfo:
 
 
 def parse_override_kv(spec: str) -> tuple[str, GGUFValueType, Any]:
-    """``KEY=TYPE:VALUE`` (TYPE int, float, bool or str) as llama.cpp's ``--override-kv``; ints are
-    written as UINT32 of the absolute value, as llama-quantize does."""
-    m = re.fullmatch(r"([^=]+)=(int|float|bool|str):(.*)", spec, re.S)
-    if m is None:
-        raise QuantizeError(
-            f"malformed KV override {spec!r}: expected KEY=TYPE:VALUE (TYPE int, float, bool, str)"
-        )
-    key, ty, val = m.groups()
-    if len(key) >= 128:
-        raise QuantizeError(f"KV override key too long: {key!r}")
+    """``KEY=TYPE:VALUE`` (TYPE int, float, bool or str) as llama.cpp's ``--override-kv``
+    (:func:`llamapy.gguf.overrides.parse_kv_override`); ints are written as UINT32 of the absolute value,
+    as llama-quantize does."""
     try:
-        if ty == "int":
-            return key, GGUFValueType.UINT32, abs(int(val)) & 0xFFFFFFFF
-        if ty == "float":
-            return key, GGUFValueType.FLOAT32, float(val)
-    except ValueError:
-        raise QuantizeError(f"KV override {spec!r}: {val!r} is not a {ty}") from None
-    if ty == "bool":
-        if val not in ("true", "false"):
-            raise QuantizeError(f"KV override {spec!r}: a bool is true or false")
-        return key, GGUFValueType.BOOL, val == "true"
-    if len(val) > 127:
-        raise QuantizeError(f"KV override {spec!r}: string values are at most 127 bytes")
-    return key, GGUFValueType.STRING, val
+        o = parse_kv_override(spec)
+    except KVOverrideError as e:
+        raise QuantizeError(str(e)) from None
+    if o.type == "int":
+        return o.key, GGUFValueType.UINT32, abs(int(o.value)) & 0xFFFFFFFF
+    if o.type == "float":
+        return o.key, GGUFValueType.FLOAT32, float(o.value)
+    if o.type == "bool":
+        return o.key, GGUFValueType.BOOL, bool(o.value)
+    return o.key, GGUFValueType.STRING, o.value
 
 
 def _imatrix_weights(

@@ -104,14 +104,19 @@ class ContextBackend:
         loras: Sequence[tuple[str, float]] = (),
         draft: dict[str, Any] | None = None,
         pipeline: dict[str, Any] | None = None,
+        rope: dict[str, Any] | None = None,
+        kv_overrides: Any = None,
     ) -> None:
+        """``rope``: :class:`llamapy.context.ContextParams`' RoPE fields (``rope_scaling_type``,
+        ``rope_freq_scale``, ``yarn_orig_ctx``...); ``kv_overrides``: metadata overrides (``Model.load``)."""
         from ..context import Context, ContextParams
         from ..model import Model
         from ..vocab.chat_template import template_for_model
 
         self.model_path = str(model_path)
-        self.model = Model.load(self.model_path)
+        self.model = Model.load(self.model_path, kv_overrides=kv_overrides)
         params = ContextParams(
+            **(rope or {}),
             n_ctx=n_ctx,
             n_batch=n_batch,
             n_ubatch=min(n_ubatch, n_batch),

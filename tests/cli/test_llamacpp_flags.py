@@ -82,7 +82,7 @@ def test_device_none_keeps_every_layer_on_the_cpu():
 
 
 def test_flags_that_change_results_stay_errors():
-    for flags in (["--rope-freq-base", "1e6"], ["--override-kv", "a=int:1"], ["-dev", "vulkan0"], ["-cnv"]):
+    for flags in (["--control-vector", "cv.gguf"], ["-gan", "4"], ["-dev", "vulkan0"], ["-cnv"]):
         r = llamapy_cmd("run", "-p", "x", *flags)
         assert r.returncode == 2 and "error:" in r.stderr, flags
 
