@@ -129,6 +129,9 @@ class CPUBackend(Backend):
         self._ssm_fused: dict[int, Any] = {}
         self._moe_skip: set[int] = set()
         self._moe_fused: dict[int, Any] = {}
+        self._mv_groups: dict[int, Any] = {}  # first node -> its group (``matvec_groups.Group``)
+        self._mv_steps: dict[int, Step] = {}  # the later members' steps, built with the first's
+        self._mv_absorbed: set[int] = set()  # bias adds a group's steps compute
         self._thread_fns: tuple[Callable[[], int], Callable[[int], None]] | None = None
         self._thread_key: tuple[int | None, int] | None = None  # (n_threads, cap) the last split set
         self._thread_val = 0  # the count that left in force
@@ -152,6 +155,9 @@ class CPUBackend(Backend):
         self._fused_norms: set[int] = set()  # rms_norm nodes computed by their consumer mul
         self._fused_muls: set[int] = set()
         self._fused_adds = {}  # residual add -> the fused norm's mul that computes it (plan_steps)
+        self._mv_groups = {}
+        self._mv_steps = {}
+        self._mv_absorbed = set()
         self._add_steps = {}  # id(mul) -> its fused add + norm step, built when the add compiled
         self._state_writes = ssm_steps.state_writes(graph, nodes)  # recurrent states written in place
         self._state_cpys: set[int] = set()  # their cpy nodes (no step: the op wrote the buffer)
@@ -188,6 +194,11 @@ class CPUBackend(Backend):
                 extra[id(n)] = [nrm.src[0]]
         taken = self._ssm_skip | set(self._ssm_fused) | self._moe_skip | set(self._moe_fused)
         self._fused_adds = _residual_adds(graph, self._fused_muls, mine - taken, extra)
+        if self.repack:  # mat-vecs of shared activations: one call (``matvec_groups``)
+            from . import matvec_groups
+
+            taken |= set(self._fused_adds) | self._fused_muls | self._fused_norms
+            self._mv_groups = {id(g.nodes[0]): g for g in matvec_groups.find(graph, nodes, taken)}
         return extra
 
     def end_graph(self) -> None:
@@ -233,6 +244,19 @@ class CPUBackend(Backend):
             if fused is not None:
                 return fused
             return _rms_norm(self, node.src[0], arrays, out_node=node, weight=arrays[id(node.src[1])])
+        group = self._mv_groups.get(id(node))
+        if group is not None:
+            from . import matvec_groups
+
+            got = matvec_groups.steps(self, group, arrays)
+            if got is not None:
+                self._mv_steps.update(got[0])
+                self._mv_absorbed |= got[1]
+        mv = self._mv_steps.pop(id(node), None)
+        if mv is not None:
+            return mv
+        if id(node) in self._mv_absorbed:  # a bias add that its group's step computed
+            return None
         fn = _COMPILERS.get(node.op)
         step = fn(self, node, arrays) if fn is not None else None
         return step if step is not None else self._ref.compile(node, arrays)

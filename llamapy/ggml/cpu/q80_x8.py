@@ -132,10 +132,12 @@ def mul_mat_step(
     out2: np.ndarray,
     pre: Callable[[], None] | None,
     any_memory: bool = False,
+    R: np.ndarray | None = None,
 ) -> Callable[[], None] | None:
     """The ``mul_mat`` step for the weight ``a`` (bytes ``A``) on the repacked layout, or None where it
     is not repacked (not Q8_0, rows not a multiple of 8, not a mapped file unless ``any_memory``)."""
-    R = _repacked(a, A, any_memory)
+    if R is None:  # (given: a block of several weights' rows, ``matvec_groups``)
+        R = _repacked(a, A, any_memory)
     if R is None:
         return None
     from .q80_x8_kernels import mm_q8_0_x8, mm_q8_0_x8r4, unpack_x8_rows

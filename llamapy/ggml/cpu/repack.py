@@ -19,7 +19,7 @@ import importlib
 import mmap
 import threading
 import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -30,7 +30,7 @@ from .prefetch_tune import Choice, distance_of, streams_of
 
 __all__ = [
     "CHUNK_BYTES", "LAYOUTS", "anonymous", "copy_rows", "mapped_source", "mul_mat_step", "release_pages", "repacked",
-    "X8Weight", "x8_step",
+    "X8Weight", "layout_of", "together", "x8_step",
 ]  # fmt: skip
 
 #: the repacked 2-D types and the module of each layout (its ``mul_mat_step``)
@@ -154,6 +154,83 @@ def anonymous(nbytes: int) -> np.ndarray:
     return np.frombuffer(m, np.uint8, count=nbytes)
 
 
+class _Block:
+    """The one allocation that the repacked copies of a group of weights share (``together``): the row
+    groups of each member in order; the block is made when the first member's bytes per row group are
+    known (the members have one type and one width, so one size of row group)."""
+
+    def __init__(self, groups: list[int]) -> None:
+        self.groups = groups
+        self.block: np.ndarray | None = None
+        self.gb = 0
+        self.taken = 0  # members placed
+
+
+_group = threading.local()
+
+
+def _fresh(G: int, gb: int) -> np.ndarray:
+    """Fresh memory for ``G`` repacked row groups of ``gb`` bytes: the next member's rows of the block of
+    ``together`` when one is open and this is that member's size, else ``anonymous``."""
+    blk: _Block | None = getattr(_group, "block", None)
+    if blk is not None and blk.taken < len(blk.groups) and blk.groups[blk.taken] == G:
+        if blk.block is None:
+            blk.gb = gb
+            blk.block = anonymous(sum(blk.groups) * gb).reshape(sum(blk.groups), gb)
+        if gb == blk.gb:
+            lo = sum(blk.groups[: blk.taken])
+            blk.taken += 1
+            return blk.block[lo : lo + G]
+    return anonymous(G * gb).reshape(G, gb)
+
+
+def together(
+    members: Sequence[tuple[Tensor, np.ndarray]],
+    cache: Cache,
+    repacked_of: Callable[[Tensor, np.ndarray], np.ndarray | None],
+) -> np.ndarray | None:
+    """The repacked copies of the weights ``members`` ((tensor, bytes) pairs: one type, one width, rows a
+    multiple of 8) as one array, each member's rows after the previous one's (``[sum of row groups, bytes
+    a group]``), so that one kernel call can read them all (``matvec_groups``). Each member's own copy,
+    which every other step reads through its layout's ``cache`` (``repacked_of``: the layout's
+    ``repacked``), is a view of it: no byte is stored twice. Made on the first call, when none of them is
+    repacked yet; found again on later calls. None where they are not one block: one of them is not
+    repacked (``repacked_of`` says None), or some were repacked alone before."""
+    with _lock:
+        hits = [cache.get(a) for a, _ in members]
+    groups = [A.shape[0] // 8 for _, A in members]
+    blk = _Block(groups)
+    if all(h is None for h in hits):
+        _group.block = blk
+        try:
+            Rs = [repacked_of(a, A) for a, A in members]
+        finally:
+            _group.block = None
+    elif all(h is not None and h[0] == A.ctypes.data for h, (_, A) in zip(hits, members, strict=True)):
+        Rs = [h[1] for h in hits]  # type: ignore[index]
+    else:
+        return None
+    if any(R is None for R in Rs):
+        return None
+    first = Rs[0]
+    base, gb, lo = first.ctypes.data, first.shape[-1], 0
+    for R, G in zip(Rs, groups, strict=True):
+        if R.ndim != 2 or R.shape != (G, gb) or R.ctypes.data != base + lo * gb or not R.flags.c_contiguous:
+            return None
+        lo += G
+    with _lock:
+        if blk.block is not None and blk.block.ctypes.data == base and blk.block.shape == (lo, gb):
+            _blocks[members[0][0]] = blk.block
+        made = _blocks.get(members[0][0])  # made now, or by an earlier graph (the members' views of it)
+    if made is not None and made.ctypes.data == base and made.shape[1] == gb and made.shape[0] >= lo:
+        return made[:lo]  # (another graph may group the first few members only)
+    return None
+
+
+#: ``together``'s blocks, by their first member (the members' cached copies are views of them)
+_blocks: weakref.WeakKeyDictionary[Tensor, np.ndarray] = weakref.WeakKeyDictionary()
+
+
 #: source bytes repacked per chunk (``copy_rows``)
 CHUNK_BYTES = 8 << 20
 
@@ -166,7 +243,7 @@ def copy_rows(A: np.ndarray, group_bytes: int, copy: Callable[[np.ndarray, np.nd
     measured; SmolLM2's tied Q8_0 embedding, 29 MB: the run's peak). One call where ``A`` is small or not
     mapped."""
     N = A.shape[0]
-    R = anonymous(N // 8 * group_bytes).reshape(N // 8, group_bytes)
+    R = _fresh(N // 8, group_bytes)
     mm = mapped_source(A) if A.nbytes > CHUNK_BYTES else None
     if mm is None:
         copy(A, R)
@@ -321,11 +398,25 @@ def x8_step(
 
 
 def mul_mat_step(
-    be: Any, a: Tensor, A: np.ndarray, x: np.ndarray, out2: np.ndarray, pre: Callable[[], None] | None
+    be: Any,
+    a: Tensor,
+    A: np.ndarray,
+    x: np.ndarray,
+    out2: np.ndarray,
+    pre: Callable[[], None] | None,
+    R: np.ndarray | None = None,
 ) -> Callable[[], None] | None:
     """The ``mul_mat`` step of the weight ``a`` on its repacked layout, or None (no layout for its type, or
-    not repacked)."""
-    module = LAYOUTS.get(a.type)
+    not repacked). ``R`` given: the repacked rows to read instead of ``a``'s own (``matvec_groups``: a
+    block of several weights of ``a``'s type and width, ``out2`` as wide as all of them)."""
+    module = layout_of(a.type)
     if module is None:
         return None
-    return importlib.import_module(f"{__package__}.{module}").mul_mat_step(be, a, A, x, out2, pre)
+    return module.mul_mat_step(be, a, A, x, out2, pre, R=R)
+
+
+def layout_of(t: GGMLType) -> Any:
+    """The module of type ``t``'s 8-row layout (its ``mul_mat_step``, ``_repacked``, ``_cache``,
+    ``ENABLED``), or None."""
+    module = LAYOUTS.get(t)
+    return None if module is None else importlib.import_module(f"{__package__}.{module}")
