@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..sampling.logprobs import log_softmax, top_logprobs
+from ..sampling.logprobs import log_softmax, post_sampling_probs, top_logprobs
 from ..vocab.vocab import eog_ids
 from .sequence import TokenSequence
 from .text import IncrementalDetokenizer, LineLimits, StopStrings
@@ -46,6 +46,9 @@ class GenerationParams:
     special: bool = False  # render special tokens in the output text
     n_probs: int = 0  # most likely alternatives reported per generated token
     logprobs: bool = False  # report the log-probability of each generated token
+    # with logprobs/n_probs: report probabilities after the sampler chain instead (llama-server's
+    # post_sampling_probs; the sampler must keep its final candidates, as SamplerChain.cur)
+    post_sampling_probs: bool = False
     preserved_tokens: Sequence[int] = ()  # special tokens rendered as text (a chat format's tags)
     n_indent: int = 0  # lines after the first must be indented this much (text.LineLimits)
     t_max_predict_ms: float = 0  # after a newline, stop at the next one past this time (text.LineLimits)
@@ -53,11 +56,16 @@ class GenerationParams:
 
 @dataclass
 class TokenLogprob:
-    """The log-probability of a generated token and of the ``n_probs`` most likely ones (raw logits)."""
+    """The log-probability of a generated token and of the ``n_probs`` most likely ones (raw logits).
+
+    With ``post_sampling`` (``GenerationParams.post_sampling_probs``) ``logprob`` and ``top`` hold plain
+    probabilities after the sampler chain instead: the token's, and up to ``n_probs`` of the chain's final
+    candidates (:func:`llamapy.sampling.logprobs.post_sampling_probs`)."""
 
     token: int
     logprob: float
     top: list[tuple[int, float]]
+    post_sampling: bool = False
 
 
 @dataclass
@@ -116,6 +124,10 @@ class Generation:
         )
         self.detok = IncrementalDetokenizer(vocab, special=p.special, preserved=p.preserved_tokens)
         self._eog = eog_ids(vocab) if p.ignore_eos else None
+        if p.post_sampling_probs and not hasattr(sampler, "cur"):
+            raise ValueError(
+                "post_sampling_probs needs a sampler that keeps its final candidates (a SamplerChain)"
+            )
         self.n_generated = 0
         self.done = False
 
@@ -157,7 +169,10 @@ class Generation:
         self.sampler.accept(token)
         self.n_generated += 1
         lp = None
-        if p.logprobs or p.n_probs > 0:
+        if p.post_sampling_probs and (p.logprobs or p.n_probs > 0):
+            prob, top = post_sampling_probs(self.sampler.cur, token, p.n_probs)  # type: ignore[attr-defined]
+            lp = TokenLogprob(token, prob, top, post_sampling=True)
+        elif p.logprobs or p.n_probs > 0:
             logp = log_softmax(raw)
             lp = TokenLogprob(token, float(logp[token]), top_logprobs(logp, p.n_probs))
         if self._eog is None and self.vocab.is_eog(token):

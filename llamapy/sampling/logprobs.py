@@ -1,9 +1,12 @@
 """Log-probabilities reported to users: those of the raw logits (as llama.cpp's server reports them),
-one implementation for the API, the server and the CLI."""
+one implementation for the API, the server and the CLI; and llama-server's ``post_sampling_probs``, the
+probabilities after the sampler chain."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from .token_data import TokenDataArray
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -21,3 +24,31 @@ def top_logprobs(logprobs: np.ndarray, n: int) -> list[tuple[int, float]]:
     idx = np.argpartition(-logprobs, n - 1)[:n]
     idx = idx[np.lexsort((idx, -logprobs[idx]))]
     return [(int(i), float(logprobs[i])) for i in idx]
+
+
+def post_sampling_probs(cur: TokenDataArray, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+    """llama-server's ``post_sampling_probs``: probabilities after the sampler chain, read from its final
+    candidates ``cur`` (``SamplerChain.cur``: what truncation left, ``p`` as the last sampler's softmax
+    set it). Returns the probability of ``token`` among them (1.0 when it is not there, llama-server's
+    default; the chain's own pick always is) and up to ``n`` candidates as (id, prob), most probable
+    first (ties: the chain's order), stopping before the first zero probability (as
+    ``populate_token_probs`` over ``common_sampler_get_candidates(do_sort=true)``)."""
+    ids, p = cur.ids, cur.p
+    size = len(ids)
+    sel = cur.selected
+    if 0 <= sel < size and int(ids[sel]) == token:
+        prob = float(p[sel])
+    else:
+        at = np.flatnonzero(ids == token)
+        prob = float(p[at[0]]) if at.size else 1.0
+    n = min(n, size)
+    if n <= 0:
+        return prob, []
+    pos = np.argpartition(-p, n - 1)[:n] if n < size else np.arange(size)
+    pos = pos[np.lexsort((pos, -p[pos]))]
+    top = []
+    for i in pos:
+        if p[i] == 0.0:
+            break
+        top.append((int(ids[i]), float(p[i])))
+    return prob, top

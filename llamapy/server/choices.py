@@ -56,6 +56,11 @@ def merged_final(finals: list[Event], shared: bool = True) -> Event:
     )
 
 
+def _listed(obj: Any) -> list[Any]:
+    """A chunk method's answer as a list of events (None: none)."""
+    return [] if obj is None else obj if isinstance(obj, list) else [obj]
+
+
 def _index(obj: Any, i: int) -> Any:
     """``obj`` as answer ``i``: its choices' index (OpenAI), or its own ``index`` (llama.cpp's)."""
     if isinstance(obj, dict):
@@ -146,10 +151,12 @@ async def generate_n(
             asyncio.create_task(pump(i, st, f)) for i, (st, f) in enumerate(zip(streams, firsts, strict=True))
         ]
         try:
-            for i, f in enumerate(fmts):
-                first = f.first_chunk()
-                if first is not None:
-                    yield fmts[i].encode(_index(first, i))
+            started: set[int] = set()  # answers whose first chunk was written (after their progress)
+            if not any(gp.return_progress for gp in gps):  # (no progress: every first chunk at once)
+                for i, f in enumerate(fmts):
+                    started.add(i)
+                    for c in _listed(f.first_chunk()):
+                        yield f.encode(_index(c, i))
             finals: dict[int, Event] = {}
             while len(finals) < len(streams):
                 i, ev, err = await queue.get()
@@ -157,6 +164,14 @@ async def generate_n(
                     yield fmts[0].encode(fmts[0].error_event(err))
                     return
                 assert ev is not None
+                if ev.progress is not None:
+                    for c in _listed(fmts[i].progress_chunk(ev)):
+                        yield fmts[i].encode(_index(c, i))
+                    continue
+                if i not in started:
+                    started.add(i)
+                    for c in _listed(fmts[i].first_chunk()):
+                        yield fmts[i].encode(_index(c, i))
                 for c in fmts[i].chunks(ev):
                     yield fmts[i].encode(_index(c, i))
                 if ev.done:

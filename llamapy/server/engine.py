@@ -69,6 +69,8 @@ class GenParams:
     ignore_eos: bool = False
     n_probs: int = 0  # alternatives reported per generated token
     logprobs: bool = False  # report the log-probability of each generated token
+    post_sampling_probs: bool = False  # report probabilities after the sampler chain instead (llama-server)
+    return_progress: bool = False  # send prompt_progress events while the prompt is evaluated (streams)
     cache_prompt: bool = True
     id_slot: int = -1
     grammar: Any = None  # a llamapy.grammar.LlamaGrammar constraining the output
@@ -93,8 +95,9 @@ class GenParams:
 class TokenProb:
     id: int
     piece: bytes
-    logprob: float
+    logprob: float  # (with post_sampling: the probability after the sampler chain)
     top: list[tuple[int, bytes, float]]
+    post_sampling: bool = False  # llama-server's post_sampling_probs: plain probabilities, not logs
 
 
 @dataclass
@@ -124,6 +127,9 @@ class Event:
         default_factory=list
     )  # chat deltas (llamapy.chat.ChatDelta), with a chat format
     message: Any = None  # on the last event, with a chat format: the parsed message
+    # a prompt_progress event (GenParams.return_progress), no token: llama-server's {"total", "cache",
+    # "processed", "time_ms"} of the prompt evaluation so far
+    progress: dict[str, int] | None = None
 
 
 _ids = itertools.count()
@@ -392,6 +398,7 @@ class Engine:
         sample_slots: list[Slot] = []
         embed_slots: list[Slot] = []
         checkpoint_slots: list[Slot] = []  # recurrent states to keep after this decode
+        progress_slots: list[Slot] = []  # prompts evaluated in this decode, reporting their progress
         # one set of LoRA scales per batch: the oldest active request's (llama-server's can_batch_with)
         busy = [s for s in self.slots if s.task is not None and s.state is not SlotState.IDLE]
         lora = min(busy, key=lambda s: s.task.t_submit).lora if busy else ()
@@ -438,6 +445,8 @@ class Engine:
                 outs.append(task.kind == "embedding" or (done and j == len(chunk) - 1))
             s.cache.extend(chunk)
             budget -= len(chunk)
+            if task.params.return_progress:
+                progress_slots.append(s)
             if done:
                 (embed_slots if task.kind == "embedding" else sample_slots).append(s)
         if not tokens:
@@ -458,6 +467,8 @@ class Engine:
         with self.metrics.lock:
             self.metrics.n_decode_total += 1
             self.metrics.n_busy_slots_total += sum(1 for s in self.slots if s.task is not None)
+        for s in progress_slots:  # (before the prompt's first token, as llama-server's post_decode)
+            self._progress(s)
         row = 0
         for s in sample_slots:
             draft, s.draft = s.draft, []
@@ -496,6 +507,7 @@ class Engine:
             self._fail(s, APIError(500, f"image decode failed in slot {s.id}: {e}"), drop_cache=True)
             return
         s.cache.extend(task.prompt[p0 : p0 + n_pos])
+        self._progress(s)
         if last:  # the prompt ends with the image: sample from its last position
             self._sample(s, np.array(self.backend.ctx.get_logits_ith(-1), dtype=np.float32))  # type: ignore[attr-defined]
 
@@ -596,9 +608,11 @@ class Engine:
             except Exception as e:
                 self._fail(s, APIError(400, f"invalid sampling parameters: {e}"))
                 return
-            if task.leader is not None and not self.context_shift and self._share_prompt(s, task):
+            shared = task.leader is not None and not self.context_shift and self._share_prompt(s, task)
+            self._progress(s)  # (as llama-server: the first event tells what the cache already holds)
+            if shared:
                 lead = task.leader
-                assert lead.prompt_logits is not None
+                assert lead is not None and lead.prompt_logits is not None
                 self._sample(s, lead.prompt_logits.copy())
 
     def _reuse_chunks(self, s: Slot, prompt: list[int], n_past: int) -> int:
@@ -674,6 +688,7 @@ class Engine:
             ignore_eos=p.ignore_eos,
             n_probs=p.n_probs,
             logprobs=p.logprobs,
+            post_sampling_probs=p.post_sampling_probs,
             preserved_tokens=p.preserved_tokens,
             n_indent=p.n_indent,
             t_max_predict_ms=p.t_max_predict_ms,
@@ -791,12 +806,29 @@ class Engine:
         if step.logprob is not None:
             piece = self.backend.token_to_piece
             lp = step.logprob
-            probs.append(
-                TokenProb(lp.token, piece(lp.token), lp.logprob, [(i, piece(i), v) for i, v in lp.top])
-            )
+            top = [(i, piece(i), v) for i, v in lp.top]
+            probs.append(TokenProb(lp.token, piece(lp.token), lp.logprob, top, lp.post_sampling))
         ev = Event(text=step.text, tokens=tokens, probs=probs, slot_id=s.id, deltas=list(step.deltas))
         self._stats(ev, s, time.perf_counter())
         return ev
+
+    def _progress(self, s: Slot) -> None:
+        """A prompt_progress event (with ``return_progress``): llama-server's ``total`` prompt tokens,
+        ``cache`` (those kept from the slot's cache), ``processed`` (in the cache now) and ``time_ms``
+        since the request started."""
+        task = s.task
+        if task is None or not task.params.return_progress:
+            return
+        now = time.perf_counter()
+        progress = {
+            "total": len(task.prompt),
+            "cache": s.n_cached,
+            "processed": len(s.cache),
+            "time_ms": int((now - s.t_start) * 1e3),
+        }
+        ev = Event(slot_id=s.id, progress=progress)
+        self._stats(ev, s, now)
+        self._send(task, ev)
 
     @staticmethod
     def _stats(ev: Event, s: Slot, now: float) -> None:

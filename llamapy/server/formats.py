@@ -6,6 +6,7 @@ import json
 import math
 import secrets
 import time
+from dataclasses import replace
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -92,7 +93,9 @@ def _tok(piece: bytes) -> str:
 def chat_logprobs(probs: list[TokenProb]) -> dict[str, Any]:
     return {
         "content": [
-            {
+            post_sampling_entry(p)
+            if p.post_sampling
+            else {
                 "id": p.id,
                 "token": _tok(p.piece),
                 "logprob": p.logprob,
@@ -106,7 +109,39 @@ def chat_logprobs(probs: list[TokenProb]) -> dict[str, Any]:
     }
 
 
-def completion_logprobs(probs: list[TokenProb], offset0: int) -> dict[str, Any]:
+def post_sampling_entry(p: TokenProb) -> dict[str, Any]:
+    """One token with llama-server's ``post_sampling_probs``: ``prob`` and ``top_probs`` (probabilities
+    after the sampler chain) where the log-probabilities had ``logprob`` and ``top_logprobs`` (every
+    route: llama-server's ``probs_vector_to_json``)."""
+    return {
+        "id": p.id,
+        "token": _tok(p.piece),
+        "bytes": list(p.piece),
+        "prob": p.logprob,
+        "top_probs": [{"id": i, "token": _tok(b), "bytes": list(b), "prob": v} for i, b, v in p.top],
+    }
+
+
+def progress_json(ev: Event) -> dict[str, int]:
+    """llama-server's ``prompt_progress`` object of a progress event."""
+    assert ev.progress is not None
+    return dict(ev.progress)
+
+
+def progress_timings(ev: Event) -> dict[str, Any]:
+    """The ``timings`` of a progress event (``timings_per_token``): the prompt tokens evaluated so far."""
+    assert ev.progress is not None
+    return timings(replace(ev, n_prompt=ev.progress["processed"]))
+
+
+def completion_logprobs(
+    probs: list[TokenProb], offset0: int, post_sampling: bool = False
+) -> dict[str, Any] | None:
+    """OpenAI's legacy ``logprobs`` object of a text completion; with ``post_sampling`` llama-server's
+    ``{"content": [...]}`` (``prob``/``top_probs``), which has no log-probabilities to put in OpenAI's
+    (None without tokens, as llama-server)."""
+    if post_sampling:
+        return {"content": [post_sampling_entry(p) for p in probs]} if probs else None
     offsets, off = [], offset0
     for p in probs:
         offsets.append(off)
@@ -121,7 +156,9 @@ def completion_logprobs(probs: list[TokenProb], offset0: int) -> dict[str, Any]:
 
 def native_probs(probs: list[TokenProb]) -> list[dict[str, Any]]:
     return [
-        {
+        post_sampling_entry(p)
+        if p.post_sampling
+        else {
             "id": p.id,
             "token": _tok(p.piece),
             "bytes": list(p.piece),
@@ -144,6 +181,10 @@ class BaseFormatter:
     several_as_list = False  # several prompts answered as a list of answers (not as choices)
 
     def first_chunk(self) -> Any:
+        return None
+
+    def progress_chunk(self, ev: Event) -> Any:
+        """The events of a prompt_progress event (``return_progress``): none unless the API has them."""
         return None
 
     def usage_chunk(self, ev: Event) -> Any:
@@ -182,6 +223,15 @@ class ChatFormatter(BaseFormatter):
 
     def first_chunk(self) -> dict[str, Any]:
         return self._chunk({"role": "assistant", "content": None}, None)
+
+    def progress_chunk(self, ev: Event) -> dict[str, Any]:
+        """llama-server's progress chunk: the role delta with ``prompt_progress`` (the stream's own first
+        role chunk still comes before the first token)."""
+        c = self._chunk({"role": "assistant", "content": None}, None)
+        if self.timings_per_token:
+            c["timings"] = progress_timings(ev)
+        c["prompt_progress"] = progress_json(ev)
+        return c
 
     def chunks(self, ev: Event) -> list[dict[str, Any]]:
         """The chunks of one event: a chunk per delta (text, reasoning, tool-call pieces); the event's
@@ -230,18 +280,24 @@ class CompletionFormatter(BaseFormatter):
     done_marker = SSE_DONE
 
     def __init__(
-        self, model: str, want_logprobs: bool, echo_text: str = "", timings_per_token: bool = False
+        self,
+        model: str,
+        want_logprobs: bool,
+        echo_text: str = "",
+        timings_per_token: bool = False,
+        post_sampling: bool = False,
     ) -> None:
         self.id, self.created, self.model = new_id("cmpl", "-"), int(time.time()), model
         self.want_logprobs = want_logprobs
         self.echo_text = echo_text
         self.offset = len(echo_text)
         self.timings_per_token = timings_per_token
+        self.post_sampling = post_sampling  # logprobs as llama-server's post_sampling_probs content
 
     def _chunk(self, text: str, finish: str | None, probs: list[TokenProb] | None) -> dict[str, Any]:
         lp = None
         if self.want_logprobs:
-            lp = completion_logprobs(probs or [], self.offset)
+            lp = completion_logprobs(probs or [], self.offset, self.post_sampling)
         self.offset += len(text)
         return {
             "id": self.id,
@@ -254,6 +310,15 @@ class CompletionFormatter(BaseFormatter):
 
     def first_chunk(self) -> dict[str, Any] | None:
         return self._chunk(self.echo_text, None, []) if self.echo_text else None
+
+    def progress_chunk(self, ev: Event) -> dict[str, Any]:
+        """llama-server's progress chunk: an empty text with ``prompt_progress``."""
+        c = self._chunk("", None, None)
+        c["choices"][0]["logprobs"] = None
+        if self.timings_per_token:
+            c["timings"] = progress_timings(ev)
+        c["prompt_progress"] = progress_json(ev)
+        return c
 
     def chunks(self, ev: Event) -> list[dict[str, Any]]:
         if not ev.text and not (self.want_logprobs and ev.probs):
@@ -309,6 +374,23 @@ class NativeFormatter(BaseFormatter):
 
     def first_chunk(self) -> None:
         return None
+
+    def progress_chunk(self, ev: Event) -> dict[str, Any]:
+        """llama-server's progress event: a token event without text or token, with ``prompt_progress``
+        (llama-server's own has ``"tokens": [0]``, an uninitialized token; here no token is given)."""
+        c: dict[str, Any] = {
+            "index": 0,
+            "content": "",
+            "tokens": [],
+            "stop": False,
+            "id_slot": ev.slot_id,
+            "tokens_predicted": ev.n_predicted,
+            "tokens_evaluated": ev.n_prompt,
+        }
+        if self.timings_per_token:
+            c["timings"] = progress_timings(ev)
+        c["prompt_progress"] = progress_json(ev)
+        return c
 
     def chunks(self, ev: Event) -> list[dict[str, Any]]:
         if not ev.text and not ev.tokens:

@@ -151,7 +151,7 @@ def settings_dict(
         "samplers": list(c.samplers),
         "speculative.types": speculative_types,
         "timings_per_token": timings_per_token,
-        "post_sampling_probs": False,
+        "post_sampling_probs": gp.post_sampling_probs,
         "backend_sampling": False,
         "lora": [{"id": k, "scale": v} for k, v in (gp.lora or {}).items()],
     }

@@ -161,6 +161,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
                 req.logprobs is not None,
                 (t if isinstance(t, str) else backend.detokenize(p)) if req.echo else "",
                 req.timings_per_token,
+                gp.post_sampling_probs,
             )
             for t, p in zip(texts, prompts, strict=True)
         ]

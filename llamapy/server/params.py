@@ -60,14 +60,6 @@ def check_unsupported(req: SamplingFields) -> None:
             raise not_supported(f"'{name}' ({why})", param=name)
     if isinstance(req, ChatCompletionRequest):
         thinking_budget(req)
-    if req.post_sampling_probs:  # the sampler gives the log-probabilities before sampling only
-        raise not_supported(
-            "'post_sampling_probs' (probabilities after the sampler chain; 'n_probs' gives the "
-            "log-probabilities before it)",
-            param="post_sampling_probs",
-        )
-    if req.return_progress:
-        raise not_supported("'return_progress' (prompt_progress events)", param="return_progress")
     n_choices(req)
     if isinstance(req, CompletionRequest):
         if req.best_of not in (None, 1):
@@ -247,6 +239,8 @@ def gen_params(
         stop=[s for s in stop if s],
         ignore_eos=req.ignore_eos,
         n_probs=req.n_probs or 0,
+        post_sampling_probs=req.post_sampling_probs,
+        return_progress=req.return_progress and req.stream,  # (llama-server: streams only, else ignored)
         cache_prompt=req.cache_prompt,
         id_slot=-1 if req.id_slot is None else req.id_slot,
         lora=None if req.lora is None else parse_lora_list(req.lora, n_lora_adapters(backend)),

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .engine import Event, TokenProb
 from .errors import APIError, bad_request, not_supported
-from .formats import BaseFormatter, new_id
+from .formats import BaseFormatter, new_id, progress_json
 from .guard import request_key_id
 from .inputs import chat_inputs, count_tokens, no_completions, parsed_body
 from .schemas import ChatCompletionRequest, SamplingFields, validate
@@ -447,6 +447,7 @@ class ResponsesFormatter(BaseFormatter):
         self.items: list[dict[str, Any]] = []  # output items, in order
         self.open: dict[str, Any] | None = None  # the item being streamed
         self.open_call = -1  # tool_call_index of the open function_call item
+        self.started = False  # response.created was sent
 
     encode = staticmethod(named_sse)
 
@@ -569,8 +570,20 @@ class ResponsesFormatter(BaseFormatter):
         return ev
 
     def first_chunk(self) -> list[dict[str, Any]]:
+        if self.started:  # (a progress event opened the stream)
+            return []
+        self.started = True
         obj = self._object("in_progress", None)
         return [self._ev("response.created", response=obj), self._ev("response.in_progress", response=obj)]
+
+    def progress_chunk(self, ev: Event) -> list[dict[str, Any]]:
+        """llama-server's: the first progress event opens the stream (response.created and .in_progress),
+        the others are a response.in_progress; the last event carries ``prompt_progress``."""
+        out = self.first_chunk() or [
+            self._ev("response.in_progress", response=self._object("in_progress", None))
+        ]
+        out[-1]["prompt_progress"] = progress_json(ev)
+        return out
 
     def _open(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         self.items.append(item)

@@ -122,8 +122,9 @@ class SamplingFields(_Body):
     t_max_predict_ms: float | None = None
     lora: list[Any] | None = None  # [{"id", "scale"}]: this request's LoRA scales (server/lora.py)
     timings_per_token: bool = False  # llama-server: every stream event carries "timings"
-    post_sampling_probs: bool = False  # (refused: see params.check_unsupported)
-    return_progress: bool = False  # (refused: see params.check_unsupported)
+    # llama-server's: with n_probs/logprobs, probabilities after the sampler chain ("prob", "top_probs")
+    post_sampling_probs: bool = False
+    return_progress: bool = False  # llama-server's prompt_progress events in a stream (ignored otherwise)
 
 
 class ChatCompletionRequest(SamplingFields):

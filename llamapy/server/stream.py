@@ -30,13 +30,17 @@ class Formatter(Protocol):
     A chunk method returns one event object, a list of them or None (no event); :meth:`encode` writes one
     event on the wire. :data:`done_marker` (bytes or None) ends a stream that finished; :data:`media_type`
     is the stream's content type. With :data:`text_in_final` the last event's text is part of
-    :meth:`final_chunk`'s object (llama.cpp's ``/completion``), not of a last :meth:`chunks` call."""
+    :meth:`final_chunk`'s object (llama.cpp's ``/completion``), not of a last :meth:`chunks` call.
+    A prompt_progress event (``return_progress``, streams only) goes to :meth:`progress_chunk`; those come
+    before :meth:`first_chunk`, which is written with the first token (as llama-server sends them)."""
 
     media_type: str
     done_marker: bytes | None
     text_in_final: bool
 
     def first_chunk(self) -> Any: ...
+
+    def progress_chunk(self, ev: Event) -> Any: ...
 
     def chunks(self, ev: Event) -> list[Any]: ...
 
@@ -116,6 +120,8 @@ async def collect(
         text, probs, out = [], [], []
         while True:
             ev = await st.next()
+            if ev.progress is not None:
+                continue
             text.append(ev.text)
             probs += ev.probs
             out += ev.tokens
@@ -163,10 +169,18 @@ async def generate(
 
     async def events() -> AsyncIterator[bytes]:
         try:
-            for b in out(fmt.first_chunk()):
-                yield b
+            started = False
             ev = first
             while True:
+                if ev.progress is not None:
+                    for b in out(fmt.progress_chunk(ev)):
+                        yield b
+                    ev = await st.next()
+                    continue
+                if not started:
+                    started = True
+                    for b in out(fmt.first_chunk()):
+                        yield b
                 if ev.done:
                     if not fmt.text_in_final:
                         for b in out(fmt.chunks(ev)):
