@@ -16,7 +16,8 @@ def test_the_mat_vecs_are_rows_by_weight_with_their_rate(tmp_path, capsys):
     x8 = [r for r in rows if r[2]]
     assert x8 and all("Q4_0" in k and "mm_q4_0_x8" in k and not k.startswith("blk.") for k, *_ in x8)
     assert all(n % 4 == 0 for _, n, _, _ in rows)  # 3 timed tokens + run_test's warm-up one, every step each
-    assert any(k.startswith("attn_q.weight Q4_0") for k, *_ in x8)
+    # Q, K and V read the same activations: one grouped step (``matvec_groups``), named by its weights
+    assert any(k.startswith("attn_q.weight+attn_k.weight+attn_v.weight Q4_0") for k, *_ in x8)
     assert any(not nb for _, _, nb, _ in rows)  # the other steps, by their function
     assert ds.main(["-m", str(path), "-n", "2", "-t", "1", "--top", "3"]) == 0
     out = capsys.readouterr().out.splitlines()
