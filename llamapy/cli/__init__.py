@@ -107,6 +107,7 @@ def _prefetch_model(argv: Sequence[str]) -> None:
             path = a.partition("=")[2]
     import os
 
+    path = path or os.environ.get("LLAMA_ARG_MODEL")  # (llamapy.cli.env: the flag's variable)
     if not path or not hasattr(os, "posix_fadvise") or not os.path.isfile(path):
         return
 
@@ -134,9 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     from .env import with_env
 
-    argv = with_env(argv)  # llama-server's LLAMA_ARG_* variables (llamapy serve)
     _prefetch_model(argv)
-    parser = build_parser(_subcommand(argv))
+    command = _subcommand(argv)
+    parser = build_parser(command)
+    if command is not None:  # llama.cpp's LLAMA_ARG_* variables of the subcommand's flags
+        sub = parser._subparsers._group_actions[0].choices.get(command)  # type: ignore[union-attr]
+        argv = with_env(argv, accepted=sub._option_string_actions if sub is not None else ())
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)

@@ -1,16 +1,19 @@
-"""llama-server's environment variables (``LLAMA_ARG_MODEL``, ``LLAMA_ARG_CTX_SIZE``, ``LLAMA_ARG_PORT``...)
-for ``llamapy serve``, as in llama.cpp's docker images: a variable stands for its flag, and a flag given on
-the command line wins over it.
+"""llama.cpp's environment variables (``LLAMA_ARG_MODEL``, ``LLAMA_ARG_CTX_SIZE``, ``LLAMA_ARG_PORT``...), as in
+its docker images: a variable stands for its flag, and a flag given on the command line wins over it.
 
-Only the variables of flags that ``llamapy serve`` accepts are read (``benchmarks/cli_vs_llamacpp.py``
-lists llama-server's). As llama.cpp's: a switch is on for ``1``/``true``/``on``/``enabled`` and off
-(its ``--no-`` form, where it has one) for ``0``/``false``/``off``/``disabled``.
+As llama.cpp's tools built on its common arguments (llama-cli, llama-completion, llama-server,
+llama-embedding, llama-perplexity, llama-imatrix) read the variables of the flags they accept, so do
+``llamapy run``, ``chat``, ``serve``, ``embed``, ``perplexity`` and ``imatrix``: each reads the variables whose
+flag it accepts (``LLAMA_ARG_CTX_SIZE`` everywhere, ``LLAMA_ARG_PORT`` in ``serve`` only). ``bench`` and
+``quantize`` read none (llama-bench and llama-quantize parse their own flags). ``benchmarks/cli_vs_llamacpp.py``
+lists llama-server's. As llama.cpp's: a switch is on for ``1``/``true``/``on``/``enabled`` and off (its
+``--no-`` form, where it has one) for ``0``/``false``/``off``/``disabled``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 # variable -> (llamapy serve's spellings of the flag, takes a value, the negated spelling or None)
 SERVE_ENV: dict[str, tuple[tuple[str, ...], bool, str | None]] = {
@@ -90,28 +93,56 @@ SERVE_ENV: dict[str, tuple[tuple[str, ...], bool, str | None]] = {
 ON = frozenset({"1", "true", "on", "enabled", "yes"})
 OFF = frozenset({"0", "false", "off", "disabled", "no"})
 
-#: subcommand -> its variables
-COMMANDS: dict[str, dict[str, tuple[tuple[str, ...], bool, str | None]]] = {"serve": SERVE_ENV}
+#: the subcommands that read the variables of the flags they accept
+ENV_COMMANDS = frozenset({"run", "chat", "serve", "embed", "perplexity", "imatrix"})
+Table = dict[str, tuple[tuple[str, ...], bool, str | None]]
+
+
+def option_strings(command: str) -> set[str]:
+    """Every flag spelling that ``llamapy COMMAND`` accepts (builds its parser: imports its module)."""
+    from . import build_parser
+
+    sub = build_parser(command)._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
+    return set(sub._option_string_actions)
+
+
+def variables(command: str, accepted: Collection[str] | None = None) -> Table:
+    """The variables ``llamapy COMMAND`` reads, each with the spellings of its flag that the command
+    accepts (``accepted``: its flags, default :func:`option_strings`)."""
+    if command not in ENV_COMMANDS:
+        return {}
+    ok = option_strings(command) if accepted is None else accepted
+    out: Table = {}
+    for var, (names, value, neg) in SERVE_ENV.items():
+        mine = tuple(n for n in names if n in ok)
+        if mine:
+            out[var] = (mine, value, neg if neg in ok else None)
+    return out
 
 
 def env_flags(command: str) -> set[str]:
     """The variables that ``llamapy COMMAND`` reads."""
-    return set(COMMANDS.get(command, {}))
+    return set(variables(command))
 
 
 def _given(argv: Sequence[str], names: Sequence[str]) -> bool:
     return any(a in names or a.split("=", 1)[0] in names for a in argv)
 
 
-def with_env(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> list[str]:
+def with_env(
+    argv: Sequence[str], environ: Mapping[str, str] | None = None, accepted: Collection[str] | None = None
+) -> list[str]:
     """``argv`` (``[subcommand, ...]``) with the flags of the subcommand's environment variables put before
     its own arguments, for each variable whose flag (any spelling, or its ``--no-`` form) is not on the
-    command line. A switch's variable that is neither on nor off is left out."""
+    command line. A switch's variable that is neither on nor off is left out. ``accepted``: the
+    subcommand's flags where the caller has its parser (default: :func:`option_strings`)."""
     argv = list(argv)
-    table = COMMANDS.get(argv[0]) if argv else None
-    if not table:
+    if not argv or argv[0] not in ENV_COMMANDS:
         return argv
     env = os.environ if environ is None else environ
+    if not any(k.startswith("LLAMA_") for k in env):
+        return argv
+    table = variables(argv[0], accepted)
     extra: list[str] = []
     for var, (names, value, neg) in table.items():
         v = env.get(var)

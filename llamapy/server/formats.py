@@ -329,7 +329,9 @@ class CompletionFormatter(BaseFormatter):
         return [c]
 
     def final_chunk(self, ev: Event) -> dict[str, Any]:
-        return self._chunk("", ev.finish_reason, []) | {"timings": timings(ev)}
+        """The finish reason, with ``usage`` and ``timings`` (llama-server's final ``text_completion`` chunk
+        has the usage whether or not ``stream_options.include_usage`` asked for it)."""
+        return self._chunk("", ev.finish_reason, []) | {"usage": usage(ev), "timings": timings(ev)}
 
     def usage_chunk(self, ev: Event) -> dict[str, Any]:
         c = self._chunk("", None, None)

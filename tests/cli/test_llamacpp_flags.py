@@ -12,7 +12,7 @@ import pytest
 
 from llamapy.cli import build_parser, main
 from llamapy.cli.common import llama_kwargs
-from llamapy.cli.env import SERVE_ENV, with_env
+from llamapy.cli.env import SERVE_ENV, variables, with_env
 from llamapy.cli.run import read_prompt
 from tests.cli.test_run import llamapy_cmd, run_inprocess
 
@@ -151,9 +151,35 @@ def test_llama_arg_environment_variables():
     assert (args.model, args.ctx_size, args.parallel, args.host) == ("m.gguf", 8192, 4, "0.0.0.0")
     assert args.port == 8081  # the command line wins
     assert args.metrics and args.no_slots and args.api_key == ["-secret"]
-    assert with_env(["run", "-p", "x"], env) == ["run", "-p", "x"]  # serve's variables only
+    # run reads the variables of its own flags only (llama-cli's: no --port, no --api-key)
+    run = with_env(["run", "-p", "x"], env)
+    assert run[:3] == ["run", "--model=m.gguf", "--ctx-size=8192"] and run[-2:] == ["-p", "x"]
+    assert not [a for a in run if a.startswith(("--port", "--host", "--api-key", "--metrics", "--no-slots"))]
+    assert parse(*run).ctx_size == 8192
+    assert with_env(["bench", "-p", "8"], env) == ["bench", "-p", "8"]  # llama-bench reads none
     assert with_env(["serve", "-c=512"], {"LLAMA_ARG_CTX_SIZE": "8192"}) == ["serve", "-c=512"]
     assert with_env(["serve"], {"LLAMA_ARG_EMBEDDINGS": "maybe"}) == ["serve"]  # neither on nor off
+
+
+def test_run_reads_the_variables_of_its_flags(smollm2_path, capfd, monkeypatch):
+    """As llama-cli: ``LLAMA_ARG_MODEL``, ``LLAMA_ARG_N_PREDICT``... stand for ``run``'s flags, the command line
+    wins, and a server-only variable (``LLAMA_ARG_PORT``) is not read."""
+    monkeypatch.setenv("LLAMA_ARG_MODEL", str(smollm2_path))
+    monkeypatch.setenv("LLAMA_ARG_N_PREDICT", "3")
+    monkeypatch.setenv("LLAMA_ARG_TEMPERATURE", "0")
+    monkeypatch.setenv("LLAMA_ARG_PORT", "9000")
+    rc, out, err = run_inprocess(capfd, "-p", "Hello", "-c", "256", "-no-cnv")
+    assert rc == 0, err
+    rc, out2, err = run_inprocess(
+        capfd, "-m", str(smollm2_path), "-p", "Hello", "-n", "3", "--temp", "0", "-c", "256"
+    )
+    assert rc == 0, err
+    assert out == out2 and out.strip()
+    monkeypatch.setenv("LLAMA_ARG_CTX_SIZE", "nope")
+    rc, out, err = run_inprocess(capfd, "-p", "Hello", "-c", "256")  # the command line's -c wins
+    assert rc == 0, err
+    assert out == out2
+    assert set(variables("bench")) == set() and "LLAMA_ARG_PORT" not in variables("run")
 
 
 def test_every_serve_variable_names_an_accepted_flag():

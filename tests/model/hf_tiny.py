@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -748,6 +749,29 @@ def _round_linear_inputs(model: torch.nn.Module) -> list[Any]:
 def make_tiny(family: Family, tmpdir: Path, seed: int = 0) -> TinyModel:
     hf = build_hf(family, seed)
     return TinyModel(family, hf, hf_state_dict(hf), Path(tmpdir))
+
+
+def family_models(root: Path, seed_offset: int = 0) -> Callable[[str], TinyModel]:
+    """``get(name)``: the tiny model of family ``name`` (``FAMILIES``), built on first use under ``root`` and
+    kept; its seed is the name's CRC-32 mod 10000 plus ``seed_offset`` (a module's own weights)."""
+    cache: dict[str, TinyModel] = {}
+
+    def get(name: str) -> TinyModel:
+        if name not in cache:
+            seed = zlib.crc32(name.encode()) % 10_000 + seed_offset
+            cache[name] = make_tiny(FAMILIES[name], root, seed=seed)
+        return cache[name]
+
+    return get
+
+
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread while a module's oracle runs (its threads would fight the engine's on 2 cores),
+    restored afterwards: ``_torch_threads = pytest.fixture(scope="module", autouse=True)(one_torch_thread)``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def register(family: Family) -> Family:

@@ -24,31 +24,18 @@ from llamapy.context import Context, ContextParams  # noqa: E402
 from llamapy.ggml.types import GGMLType  # noqa: E402
 from llamapy.model import Model  # noqa: E402
 from tests.model import hf_tiny  # noqa: E402
-from tests.model.hf_tiny import FAMILIES, TinyModel  # noqa: E402
+from tests.model.hf_tiny import TinyModel  # noqa: E402
 
 TOL = 1e-3  # max |ours - hf| / max |hf|, as test_hf_oracle's float files
 N_TOKENS = 14
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _torch_threads():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+_torch_threads = pytest.fixture(scope="module", autouse=True)(hf_tiny.one_torch_thread)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], TinyModel]:
-    cache: dict[str, TinyModel] = {}
-    root = tmp_path_factory.mktemp("arch_hf")
-
-    def get(name: str) -> TinyModel:
-        if name not in cache:
-            cache[name] = hf_tiny.make_tiny(FAMILIES[name], root, seed=zlib.crc32(name.encode()) % 10_000 + 1)
-        return cache[name]
-
-    return get
+    return hf_tiny.family_models(tmp_path_factory.mktemp("arch_hf"), seed_offset=1)
 
 
 def _tokens(name: str) -> list[int]:

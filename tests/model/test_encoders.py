@@ -42,25 +42,12 @@ ENCODERS = [n for n, f in FAMILIES.items() if f.kind == "encoder"]
 LENGTHS = (9, 4, 13)  # three texts of different lengths
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _torch_threads() -> Any:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+_torch_threads = pytest.fixture(scope="module", autouse=True)(hf_tiny.one_torch_thread)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], TinyModel]:
-    cache: dict[str, TinyModel] = {}
-    root = tmp_path_factory.mktemp("encoders")
-
-    def get(name: str) -> TinyModel:
-        if name not in cache:
-            cache[name] = hf_tiny.make_tiny(FAMILIES[name], root, seed=zlib.crc32(name.encode()) % 10_000)
-        return cache[name]
-
-    return get
+    return hf_tiny.family_models(tmp_path_factory.mktemp("encoders"))
 
 
 def _texts(name: str, lengths: tuple[int, ...] = LENGTHS) -> list[list[int]]:

@@ -30,12 +30,7 @@ NAME = "gpt-oss"
 MXFP4_TOL = 1e-3  # both sides run the same MXFP4-rounded experts; the kernels multiply float activations
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _torch_threads():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+_torch_threads = pytest.fixture(scope="module", autouse=True)(hf_tiny.one_torch_thread)
 
 
 @pytest.fixture(scope="module")

@@ -63,27 +63,12 @@ def _params(names: list[str]) -> list[Any]:
     ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _torch_threads() -> Any:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+_torch_threads = pytest.fixture(scope="module", autouse=True)(hf_tiny.one_torch_thread)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], TinyModel]:
-    """One HF model per family per module (built on first use), its files written on demand."""
-    cache: dict[str, TinyModel] = {}
-    root = tmp_path_factory.mktemp("hf_oracle")
-
-    def get(name: str) -> TinyModel:
-        if name not in cache:
-            seed = zlib.crc32(name.encode()) % 10_000
-            cache[name] = hf_tiny.make_tiny(FAMILIES[name], root, seed=seed)
-        return cache[name]
-
-    return get
+    return hf_tiny.family_models(tmp_path_factory.mktemp("hf_oracle"))
 
 
 def _tokens(name: str, n: int = N_PROMPT) -> list[int]:

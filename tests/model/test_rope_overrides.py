@@ -12,7 +12,6 @@ written WITH the scaling in their metadata give the same logits, bit for bit, as
 from __future__ import annotations
 
 import copy
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from llamapy.gguf.overrides import KVOverrideError  # noqa: E402
 from llamapy.model.hparams import ModelLoadError  # noqa: E402
 from llamapy.model.model import Model  # noqa: E402
 from tests.model import hf_tiny  # noqa: E402
-from tests.model.hf_tiny import FAMILIES, TinyModel  # noqa: E402
+from tests.model.hf_tiny import TinyModel  # noqa: E402
 
 FLOAT_TOL = 1e-3  # test_hf_oracle's bound for F32 files with an f32 KV cache
 MUTATION_MIN = 2e-2  # the run without the overrides must miss the scaled oracle by at least this
@@ -38,25 +37,12 @@ N_PROMPT = 96  # positions up to 95: three times the original context of the YaR
 F32 = GGMLType.F32
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _torch_threads() -> Any:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+_torch_threads = pytest.fixture(scope="module", autouse=True)(hf_tiny.one_torch_thread)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], TinyModel]:
-    cache: dict[str, TinyModel] = {}
-    root = tmp_path_factory.mktemp("rope_overrides")
-
-    def get(name: str) -> TinyModel:
-        if name not in cache:
-            cache[name] = hf_tiny.make_tiny(FAMILIES[name], root, seed=zlib.crc32(name.encode()) % 10_000)
-        return cache[name]
-
-    return get
+    return hf_tiny.family_models(tmp_path_factory.mktemp("rope_overrides"))
 
 
 def _tokens(n: int = N_PROMPT) -> list[int]:

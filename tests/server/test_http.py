@@ -96,6 +96,17 @@ def test_completions(client, live):
         if c.choices
     )
     assert text == ""  # "!" is followed by end of generation
+    # the last chunk has the finish reason and, as llama-server's, the usage (no stream_options asked)
+    chunks = list(
+        client.completions.create(model="x", prompt="the cat sat", max_tokens=5, temperature=0, stream=True)
+    )
+    assert "".join(c.choices[0].text for c in chunks) == expected("the cat sat", 5)
+    assert [c.usage is not None for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    last = chunks[-1]
+    assert last.choices[0].finish_reason == "length" and last.usage.completion_tokens == 5
+    assert (
+        last.usage.prompt_tokens == r.usage.prompt_tokens and last.usage.total_tokens == r.usage.total_tokens
+    )
 
 
 def test_native_completion_and_stream(live):
