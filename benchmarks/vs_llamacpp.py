@@ -103,7 +103,10 @@ MID = [
 ]  # fmt: skip
 
 
-REAL_NAMES = {"SmolLM2-135M-Instruct.Q4_1.gguf": "smollm2-135m-instruct", "gemma-3-270m-q4_k_m.gguf": "gemma3-270m"}
+REAL_NAMES = {
+    "SmolLM2-135M-Instruct.Q4_1.gguf": "smollm2-135m-instruct",
+    "gemma-3-270m-q4_k_m.gguf": "gemma3-270m",
+}
 
 
 def log(msg: str) -> None:
