@@ -45,6 +45,23 @@ def test_yarn_arguments_reach_the_context(smollm2_path):
     assert greedy(plain) == LLAMACPP_PLAIN
 
 
+def test_a_draft_model_file_takes_the_context_rope(smollm2_path):
+    """As llama.cpp's ``-md`` draft (``common_base_params_to_speculative`` copies the main parameters): the
+    draft's context computes with the same RoPE scaling as the target's, and the server's slots' drafts too."""
+    kw = dict(rope_scaling_type="yarn", rope_freq_scale=0.25, yarn_orig_ctx=32)
+    llm = Llama(str(smollm2_path), n_ctx=256, verbose=False, draft_model=str(smollm2_path), **kw)
+    hp = llm.draft_model.ctx.impl.hp
+    assert (hp.rope_scaling_type, hp.rope_freq_scale, hp.n_ctx_orig_yarn) == ("yarn", 0.25, 32)
+    plain = Llama(str(smollm2_path), n_ctx=256, verbose=False, draft_model=str(smollm2_path))
+    assert plain.draft_model.ctx.impl.hp.rope_freq_scale == 1.0
+
+    from llamapy.server.backend import ContextBackend
+
+    b = ContextBackend(str(smollm2_path), n_ctx=512, n_seq_max=2, rope=kw, draft={"model": str(smollm2_path)})
+    hp = b.make_draft().ctx.impl.hp
+    assert (hp.rope_scaling_type, hp.rope_freq_scale, hp.n_ctx_orig_yarn) == ("yarn", 0.25, 32)
+
+
 def test_kv_overrides_as_llama_cpp_python(smollm2_path):
     llm = Llama(str(smollm2_path), vocab_only=True, verbose=False)
     assert llm.tokenize(b"hi")[0] != llm.token_bos()  # SmolLM2 adds no BOS

@@ -122,7 +122,8 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         if isinstance(draft_model, (str, os.PathLike)):  # a second GGUF (llama.cpp's --model-draft)
             from ..generation.draft_model import LlamaModelDraft
 
-            draft_model = LlamaModelDraft(draft_model, n_ctx=max(int(n_ctx or 0), 512), n_threads=n_threads)
+            draft_model = LlamaModelDraft(draft_model, n_ctx=max(int(n_ctx or 0), 512), n_threads=n_threads,
+                                          rope=rope)  # fmt: skip
         if draft_model is not None and not callable(draft_model):
             raise TypeError(
                 "Llama(draft_model=...) must be called as draft(input_ids) -> token ids, such as "

@@ -13,6 +13,7 @@ among the draft's top 10 is under ``p_min``; fewer than ``n_min`` guesses are dr
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -52,7 +53,10 @@ class LlamaModelDraft(LlamaDraftModel):
         n_ctx: int = 4096,
         n_batch: int = 512,
         n_threads: int | None = None,
+        rope: Mapping[str, Any] | None = None,
     ) -> None:
+        """``rope``: :class:`llamapy.context.ContextParams`' RoPE fields for the draft's context: the target's,
+        as llama.cpp's draft context takes the main one's parameters (``common_base_params_to_speculative``)."""
         from ..context import Context, ContextParams
         from ..model import Model
 
@@ -62,7 +66,9 @@ class LlamaModelDraft(LlamaDraftModel):
             raise DraftModelError(f"p_min must be between 0 and 1, got {p_min}")
         self.n_draft, self.n_min, self.p_min = int(n_draft), int(n_min), float(p_min)
         self.model = model if hasattr(model, "impl") else Model.load(os.fspath(model))
-        params = ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(n_batch, 512), n_threads=n_threads)
+        params = ContextParams(
+            **dict(rope or {}), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(n_batch, 512), n_threads=n_threads
+        )
         self.ctx = Context(self.model, params)
         self.tokens: list[int] = []  # exactly what the draft's cache holds
         self.n_drafted = 0

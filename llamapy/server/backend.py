@@ -114,6 +114,7 @@ class ContextBackend:
         from ..vocab.chat_template import template_for_model
 
         self.model_path = str(model_path)
+        self._rope = dict(rope or {})  # (a -md draft's context takes them too, as llama.cpp's)
         self.model = Model.load(self.model_path, kv_overrides=kv_overrides)
         params = ContextParams(
             **(rope or {}),
@@ -250,7 +251,7 @@ class ContextBackend:
 
         kw = dict(self._draft_kw)
         kw.setdefault("n_ctx", self.n_ctx // max(1, self.n_seq_max))
-        return LlamaModelDraft(self._draft_model, **kw)
+        return LlamaModelDraft(self._draft_model, rope=self._rope, **kw)
 
     def lora_info(self) -> list[dict[str, Any]]:
         """The adapters loaded at start: id, path and the scale given on the command line."""
