@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 # subcommand name -> module under llamapy.cli
 SUBCOMMANDS = {
@@ -51,6 +52,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             raise
         mod.register(sub)
     return parser
+
+
+def options_of(parser: argparse.ArgumentParser, command: str) -> dict[str, Any]:
+    """The flags (every spelling) of subcommand ``command`` in ``parser`` (:func:`build_parser`'s); none
+    when it has no such subcommand."""
+    sub = parser._subparsers._group_actions[0].choices.get(command) if parser._subparsers else None  # type: ignore[union-attr]
+    return sub._option_string_actions if sub is not None else {}
 
 
 # subcommands that only compute and print: once they return, nothing is left to finalize
@@ -139,8 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _subcommand(argv)
     parser = build_parser(command)
     if command is not None:  # llama.cpp's LLAMA_ARG_* variables of the subcommand's flags
-        sub = parser._subparsers._group_actions[0].choices.get(command)  # type: ignore[union-attr]
-        argv = with_env(argv, accepted=sub._option_string_actions if sub is not None else ())
+        argv = with_env(argv, accepted=options_of(parser, command))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)

@@ -100,10 +100,9 @@ Table = dict[str, tuple[tuple[str, ...], bool, str | None]]
 
 def option_strings(command: str) -> set[str]:
     """Every flag spelling that ``llamapy COMMAND`` accepts (builds its parser: imports its module)."""
-    from . import build_parser
+    from . import build_parser, options_of
 
-    sub = build_parser(command)._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
-    return set(sub._option_string_actions)
+    return set(options_of(build_parser(command), command))
 
 
 def variables(command: str, accepted: Collection[str] | None = None) -> Table:

@@ -67,7 +67,7 @@ class LlamaModelDraft(LlamaDraftModel):
         self.n_draft, self.n_min, self.p_min = int(n_draft), int(n_min), float(p_min)
         self.model = model if hasattr(model, "impl") else Model.load(os.fspath(model))
         params = ContextParams(
-            **dict(rope or {}), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(n_batch, 512), n_threads=n_threads
+            **(rope or {}), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(n_batch, 512), n_threads=n_threads
         )
         self.ctx = Context(self.model, params)
         self.tokens: list[int] = []  # exactly what the draft's cache holds

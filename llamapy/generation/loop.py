@@ -169,12 +169,13 @@ class Generation:
         self.sampler.accept(token)
         self.n_generated += 1
         lp = None
-        if p.post_sampling_probs and (p.logprobs or p.n_probs > 0):
-            prob, top = post_sampling_probs(self.sampler.cur, token, p.n_probs)  # type: ignore[attr-defined]
-            lp = TokenLogprob(token, prob, top, post_sampling=True)
-        elif p.logprobs or p.n_probs > 0:
-            logp = log_softmax(raw)
-            lp = TokenLogprob(token, float(logp[token]), top_logprobs(logp, p.n_probs))
+        if p.logprobs or p.n_probs > 0:
+            if p.post_sampling_probs:
+                prob, top = post_sampling_probs(self.sampler.cur, token, p.n_probs)  # type: ignore[attr-defined]
+                lp = TokenLogprob(token, prob, top, post_sampling=True)
+            else:
+                logp = log_softmax(raw)
+                lp = TokenLogprob(token, float(logp[token]), top_logprobs(logp, p.n_probs))
         if self._eog is None and self.vocab.is_eog(token):
             return self.finish("stop", "eos", logits=raw, logprob=lp, eog_token=token)
         text = self.stops.feed(self.detok.add(token))

@@ -41,14 +41,9 @@ def post_sampling_probs(cur: TokenDataArray, token: int, n: int) -> tuple[float,
     else:
         at = np.flatnonzero(ids == token)
         prob = float(p[at[0]]) if at.size else 1.0
-    n = min(n, size)
-    if n <= 0:
-        return prob, []
-    pos = np.argpartition(-p, n - 1)[:n] if n < size else np.arange(size)
-    pos = pos[np.lexsort((pos, -p[pos]))]
     top = []
-    for i in pos:
-        if p[i] == 0.0:
+    for i, v in top_logprobs(p[:size], n):  # (positions, most probable first, ties in the chain's order)
+        if v == 0.0:
             break
-        top.append((int(ids[i]), float(p[i])))
+        top.append((int(ids[i]), v))
     return prob, top

@@ -117,7 +117,7 @@ class ContextBackend:
         self._rope = dict(rope or {})  # (a -md draft's context takes them too, as llama.cpp's)
         self.model = Model.load(self.model_path, kv_overrides=kv_overrides)
         params = ContextParams(
-            **(rope or {}),
+            **self._rope,
             n_ctx=n_ctx,
             n_batch=n_batch,
             n_ubatch=min(n_ubatch, n_batch),

@@ -128,10 +128,14 @@ def progress_json(ev: Event) -> dict[str, int]:
     return dict(ev.progress)
 
 
-def progress_timings(ev: Event) -> dict[str, Any]:
-    """The ``timings`` of a progress event (``timings_per_token``): the prompt tokens evaluated so far."""
+def with_progress(c: dict[str, Any], ev: Event, timings_per_token: bool) -> dict[str, Any]:
+    """``c`` with a progress event's ``prompt_progress`` and, with ``timings_per_token``, its ``timings``
+    (the prompt tokens evaluated so far)."""
     assert ev.progress is not None
-    return timings(replace(ev, n_prompt=ev.progress["processed"]))
+    if timings_per_token:
+        c["timings"] = timings(replace(ev, n_prompt=ev.progress["processed"]))
+    c["prompt_progress"] = progress_json(ev)
+    return c
 
 
 def completion_logprobs(
@@ -228,10 +232,7 @@ class ChatFormatter(BaseFormatter):
         """llama-server's progress chunk: the role delta with ``prompt_progress`` (the stream's own first
         role chunk still comes before the first token)."""
         c = self._chunk({"role": "assistant", "content": None}, None)
-        if self.timings_per_token:
-            c["timings"] = progress_timings(ev)
-        c["prompt_progress"] = progress_json(ev)
-        return c
+        return with_progress(c, ev, self.timings_per_token)
 
     def chunks(self, ev: Event) -> list[dict[str, Any]]:
         """The chunks of one event: a chunk per delta (text, reasoning, tool-call pieces); the event's
@@ -315,10 +316,7 @@ class CompletionFormatter(BaseFormatter):
         """llama-server's progress chunk: an empty text with ``prompt_progress``."""
         c = self._chunk("", None, None)
         c["choices"][0]["logprobs"] = None
-        if self.timings_per_token:
-            c["timings"] = progress_timings(ev)
-        c["prompt_progress"] = progress_json(ev)
-        return c
+        return with_progress(c, ev, self.timings_per_token)
 
     def chunks(self, ev: Event) -> list[dict[str, Any]]:
         if not ev.text and not (self.want_logprobs and ev.probs):
@@ -389,10 +387,7 @@ class NativeFormatter(BaseFormatter):
             "tokens_predicted": ev.n_predicted,
             "tokens_evaluated": ev.n_prompt,
         }
-        if self.timings_per_token:
-            c["timings"] = progress_timings(ev)
-        c["prompt_progress"] = progress_json(ev)
-        return c
+        return with_progress(c, ev, self.timings_per_token)
 
     def chunks(self, ev: Event) -> list[dict[str, Any]]:
         if not ev.text and not ev.tokens:
