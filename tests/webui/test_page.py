@@ -306,9 +306,12 @@ def test_attachments_and_phone_layout(app, tmp_path):
         "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
         "1f15c4890000000d49444154789c63f8cfc0f01f0005000201a5b1e1e80000000049454e44ae426082"
     ))  # fmt: skip
+    page.wait_for_selector("#attach[data-vision=no]")  # /props answered: SmolLM2 has no projector
+    assert "without a vision projector" in page.get_attribute("#attach", "title")
     page.set_input_files("#file", [str(notes), str(png)])
     page.wait_for_selector(".composer .att img")
     assert page.locator(".composer .att").count() == 2
+    assert "vision projector (--mmproj)" in page.locator(".toast").inner_text()  # warned, still attached
     send(page, "What is in these?")
     settle(page, 1)
     content = bodies[0]["messages"][-1]["content"]

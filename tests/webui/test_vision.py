@@ -50,6 +50,7 @@ def test_image_to_a_vision_model(browser: Any, vlm_server: LiveServer, tmp_path)
     try:
         page.goto("/")
         page.wait_for_selector(".model-name")
+        page.wait_for_selector("#attach[data-vision=yes]")  # /props answered: this model takes images
         page.set_input_files("#file", str(png))
         page.wait_for_selector(".composer .att img")
         send(page, "What is in this picture?")

@@ -233,7 +233,7 @@ function App() {
   const [models, setModels] = useState([]);
   const [model, setModel] = useState(localStorage.getItem("llamapy.model") || "");
   const [ctxOf, setCtxOf] = useState({});
-  const [vision, setVision] = useState(false);
+  const [vision, setVision] = useState(null); // null until /props answers: no warning on a guess
   const [params, setParams] = useState(null);
   const [keyWhy, setKeyWhy] = useState(null);
   const [showSettings, setShowSettings] = useState(false);
@@ -298,6 +298,7 @@ function App() {
   };
 
   const loadProps = async (id, multi) => {
+    setVision(null);
     try {
       const p = await getJSON(multi && id ? `props?model=${encodeURIComponent(id)}` : "props");
       const n = p?.default_generation_settings?.n_ctx;
@@ -463,7 +464,7 @@ function App() {
           r.readAsDataURL(f);
         });
         out.push({ kind: "image", name: f.name, data });
-        if (!vision) note("this model was not started with a vision projector (--mmproj): the server may refuse images");
+        if (vision === false) note("this model was not started with a vision projector (--mmproj): the server may refuse images");
       } else if (f.size > MAX_TEXT_FILE) note(`${f.name}: over 1 MiB, not attached`);
       else {
         const text = await f.text();
@@ -616,7 +617,7 @@ function App() {
         >
           <Attachments items={atts} onRemove={(i) => setAtts(atts.filter((_, j) => j !== i))} />
           <div class="row">
-            <button type="button" class="icon" id="attach" title="attach images or text files" onClick={() => fileRef.current.click()}>
+            <button type="button" class="icon" id="attach" data-vision={vision === null ? "" : vision ? "yes" : "no"} title={vision === false ? "attach text files (this model was started without a vision projector)" : "attach images or text files"} onClick={() => fileRef.current.click()}>
               <Icon name="clip" size={18} />
             </button>
             <input type="file" multiple hidden ref={fileRef} id="file" onChange={(e) => (readFiles([...e.currentTarget.files]), (e.currentTarget.value = ""))} />
