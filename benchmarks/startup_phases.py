@@ -21,10 +21,13 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 CHILD = r"""
-import gc, json, sys, time
+import gc, json, os, sys, time
 T = time.process_time
+if os.environ.get("PHASES_LAUNCH"):  # --wall: seconds since the parent started this process
+    T = lambda: time.time() - float(os.environ["PHASES_LAUNCH"])
 marks = {}
 acc = {"repack": 0.0, "kernel loads": 0.0, "vocab": 0.0, "gc": 0.0}
 n = {"repacked tensors": 0, "kernels loaded": 0, "collections": 0}
@@ -111,6 +114,7 @@ print("\nPHASES " + json.dumps({"ms": {k: v * 1000 for k, v in out.items()}, "n"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--wall", action="store_true", help="wall-clock time from the process's launch, not CPU time")
     ap.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the llamapy arguments (run ...)")
     a = ap.parse_args()
     argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
@@ -120,6 +124,8 @@ def main() -> None:
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # a run without .pyc files spends ~0.5 s compiling Python
     rows = []
     for i in range(a.runs + 1):  # the first run warms the caches (page cache, .pyc, Numba)
+        if a.wall:
+            env["PHASES_LAUNCH"] = repr(time.time())
         p = subprocess.run([sys.executable, "-c", CHILD, *argv], env=env, capture_output=True, text=True)
         if p.returncode:
             raise SystemExit(p.stderr)
@@ -127,7 +133,7 @@ def main() -> None:
             line = next(x for x in p.stderr.splitlines() if x.startswith("PHASES "))
             rows.append(json.loads(line[7:]))
     print(
-        f"# llamapy {' '.join(argv)}: CPU ms (process_time), median of {a.runs}; load {os.getloadavg()[0]:.1f}"
+        f"# llamapy {' '.join(argv)}: {'wall ms from launch' if a.wall else 'CPU ms (process_time)'}, median of {a.runs}; load {os.getloadavg()[0]:.1f}"
     )
     for k in rows[0]["ms"]:
         print(f"{k:26s} {statistics.median(r['ms'][k] for r in rows):8.1f}")

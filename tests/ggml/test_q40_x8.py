@@ -1,7 +1,7 @@
 """Q4_0 (and Q4_1) weights repacked eight rows at a time (``q40_x8``): the layout round-trips bit for bit,
-the 8-row kernel gives the plain 16-bit-activation kernel's result (``q16_kernels``) up to float
-summation order and ``W @ (x quantized to 16 bits)`` in float64, bit for bit where every float step is
-exact, non-finite activation rows give NaN rows, and ``mul_mat`` steps (8-row kernel, dequantized tiles)
+the 8-row kernel gives the result of the one-row kernel on the file's rows (``q40_r8_kernels``; bit for
+bit: ``test_q40_r8``) and ``W @ (x quantized to 16 bits)`` in float64, bit for bit where every float
+step is exact, non-finite activation rows give NaN rows, and ``mul_mat`` steps (8-row kernel, dequantized tiles)
 on a memory-mapped weight agree with the plain path; weights it must not repack fall back."""
 
 from __future__ import annotations
@@ -14,17 +14,17 @@ import pytest
 from llamapy.ggml import GGMLType as T
 from llamapy.ggml import ops
 from llamapy.ggml.cpu import matmul_kernels as mk
-from llamapy.ggml.cpu import q16_kernels as qk
 from llamapy.ggml.cpu import q40_x8
 from llamapy.ggml.cpu.backend import CPUBackend
 from llamapy.ggml.cpu.hsimd import quantize_rows_q16
+from llamapy.ggml.cpu.q40_r8_kernels import mm_q4_0_r8, mm_q4_1_r8
 from llamapy.ggml.cpu.q40_x8_kernels import mm_q4_0_x8, mm_q4_1_x8
 from llamapy.ggml.cpu.q40_x8_rows import mm_q4_0_x8r4, mm_q4_0_x8r8, mm_q4_1_x8r4, mm_q4_1_x8r8
 from llamapy.ggml.quants import dequantize, quantize
 from llamapy.ggml.tensor import Tensor
 
 F16 = mk.F16_TABLE
-KERN = {T.Q4_0: (mm_q4_0_x8, qk.mm16_q4_0), T.Q4_1: (mm_q4_1_x8, qk.mm16_q4_1)}
+KERN = {T.Q4_0: (mm_q4_0_x8, mm_q4_0_r8), T.Q4_1: (mm_q4_1_x8, mm_q4_1_r8)}
 ROWS = {T.Q4_0: (mm_q4_0_x8r4, mm_q4_0_x8r8), T.Q4_1: (mm_q4_1_x8r4, mm_q4_1_x8r8)}
 BLOCK = {T.Q4_0: 18, T.Q4_1: 20}
 

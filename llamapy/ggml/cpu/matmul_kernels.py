@@ -96,8 +96,8 @@ BATCH8_MIN_ROWS = 5
 #: (``MATVEC_BATCH8``; None: the 4-row kernel goes on); the batch kernels are ``batch_kernels``' wrappers
 #: of the ``batch_template`` loops. Entries are ``module:name``, imported on first use.
 KERNELS: dict[str, tuple[str, str, str | None]] = {
-    "Q4_0": ("q16_kernels:mm16_q4_0", "batch_kernels:mmb_q4_0", "batch_kernels:mmb8_q4_0"),
-    "Q4_1": ("q16_kernels:mm16_q4_1", "batch_kernels:mmb_q4_1", "batch_kernels:mmb8_q4_1"),
+    "Q4_0": ("q40_r8_kernels:mm_q4_0_r8", "batch_kernels:mmb_q4_0", "batch_kernels:mmb8_q4_0"),
+    "Q4_1": ("q40_r8_kernels:mm_q4_1_r8", "batch_kernels:mmb_q4_1", "batch_kernels:mmb8_q4_1"),
     "Q5_0": ("q16_kernels:mm16_q5_0", "batch_kernels:mmb_q5_0", "batch_kernels:mmb8_q5_0"),
     "Q5_1": ("q16_kernels:mm16_q5_1", "batch_kernels:mmb_q5_1", "batch_kernels:mmb8_q5_1"),
     "Q8_0": ("q16_kernels:mm16_q8_0", "batch_kernels:mmb_q8_0", "batch_kernels:mmb8_q8_0"),

@@ -30,7 +30,7 @@ from .repack import LAYOUTS as X8_LAYOUTS
 # -- weight prefetch: into L1 or L2 -------------------------------------------------------------------
 #: the one-row kernels that prefetch the rows ahead into L1 (``prefetcht0``) instead of L2 (``prefetcht1``)
 MATVEC_L1_NAMES = {
-    "Q4_0": "q16_kernels:mm16_q4_0_l1", "Q4_1": "q16_kernels:mm16_q4_1_l1",
+    "Q4_0": "q40_r8_kernels:mm_q4_0_r8_l1", "Q4_1": "q40_r8_kernels:mm_q4_1_r8_l1",
     "Q5_0": "q16_kernels:mm16_q5_0_l1", "Q5_1": "q16_kernels:mm16_q5_1_l1",
     "Q8_0": "q16_kernels:mm16_q8_0_l1", "Q2_K": "kquant_lo_kernels:mm_q2_k_l1",
     "Q3_K": "kquant_lo_kernels:mm_q3_k_l1", "Q4_K": "kquant_kernels:mm_q4_k_l1",

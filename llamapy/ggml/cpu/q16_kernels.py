@@ -1,11 +1,12 @@
-"""Mat-vec kernels for the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) against activations
-quantized to 16 bits (``hsimd``): one loop, written once, and one small block function per type.
+"""Mat-vec kernels for the 32-element block types Q5_0, Q5_1 and Q8_0 against activations quantized to
+16 bits (``hsimd``): one loop, written once, and one small block function per type. (Q4_0 and Q4_1 read
+eight rows at a time where the file stores them: ``q40_r8_kernels``.)
 
 Each call quantizes the activation rows per 32 elements (``hsimd.quantize_rows_q16``), then for each
 group of four weight rows and each block: the block's 32 weights as two ``H16`` vectors (16 lanes,
 widened from bytes, offsets folded in), two ``pmaddwd`` against the block's 32 activations into 8
 lanes of 32 bits, and one float multiply-add of those lanes by the weight scale times the activation
-scale. The formats with a min (Q4_1, Q5_1) add ``min * sum(x)`` of the block as a float per row.
+scale. The format with a min (Q5_1) adds ``min * sum(x)`` of the block as a float per row.
 
 The block function of a type is ``blk(acc, c, wr, o, xa, xb, d, xsum, f16) -> (acc, c)``: ``acc`` the
 row's ``F32x8`` accumulator, ``c`` its float for the mins, ``wr`` the weight row's bytes, ``o`` the
@@ -22,11 +23,6 @@ import numpy as np
 
 from ..._numba import njit, prange
 from ..quants.layouts import (
-    Q4_0_BYTES,
-    Q4_0_QS,
-    Q4_1_BYTES,
-    Q4_1_M,
-    Q4_1_QS,
     Q5_0_BYTES,
     Q5_0_QH,
     Q5_0_QS,
@@ -37,7 +33,7 @@ from ..quants.layouts import (
     Q8_0_BYTES,
     Q8_0_QS,
 )
-from .hsimd import hload, hmadd, hnib, hq5, hwiden, quantize_rows_q16
+from .hsimd import hload, hmadd, hq5, hwiden, quantize_rows_q16
 from .isimd import itof, izero
 from .layouts import ROWS_PER_PASS
 from .rowgroups import PREFETCH_ROWS, f16at, prefetch_bytes, prefetch_bytes_l1, rows4
@@ -45,20 +41,6 @@ from .simd import vfma, vhsum, vsplat, vzero
 
 
 # -- one block of each type -------------------------------------------------------------------------
-@njit(inline="always")
-def _blk_q4_0(acc, c, wr, o, xa, xb, d, xsum, f16):
-    q = o + Q4_0_QS
-    s = hmadd(hmadd(izero(), hnib(wr, q, False, -8), xa), hnib(wr, q, True, -8), xb)
-    return vfma(acc, vsplat(f16at(wr, o, f16) * d), itof(s)), c
-
-
-@njit(inline="always")
-def _blk_q4_1(acc, c, wr, o, xa, xb, d, xsum, f16):
-    q = o + Q4_1_QS
-    s = hmadd(hmadd(izero(), hnib(wr, q, False, 0), xa), hnib(wr, q, True, 0), xb)
-    return vfma(acc, vsplat(f16at(wr, o, f16) * d), itof(s)), c + f16at(wr, o + Q4_1_M, f16) * xsum
-
-
 @njit(inline="always")
 def _blk_q5_0(acc, c, wr, o, xa, xb, d, xsum, f16):
     q, h = o + Q5_0_QS, o + Q5_0_QH
@@ -123,16 +105,6 @@ def _matvec(w, x, out, f16, blk, bbytes, pfb):
 
 
 @njit(parallel=True, cache=True)
-def mm16_q4_0(w, x, out, f16):
-    _matvec(w, x, out, f16, _blk_q4_0, Q4_0_BYTES, prefetch_bytes)
-
-
-@njit(parallel=True, cache=True)
-def mm16_q4_1(w, x, out, f16):
-    _matvec(w, x, out, f16, _blk_q4_1, Q4_1_BYTES, prefetch_bytes)
-
-
-@njit(parallel=True, cache=True)
 def mm16_q5_0(w, x, out, f16):
     _matvec(w, x, out, f16, _blk_q5_0, Q5_0_BYTES, prefetch_bytes)
 
@@ -145,16 +117,6 @@ def mm16_q5_1(w, x, out, f16):
 @njit(parallel=True, cache=True)
 def mm16_q8_0(w, x, out, f16):
     _matvec(w, x, out, f16, _blk_q8_0, Q8_0_BYTES, prefetch_bytes)
-
-
-@njit(parallel=True, cache=True)
-def mm16_q4_0_l1(w, x, out, f16):
-    _matvec(w, x, out, f16, _blk_q4_0, Q4_0_BYTES, prefetch_bytes_l1)
-
-
-@njit(parallel=True, cache=True)
-def mm16_q4_1_l1(w, x, out, f16):
-    _matvec(w, x, out, f16, _blk_q4_1, Q4_1_BYTES, prefetch_bytes_l1)
 
 
 @njit(parallel=True, cache=True)
