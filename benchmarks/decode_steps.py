@@ -37,7 +37,7 @@ def step_key(step: Any) -> tuple[str, int]:
 
 
 def measure(
-    model_path: str, n_tokens: int, threads: int | None
+    model_path: str, n_tokens: int, threads: int | None, repack: bool = True
 ) -> tuple[float, float, list[tuple[str, int, int, float]]]:
     """(plain ms/token, timed ms/token, rows of (label, calls, weight bytes per call, seconds)) over
     ``n_tokens`` decoded tokens each."""
@@ -46,7 +46,7 @@ def measure(
     from llamapy.model import Model
 
     model = Model.load(model_path)
-    ctx = Context(model, ContextParams(n_ctx=max(512, 2 * n_tokens + 160), n_threads=threads))
+    ctx = Context(model, ContextParams(n_ctx=max(512, 2 * n_tokens + 160), n_threads=threads, repack=repack))
     run_test(ctx, model, 0, 2, 1)  # the decode graph and its kernels
     _until_tuned(ctx, model)
     plain = run_test(ctx, model, 0, n_tokens, 1)[0]
@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--tokens", type=int, default=64)
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--no-repack", action="store_true", help="the file's rows as stored (a short `run`)")
     a = ap.parse_args(argv)
     path = Path(a.model).expanduser()
     if not path.is_file():
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.tokens < 1:
         print(f"error: -n {a.tokens}: need at least one token", file=sys.stderr)
         return 1
-    plain, timed, rows = measure(str(path), a.tokens, a.threads)
+    plain, timed, rows = measure(str(path), a.tokens, a.threads, repack=not a.no_repack)
     total = sum(r[3] for r in rows) / (a.tokens + 1)
     print(f"# {machine_line()}")
     print(f"# {path.name}: {a.tokens} tokens; {1e3 * plain:.3f} ms/token plain, {1e3 * timed:.3f} timed")

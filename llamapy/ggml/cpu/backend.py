@@ -65,7 +65,7 @@ def _announce(kernels: list[Any]) -> None:
     global _announced
     if _announced or os.environ.get("LLAMAPY_QUIET"):
         return
-    for k in kernels:
+    for k in {id(k): k for k in kernels}.values():  # (a graph needs a kernel once per node: ~500 paths)
         try:
             cold = not os.path.exists(k._cache._cache_file._index_path)
         except AttributeError:  # pragma: no cover - numba internals moved
