@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+from . import keep_until_exit
 from .common import (
     REPACK_MIN_TOKENS,
     add_escape_args,
@@ -134,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     text = read_prompt(args)
     grammar = grammar_from_args(args)
     llm = load_llama(args)
+    keep_until_exit(llm)
     seq = llm._need_ctx()
     # the token loop reads the logits it needs; Llama.scores (n_ctx x n_vocab, paged in a row per token:
     # 1 MiB a token for a 262k vocabulary) is for API callers, not this command

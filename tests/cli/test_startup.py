@@ -47,3 +47,33 @@ def test_fast_exit_keeps_all_output_and_status(smollm2_path) -> None:
     )
     bad = _py("", "-m", "llamapy", "tokenize", "-m", str(smollm2_path) + ".missing", "-p", "x")
     assert bad.returncode == 1 and bad.stderr.startswith("error: ")
+
+
+def test_a_fast_exit_keeps_the_model_and_main_in_process_frees_it(smollm2_path, monkeypatch) -> None:
+    """``keep_until_exit`` holds an object only when ``entry``'s immediate exit follows (freeing a model
+    on the way out is moot there); ``main`` in a process that goes on (tests, callers) frees it."""
+    import gc
+    import weakref
+
+    from llamapy import cli
+    from llamapy.api import llama as api_llama
+
+    made: list[weakref.ref] = []
+    init = api_llama.Llama.__init__
+
+    def tracked(self, *a, **k):  # type: ignore[no-untyped-def]
+        init(self, *a, **k)
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(api_llama.Llama, "__init__", tracked)
+    assert cli._KEEP is None
+    argv = ["run", "-m", str(smollm2_path), "-p", "Hi", "-n", "2", "-t", "1", "--temp", "0"]
+    assert cli.main(argv) == 0
+    gc.collect()
+    assert len(made) == 1 and made[0]() is None  # freed
+    monkeypatch.setattr(cli, "_KEEP", [])
+    assert cli.main(argv) == 0
+    gc.collect()
+    assert len(made) == 2 and made[1]() is not None and cli._KEEP == [made[1]()]  # held for the exit
+    out = _py("", "-m", "llamapy", *argv)  # and the command itself, ending that way
+    assert out.returncode == 0 and out.stdout.strip(), out.stderr

@@ -88,3 +88,20 @@ def test_threads_share_an_index_while_it_builds() -> None:
     for t in threads:
         t.join()
     assert not bad and idx.built
+
+
+@pytest.mark.parametrize("scans", [0, 5, 10**6])
+def test_scanned_and_sorted_lookups_agree(monkeypatch, scans: int) -> None:
+    """The first ``SCAN_LOOKUPS`` lookups compare every key, later ones search the sorted keys: the same
+    answers either way, repeated texts and texts sharing a key (length and last bytes) included."""
+    from llamapy.gguf import string_index
+
+    monkeypatch.setattr(string_index, "SCAN_LOOKUPS", scans)
+    strings = [f"{p}-suffix" for p in ("a", "b", "a", "cc", "d")] + ["x" * 9, "y" * 9, "a-suffix"]
+    arr = StringArray.from_strings(strings)
+    for last in (True, False):
+        idx = StringIndex(arr, last=last, budget=10**6)
+        want = _expected(strings, last)
+        for key in [*strings, "z-suffix", "x" * 8, ""] * 3:
+            assert idx.get(key) == want.get(key), (key, last)
+        assert (idx._sorted is not None) == (scans < 3 * 11)
