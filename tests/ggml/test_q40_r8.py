@@ -6,6 +6,10 @@ logits whether or not its weights are repacked."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -78,6 +82,39 @@ def test_r8_kernel_nonfinite_activation_rows_give_nan(t, bad):
     R8[t][0](raw, x, out, F16)
     assert np.isfinite(out[[0, 2]]).all()
     assert np.isnan(out[1]).all()
+
+
+_GENERIC = """
+import numpy as np
+from llamapy.ggml import GGMLType as T
+from llamapy.ggml.cpu import q40_x8, x8simd
+from llamapy.ggml.cpu.matmul_kernels import F16_TABLE
+from llamapy.ggml.cpu.q40_r8_kernels import mm_q4_1_r8
+from llamapy.ggml.cpu.q40_x8_kernels import mm_q4_1_x8
+from llamapy.ggml.quants import dequantize, quantize
+assert not x8simd.HAVE_F16C
+rng = np.random.default_rng(5)
+raw = np.asarray(quantize(rng.standard_normal((21, 96)).astype(np.float32), T.Q4_1)).reshape(21, -1)
+x = rng.standard_normal((2, 96)).astype(np.float32)
+out = np.zeros((2, 21), np.float32)
+mm_q4_1_r8(raw, x, out, F16_TABLE)
+pad = np.concatenate([raw, np.repeat(raw[-1:], 3, 0)])
+x8 = np.zeros((2, 24), np.float32)
+mm_q4_1_x8(q40_x8.repack(pad, T.Q4_1), x, x8, 0)
+assert np.array_equal(out, x8[:, :21])
+ref = x.astype(np.float64) @ dequantize(raw, T.Q4_1).astype(np.float64).T
+assert np.abs(out - ref).max() < 1e-3 * np.abs(ref).max()
+print("ok")
+"""
+
+
+def test_r8_kernel_generic_ir_on_a_plain_x86_64_target():
+    """NUMBA_CPU_NAME=generic: no AVX2 or F16C, so the scales' half floats are converted in integer IR
+    and the multiplies are generic IR; the transposition is generic IR on every target."""
+    env = dict(os.environ, NUMBA_CPU_NAME="generic")
+    env.pop("NUMBA_CPU_FEATURES", None)  # e.g. haswell's +avx2 would undo "generic"
+    r = subprocess.run([sys.executable, "-c", _GENERIC], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
 
 
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1])
