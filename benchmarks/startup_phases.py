@@ -114,7 +114,9 @@ print("\nPHASES " + json.dumps({"ms": {k: v * 1000 for k, v in out.items()}, "n"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--wall", action="store_true", help="wall-clock time from the process's launch, not CPU time")
+    ap.add_argument(
+        "--wall", action="store_true", help="wall-clock time from the process's launch, not CPU time"
+    )
     ap.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the llamapy arguments (run ...)")
     a = ap.parse_args()
     argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
