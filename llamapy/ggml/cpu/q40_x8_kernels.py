@@ -270,8 +270,8 @@ def _blk_q4_1(acc, w, t, xpm, x0, d, xsum, cor):
 
 def row_block(blk):  # type: ignore[no-untyped-def]
     """``blk`` as ``rowgroups.x8_rows``' block ``(acc, w, t, m, b, a)``: activation row ``m``'s step of
-    block ``b``, ``a`` being ``_prepare``'s (permuted activations, scales, scaled sums, corrections; the
-    Q5 kernels' ``_prepare`` too)."""
+    block ``b``, ``a`` being ``prepare_activations``' (permuted activations, scales, scaled sums,
+    corrections; the Q5 kernels' ``_prepare`` too)."""
 
     @njit(inline="always")
     def row(acc, w, t, m, b, a):  # type: ignore[no-untyped-def]
@@ -291,7 +291,7 @@ def _mm_x8(R, x, out, pfd, nth, blk, xbytes):
     """The one-row kernels' body: ``rowgroups.x8_rows`` with ``blk`` (``_row_q4_0`` / ``_row_q4_1``)."""
     nb = R.shape[1] // xbytes
     M = x.shape[0]
-    xp, xd, xs, cor, ok = _prepare(x, nb)
+    xp, xd, xs, cor, ok = prepare_activations(x, nb)
     x8_rows(R, out, M, pfd, nth, xbytes, blk, x8_group_prefetch, (xp, xd, xs, cor))
     for m in range(M):
         if not ok[m]:
@@ -300,9 +300,9 @@ def _mm_x8(R, x, out, pfd, nth, blk, xbytes):
 
 
 @njit(inline="always")
-def _prepare(x, nb):
-    """The activations as the kernels read them: (permuted 16-bit values, scales, scales times sums,
-    -8 times the integer sums, finite rows)."""
+def prepare_activations(x, nb):
+    """The activations as the kernels read them, here and in ``q40_r8_kernels``: (permuted 16-bit
+    values, scales, scales times sums, -8 times the integer sums, finite rows)."""
     M = x.shape[0]
     xq = np.empty((M, nb * 32), np.int16)
     xd = np.empty((M, nb), np.float32)

@@ -244,7 +244,7 @@ _row_q5_0 = row_block(_blk_q5_0)
 _row_q5_1 = row_block(_blk_q5_1)
 
 
-# -- the loop (``q40_x8_kernels._mm_x8`` / ``_prepare`` with the offset -16: copied, not shared, while
+# -- the loop (``q40_x8_kernels._mm_x8`` / ``prepare_activations`` with the offset -16: copied, not shared, while
 # that module changes; the blocks' permutation is shared: ``permute_rows_q4``) ------------------------------
 @njit(inline="always")
 def _prepare(x, nb, off):
