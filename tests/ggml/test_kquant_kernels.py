@@ -4,10 +4,6 @@ non-x86 machines take), run in a subprocess that targets a plain x86-64 CPU."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -15,6 +11,7 @@ from llamapy.ggml import GGMLType as T
 from llamapy.ggml.cpu import kquant_kernels as kk
 from llamapy.ggml.cpu import matmul_kernels as mk
 from llamapy.ggml.quants import dequantize, quantize
+from tests.ggml.generic_target import run_on_generic_target
 
 KTYPES = [T.Q4_K, T.Q5_K, T.Q6_K]
 
@@ -89,10 +86,7 @@ print("ok")
 
 def test_kquant_matvec_generic_ir_on_a_plain_x86_64_target():
     """NUMBA_CPU_NAME=generic: no AVX2, so ``imadd`` is the generic widen-multiply-add IR."""
-    env = dict(os.environ, NUMBA_CPU_NAME="generic")
-    env.pop("NUMBA_CPU_FEATURES", None)  # e.g. haswell's +avx2 would undo "generic"
-    r = subprocess.run([sys.executable, "-c", _GENERIC], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+    run_on_generic_target(_GENERIC)
 
 
 def q6_k_integer_case(rows: int, K: int, seed: int):

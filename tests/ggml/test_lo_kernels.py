@@ -6,9 +6,7 @@ and batch independence are in ``test_matvec_batch`` / ``test_backend_ops``, whic
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +17,7 @@ from llamapy.ggml.cpu import matmul_kernels as mk
 from llamapy.ggml.cpu.backend import CPUBackend
 from llamapy.ggml.quants import dequantize, quantize
 from llamapy.ggml.types import TRAITS
+from tests.ggml.generic_target import run_on_generic_target
 from tests.util import as_kernel_sees
 
 TYPES = [T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS]
@@ -120,13 +119,7 @@ print("ok")
 
 def test_generic_ir_on_a_plain_x86_64_target():
     """NUMBA_CPU_NAME=generic: no AVX2 (``vnl`` extracts lanes instead of ``vpermps``)."""
-    env = dict(os.environ, NUMBA_CPU_NAME="generic")
-    env.pop("NUMBA_CPU_FEATURES", None)  # e.g. haswell's +avx2 would undo "generic"
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = subprocess.run(
-        [sys.executable, "-c", _GENERIC], env=env, capture_output=True, text=True, timeout=900, cwd=root
-    )
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+    run_on_generic_target(_GENERIC, timeout=900, cwd=Path(__file__).resolve().parents[2])
 
 
 def _both(outs, feeds):

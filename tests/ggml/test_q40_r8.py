@@ -6,10 +6,6 @@ logits whether or not its weights are repacked."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -19,7 +15,8 @@ from llamapy.ggml.cpu import matmul_steps, q40_x8
 from llamapy.ggml.cpu.q40_r8_kernels import mm_q4_0_r8, mm_q4_0_r8_l1, mm_q4_1_r8, mm_q4_1_r8_l1
 from llamapy.ggml.cpu.q40_x8_kernels import mm_q4_0_x8, mm_q4_1_x8
 from llamapy.ggml.quants import dequantize
-from tests.ggml.test_q40_x8 import q16, random_bytes, weights
+from tests.ggml.generic_target import run_on_generic_target
+from tests.ggml.test_q40_x8 import q4_0_integer_case, q16, random_bytes, weights
 
 F16 = mk.F16_TABLE
 R8 = {T.Q4_0: (mm_q4_0_r8, mm_q4_0_r8_l1), T.Q4_1: (mm_q4_1_r8, mm_q4_1_r8_l1)}
@@ -53,21 +50,10 @@ def test_r8_kernel_gives_the_repacked_kernels_bits(t, N, K, M):
 
 
 def test_r8_kernel_integer_sums_are_exact():
-    """Power-of-two scales and activations that the 16-bit quantization keeps as integers: every float
-    step is exact, so the result must be the integer dot product (the nibble order, the transposition of
-    the rows' bytes, the -8 folded into the activation sums)."""
-    rng = np.random.default_rng(9)
-    rows, K = 21, 256
-    raw = random_bytes(T.Q4_0, rows, K, 4).reshape(rows, K // 32, 18)
-    raw[:, :, 0:2] = (
-        (np.float16(2.0) ** rng.integers(-4, -2, (rows, K // 32, 1))).astype("<f2").view(np.uint8)
-    )
-    raw = raw.reshape(rows, -1)
-    x = rng.integers(-5, 6, (2, K)).astype(np.float32)
-    x[0, ::32] = 32767.0
-    x[1, 5::32] = -32767.0
-    expect = (x.astype(np.float64) @ dequantize(raw, T.Q4_0).astype(np.float64).T).astype(np.float32)
-    out = np.zeros((2, rows), np.float32)
+    """Every float step exact (``q4_0_integer_case``): the result is the integer dot product bit for bit
+    (the nibble order, the transposition of the rows' bytes, the -8 folded into the activation sums)."""
+    raw, x, expect = q4_0_integer_case(21, 256)
+    out = np.zeros((2, 21), np.float32)
     mm_q4_0_r8(raw, x, out, F16)
     np.testing.assert_array_equal(out, expect)
 
@@ -111,10 +97,7 @@ print("ok")
 def test_r8_kernel_generic_ir_on_a_plain_x86_64_target():
     """NUMBA_CPU_NAME=generic: no AVX2 or F16C, so the scales' half floats are converted in integer IR
     and the multiplies are generic IR; the transposition is generic IR on every target."""
-    env = dict(os.environ, NUMBA_CPU_NAME="generic")
-    env.pop("NUMBA_CPU_FEATURES", None)  # e.g. haswell's +avx2 would undo "generic"
-    r = subprocess.run([sys.executable, "-c", _GENERIC], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+    run_on_generic_target(_GENERIC)
 
 
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1])

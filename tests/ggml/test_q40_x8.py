@@ -83,12 +83,11 @@ def test_x8_kernel_matches_plain_kernel_and_float64(t, N, K):
     assert float(((out - ref) ** 2).sum() / (ref**2).sum()) < 1e-12
 
 
-def test_x8_kernel_integer_sums_are_exact():
-    """Scales powers of two and activations that 16-bit quantization keeps as integers (each block's
-    largest is 32767: scale 1): every float step is exact, so the result must equal the integer dot
-    product bit for bit (the nibble order, the -8 folded into the activation sums)."""
+def q4_0_integer_case(rows: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(Q4_0 rows with power-of-two scales, activations the 16-bit quantization keeps as integers (each
+    block's largest is 32767: scale 1), their exact product): every float step of a kernel is exact, so
+    its result must equal the product bit for bit."""
     rng = np.random.default_rng(9)
-    rows, K = 16, 256
     raw = random_bytes(T.Q4_0, rows, K, 4).reshape(rows, K // 32, 18)
     d = (np.float16(2.0) ** rng.integers(-4, -2, (rows, K // 32, 1))).astype("<f2")
     raw[:, :, 0:2] = d.view(np.uint8)
@@ -97,7 +96,14 @@ def test_x8_kernel_integer_sums_are_exact():
     x[0, ::32] = 32767.0
     x[1, 5::32] = -32767.0
     expect = (x.astype(np.float64) @ dequantize(raw, T.Q4_0).astype(np.float64).T).astype(np.float32)
-    out = np.zeros((2, rows), np.float32)
+    return raw, x, expect
+
+
+def test_x8_kernel_integer_sums_are_exact():
+    """Every float step exact (``q4_0_integer_case``): the result is the integer dot product bit for bit
+    (the nibble order, the -8 folded into the activation sums)."""
+    raw, x, expect = q4_0_integer_case(16, 256)
+    out = np.zeros((2, 16), np.float32)
     mm_q4_0_x8(q40_x8.repack(raw), x, out, 0)
     np.testing.assert_array_equal(out, expect)
 

@@ -7,9 +7,6 @@ multiple of 8, not a mapped file, switched off) fall back."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +21,7 @@ from llamapy.ggml.cpu.backend import CPUBackend
 from llamapy.ggml.cpu.q4k_x8_kernels import mm_q4_k_x8, mm_q4_k_x8r4, unpack_x8_rows
 from llamapy.ggml.quants import dequantize, quantize
 from llamapy.ggml.tensor import Tensor
+from tests.ggml.generic_target import run_on_generic_target
 
 F16 = mk.F16_TABLE
 
@@ -235,10 +233,7 @@ def test_half_conversion_generic_ir_on_a_plain_x86_64_target():
     signed zeros, inf, NaN). The kernel's other generic pieces are ``isimd``'s (``maddubs``/``maddwd``
     without AVX2: tests/ggml/test_kquant_kernels.py); running the whole kernel here would compile it and
     the Q8_K quantizer for a second target (~40 s)."""
-    env = dict(os.environ, NUMBA_CPU_NAME="generic")
-    env.pop("NUMBA_CPU_FEATURES", None)
-    r = subprocess.run([sys.executable, "-c", _GENERIC], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+    run_on_generic_target(_GENERIC)
 
 
 def test_tied_q4_k_model_decodes_as_without_repacking(tmp_path, monkeypatch):

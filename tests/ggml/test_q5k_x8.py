@@ -8,9 +8,6 @@ weights it must not repack fall back."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +23,7 @@ from llamapy.ggml.cpu.backend import CPUBackend
 from llamapy.ggml.cpu.q5k_x8_kernels import mm_q5_k_x8, mm_q5_k_x8r4, unpack_x8_rows
 from llamapy.ggml.quants import dequantize, quantize
 from llamapy.ggml.tensor import Tensor
+from tests.ggml.generic_target import run_on_generic_target
 
 F16 = mk.F16_TABLE
 RB = 176  # bytes of one Q5_K block
@@ -154,10 +152,7 @@ print("ok")
 def test_x8_kernels_generic_ir_on_a_plain_x86_64_target():
     """NUMBA_CPU_NAME=generic: no AVX2 or F16C, so ``pmaddubsw`` / ``pmaddwd`` / ``vcvtph2ps`` are generic
     IR (the decoding, shifts and shuffles are generic IR on every target)."""
-    env = dict(os.environ, NUMBA_CPU_NAME="generic")
-    env.pop("NUMBA_CPU_FEATURES", None)  # e.g. haswell's +avx2 would undo "generic"
-    r = subprocess.run([sys.executable, "-c", _GENERIC], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+    run_on_generic_target(_GENERIC)
 
 
 def _pow2_halves(raw: np.ndarray, rng: np.random.Generator) -> np.ndarray:

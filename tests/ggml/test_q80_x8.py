@@ -7,9 +7,6 @@ path; weights it must not repack fall back."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +23,7 @@ from llamapy.ggml.cpu.q80_x8_kernels import mm_q8_0_x8, mm_q8_0_x8r4
 from llamapy.ggml.cpu.repack import LAYOUTS
 from llamapy.ggml.quants import dequantize, quantize
 from llamapy.ggml.tensor import Tensor
+from tests.ggml.generic_target import run_on_generic_target
 
 F16 = mk.F16_TABLE
 
@@ -160,10 +158,7 @@ print("ok")
 
 def test_x8_kernels_generic_ir_on_a_plain_x86_64_target():
     """NUMBA_CPU_NAME=generic: no AVX2, so ``hmadd`` is the generic widened multiply-add IR."""
-    env = dict(os.environ, NUMBA_CPU_NAME="generic")
-    env.pop("NUMBA_CPU_FEATURES", None)  # e.g. haswell's +avx2 would undo "generic"
-    r = subprocess.run([sys.executable, "-c", _GENERIC], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+    run_on_generic_target(_GENERIC)
 
 
 @pytest.fixture
