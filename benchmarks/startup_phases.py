@@ -56,6 +56,9 @@ import llamapy.cli as cli
 import llamapy.cli.gcpause as gcpause
 if cli._subcommand(sys.argv[1:]) in cli._GC_PAUSE:
     gcpause.pause()
+if cli._subcommand(sys.argv[1:]) in cli._FAST_EXIT:
+    cli._KEEP = []  # as entry(): the model is kept to the fast exit, not freed on the way out
+cli._prefetch_model(sys.argv[1:])  # as main(): the page-cache and mapping thread
 parser = cli.build_parser(cli._subcommand(sys.argv[1:]))
 marks["imports"] = T()
 import numba.core.dispatcher as D
@@ -91,6 +94,7 @@ def generate(*a, **k):
     marks["other tokens"] = T()
 g.generate = generate
 args = parser.parse_args(sys.argv[1:])
+marks["arguments"] = T()
 try:
     rc = args.func(args)
 finally:
@@ -105,6 +109,9 @@ out["  of it: repacking"] = acc["repack"]
 out["  of it: kernel loads"] = acc["kernel loads"]
 out["other tokens"] = marks["other tokens"] - marks["first token"]
 out["the rest"] = end - t0 - sum(v for k, v in out.items() if not k.startswith(" ") and k != "python start")
+out["  of it: arguments"] = marks["before load"] - marks["arguments"]
+out["  of it: prompt set-up"] = marks["before generate"] - marks["context"]
+out["  of it: after the tokens"] = end - marks["other tokens"]
 out["garbage collections"] = acc["gc"]
 out["total"] = end
 print("\nPHASES " + json.dumps({"ms": {k: v * 1000 for k, v in out.items()}, "n": n}), file=sys.stderr)

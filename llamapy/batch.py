@@ -15,11 +15,12 @@ int32[n, 4] gives each token its (t, h, w, e) positions; text tokens are (p, p, 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
 
+from ._dataclass import dataclass
 from .errors import LlamapyError
 
 

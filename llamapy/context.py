@@ -18,13 +18,14 @@ import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._cpuload import ThreadPolicy
+from ._dataclass import dataclass
 from ._numba import cap_threads, set_num_threads
 from .batch import AllocatedBatch, Batch, BatchError, UBatch, allocate
 from .errors import LlamapyError

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from .._dataclass import dataclass
 from ..errors import LlamapyError
 
 REASONING_FORMATS = ("none", "deepseek", "auto")

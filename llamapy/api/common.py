@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..errors import LlamapyError
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF

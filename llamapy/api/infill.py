@@ -16,8 +16,9 @@ tokens, the suffix its first ``n_batch // 4 - 2 - len(prompt)``, and the extra c
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from .._dataclass import dataclass
 
 # "\n\n--- snippet ---\n\n": llama.cpp's chunk separator for vocabularies without FIM_SEP
 CHUNK_SEPARATOR = "\n\n--- snippet ---\n\n"

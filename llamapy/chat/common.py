@@ -14,11 +14,12 @@ import json
 import secrets
 import string
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import regex
 
+from .._dataclass import dataclass
 from .reasoning import THINK, StrippedText, ThinkTags, partial_suffix, prompt_opens_block
 
 # --- data ---

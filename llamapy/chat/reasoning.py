@@ -8,7 +8,7 @@ whitespace, whitespace after a closing tag is dropped, and a block never closed 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from .._dataclass import dataclass
 
 
 @dataclass(frozen=True)

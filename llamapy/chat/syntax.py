@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import regex
 
+from .._dataclass import dataclass
 from .common import (
     NOT_A_CALL,
     PARTIAL,

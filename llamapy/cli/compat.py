@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from .._dataclass import dataclass
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,12 @@ import math
 import struct
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, BinaryIO
 
 import numpy as np
+
+from .._dataclass import dataclass
 
 _KLD_MAGIC = b"LPYKLD1\0"
 

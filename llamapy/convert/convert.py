@@ -18,12 +18,13 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..ggml.types import GGMLType
 from ..model.hf import HFConvert
 from .errors import ConvertError

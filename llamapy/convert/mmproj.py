@@ -17,12 +17,13 @@ import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..ggml.types import GGMLType
 from .errors import ConvertError
 from .safetensors import SafeTensor, SafetensorsFile, open_checkpoint

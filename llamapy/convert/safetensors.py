@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import mmap
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .._dataclass import dataclass
 from .errors import ConvertError
 
 # safetensors dtype -> (NumPy storage dtype, bytes per element)

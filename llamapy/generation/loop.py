@@ -15,11 +15,12 @@ logits to its own ``Generation``::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Protocol
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..sampling.logprobs import log_softmax, post_sampling_probs, top_logprobs
 from ..vocab.vocab import eog_ids
 from .sequence import TokenSequence

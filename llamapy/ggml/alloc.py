@@ -8,10 +8,11 @@ inputs are never reused before the end of a compute. Weights and persistent buff
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 
+from .._dataclass import dataclass
 from .graph import Graph
 from .tensor import GraphError, Tensor
 from .types import TRAITS

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 
+from .._dataclass import dataclass
 from .alloc import Plan, array_of, owner_bytes, plan_graph
 from .backend import Backend, ComputeError
 from .graph import Graph

@@ -7,9 +7,10 @@ integer types are "blocks" of one element.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
 import numpy as np
+
+from .._dataclass import dataclass
 
 
 class GGMLType(enum.IntEnum):

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..errors import LlamapyError
 
 __all__ = [

@@ -14,11 +14,12 @@ import mmap as _mmap
 import os
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..ggml.types import TRAITS, GGMLType
 from .constants import (
     GGML_MAX_NAME,

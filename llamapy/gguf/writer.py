@@ -20,11 +20,11 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..ggml.types import TRAITS, GGMLType
 from .constants import (
     GGML_MAX_NAME,

@@ -10,8 +10,9 @@ as llguidance Lark.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from .._dataclass import dataclass
 from .errors import GrammarError
 
 MAX_NESTING = 200  # groups inside groups (llama.cpp has no limit, but recurses)

@@ -30,7 +30,6 @@ import re
 import threading
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +37,7 @@ import llguidance
 import numpy as np
 from llguidance import LLMatcher
 
+from .._dataclass import dataclass
 from .errors import GrammarError
 from .gbnf import parse_gbnf
 from .lark_writer import Converted, bind_tokens, gbnf_lark

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from .._dataclass import dataclass
 from .errors import GrammarError
 from .gbnf import Body, Cls, Grammar, Item, Lit, Ref, Rep, Tok
 from .units import (

@@ -17,12 +17,12 @@ from __future__ import annotations
 import re
 import threading
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import llguidance
 import numpy as np
 
+from .._dataclass import dataclass
 from ..vocab.vocab import TokenAttr, Vocab, VocabType, eog_ids
 from .errors import GrammarError
 

@@ -20,11 +20,11 @@ until every unit left passes. Too large an analysis gives up on units altogether
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .._dataclass import dataclass
 from .gbnf import Cls, Item, Lit, Ref, Tok
 
 if TYPE_CHECKING:

@@ -19,9 +19,10 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
+from .._dataclass import dataclass
 from .common import ModelFetchError
 
 DEFAULT_ENDPOINT = "https://huggingface.co"

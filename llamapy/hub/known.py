@@ -15,10 +15,11 @@ import tempfile
 import threading
 import time
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TextIO
 
+from .._dataclass import dataclass
 from .common import ModelFetchError, models_dir
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from .._dataclass import dataclass
 from . import hf
 from .common import ModelFetchError
 from .known import KNOWN_MODELS, cached_path, canonical_name

@@ -20,10 +20,10 @@ import dataclasses
 import math
 import struct
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..batch import UBatch
 from ..errors import LlamapyError
 from ..ggml import ops

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..batch import UBatch
 from ..errors import LlamapyError
 from ..ggml import ops

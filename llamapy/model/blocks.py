@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..ggml import ops
 from ..ggml.tensor import Tensor
 from ..ggml.types import GGMLType

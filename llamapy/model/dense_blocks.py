@@ -4,8 +4,7 @@ it declares (``load_dense_tensors``) and its graph (``build_dense``): token embe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from .._dataclass import dataclass
 from ..ggml import ops
 from ..ggml.tensor import Tensor
 from .arch import Architecture

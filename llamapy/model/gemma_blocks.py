@@ -6,10 +6,10 @@ scale (``gemma_attention_scale``); and what Gemma 4 and Gemma 3n share: K/V shar
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..ggml import ops
 from ..ggml.tensor import Tensor
 from ..ggml.types import GGMLType

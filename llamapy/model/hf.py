@@ -13,10 +13,11 @@ common mapping).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from .._dataclass import dataclass
 
 # ctx: llamapy.convert.convert.Context (hparams, find_hparam, rope_parameters, block_count, ...);
 # kv: gguf-py's GGUFWriter used as the key/value collector (its add_* helpers name the keys)

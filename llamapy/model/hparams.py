@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import IntEnum
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..errors import LlamapyError
 
 

@@ -12,9 +12,10 @@ the exception (``convert_lora_to_gguf.py`` stores them flipped so that a row loo
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from .._dataclass import dataclass
 from ..ggml import ops
 from ..ggml.tensor import Tensor
 from ..ggml.types import TRAITS

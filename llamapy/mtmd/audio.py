@@ -19,11 +19,11 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
+from .._dataclass import dataclass
 from .errors import MtmdError
 
 __all__ = [

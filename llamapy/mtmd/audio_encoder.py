@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..ggml import ops
 from ..ggml.graph import Graph
 from ..ggml.sched import Scheduler

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..ggml.graph import Graph
 from ..ggml.sched import Scheduler
 from ..ggml.tensor import Tensor

@@ -32,11 +32,11 @@ HF stretches), ``<start_of_image>`` 256 embeddings ``<end_of_image>``, causal at
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..ggml import ops
 from ..ggml.tensor import Tensor
 from ..ggml.types import GGMLType

@@ -18,10 +18,10 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
+from .._dataclass import dataclass
 from .errors import ImageError
 
 __all__ = ["DEFAULT_MAX_PIXELS", "Bitmap", "idefics3_frames", "load_image", "preprocess_fixed"]

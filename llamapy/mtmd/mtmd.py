@@ -22,10 +22,11 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..batch import Batch
 from . import llava, siglip  # noqa: F401  (register the projector types)
 from .audio import AudioBitmap, AudioError, decode_audio, is_audio, mel_chunks

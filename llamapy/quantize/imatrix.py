@@ -13,11 +13,11 @@ import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .._dataclass import dataclass
 from .ftypes import QuantizeError
 from .imatrix_file import Imatrix, ImatrixEntry
 

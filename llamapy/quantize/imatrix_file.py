@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..gguf.constants import GGUFValueType
 from ..gguf.reader import GGUFError, GGUFReader
 from ..gguf.writer import GGUFWriter

@@ -14,11 +14,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..ggml.quants import QuantError, dequantize, quantize
 from ..ggml.quants._rowq import F16_TABLE, f16_kernel, f16_kernel_cvt
 from ..ggml.types import TRAITS, GGMLType

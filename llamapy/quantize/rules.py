@@ -11,8 +11,9 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from .._dataclass import dataclass
 from ..ggml.types import TRAITS, GGMLType
 from .ftypes import FType, QuantizeError
 

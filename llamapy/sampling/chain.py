@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .._dataclass import dataclass
 from .dry import MAX_BREAKERS, MAX_CHAR_LEN, DRYSampler
 from .errors import SamplingError
 from .rng import LLAMA_DEFAULT_SEED
@@ -111,7 +112,7 @@ def sampler_chars(chars: str) -> list[str]:
     return out
 
 
-@dataclasses.dataclass
+@dataclass
 class SamplingParams:
     """llama.cpp's ``common_params_sampling`` with its defaults."""
 

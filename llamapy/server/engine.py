@@ -34,12 +34,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import Enum
 from typing import Any
 
 import numpy as np
 
+from .._dataclass import dataclass
 from ..generation import (
     ContextFullError,
     Generation,

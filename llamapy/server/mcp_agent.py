@@ -26,9 +26,10 @@ import asyncio
 import json
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from .._dataclass import dataclass
 from .mcp_host import ToolOutcome
 
 STEP_SEPARATOR = "\n\n"  # between the content of two steps

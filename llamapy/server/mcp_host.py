@@ -28,10 +28,11 @@ import os
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from .._dataclass import dataclass
 from ..errors import LlamapyError
 
 log = logging.getLogger("llamapy.server.mcp")

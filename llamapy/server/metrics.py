@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from .._dataclass import dataclass
 
 
 @dataclass

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
+from .._dataclass import dataclass
 from .backend import Backend
 from .engine import GenParams
 from .errors import APIError, bad_request, context_error, not_supported

@@ -20,13 +20,14 @@ import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .._dataclass import dataclass
 from .errors import APIError, bad_request
 from .state import FAILED, LOADED, LOADING, UNLOADED, ModelEntry
 

@@ -13,12 +13,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
+from .._dataclass import dataclass
 from . import params as P
 from .backend import Backend
 from .engine import Engine

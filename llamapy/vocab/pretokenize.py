@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from .._dataclass import dataclass
 from ..errors import LlamapyError
 from . import unicode as U
 

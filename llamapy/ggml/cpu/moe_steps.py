@@ -22,11 +22,12 @@ float64, where ``soft_max``'s step works in float32: closer to exact, the last b
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..._dataclass import dataclass
 from ..tensor import Tensor
 from ..types import GGMLType
 

@@ -14,9 +14,10 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from ..._dataclass import dataclass
 from ...errors import LlamapyError
 from ..tensor import Tensor
 from ..types import GGMLType
