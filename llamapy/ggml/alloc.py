@@ -81,13 +81,14 @@ def plan_graph(graph: Graph, extra_uses: dict[int, list[Tensor]] | None = None) 
     nodes reads the first one's inputs when it runs the second): they stay alive until it ran."""
     extra_uses = extra_uses or {}
     order = graph.order
-    pos = {id(t): i for i, t in enumerate(order)}
-    last: dict[int, int] = {}
+    last: dict[int, int] = {}  # id(owner) -> position of the last node using it (positions only grow)
     end = len(order)
     for i, t in enumerate(order):
-        last[id(t.owner)] = max(last.get(id(t.owner), -1), i)
-        for s in (*t.src, *extra_uses.get(id(t), ())):
-            last[id(s.owner)] = max(last.get(id(s.owner), -1), i)
+        last[id(t.owner)] = i
+        for s in t.src:
+            last[id(s.owner)] = i
+        for s in extra_uses.get(id(t), ()):
+            last[id(s.owner)] = i
     for t in graph.outputs:
         last[id(t.owner)] = end
     for t in graph.inputs:
@@ -109,7 +110,6 @@ def plan_graph(graph: Graph, extra_uses: dict[int, list[Tensor]] | None = None) 
             plan.naive_size += t.nbytes
         for f in frees.get(i, ()):
             a.release(plan.offsets[id(f)], f.nbytes)
-    del pos
     plan.size = a.top
     return plan
 

@@ -412,10 +412,10 @@ def view(
 def reshape(a: Tensor, shape: Sequence[int], name: str = "") -> Tensor:
     shape = list(_shape(shape))
     if shape.count(-1) == 1:
-        rest = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+        rest = math.prod(s for s in shape if s != -1)
         shape[shape.index(-1)] = a.n_elements // rest if rest else 0
     shape = tuple(shape)
-    if int(np.prod(shape, dtype=np.int64)) != a.n_elements:
+    if math.prod(shape) != a.n_elements:
         raise GraphError(f"{_where('reshape', a)}: cannot reshape {a.shape} to {shape}")
     if not a.is_contiguous():
         raise GraphError(

@@ -121,6 +121,13 @@ class Scheduler:
 
     def _assign(self, graph: Graph) -> dict[int, Backend]:
         where: dict[int, Backend] = {}
+        if len(self.backends) == 1 and not self._pinned:  # one backend: every node is its (a decode's 800)
+            b = self.backends[0]
+            for node in graph.nodes:
+                if not b.supports_op(node):
+                    raise GraphError(f"no backend supports {node!r}")
+                where[id(node)] = b
+            return where
         for t in graph.leafs:
             if id(t) in self._pinned:
                 where[id(t)] = self._pinned[id(t)]

@@ -54,10 +54,13 @@ def contiguous_strides(t: GGMLType, shape: Sequence[int]) -> tuple[int, ...]:
 
 def nbytes_of(t: GGMLType, shape: Sequence[int]) -> int:
     """Bytes taken by a contiguous tensor."""
+    tr = TRAITS[t]
     if not shape:
-        return TRAITS[t].type_size
-    n_rows = math.prod(shape[:-1])
-    return n_rows * row_size(t, shape[-1])
+        return tr.type_size
+    n = shape[-1]
+    if n % tr.block_size:
+        row_size(t, n)  # raises, naming the type
+    return math.prod(shape[:-1]) * (n // tr.block_size * tr.type_size)
 
 
 class Tensor:
@@ -91,8 +94,8 @@ class Tensor:
         view_src: Tensor | None = None,
         data: np.ndarray | None = None,
     ) -> None:
-        self.type = GGMLType(type)
-        self.shape = tuple(int(s) for s in shape)
+        self.type = type if type.__class__ is GGMLType else GGMLType(type)
+        self.shape = tuple(map(int, shape))
         if not 1 <= len(self.shape) <= 4:
             raise GraphError(f"{op} {name!r}: tensors have 1 to 4 dimensions, got shape {self.shape}")
         if any(s < 0 for s in self.shape):
