@@ -13,8 +13,10 @@ by our writer and quantized by ``llama-quantize`` (Q4_K_M, Q5_K_M, Q8_0, Q4_0: i
 an MoE shape (Qwen3-30B-A3B's dims, 6 layers, Q4_K_M); see ``benchmarks/shaped.py``. Made once, cached.
 
 Per file and round, each tool (the order alternating): ``llama-bench`` / ``llamapy bench -o json`` with the
-file's tests (tg, pp64, pp512; tg at depth 4096/16384 where listed), then ``run -p Hello -n 16`` (wall time and
-peak RSS; llama.cpp's ``llama-completion`` or ``llama-cli -no-cnv``) where listed. Medians over rounds; the
+file's tests (tg, pp64, pp512; tg at depth 4096/16384 where listed). After the rounds, where listed,
+``rounds x --hello-runs`` whole ``run -p Hello -n 16`` of each tool (wall time and peak RSS; llama.cpp's
+``llama-completion`` or ``llama-cli -no-cnv``), one of each in turn: medians, and the median of each pair's
+ratio. Medians over rounds; the
 depth tests (``-r 1``) only in the first ``--depth-rounds`` rounds (default 1: a 16k fill of the 7B takes most of
 an hour on 2 cores). Each round starts with the 2-thread read bandwidth (``harness.read_bandwidth``; a VM's
 moved between 23 and 37 GB/s over a week); per file the weight bytes a token reads, so tg t/s gives GB/s and,
@@ -168,6 +170,30 @@ def hello_cmd(tool: str, path: Path, threads: int, bin_: Path) -> list[str] | No
     return None
 
 
+def _hello_runs(rec: dict, path: Path, args: argparse.Namespace, bin_: Path, env: dict) -> None:
+    """``rounds x hello_runs`` timed ``run -p Hello`` of each tool, alternating one run of each (the order
+    reversed every other pair), after two warm-ups each (page cache, .pyc, kernels). Run by run rather than
+    a round's runs of one tool, then the other's: this VM's speed moves within seconds, and a block of
+    one tool's runs can fall in a fast or a slow spell that the other tool's block misses."""
+    cmds = {tool: hello_cmd(tool, path, args.threads, bin_) for tool in ("llama.cpp", "llamapy")}
+    if cmds["llama.cpp"] is None:
+        rec["hello_note"] = "llama-completion / llama-cli not built (--make-only builds llama-completion)"
+        return
+    if Path(cmds["llama.cpp"][0]).name == "llama-cli":
+        rec["hello_note"] = "llama.cpp: `llama-cli -st` (no llama-completion built: --make-only builds it)"
+    log(f"whole-process runs: {path.name}, {args.rounds * args.hello_runs} of each tool, alternating")
+    for tool, cmd in cmds.items():
+        for _ in range(2):
+            H.run_timed(cmd, env=env if tool == "llamapy" else None, timeout=600)
+    for pair, tool in H.interleave(args.rounds * args.hello_runs, ("llama.cpp", "llamapy")):
+        m = H.run_timed(cmds[tool], env=env if tool == "llamapy" else None, timeout=600)
+        m["pair"] = pair
+        if m["rc"] != 0:
+            rec["hello_note"] = f"{tool}: exit {m['rc']}: `{' '.join(cmds[tool])}`"
+            continue
+        rec["hello"].setdefault(tool, []).append(m)
+
+
 def test_name(p: int, n: int, d: int) -> str:
     return (f"pp{p}" if p else f"tg{n}") + (f" @ d{d}" if d else "")
 
@@ -221,25 +247,9 @@ def run(items: list[Item], args: argparse.Namespace, bin_: Path, env: dict[str, 
                     by.setdefault(tool, []).append(r["avg_ts"])
                     if tool == "llamapy":  # the fraction column is llamapy's: this round's probe
                         by.setdefault("llamapy bandwidth", []).append(bw)
-            if it.run_hello:
-                cmd = hello_cmd(tool, paths[it.label], args.threads, bin_)
-                if cmd is None:
-                    rec["hello_note"] = (
-                        "llama-completion / llama-cli not built (--make-only builds llama-completion)"
-                    )
-                    continue
-                if rnd < 2:  # a warm-up each (page cache, .pyc, kernels)
-                    H.run_timed(cmd, env=env if tool == "llamapy" else None, timeout=600)
-                if tool == "llama.cpp" and Path(cmd[0]).name == "llama-cli":
-                    rec["hello_note"] = (
-                        "llama.cpp: `llama-cli -st` (no llama-completion built: --make-only builds it)"
-                    )
-                for _ in range(args.hello_runs):
-                    m = H.run_timed(cmd, env=env if tool == "llamapy" else None, timeout=600)
-                    if m["rc"] != 0:
-                        rec["hello_note"] = f"{tool}: exit {m['rc']}: `{' '.join(cmd)}`"
-                        continue
-                    rec["hello"].setdefault(tool, []).append(m)
+    for it in items:  # the whole-process runs, the two tools alternating run by run (A B B A ...)
+        if it.run_hello and it.label in paths:
+            _hello_runs(data["files"][it.label], paths[it.label], args, bin_, env)
     data["load_end"] = H.load()
     if not args.no_profile:
         for it in items:
@@ -296,14 +306,17 @@ def report(data: dict[str, Any], cmd: str) -> str:
     hello = [(label, rec) for label, rec in data["files"].items() if rec["hello"] or rec.get("hello_note")]
     if hello:
         lines += ["", "| whole process `run -p Hello -n 16 -c 4096` | llama.cpp s | llamapy s | ratio "
-                  "| llama.cpp peak RSS MiB | llamapy peak RSS MiB | ratio |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+                  "| of pairs | llama.cpp peak RSS MiB | llamapy peak RSS MiB | ratio |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
         for label, rec in hello:
             c, p = rec["hello"].get("llama.cpp", []), rec["hello"].get("llamapy", [])
             cs, ps = H.median([m["seconds"] for m in c]), H.median([m["seconds"] for m in p])
             cr, pr = H.median([m["rss_mb"] for m in c]), H.median([m["rss_mb"] for m in p])
-            lines.append(f"| {label} | {_f(cs)} | {_f(ps)} | {_f(ps / cs) if c else '—'}x | {cr:.0f} | {pr:.0f} "
-                         f"| {_f(pr / cr) if c else '—'}x |")  # fmt: skip
+            # the runs alternate (``_hello_runs``): the two runs of a pair were taken seconds apart
+            cp = {m["pair"]: m["seconds"] for m in c if "pair" in m}
+            pairs = H.median([m["seconds"] / cp[m["pair"]] for m in p if cp.get(m.get("pair"))])
+            lines.append(f"| {label} | {_f(cs)} | {_f(ps)} | {_f(ps / cs) if c else '—'}x | {_f(pairs)}x "
+                         f"| {cr:.0f} | {pr:.0f} | {_f(pr / cr) if c else '—'}x |")  # fmt: skip
             if rec.get("hello_note"):
                 notes.append(f"- {label}: {rec['hello_note']}")
     if notes:
