@@ -26,11 +26,12 @@ CASES = [
 ]
 
 
-def _decode(model, threads: int) -> tuple[list[bytes], list[str]]:
+def _decode(model, threads: int, repack: bool = True) -> tuple[list[bytes], list[str]]:
     from llamapy.batch import Batch
     from llamapy.context import Context, ContextParams
 
     c = Context(model, ContextParams(n_ctx=64, n_threads=threads))
+    c.repack = repack
     c.decode(Batch.from_tokens([5, 17, 3, 42], pos0=0))
     rows = [c.get_logits().tobytes()]
     for i, t in enumerate([8, 21, 33]):
@@ -75,6 +76,58 @@ def test_decode_logits_are_the_separate_calls_bytes(tmp_path, monkeypatch, arch,
     adds = [sum("_binary" in n for n in names[e]) for e in (False, True)]
     # qwen2: each layer's three bias adds are the group's steps
     assert adds[0] - adds[1] == (3 * n_layer if arch == "qwen2" else 0), adds
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q8_0])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_without_repacking_q4_0_and_q4_1_groups_read_the_file_rows(tmp_path, monkeypatch, arch, t, threads):
+    """A run that does not repack (a short ``llamapy run``): Q4_0 / Q4_1 groups are one call of the
+    grouped in-place kernel (``q40_r8_kernels``), with the separate calls' bytes; other types (Q8_0)
+    are not grouped."""
+    from llamapy.model import Model
+
+    path = _tiny(tmp_path / "tiny.gguf", arch, t, 11)
+    logits, names = {}, {}
+    for enabled in (False, True):
+        monkeypatch.setattr(matvec_groups, "ENABLED", enabled)
+        logits[enabled], names[enabled] = _decode(Model.load(path), threads, repack=False)
+    assert logits[True] == logits[False]
+    n_layer = 2
+    grouped = t in (T.Q4_0, T.Q4_1)
+    assert sum(n.endswith("step_group") for n in names[True]) == (2 * n_layer if grouped else 0), names[True]
+    assert sum(n.endswith("step_group_part") for n in names[True]) == (3 * n_layer if grouped else 0)
+    assert not any("step_group" in n for n in names[False])
+    assert not any("x8" in n for n in names[True])  # nothing repacked
+
+
+def test_grouped_in_place_kernel_is_each_weights_kernel_bit_for_bit():
+    """``q40_r8_kernels``' grouped kernels: each weight's rows as its own call computes them, for two and
+    three weights of different heights, both types, both prefetch kinds; a non-finite activation row
+    gives NaN everywhere."""
+    from llamapy.ggml.cpu import q40_r8_kernels as K
+    from llamapy.ggml.quants import quantize
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 96)).astype(np.float32)
+    for t in (T.Q4_0, T.Q4_1):
+        ws = [quantize(rng.standard_normal((n, 96)).astype(np.float32), t) for n in (24, 8, 16)]
+        for l1 in (False, True):
+            one = getattr(K, f"mm_{t.name.lower()}_r8{'_l1' if l1 else ''}")
+            ref = []
+            for w in ws:
+                o = np.empty((1, w.shape[0]), np.float32)
+                one(w, x, o, None)
+                ref.append(o)
+            for k in (2, 3):
+                out = np.empty((1, sum(w.shape[0] for w in ws[:k])), np.float32)
+                K.GROUP_KERNELS[(t.name, l1)](tuple(ws[:k]), x, out, None)
+                assert out.tobytes() == np.concatenate(ref[:k], axis=1).tobytes(), (t, l1, k)
+        bad = x.copy()
+        bad[0, 3] = np.inf
+        out = np.zeros((1, 32), np.float32)
+        K.GROUP_KERNELS[(t.name, False)](tuple(ws[:2]), bad, out, None)
+        assert np.isnan(out).all()
 
 
 def test_members_are_views_of_one_block_shared_by_prompt_and_decode(tmp_path):

@@ -194,11 +194,11 @@ class CPUBackend(Backend):
                 extra[id(n)] = [nrm.src[0]]
         taken = self._ssm_skip | set(self._ssm_fused) | self._moe_skip | set(self._moe_fused)
         self._fused_adds = _residual_adds(graph, self._fused_muls, mine - taken, extra)
-        if self.repack:  # mat-vecs of shared activations: one call (``matvec_groups``)
-            from . import matvec_groups
+        # mat-vecs of shared activations: one call (``matvec_groups``; Q4_0 / Q4_1 only without repacking)
+        from . import matvec_groups
 
-            taken |= set(self._fused_adds) | self._fused_muls | self._fused_norms
-            self._mv_groups = {id(g.nodes[0]): g for g in matvec_groups.find(graph, nodes, taken)}
+        taken |= set(self._fused_adds) | self._fused_muls | self._fused_norms
+        self._mv_groups = {id(g.nodes[0]): g for g in matvec_groups.find(graph, nodes, taken)}
         return extra
 
     def end_graph(self) -> None:

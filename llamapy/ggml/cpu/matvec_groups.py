@@ -18,6 +18,13 @@ Measured (haswell target, 2 threads, Intel Xeon VM, the weights cycling through 
 come from DRAM, us a layer): SmolLM2's Q4_1 576 + 192 + 192 rows x 576, three calls 35-46 against one
 21-28; its gate and up, 2 x 1536 rows, 76-80 against 63-70.
 
+A run that does not repack (a short ``llamapy run``) groups its Q4_0 and Q4_1 weights too: the grouped
+kernel of ``q40_r8_kernels`` reads the members' rows where the file has them, in one parallel loop over
+all their row groups, each row's bits the one-weight kernel's. SmolLM2-135M Q4_1 without repacking (the
+AMD VM, haswell target, 2 threads, 16 alternating runs of 96 tokens each way, median ms a token): the same
+(5.1-5.7) while the VM ran fast, 0.25-0.5 ms less (6.2-6.5 -> 5.8-6.1) while it ran slow; Q + K + V alone,
+hot: 28.5 -> 16.0 us.
+
 ``ENABLED = False`` (or ``LLAMAPY_MATVEC_GROUPS=0`` in the environment) turns it off (for A/B).
 """
 
@@ -112,7 +119,10 @@ def steps(be: Any, group: Group, arrays: ArrayMap) -> tuple[dict[int, Step], set
     """The steps of the ``group``'s nodes (by node id) where its weights are one repacked block and its
     activations one row, and the ids of the bias ``add`` nodes they compute (no step of their own); None:
     each node gets its own step (the block is still made, when its weights can be, so that the decode
-    graph finds it)."""
+    graph finds it). A backend that does not repack reads Q4_0 / Q4_1 weights where the file has them
+    (``_in_place``)."""
+    if not be.repack:
+        return _in_place(be, group, arrays)
     from .backend import _f32_rows
 
     nodes = group.nodes
@@ -131,6 +141,59 @@ def steps(be: Any, group: Group, arrays: ArrayMap) -> tuple[dict[int, Step], set
     run = layout.mul_mat_step(be, a0, members[0][1], x, out, pre, R=R)
     if run is None:
         return None
+    result, absorbed = _steps_over(group, arrays, widths, out, run)
+    info = getattr(run, "weight", None)
+    if isinstance(info, X8Weight):
+        names = [n.src[0].name for n in nodes]
+        block = (
+            names[0][: names[0].find(".", names[0].find(".") + 1) + 1] if names[0].startswith("blk.") else ""
+        )
+        name = "+".join(
+            [names[0], *(m[len(block) :] if block and m.startswith(block) else m for m in names[1:])]
+        )
+        result[id(nodes[0])].weight = info._replace(name=name, rows=sum(widths), nbytes=R.nbytes)  # type: ignore[attr-defined]
+    return result, absorbed
+
+
+def _in_place(be: Any, group: Group, arrays: ArrayMap) -> tuple[dict[int, Step], set[int]] | None:
+    """``steps`` for a backend that does not repack (a short run): Q4_0 and Q4_1 weights read where the
+    file has them, all of the group's in one call of ``q40_r8_kernels``' grouped kernel (each row's bits
+    those of the one-weight kernel, which ``matmul_steps`` would call); other types: None."""
+    from .backend import _f32_rows
+    from .matmul_steps import prefetch_into_l1
+
+    nodes = group.nodes
+    a0 = nodes[0].src[0]
+    if a0.type not in (GGMLType.Q4_0, GGMLType.Q4_1):
+        return None
+    ws = tuple(arrays[id(n.src[0])] for n in nodes)
+    if any(A.ndim != 2 or A.dtype != np.uint8 or not A.flags.c_contiguous for A in ws):
+        return None
+    B = arrays[id(nodes[0].src[1])]
+    if B.ndim < 1 or int(np.prod(B.shape[:-1], dtype=np.int64)) != 1:
+        return None
+    from . import q40_r8_kernels
+
+    kern = q40_r8_kernels.GROUP_KERNELS[(a0.type.name, prefetch_into_l1(ws[0]))]
+    be.need(kern)
+    x, pre = _f32_rows(be, B, "mm_x")
+    widths = [A.shape[0] for A in ws]
+    out = np.zeros((1, sum(widths)), np.float32)
+
+    def run() -> None:
+        if pre is not None:
+            pre()
+        kern(ws, x, out, None)
+
+    return _steps_over(group, arrays, widths, out, run)
+
+
+def _steps_over(
+    group: Group, arrays: ArrayMap, widths: list[int], out: np.ndarray, run: Callable[[], None]
+) -> tuple[dict[int, Step], set[int]]:
+    """The first member's step (``run``, which writes the group's result ``out``, then its own part out)
+    and each later member's (its part out, or the bias add that consumes it)."""
+    nodes = group.nodes
     parts: list[Callable[[], None]] = []
     absorbed: set[int] = set()
     lo = 0
@@ -149,16 +212,6 @@ def steps(be: Any, group: Group, arrays: ArrayMap) -> tuple[dict[int, Step], set
         run()
         first()
 
-    info = getattr(run, "weight", None)
-    if isinstance(info, X8Weight):
-        names = [n.src[0].name for n in nodes]
-        block = (
-            names[0][: names[0].find(".", names[0].find(".") + 1) + 1] if names[0].startswith("blk.") else ""
-        )
-        name = "+".join(
-            [names[0], *(m[len(block) :] if block and m.startswith(block) else m for m in names[1:])]
-        )
-        step_group.weight = info._replace(name=name, rows=sum(widths), nbytes=R.nbytes)  # type: ignore[attr-defined]
     result: dict[int, Step] = {id(nodes[0]): step_group}
     for n, part_step in zip(nodes[1:], parts[1:], strict=True):
         result[id(n)] = part_step

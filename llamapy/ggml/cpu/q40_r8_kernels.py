@@ -20,7 +20,8 @@ Measured (haswell target, the AMD EPYC VM, GB/s of weights, plain / this / repac
 one thread, Q4_1 11.3 / 16.3 / 24.8, Q4_0 11.7 / 15.3 / 23.8; from DRAM, two threads, Q4_1 ~20 / 21.5-23.2,
 Q4_0 ~22 / 25.3-26.6. SmolLM2-135M Q4_1 without repacking: 6.0 -> 5.0 ms a decode token.
 
-Call as ``MATVEC``: ``kern(w, x, out, f16)`` (``w`` uint8[N, nb * block bytes], ``f16`` unused).
+Call as ``MATVEC``: ``kern(w, x, out, f16)`` (``w`` uint8[N, nb * block bytes], ``f16`` unused); the
+``GROUP_KERNELS``: ``kern(ws, x, out, f16)`` for a tuple of weights of one width (``matvec_groups``).
 """
 
 from __future__ import annotations
@@ -244,3 +245,70 @@ def mm_q4_0_r8_l1(w, x, out, f16):
 def mm_q4_1_r8_l1(w, x, out, f16):
     """``mm_q4_1_r8`` prefetching into L1."""
     _mm_r8(w, x, out, _blk_q4_1, 20, prefetch_bytes_l1)
+
+
+@njit(inline="always")
+def _mm_r8_group(ws, x, out, blk, bbytes, pfb):
+    """``_mm_r8`` over the weights of the tuple ``ws`` (each uint8[N_j, rb], N_j a multiple of 8, one
+    ``rb``) that multiply the same activations, in one parallel loop over all their row groups: weight
+    j's rows land in ``out[:, sum(N_<j) : sum(N_<=j)]``, each row's value the one ``_mm_r8`` computes for it
+    (the same activations, the same ``_group``)."""
+    rb = ws[0].shape[1]
+    nb = rb // bbytes
+    M = x.shape[0]
+    xp, xd, xs, cor, ok = prepare_activations(x, nb)
+    a = (xp, xd, xs, cor)
+    k = len(ws)
+    first = np.empty(k + 1, np.int64)  # weight j's groups are first[j] .. first[j + 1] - 1
+    first[0] = 0
+    for j in range(k):
+        first[j + 1] = first[j] + (ws[j].shape[0] >> 3)
+    for g in prange(first[k]):
+        j = 0
+        while g >= first[j + 1]:
+            j += 1
+        w = ws[j]
+        wf = w.reshape(-1)
+        base = (g - first[j]) * 8 * rb
+        total = w.shape[0] * rb
+        for m in range(M):
+            acc = _group(wf, base, rb, nb, bbytes, m, a, blk, pfb, base + PREFETCH_ROWS * rb, total)
+            vstore(out[m], g * 8, acc)
+    for m in range(M):
+        if not ok[m]:
+            for r in range(out.shape[1]):
+                out[m, r] = np.nan
+
+
+@njit(parallel=True, cache=True)
+def mm_q4_0_r8_group(ws, x, out, f16):
+    """``mm_q4_0_r8`` of each Q4_0 weight of the tuple ``ws`` in one call (``matvec_groups``: Q, K and
+    V, or gate and up, of a run that does not repack), their results side by side in ``out``."""
+    _mm_r8_group(ws, x, out, _blk_q4_0, 18, prefetch_bytes)
+
+
+@njit(parallel=True, cache=True)
+def mm_q4_1_r8_group(ws, x, out, f16):
+    """As ``mm_q4_0_r8_group`` for Q4_1."""
+    _mm_r8_group(ws, x, out, _blk_q4_1, 20, prefetch_bytes)
+
+
+@njit(parallel=True, cache=True)
+def mm_q4_0_r8_group_l1(ws, x, out, f16):
+    """``mm_q4_0_r8_group`` prefetching into L1."""
+    _mm_r8_group(ws, x, out, _blk_q4_0, 18, prefetch_bytes_l1)
+
+
+@njit(parallel=True, cache=True)
+def mm_q4_1_r8_group_l1(ws, x, out, f16):
+    """``mm_q4_1_r8_group`` prefetching into L1."""
+    _mm_r8_group(ws, x, out, _blk_q4_1, 20, prefetch_bytes_l1)
+
+
+#: the grouped kernels by type, and prefetching into L1
+GROUP_KERNELS = {
+    ("Q4_0", False): mm_q4_0_r8_group,
+    ("Q4_1", False): mm_q4_1_r8_group,
+    ("Q4_0", True): mm_q4_0_r8_group_l1,
+    ("Q4_1", True): mm_q4_1_r8_group_l1,
+}
