@@ -175,9 +175,13 @@ def _in_place(be: Any, group: Group, arrays: ArrayMap) -> tuple[dict[int, Step],
     from . import q40_r8_kernels
 
     kern = q40_r8_kernels.GROUP_KERNELS[(a0.type.name, prefetch_into_l1(ws[0]))]
+    widths = [A.shape[0] for A in ws]
+    if len(ws) < 3:  # gate and up as three weights, the third of no rows: one compiled signature to load
+        pad = np.empty((0, ws[0].shape[1]), np.uint8)
+        pad.flags.writeable = ws[0].flags.writeable  # (a mapped file's weights are read-only)
+        ws = (*ws, *[pad] * (3 - len(ws)))
     be.need(kern)
     x, pre = _f32_rows(be, B, "mm_x")
-    widths = [A.shape[0] for A in ws]
     out = np.zeros((1, sum(widths)), np.float32)
 
     def run() -> None:
