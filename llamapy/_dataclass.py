@@ -24,6 +24,7 @@ import os
 import struct
 import sys
 import threading
+import zlib
 from importlib.util import MAGIC_NUMBER
 from types import CodeType
 from typing import TYPE_CHECKING, Any
@@ -31,9 +32,15 @@ from typing import TYPE_CHECKING, Any
 #: a cache file past this size starts again from this process's entries (old class texts accumulate)
 MAX_BYTES = 4 << 20
 
-_HEAD = struct.Struct("<I")
+_MAGIC = b"llamapy dataclass code 2\n"  # the file's first bytes
+# a record: the CRC-32 of the text's UTF-8 bytes, their length, the code's length; the text; marshal(code)
+_HEAD = struct.Struct("<III")
 _lock = threading.RLock()
-_codes: "dict[str, CodeType] | None" = None  # text -> compiled code, read on the first class
+_data = b""  # the cache file as read (on the first class)
+_index: "dict[int, list[tuple[int, int, int]]] | None" = (
+    None  # CRC -> (text offset, text length, code length)
+)
+_codes: "dict[str, CodeType]" = {}  # this process's: found in the file or compiled
 _rewrite = False  # the file is damaged or too large: the next new entry rewrites it whole
 
 
@@ -42,57 +49,95 @@ def cache_path() -> str:
     from .hub.common import cache_dir
 
     tag = sys.implementation.cache_tag or "python"
-    return os.path.join(str(cache_dir()), "pycode", f"dataclasses-{tag}-{MAGIC_NUMBER.hex()}.bin")
+    return os.path.join(str(cache_dir()), "pycode", f"dataclasses-v2-{tag}-{MAGIC_NUMBER.hex()}.bin")
 
 
-def _read() -> "dict[str, CodeType]":
-    global _rewrite
-    codes: dict[str, CodeType] = {}
+def _read() -> "dict[int, list[tuple[int, int, int]]]":
+    """The file's records by CRC, from their headers alone: a process unmarshals only the code of the
+    texts it meets (a ``run``: ~140 of the ~400 a machine that ran the tests and the server holds)."""
+    global _rewrite, _data
+    index: dict[int, list[tuple[int, int, int]]] = {}
     try:
         with open(cache_path(), "rb") as f:
             data = f.read(MAX_BYTES + 1)
     except OSError:
-        return codes
-    if len(data) > MAX_BYTES:
+        return index
+    if len(data) > MAX_BYTES or not data.startswith(_MAGIC):
         _rewrite = True
-        return codes
-    pos = 0
-    try:
-        while pos < len(data):
-            (n,) = _HEAD.unpack_from(data, pos)
-            entry = marshal.loads(data[pos + _HEAD.size : pos + _HEAD.size + n])
-            pos += _HEAD.size + n
-            text, code = entry
-            if not isinstance(text, str) or not isinstance(code, CodeType):
-                raise ValueError("not a (text, code) entry")
-            codes[text] = code
-    except (struct.error, EOFError, ValueError, TypeError):
-        _rewrite = True  # a cut or foreign record: keep the entries before it
-    return codes
+        return index
+    pos, end = len(_MAGIC), len(data)
+    while pos < end:
+        if pos + _HEAD.size > end:
+            _rewrite = True  # a cut record: keep the ones before it
+            break
+        crc, n_text, n_code = _HEAD.unpack_from(data, pos)
+        at = pos + _HEAD.size
+        if at + n_text + n_code > end:
+            _rewrite = True
+            break
+        index.setdefault(crc, []).append((at, n_text, n_code))
+        pos = at + n_text + n_code
+    _data = data
+    return index
 
 
-def _record(entry: bytes) -> bytes:
-    return _HEAD.pack(len(entry)) + entry
+def _lookup(key: bytes) -> CodeType | None:
+    global _rewrite
+    assert _index is not None
+    entries = _index.get(zlib.crc32(key), [])
+    for e in entries:
+        at, n_text, n_code = e
+        if _data[at : at + n_text] != key:
+            continue
+        try:
+            code = marshal.loads(_data[at + n_text : at + n_text + n_code])
+        except (EOFError, ValueError, TypeError):
+            code = None
+        if isinstance(code, CodeType):
+            return code
+        entries.remove(e)  # a damaged record: compiled again, and the file rewritten without it
+        _rewrite = True
+        return None
+    return None
 
 
-def _store(text: str, code: CodeType) -> None:
-    """Append one entry (one ``write`` of an ``O_APPEND`` file, so concurrent processes do not
-    interleave records), or rewrite the file whole (a temporary file renamed over it)."""
+def _record(key: bytes, code_bytes: bytes) -> bytes:
+    return _HEAD.pack(zlib.crc32(key), len(key), len(code_bytes)) + key + code_bytes
+
+
+def _store(key: bytes, code: CodeType) -> None:
+    """Append one record (one ``write`` of an ``O_APPEND`` file, so concurrent processes do not
+    interleave records), or rewrite the file whole (a temporary file renamed over it): the records read
+    and not found damaged, then this process's."""
     global _rewrite
     path = cache_path()
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if _rewrite:
-            assert _codes is not None
+            assert _index is not None
+            parts, kept = [], set()
+            for entries in _index.values():
+                for at, n_text, n_code in entries:
+                    kept.add(_data[at : at + n_text])
+                    parts.append(_data[at - _HEAD.size : at + n_text + n_code])  # the record as read
+            for text, c in _codes.items():
+                k = text.encode("utf-8", "surrogatepass")
+                if k not in kept:
+                    parts.append(_record(k, marshal.dumps(c)))
             tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "wb") as f:
-                f.write(b"".join(_record(marshal.dumps((t, c))) for t, c in _codes.items()))
+                f.write(b"".join([_MAGIC, *parts]))
             os.replace(tmp, path)
             _rewrite = False
             return
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        head = b""
+        try:  # the process that makes the file writes its first bytes, with its record
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+            head = _MAGIC
+        except FileExistsError:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         try:
-            os.write(fd, _record(marshal.dumps((text, code))))
+            os.write(fd, head + _record(key, marshal.dumps(code)))
         finally:
             os.close(fd)
     except (OSError, ValueError):
@@ -101,7 +146,7 @@ def _store(text: str, code: CodeType) -> None:
 
 def _cached_exec(source: Any, globals: Any = None, locals: Any = None, /) -> None:
     """``exec`` for dataclasses' generated source: its code from the cache, compiled and stored once."""
-    global _codes
+    global _index
     if globals is None:  # as ``exec`` itself: the caller's namespaces, not this module's
         frame = sys._getframe(1)
         globals = frame.f_globals
@@ -109,13 +154,18 @@ def _cached_exec(source: Any, globals: Any = None, locals: Any = None, /) -> Non
             locals = frame.f_locals
     if not isinstance(source, str):
         return builtins.exec(source, globals, locals)
-    if _codes is None:
-        _codes = _read()
     code = _codes.get(source)
     if code is None:
-        code = compile(source, "<string>", "exec", dont_inherit=True)
-        _codes[source] = code
-        _store(source, code)
+        if _index is None:
+            _index = _read()
+        key = source.encode("utf-8", "surrogatepass")
+        code = _lookup(key)
+        if code is None:
+            code = compile(source, "<string>", "exec", dont_inherit=True)
+            _codes[source] = code
+            _store(key, code)
+        else:
+            _codes[source] = code
     return builtins.exec(code, globals, locals)
 
 

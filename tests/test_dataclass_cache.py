@@ -30,7 +30,9 @@ SPECS = [
 @pytest.fixture
 def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("LLAMAPY_CACHE", str(tmp_path))
-    monkeypatch.setattr(_dataclass, "_codes", None)
+    monkeypatch.setattr(_dataclass, "_codes", {})
+    monkeypatch.setattr(_dataclass, "_index", None)
+    monkeypatch.setattr(_dataclass, "_data", b"")
     monkeypatch.setattr(_dataclass, "_rewrite", False)
     return Path(_dataclass.cache_path())
 
@@ -151,7 +153,7 @@ def test_next_process_compiles_nothing(tmp_path: Path) -> None:
     assert run_script(tmp_path) == 0
 
 
-@pytest.mark.parametrize("damage", ["cut", "garbage", "foreign", "too_large"])
+@pytest.mark.parametrize("damage", ["cut", "garbage", "foreign", "too_large", "code"])
 def test_damaged_cache_compiles_and_is_rewritten(tmp_path: Path, damage: str) -> None:
     run_script(tmp_path)
     (path,) = (tmp_path / "pycode").iterdir()
@@ -165,6 +167,13 @@ def test_damaged_cache_compiles_and_is_rewritten(tmp_path: Path, damage: str) ->
 
         entry = marshal.dumps(("text", 12))
         path.write_bytes(len(entry).to_bytes(4, "little") + entry)
+    elif damage == "code":  # a record whose header and text are whole but whose code is not
+        import struct
+
+        at = len(_dataclass._MAGIC)
+        _, n_text, n_code = struct.unpack_from("<III", good, at)
+        code_at = at + 12 + n_text
+        path.write_bytes(good[:code_at] + b"\xff" * n_code + good[code_at + n_code :])
     else:
         path.write_bytes(good + b"\0" * (_dataclass.MAX_BYTES + 1))
     assert run_script(tmp_path) > 0  # what could not be read compiles again
