@@ -40,6 +40,8 @@ def _one_sequence(n: int, pos0: int | None, seq_id: int, logits_all: bool) -> di
 
 @dataclass
 class Batch:
+    """llama.cpp's ``llama_batch``: tokens or embeddings with their positions, sequences and output flags."""
+
     token: np.ndarray | None = None  # int32[n]
     embd: np.ndarray | None = None  # float32[n, n_embd]
     pos: np.ndarray | None = None  # int32[n]

@@ -94,6 +94,8 @@ def _keep_tuning(sched: Scheduler, model: Model, threads: int) -> None:
 
 @dataclass
 class ContextParams:
+    """llama.cpp's ``llama_context_params``: context size, batch sizes, threads, cache types and the rest."""
+
     n_ctx: int = 0
     n_batch: int = 2048
     n_ubatch: int = 512
@@ -126,6 +128,8 @@ class ContextParams:
 
 @dataclass
 class _GraphEntry:
+    """A built graph of one ubatch shape, its output tensors and the inputs it reads."""
+
     graph: Graph
     logits: Tensor | None
     embd: Tensor | None

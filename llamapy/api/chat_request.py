@@ -27,6 +27,8 @@ class ChatRequestError(LlamapyError, ValueError):
 
 @dataclass
 class ChatPlan:
+    """A chat request made ready: the rendered prompt, its format and syntax, and the grammar that constrains it."""
+
     prompt: str
     format: Any  # llamapy.chat.ChatFormat
     syntax: Any  # llamapy.chat.ChatSyntax

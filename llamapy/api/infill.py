@@ -33,6 +33,8 @@ class FimError(ValueError):
 
 @dataclass(frozen=True)
 class FimTokens:
+    """The fill-in-the-middle special tokens of a vocabulary (-1: the vocabulary has none)."""
+
     pre: int
     suf: int
     mid: int

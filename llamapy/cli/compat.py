@@ -20,6 +20,8 @@ from .._dataclass import dataclass
 
 @dataclass(frozen=True)
 class NoEffect:
+    """A llama.cpp flag accepted for compatibility that changes nothing here."""
+
     names: tuple[str, ...]  # llama.cpp's spellings
     value: bool  # takes a value
     warn: str = ""  # one line on stderr when given (where llama.cpp's CPU build warns too)

@@ -41,6 +41,8 @@ class ChatParserLike(Protocol):
 
 @dataclass
 class GenerationParams:
+    """What the token loop generates and reports: length, stop strings, EOS, special tokens, probabilities."""
+
     max_tokens: int = -1  # n_predict: -1 = until end of generation (or a full context)
     stop: Sequence[str] = ()
     ignore_eos: bool = False

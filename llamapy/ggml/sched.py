@@ -35,12 +35,16 @@ def default_backends(n_threads: int | None = None) -> list[Backend]:
 
 @dataclass
 class Split:
+    """Consecutive graph nodes that one backend runs."""
+
     backend: Backend
     nodes: list[Tensor] = field(default_factory=list)
 
 
 @dataclass
 class _Compiled:
+    """A graph's plan, arena, arrays, splits and steps, kept for the next compute of the same graph."""
+
     plan: Plan
     arena: np.ndarray
     arrays: dict[int, np.ndarray]

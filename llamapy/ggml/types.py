@@ -52,6 +52,8 @@ class GGMLType(enum.IntEnum):
 
 @dataclass(frozen=True)
 class TypeTraits:
+    """Block size, bytes per block and NumPy dtype of a GGML type."""
+
     block_size: int  # elements per block
     type_size: int  # bytes per block
     quantized: bool

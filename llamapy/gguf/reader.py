@@ -65,6 +65,8 @@ class GGUFField:
 
 @dataclass
 class TensorInfo:
+    """One tensor of a GGUF file: name, type, shape (ggml order) and its bytes in the file."""
+
     name: str
     ggml_type: GGMLType
     ne: tuple[int, ...]  # ggml order

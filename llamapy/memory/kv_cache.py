@@ -80,6 +80,8 @@ def pad_to(n: int, m: int) -> int:
 
 @dataclass
 class LayerShape:
+    """A layer's index and the widths of its K and V rows in the cache."""
+
     il: int
     n_embd_k: int  # n_head_kv * head_dim_k
     n_embd_v: int

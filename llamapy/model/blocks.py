@@ -130,6 +130,8 @@ class KVInputs:
 
 @dataclass
 class Inputs:
+    """The graph inputs of one ubatch that the model's blocks read (tokens or embeddings, positions, masks)."""
+
     n_tokens: int
     n_outputs: int
     pos: Tensor  # I32[T]; M-RoPE models (n_pos_per_embd 4): I32[4 T], (t, h, w, e) section-major

@@ -169,6 +169,8 @@ class LayerHeads(NamedTuple):
 
 @dataclass
 class HParams:
+    """A model's hyperparameters, read from the GGUF metadata of its architecture."""
+
     arch: str
     n_vocab: int
     n_ctx_train: int

@@ -296,6 +296,8 @@ def _no_capture(expr: str) -> str:
 
 @dataclass(frozen=True)
 class _Compiled:
+    """A pre-tokenizer regex as compiled, and the view of the text it runs on."""
+
     # the whole regex as one capturing group: ``split`` yields llama.cpp's gaps and matches in order
     pattern: Any  # re.Pattern, or regex.Pattern for what the stdlib engine rejects
     view: str  # the text it runs on: a key of _VIEWS
