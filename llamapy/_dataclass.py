@@ -6,7 +6,8 @@ asked for) as source text and compiles it with ``exec`` on every import: ~150 co
 classes a ``llamapy run`` imports, 19-21 ms of its 26-30 ms of dataclass creation (the AMD VM), in a
 0.45 s run. Here, while llamapy's own classes are decorated, the decorator's ``exec`` takes the compiled
 code of the same text from a per-user cache (``<llamapy cache>/pycode``, one file per Python bytecode
-version, keyed by the whole text), and compiles and appends it when the text is new. The code is what
+version, each record found by the CRC-32 of its text and checked against the whole text), and compiles
+and appends it when the text is new. The code is what
 ``exec`` would compile from that text (same file name, no inherited ``__future__`` flags), so the class
 is the same.
 
@@ -37,9 +38,8 @@ _MAGIC = b"llamapy dataclass code 2\n"  # the file's first bytes
 _HEAD = struct.Struct("<III")
 _lock = threading.RLock()
 _data = b""  # the cache file as read (on the first class)
-_index: "dict[int, list[tuple[int, int, int]]] | None" = (
-    None  # CRC -> (text offset, text length, code length)
-)
+# CRC -> (text offset, text length, code length) of each record; read on the first class
+_index: "dict[int, list[tuple[int, int, int]]] | None" = None
 _codes: "dict[str, CodeType]" = {}  # this process's: found in the file or compiled
 _rewrite = False  # the file is damaged or too large: the next new entry rewrites it whole
 

@@ -126,13 +126,19 @@ def test_vs_llamacpp_commands_and_report():
                   "tests": {"tg16": {"llama.cpp": [2.0, 4.0, 3.0], "llamapy": [3.0, 3.3, 3.6]}}},
             "B": {"path": None, "note": "skipped: no disk", "tests": {}, "hello": {}},
             "C": {"path": "c", "note": "", "bytes_per_token": 1e8, "tests": {},
-                  "hello": {"llama.cpp": [{"seconds": 1.0, "rss_mb": 100.0}],
-                            "llamapy": [{"seconds": 2.0, "rss_mb": 110.0}]}},
+                  "hello": {"llama.cpp": [{"seconds": s, "rss_mb": 100.0, "pair": i} for i, s in enumerate([1, 4, 2])],
+                            "llamapy": [{"seconds": s, "rss_mb": 110.0, "pair": i}
+                                        for i, s in enumerate([1.5, 2, 3])]}},
         },
     }  # fmt: skip
     md = V.report(data, "cmd")
     assert "| A | tg16 | 3.00 | 3.30 | 1.10x | 3.3 | 33% |" in md
-    assert "| C | 1.00 | 2.00 | 2.00x | 100 | 110 | 1.10x |" in md and "- B: skipped: no disk" in md
+    # medians 2.00 and 2.00; the pairs' ratios 1.5, 0.5, 1.5: their median 1.50
+    assert "| C | 2.00 | 2.00 | 1.00x | 1.50x | 100 | 110 | 1.10x |" in md and "- B: skipped: no disk" in md
+    for runs in data["files"]["C"]["hello"].values():  # a result file from before the runs alternated
+        for m in runs:
+            del m["pair"]
+    assert "| C | 2.00 | 2.00 | 1.00x | —x | 100 | 110 | 1.10x |" in V.report(data, "cmd")
     # a probe per round: each round's GB/s against its own probe, the median of those fractions
     data["bandwidth_rounds"] = [10.0, 5.0, 12.0]
     data["files"]["A"]["tests"]["tg16"]["llamapy bandwidth"] = [10.0, 5.0, 12.0]
