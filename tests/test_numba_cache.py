@@ -18,6 +18,25 @@ def test_default_cache_dir_is_per_kernel_sources(tmp_path: Path) -> None:
     assert len(digest) == 16
 
 
+def test_numba_imported_first_still_caches_in_the_digest_dir(tmp_path: Path) -> None:
+    """A program that imports Numba before llamapy (Numba has read its configuration by then): llamapy's
+    kernels are still cached under the digest's directory, not beside their sources."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["LLAMAPY_CACHE"] = str(tmp_path)
+    code = (
+        "import numba\n"
+        "assert not numba.config.CACHE_DIR\n"
+        "import numpy as np, llamapy._numba as n\n"
+        "from llamapy.ggml.cpu.op_kernels import check_ids\n"
+        "check_ids(np.zeros(3, np.int32), 10)\n"
+        "print(numba.config.CACHE_DIR); print(n.kernel_sources_digest())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    cache, digest = out.stdout.split()
+    assert Path(cache) == tmp_path / "numba" / digest
+    assert any(p.name.startswith("op_kernels.check_ids") for p in Path(cache).rglob("*.nbi"))
+
+
 def test_user_cache_dir_is_kept(tmp_path: Path) -> None:
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "mine"))
     code = "import os, llamapy._numba; print(os.environ['NUMBA_CACHE_DIR'])"

@@ -3,7 +3,10 @@ runtime's (NRT) object code comes from the cache directory instead of being comp
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+
+import pytest
 
 from tests.util import run_with_numba_cache
 
@@ -190,3 +193,66 @@ def test_function_without_a_module_compiles() -> None:
     exec("def twice(x):\n    return 2 * x\n", ns)
     assert ns["twice"].__module__ is None
     assert njit(cache=False)(ns["twice"])(21) == 42
+
+
+def test_read_only_spans_of_a_library() -> None:
+    """The maps lines of the library's own mappings that are not writable: not another file under a
+    directory of that name, not a writable mapping."""
+    from llamapy._numba_startup import _read_only_spans
+
+    lib = "/x/llvmlite/binding/libllvmlite.so"
+    lines = [
+        f"7f0000000000-7f0000002000 r--p 00000000 fe:00 1234   {lib}",
+        f"7f0000002000-7f0000006000 r-xp 00002000 fe:00 1234   {lib}",
+        f"7f0000007000-7f0000008000 rw-p 00007000 fe:00 1234   {lib}",
+        "7f0000008000-7f0000009000 r--p 00000000 fe:00 99   /x/libllvmlite/other.so",
+        "7f0000009000-7f000000a000 r--p 00000000 fe:00 98   /x/libc.so.6",
+        f"7f000000a000-7f000000b000 r--p 00000000 fe:00 1234   {lib} (deleted)",
+    ]
+    assert _read_only_spans("\n".join(lines) + "\n", "libllvmlite") == [
+        (0x7F0000000000, 0x7F0000002000),
+        (0x7F0000002000, 0x7F0000006000),
+        (0x7F000000A000, 0x7F000000B000),
+    ]
+    assert _read_only_spans("", "libllvmlite") == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/pagemap is Linux's")
+def test_unwritten_spans_leave_out_a_mapping_with_a_copied_page(tmp_path: Path) -> None:
+    """Real mappings of this process: a read-only mapping of a file is clean; a private mapping one of
+    whose pages was written (copied on write: anonymous) and then made read-only, as the loader does
+    with relocated data, is not, nor is a writable one."""
+    import ctypes
+    import mmap
+
+    from llamapy._numba_startup import _read_only_spans, _unwritten_spans
+
+    page = mmap.PAGESIZE
+    paths = [tmp_path / f"libfakellvm-{k}.so" for k in ("clean", "copied", "writable")]
+    for p in paths:
+        p.write_bytes(bytes(range(256)) * (page * 4 // 256))
+    files = [open(p, "rb" if i == 0 else "r+b") for i, p in enumerate(paths)]
+    try:
+        clean = mmap.mmap(files[0].fileno(), 0, access=mmap.ACCESS_READ)
+        copied = mmap.mmap(files[1].fileno(), 0, access=mmap.ACCESS_COPY)
+        writable = mmap.mmap(files[2].fileno(), 0, access=mmap.ACCESS_COPY)
+        _ = clean[page * 2], writable[0]  # pages present, from the file
+        copied[page + 3] = 7  # this page is now the process's own
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(copied))
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        assert libc.mprotect(addr, page * 4, mmap.PROT_READ) == 0
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+        spans = {name: _read_only_spans(maps, name) for name in ("fakellvm-clean", "fakellvm-copied")}
+        assert len(spans["fakellvm-clean"]) == 1 and len(spans["fakellvm-copied"]) == 1
+        assert _unwritten_spans("fakellvm-clean") == spans["fakellvm-clean"]
+        assert _unwritten_spans("fakellvm-copied") == []
+        assert _unwritten_spans("fakellvm-writable") == []
+        assert libc.mprotect(addr, page * 4, mmap.PROT_READ | mmap.PROT_WRITE) == 0
+        del addr
+        for m in (clean, copied, writable):
+            m.close()
+    finally:
+        for f in files:
+            f.close()
