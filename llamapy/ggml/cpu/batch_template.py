@@ -29,8 +29,9 @@ from ..._numba import njit, prange  # first: it sets NUMBA_CACHE_DIR before Numb
 # isort: split
 import numpy as np
 
+from .hsimd import nan_rows
 from .isimd import ibar4, izero
-from .kquant_kernels import QK_K, _nan_rows, _q8k
+from .kquant_kernels import QK_K, _q8k
 from .rowgroups import PREFETCH_ROWS, prefetch_bytes
 from .simd import vadd, vadd_strict, vfma_strict, vhsum, vload, vmul_strict, vstore, vzero
 
@@ -236,4 +237,4 @@ def kbatch4(w, x, out, f16, head, runs, tail, fin, bbytes, bsn):
                         head, runs, tail, fin, bbytes, bsn, g, False,
                     )  # fmt: skip
                 _store(out, r, i0, i1, i2, i3, a0, a1, a2, a3, full)
-    _nan_rows(out, ok)
+    nan_rows(out, ok)

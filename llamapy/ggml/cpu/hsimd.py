@@ -237,3 +237,14 @@ def quantize_rows_q16(x, xq, xd, xs):
                     t += q
                 xs[m, b] = d * np.float32(t)
     return ok
+
+
+@njit(inline="always")
+def nan_rows(out, ok):
+    """NaN over the output rows whose activation rows were not finite (``ok[m]`` False, from
+    ``quantize_rows_q16`` or ``quantize_rows_q8_k``), in the calling kernel's serial part: a plain loop,
+    no parallel region of its own."""
+    for m in range(ok.shape[0]):
+        if not ok[m]:
+            for r in range(out.shape[1]):
+                out[m, r] = np.nan

@@ -42,7 +42,7 @@ from ..quants.layouts import (
     Q6_K_QH,
     Q6_K_SCALES,
 )
-from .hsimd import H16, hload
+from .hsimd import H16, hload, nan_rows
 from .isimd import (
     B32,
     I32x8,
@@ -120,15 +120,6 @@ def _q8k(x):
     bs32 = np.empty((M, K // 32), np.int32)
     ok = quantize_rows_q8_k(x, xq, xd, bs16, bs32)
     return xq, xd, bs16, bs32, ok
-
-
-@njit(inline="always")
-def _nan_rows(out, ok):
-    """NaN over the output rows of non-finite activation rows (a plain loop: no parallel region)."""
-    for m in range(out.shape[0]):
-        if not ok[m]:
-            for r in range(out.shape[1]):
-                out[m, r] = np.nan
 
 
 @njit(inline="always")
@@ -293,7 +284,7 @@ def matvec_k_pf(w, x, out, f16, row, bbytes, pfb):
                 a2 = row(a2, w2, o, xqm, x0, d8, bsv, b16m, f16)
                 a3 = row(a3, w3, o, xqm, x0, d8, bsv, b16m, f16)
             store4(out, m, g, N, a0, a1, a2, a3)
-    _nan_rows(out, ok)
+    nan_rows(out, ok)
 
 
 @njit(inline="always")
@@ -319,7 +310,7 @@ def matvec_q6k(w, x, out, f16, pfb):
                 a2 = _q6k_row(a2, w2, o, xqm, x0, d8, 0, bqm, f16)
                 a3 = _q6k_row(a3, w3, o, xqm, x0, d8, 0, bqm, f16)
             store4(out, m, g, N, a0, a1, a2, a3)
-    _nan_rows(out, ok)
+    nan_rows(out, ok)
 
 
 @njit(parallel=True, cache=True)

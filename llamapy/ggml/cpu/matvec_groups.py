@@ -123,8 +123,6 @@ def steps(be: Any, group: Group, arrays: ArrayMap) -> tuple[dict[int, Step], set
     (``_in_place``)."""
     if not be.repack:
         return _in_place(be, group, arrays)
-    from .backend import _f32_rows
-
     nodes = group.nodes
     a0 = nodes[0].src[0]
     layout = layout_of(a0.type)
@@ -132,10 +130,10 @@ def steps(be: Any, group: Group, arrays: ArrayMap) -> tuple[dict[int, Step], set
     if layout is None or not getattr(layout, "ENABLED", True) or members is None:
         return None
     R = together(members, layout._cache, lambda a, A: layout._repacked(a, A, False))
-    B = arrays[id(nodes[0].src[1])]
-    if R is None or B.ndim < 1 or int(np.prod(B.shape[:-1], dtype=np.int64)) != 1:
+    row = None if R is None else _one_row(be, group, arrays)
+    if row is None:
         return None
-    x, pre = _f32_rows(be, B, "mm_x")
+    x, pre = row
     widths = [n.src[0].shape[0] for n in nodes]
     out = np.zeros((1, sum(widths)), np.float32)  # this group's own: read by the later members' steps
     run = layout.mul_mat_step(be, a0, members[0][1], x, out, pre, R=R)
@@ -159,7 +157,6 @@ def _in_place(be: Any, group: Group, arrays: ArrayMap) -> tuple[dict[int, Step],
     """``steps`` for a backend that does not repack (a short run): Q4_0 and Q4_1 weights read where the
     file has them, all of the group's in one call of ``q40_r8_kernels``' grouped kernel (each row's bits
     those of the one-weight kernel, which ``matmul_steps`` would call); other types: None."""
-    from .backend import _f32_rows
     from .matmul_steps import prefetch_into_l1
 
     nodes = group.nodes
@@ -169,9 +166,10 @@ def _in_place(be: Any, group: Group, arrays: ArrayMap) -> tuple[dict[int, Step],
     ws = tuple(arrays[id(n.src[0])] for n in nodes)
     if any(A.ndim != 2 or A.dtype != np.uint8 or not A.flags.c_contiguous for A in ws):
         return None
-    B = arrays[id(nodes[0].src[1])]
-    if B.ndim < 1 or int(np.prod(B.shape[:-1], dtype=np.int64)) != 1:
+    row = _one_row(be, group, arrays)
+    if row is None:
         return None
+    x, pre = row
     from . import q40_r8_kernels
 
     kern = q40_r8_kernels.GROUP_KERNELS[(a0.type.name, prefetch_into_l1(ws[0]))]
@@ -181,7 +179,6 @@ def _in_place(be: Any, group: Group, arrays: ArrayMap) -> tuple[dict[int, Step],
         pad.flags.writeable = ws[0].flags.writeable  # (a mapped file's weights are read-only)
         ws = (*ws, *[pad] * (3 - len(ws)))
     be.need(kern)
-    x, pre = _f32_rows(be, B, "mm_x")
     out = np.zeros((1, sum(widths)), np.float32)
 
     def run() -> None:
@@ -190,6 +187,17 @@ def _in_place(be: Any, group: Group, arrays: ArrayMap) -> tuple[dict[int, Step],
         kern(ws, x, out, None)
 
     return _steps_over(group, arrays, widths, out, run)
+
+
+def _one_row(be: Any, group: Group, arrays: ArrayMap) -> tuple[np.ndarray, Step | None] | None:
+    """The group's activations as one float32 row and the step that makes it, if any
+    (``backend._f32_rows``); None where they are more than one row."""
+    from .backend import _f32_rows
+
+    B = arrays[id(group.nodes[0].src[1])]
+    if B.ndim < 1 or int(np.prod(B.shape[:-1], dtype=np.int64)) != 1:
+        return None
+    return _f32_rows(be, B, "mm_x")
 
 
 def _steps_over(

@@ -33,7 +33,7 @@ from ..quants.layouts import (
     Q8_0_BYTES,
     Q8_0_QS,
 )
-from .hsimd import hload, hmadd, hq5, hwiden, quantize_rows_q16
+from .hsimd import hload, hmadd, hq5, hwiden, nan_rows, quantize_rows_q16
 from .isimd import itof, izero
 from .layouts import ROWS_PER_PASS
 from .rowgroups import PREFETCH_ROWS, f16at, prefetch_bytes, prefetch_bytes_l1, rows4
@@ -98,10 +98,7 @@ def _matvec(w, x, out, f16, blk, bbytes, pfb):
             out[m, min(r0 + 2, N - 1)] = vhsum(a2) + c2
             out[m, min(r0 + 1, N - 1)] = vhsum(a1) + c1
             out[m, r0] = vhsum(a0) + c0
-    for m in range(M):
-        if not ok[m]:
-            for r in range(N):
-                out[m, r] = np.nan
+    nan_rows(out, ok)
 
 
 @njit(parallel=True, cache=True)

@@ -35,7 +35,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from ..._numba import njit, prange
-from .hsimd import H16, hmadd
+from .hsimd import H16, hmadd, nan_rows
 from .isimd import iadd, isra, itof, izero
 from .q40_x8_kernels import iadd_splat, pbcast, prepare_activations
 from .rowgroups import PREFETCH_ROWS, prefetch_bytes, prefetch_bytes_l1
@@ -216,10 +216,7 @@ def _mm_r8(w, x, out, blk, bbytes, pfb):
             vstore(lanes, 0, _group(tf, 0, rb, nb, bbytes, m, a, blk, pfb, 0, 0))
             for r in range(N - G * 8):
                 out[m, G * 8 + r] = lanes[r]
-    for m in range(M):
-        if not ok[m]:
-            for r in range(N):
-                out[m, r] = np.nan
+    nan_rows(out, ok)
 
 
 @njit(parallel=True, cache=True)
@@ -274,10 +271,7 @@ def _mm_r8_group(ws, x, out, blk, bbytes, pfb):
         for m in range(M):
             acc = _group(wf, base, rb, nb, bbytes, m, a, blk, pfb, base + PREFETCH_ROWS * rb, total)
             vstore(out[m], g * 8, acc)
-    for m in range(M):
-        if not ok[m]:
-            for r in range(out.shape[1]):
-                out[m, r] = np.nan
+    nan_rows(out, ok)
 
 
 @njit(parallel=True, cache=True)

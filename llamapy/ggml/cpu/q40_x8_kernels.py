@@ -40,7 +40,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from ..._numba import njit, prange
-from .hsimd import H16, hmadd, quantize_rows_q16
+from .hsimd import H16, hmadd, nan_rows, quantize_rows_q16
 from .isimd import I32x8, iadd, isra, itof, izero
 from .rowgroups import x8_group_prefetch, x8_rows
 from .simd import _is_bytes, _ptr, vfma_strict, vmul, vsplat
@@ -293,10 +293,7 @@ def _mm_x8(R, x, out, pfd, nth, blk, xbytes):
     M = x.shape[0]
     xp, xd, xs, cor, ok = prepare_activations(x, nb)
     x8_rows(R, out, M, pfd, nth, xbytes, blk, x8_group_prefetch, (xp, xd, xs, cor))
-    for m in range(M):
-        if not ok[m]:
-            for r in range(out.shape[1]):
-                out[m, r] = np.nan
+    nan_rows(out, ok)
 
 
 @njit(inline="always")

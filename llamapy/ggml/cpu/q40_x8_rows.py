@@ -18,7 +18,7 @@ from ... import _numba  # noqa: F401  (first: it sets NUMBA_CACHE_DIR before Num
 import numpy as np
 
 from ..._numba import njit, prange
-from .hsimd import hmadd, quantize_rows_q16
+from .hsimd import hmadd, nan_rows, quantize_rows_q16
 from .isimd import itof, izero
 from .q40_x8_kernels import iadd_splat, pbcast, permute_rows_q4, wnib
 from .rowgroups import prefetch_bytes, x8_prefetch_from
@@ -183,10 +183,7 @@ def _rows(R, x, out, pfd, xbytes, q41, eight):
             _pass8(w, xp, xd, xs, cor, out, grp, m0, nb, xbytes, q41, m0 == 0, Rf, pf, total)
         for m0 in range(M8, M, 4):
             _pass4(w, xp, xd, xs, cor, out, grp, m0, M, nb, xbytes, q41, m0 == 0, Rf, pf, total)
-    for m in range(M):
-        if not ok[m]:
-            for r in range(out.shape[1]):
-                out[m, r] = np.nan
+    nan_rows(out, ok)
 
 
 @njit(parallel=True, cache=True)

@@ -36,8 +36,9 @@ import numpy as np
 
 from ..._numba import njit, prange
 from ..quants.layouts import Q4_K_BYTES, Q4_K_QS, Q4_K_SCALES
+from .hsimd import nan_rows
 from .isimd import bnib, itof, izero
-from .kquant_kernels import _nan_rows, _q8k
+from .kquant_kernels import _q8k
 from .rowgroups import prefetch_bytes, x8_group_prefetch, x8_prefetch_from, x8_rows
 from .simd import vfma_strict, vmul_strict, vsplat, vstore, vzero
 from .x8simd import xadd16, xbcast4, xh8, xmaddubs, xmins, xscale, xzero16
@@ -165,7 +166,7 @@ def mm_q4_k_x8(R, x, out, pfd, nth=2):
     ``prefetch_tune``)."""
     xq, xd, bs16, bs32, ok = _q8k(x)
     x8_rows(R, out, x.shape[0], pfd, nth, X8_BYTES, _x8_row_block, x8_group_prefetch, (xq, xd, bs32))
-    _nan_rows(out, ok)
+    nan_rows(out, ok)
 
 
 @njit(inline="always")
@@ -244,4 +245,4 @@ def mm_q4_k_x8r4(R, x, out, pfd):
                 isum, msum = _x8_block(w, t, xq[m], b * QK_K, bs32[m], b * 8)
                 acc = _x8_step(acc, xh8(w, t + X8_D), xh8(w, t + X8_DMIN), xd[m, b], isum, msum)
             vstore(out[m], grp * 8, acc)
-    _nan_rows(out, ok)
+    nan_rows(out, ok)

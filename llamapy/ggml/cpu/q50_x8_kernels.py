@@ -36,7 +36,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from ..._numba import njit, prange
-from .hsimd import H16, hmadd, quantize_rows_q16
+from .hsimd import H16, hmadd, nan_rows, quantize_rows_q16
 from .isimd import itof, izero
 from .q40_x8_kernels import iadd_splat, pbcast, permute_rows_q4, row_block
 from .rowgroups import prefetch_bytes, x8_group_prefetch, x8_prefetch_from, x8_rows
@@ -268,10 +268,7 @@ def _mm_x8(R, x, out, pfd, nth, blk, xbytes, off):
     M = x.shape[0]
     xp, xd, xs, cor, ok = _prepare(x, nb, off)
     x8_rows(R, out, M, pfd, nth, xbytes, blk, x8_group_prefetch, (xp, xd, xs, cor))
-    for m in range(M):
-        if not ok[m]:
-            for r in range(out.shape[1]):
-                out[m, r] = np.nan
+    nan_rows(out, ok)
 
 
 @njit(parallel=True, cache=True)
@@ -373,10 +370,7 @@ def mm_q5_0_x8r4(R, x, out, pfd):
         pf = x8_prefetch_from(grp, gb, pfd)
         for m0 in range(0, M, 4):
             _pass4(w, xp, xd, cor, out, grp, m0, M, nb, m0 == 0, Rf, pf, total)
-    for m in range(M):
-        if not ok[m]:
-            for r in range(out.shape[1]):
-                out[m, r] = np.nan
+    nan_rows(out, ok)
 
 
 #: the kernel of each type

@@ -41,7 +41,7 @@ from numba.extending import intrinsic
 
 from ..._numba import njit, prange
 from ..quants.layouts import Q6_K_BYTES, Q6_K_D, Q6_K_QH, Q6_K_SCALES
-from .hsimd import H16
+from .hsimd import H16, nan_rows
 from .isimd import B32, I32x8, _maddwd, itof, izero
 from .kquant_kernels import _q8k
 from .q40_x8_kernels import pbcast
@@ -247,14 +247,6 @@ def _prepare(x):
     return xq, xd, neg, ok
 
 
-@njit(inline="always")
-def _nan_rows(out, ok):
-    for m in range(out.shape[0]):
-        if not ok[m]:
-            for r in range(out.shape[1]):
-                out[m, r] = np.nan
-
-
 # -- the kernels ---------------------------------------------------------------------------------------
 @njit(inline="always")
 def _sub(isum, w, s, xq, x0, negm, j2, sc):
@@ -285,7 +277,7 @@ def mm_q6_k_x8(R, x, out, pfd, nth=2):
     (uint8[N // 8, nb * 1680]); ``pfd``: the prefetch distance (``rowgroups.x8_prefetch_from``)."""
     xq, xd, neg, ok = _prepare(x)
     x8_rows(R, out, x.shape[0], pfd, nth, X8_BYTES, _x8_row_block, x8_group_prefetch, (xq, xd, neg))
-    _nan_rows(out, ok)
+    nan_rows(out, ok)
 
 
 @njit(inline="always")
@@ -357,4 +349,4 @@ def mm_q6_k_x8r4(R, x, out, pfd):
             vstore(out[m2], grp * 8, a2)
             vstore(out[m1], grp * 8, a1)
             vstore(out[m0], grp * 8, a0)
-    _nan_rows(out, ok)
+    nan_rows(out, ok)

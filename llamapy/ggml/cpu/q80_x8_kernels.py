@@ -29,7 +29,7 @@ from ... import _numba  # noqa: F401  (first: it sets NUMBA_CACHE_DIR before Num
 import numpy as np
 
 from ..._numba import njit, prange
-from .hsimd import hmadd, hwiden, quantize_rows_q16
+from .hsimd import hmadd, hwiden, nan_rows, quantize_rows_q16
 from .isimd import itof, izero
 from .q40_x8_kernels import pbcast
 from .rowgroups import x8_prefetch, x8_rows
@@ -120,14 +120,6 @@ def _prefetch_ahead(Rf, p, d, total, pfd):
 
 
 @njit(inline="always")
-def _nan_rows(out, ok):
-    for m in range(out.shape[0]):
-        if not ok[m]:
-            for r in range(out.shape[1]):
-                out[m, r] = np.nan
-
-
-@njit(inline="always")
 def _blk_sum(wi, q, xm, x0):
     """Each of the eight rows' integer sum over the block whose quants start at byte ``q``."""
     s = izero()
@@ -143,7 +135,7 @@ def mm_q8_0_x8(R, x, out, pfd, nth=2):
     nb = R.shape[1] // X8_BYTES
     xq, xd, ok = _prepare(x, nb)
     x8_rows(R, out, x.shape[0], pfd, nth, X8_BYTES, _row_block, _row_prefetch, (xq, xd))
-    _nan_rows(out, ok)
+    nan_rows(out, ok)
 
 
 @njit(inline="always")
@@ -201,4 +193,4 @@ def mm_q8_0_x8r4(R, x, out, pfd):
             vstore(out[m2], grp * 8, a2)
             vstore(out[m1], grp * 8, a1)
             vstore(out[m0], grp * 8, a0)
-    _nan_rows(out, ok)
+    nan_rows(out, ok)
