@@ -40,8 +40,9 @@ MODES = {"cur": 0, "spread": 1, "sparse": 2, "l1": 3, "bare": 4}
 def kernel() -> Any:
     """The compiled variant loop ``mm(R, x, out, dist, mode)`` (``MODES``; ``dist`` 0: two groups)."""
     from llamapy._numba import njit, prange
+    from llamapy.ggml.cpu.hsimd import nan_rows
     from llamapy.ggml.cpu.isimd import bnib, izero
-    from llamapy.ggml.cpu.kquant_kernels import _nan_rows, _q8k
+    from llamapy.ggml.cpu.kquant_kernels import _q8k
     from llamapy.ggml.cpu.q4k_x8_kernels import (
         QK_K,
         X8_BYTES,
@@ -114,7 +115,7 @@ def kernel() -> Any:
                 out[0, grp * 8] = np.float32(s & np.uint64(1))
             else:
                 vstore(out[0], grp * 8, acc)
-        _nan_rows(out, ok)
+        nan_rows(out, ok)
 
     return mm
 

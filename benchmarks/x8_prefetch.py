@@ -29,7 +29,8 @@ SHAPES = ((8960, 1536), (1536, 8960), (1536, 1536))
 
 def _kernel(l1: bool):  # type: ignore[no-untyped-def]
     from llamapy._numba import njit, prange
-    from llamapy.ggml.cpu.kquant_kernels import _nan_rows, _q8k
+    from llamapy.ggml.cpu.hsimd import nan_rows
+    from llamapy.ggml.cpu.kquant_kernels import _q8k
     from llamapy.ggml.cpu.q4k_x8_kernels import QK_K, X8_BYTES, X8_D, X8_DMIN, _x8_block, _x8_step
     from llamapy.ggml.cpu.rowgroups import prefetch_bytes, prefetch_bytes_l1
     from llamapy.ggml.cpu.simd import vstore, vzero
@@ -59,7 +60,7 @@ def _kernel(l1: bool):  # type: ignore[no-untyped-def]
                     isum, msum = _x8_block(w, t, xqm, b * QK_K, b32m, b * 8)
                     acc = _x8_step(acc, xh8(w, t + X8_D), xh8(w, t + X8_DMIN), xd[m, b], isum, msum)
                 vstore(out[m], grp * 8, acc)
-        _nan_rows(out, ok)
+        nan_rows(out, ok)
 
     return mm
 
