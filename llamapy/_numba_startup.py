@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -467,19 +467,25 @@ def release_compiler_pages() -> int:
 def _read_only_spans(maps: str, library: str) -> list[tuple[int, int]]:
     """The address ranges, in ``maps`` (the text of ``/proc/<pid>/maps``), of the mappings of a file
     whose name contains ``library`` that are not writable."""
-    spans = []
-    at = maps.find(library)
+    return [(lo, hi) for lo, hi, _ in _library_mappings(maps, library)]
+
+
+def _library_mappings(text: str, library: str) -> Iterator[tuple[int, int, int]]:
+    """(start, end, where its first line ends) of each not-writable mapping of a file whose name
+    contains ``library``, in the text of ``/proc/<pid>/maps`` or ``smaps``. Only the lines that name
+    the library are looked at (a search, not a parse of every line: ~9000 in a llamapy's smaps)."""
+    at = text.find(library)
     while at >= 0:
-        start = maps.rfind("\n", 0, at) + 1
-        end = maps.find("\n", at)
-        end = len(maps) if end < 0 else end
-        head = maps[start:end].split(maxsplit=5)
-        at = maps.find(library, end)
-        if len(head) == 6 and "-" in head[0] and library in os.path.basename(head[5].strip()):
-            if "w" not in head[1]:
-                lo, hi = (int(x, 16) for x in head[0].split("-"))
-                spans.append((lo, hi))
-    return spans
+        start = text.rfind("\n", 0, at) + 1
+        end = text.find("\n", at)
+        end = len(text) if end < 0 else end
+        head = text[start:end].split(maxsplit=5)
+        at = text.find(library, end)
+        if len(head) < 6 or "-" not in head[0] or ":" in head[0] or not head[0][0].isalnum():
+            continue  # not a mapping's first line
+        if library in os.path.basename(head[5].strip()) and "w" not in head[1]:
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            yield lo, hi, end
 
 
 def _unwritten_spans(library: str) -> list[tuple[int, int]]:
@@ -511,26 +517,12 @@ def _unwritten_spans(library: str) -> list[tuple[int, int]]:
 def _clean_read_only_spans(smaps: str, library: str) -> list[tuple[int, int]]:
     """The address ranges, in ``smaps`` (the text of ``/proc/<pid>/smaps``), of the mappings of a file
     whose name contains ``library`` that are not writable and hold no anonymous (copied-on-write) page:
-    the ones whose pages can be dropped and read back from the file. Only the mappings that name the
-    library are looked at (a search, not a parse of every line: ~9000 lines in a llamapy process)."""
+    the ones whose pages can be dropped and read back from the file."""
     spans = []
-    at = smaps.find(library)
-    while at >= 0:
-        start = smaps.rfind("\n", 0, at) + 1
-        end = smaps.find("\n", at)
-        end = len(smaps) if end < 0 else end
-        head = smaps[start:end].split(maxsplit=5)
-        at = smaps.find(library, end)
-        if len(head) < 6 or "-" not in head[0] or ":" in head[0] or not head[0][0].isalnum():
-            continue  # not a mapping's first line
-        if library not in os.path.basename(head[5].strip()) or "w" in head[1]:
-            continue
+    for lo, hi, end in _library_mappings(smaps, library):
         stop = smaps.find("\nVmFlags:", end)  # the mapping's last line (none, before Linux 3.8: skip it)
         anon = smaps.find("\nAnonymous:", end, stop) if stop > 0 else -1
-        if anon < 0:
-            continue
-        if smaps[anon + 11 : stop].split()[:1] == ["0"]:
-            lo, hi = (int(x, 16) for x in head[0].split("-"))
+        if anon >= 0 and smaps[anon + 11 : stop].split()[:1] == ["0"]:
             spans.append((lo, hi))
     return spans
 
